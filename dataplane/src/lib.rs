@@ -1,0 +1,16 @@
+//! The data path of the rpcrdma appliance.
+//!
+//! Layering (imports point down only; see `DESIGN.md` s2 in the shared plan):
+//!
+//! ```text
+//!   service, client          RpcService trait, requester API
+//!   worker                   pinned polling loop: engine <-> provider glue
+//!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
+//!   wire                     pure codecs, no I/O
+//! ```
+//!
+//! `wire` knows bytes only: it imports nothing else from this crate.
+#![forbid(unsafe_op_in_unsafe_fn)]
+#![warn(missing_debug_implementations)]
+
+pub mod wire;
