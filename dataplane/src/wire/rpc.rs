@@ -24,7 +24,8 @@
 //! Parsed headers borrow opaque auth bodies and the AUTH_SYS machine name
 //! from the input; AUTH_SYS group ids are kept in a fixed array. Nothing in
 //! this module allocates except [`RecordReassembler::new`], which allocates
-//! its record buffer once, at the maximum record size.
+//! its record buffer once, at the maximum record size
+//! ([`RecordReassembler::with_buffer`] takes the caller's buffer instead).
 //!
 //! # RPC version
 //! A call whose `rpcvers` is not 2 still parses (when the rest of it has
@@ -1146,8 +1147,10 @@ enum ReassemblyState {
 /// Joins record-marked fragments from a byte stream into whole records
 /// (RFC 5531 s11), never holding more than a fixed maximum.
 ///
-/// Owns one buffer of the maximum record size, allocated by
-/// [`new`](Self::new); pushing and polling never allocate. A fragment
+/// Holds records in one buffer whose length is the maximum record size:
+/// either allocated once by [`new`](RecordReassembler::new) or supplied by
+/// the caller to [`with_buffer`](Self::with_buffer) (registered memory, a
+/// stack array). Pushing and polling never allocate. A fragment
 /// header that would take the record over the maximum is refused as soon
 /// as its four bytes arrive, before any of its data is copied.
 ///
@@ -1161,8 +1164,8 @@ enum ReassemblyState {
 ///     }
 /// }
 /// ```
-pub struct RecordReassembler {
-    buf: Box<[u8]>,
+pub struct RecordReassembler<B = Box<[u8]>> {
+    buf: B,
     record_len: usize,
     /// A fragment header of the current record has been taken (the record
     /// may still be empty: zero-length fragments are legal).
@@ -1171,10 +1174,10 @@ pub struct RecordReassembler {
     state: ReassemblyState,
 }
 
-impl core::fmt::Debug for RecordReassembler {
+impl<B: AsRef<[u8]>> core::fmt::Debug for RecordReassembler<B> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("RecordReassembler")
-            .field("max_record_len", &self.buf.len())
+            .field("max_record_len", &self.buf.as_ref().len())
             .field("record_len", &self.record_len)
             .field("state", &self.state)
             .finish()
@@ -1186,8 +1189,16 @@ impl RecordReassembler {
     /// sum of a record's fragment lengths, headers not counted). Allocates
     /// `max_record_len` bytes, once.
     pub fn new(max_record_len: usize) -> Self {
+        Self::with_buffer(vec![0u8; max_record_len].into_boxed_slice())
+    }
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> RecordReassembler<B> {
+    /// A reassembler that keeps records in `buf`; the maximum record size
+    /// is `buf`'s length. Allocates nothing.
+    pub fn with_buffer(buf: B) -> Self {
         RecordReassembler {
-            buf: vec![0u8; max_record_len].into_boxed_slice(),
+            buf,
             record_len: 0,
             record_started: false,
             marker_bytes: [0; RecordMarker::LEN],
@@ -1197,7 +1208,12 @@ impl RecordReassembler {
 
     /// The largest record accepted.
     pub fn max_record_len(&self) -> usize {
-        self.buf.len()
+        self.buf.as_ref().len()
+    }
+
+    /// Gives back the record buffer.
+    pub fn into_buffer(self) -> B {
+        self.buf
     }
 
     /// Whether bytes of an unfinished record (or of its fragment header) are
@@ -1256,7 +1272,7 @@ impl RecordReassembler {
                         break;
                     }
                     let take = left.min(rest.len());
-                    self.buf[self.record_len..self.record_len + take]
+                    self.buf.as_mut()[self.record_len..self.record_len + take]
                         .copy_from_slice(&rest[..take]);
                     self.record_len += take;
                     rest = &rest[take..];
@@ -1277,7 +1293,7 @@ impl RecordReassembler {
     /// Checks a complete fragment header against the room left, before any
     /// of its data is taken.
     fn start_fragment(&mut self, marker: RecordMarker) -> Result<()> {
-        let room = self.buf.len() - self.record_len;
+        let room = self.max_record_len() - self.record_len;
         if marker.fragment_len() > room {
             self.state = ReassemblyState::Failed(Error::LimitExceeded);
             return Err(Error::LimitExceeded);
@@ -1313,7 +1329,7 @@ impl RecordReassembler {
         self.record_len = 0;
         self.record_started = false;
         self.state = ReassemblyState::Marker { have: 0 };
-        Some(&self.buf[..len])
+        Some(&self.buf.as_ref()[..len])
     }
 }
 
@@ -1352,8 +1368,10 @@ macro_rules! fuzz_round_trip {
 ///
 /// # Panics
 /// Only when one of those properties fails, i.e. when this codec is wrong.
-/// It allocates one small reassembler buffer per call; the parsers
-/// themselves allocate nothing.
+///
+/// # Allocation
+/// None: the reassembler works in a stack buffer, so a fuzz harness or test
+/// with a counting global allocator can assert zero allocations around it.
 pub fn fuzz_parse(data: &[u8]) {
     let _ = (peek_xid(data), peek_direction(data), peek_rpc_version(data));
 
@@ -1434,7 +1452,8 @@ fn fuzz_reassembly(data: &[u8]) {
         return;
     };
     let max = usize::from(first) * 4;
-    let mut reassembler = RecordReassembler::new(max);
+    let mut storage = [0u8; 255 * 4];
+    let mut reassembler = RecordReassembler::with_buffer(&mut storage[..max]);
     let mut walked = 0usize;
     let mut fed = 0usize;
     let mut chunk_no = 0usize;
