@@ -41,8 +41,8 @@
 //! anything and return [`Error::BufferTooShort`] or [`Error::LimitExceeded`]
 //! instead of panicking; on error nothing has been written. The only
 //! functions that panic on purpose are the fuzz entry point [`fuzz_parse`]
-//! (when the codec itself is wrong) and [`RecordReassembler::new`] (only if
-//! the allocator fails, like any `Vec`).
+//! (when the codec itself is wrong) and [`RecordReassembler::new`] (only
+//! for a maximum over `isize::MAX`, like any `Vec`).
 //!
 //! # Errors
 //! - [`Error::Truncated`]: the input ends inside the header. More stream
@@ -326,7 +326,7 @@ impl core::fmt::Debug for AuthSys<'_> {
             .field("stamp", &self.stamp)
             .field(
                 "machine_name",
-                &String::from_utf8_lossy(self.machine_name).as_ref(),
+                &format_args!("\"{}\"", self.machine_name.escape_ascii()),
             )
             .field("uid", &self.uid)
             .field("gid", &self.gid)
@@ -456,8 +456,9 @@ impl<'a> OpaqueAuth<'a> {
         match self {
             OpaqueAuth::None => enc.put_opaque(&[]),
             OpaqueAuth::Sys(sys) => {
-                // The body is a whole number of XDR units: no padding.
-                enc.put_count(sys.buffer_len())?;
+                // The body length; the body is a whole number of XDR units,
+                // so no padding follows. At most 340, so the cast is exact.
+                enc.put_u32(sys.buffer_len() as u32)?;
                 sys.emit(enc)
             }
             OpaqueAuth::Other { body, .. } => enc.put_opaque(body),
@@ -683,35 +684,35 @@ impl AcceptStatus {
 pub enum AuthStat {
     /// `AUTH_OK = 0`: success (not expected in a denied reply, but
     /// encodable).
-    Ok,
+    Ok = 0,
     /// `AUTH_BADCRED = 1`: bad credential (seal broken).
-    BadCred,
+    BadCred = 1,
     /// `AUTH_REJECTEDCRED = 2`: the client must begin a new session.
-    RejectedCred,
+    RejectedCred = 2,
     /// `AUTH_BADVERF = 3`: bad verifier (seal broken).
-    BadVerf,
+    BadVerf = 3,
     /// `AUTH_REJECTEDVERF = 4`: verifier expired or replayed.
-    RejectedVerf,
+    RejectedVerf = 4,
     /// `AUTH_TOOWEAK = 5`: rejected for security reasons.
-    TooWeak,
+    TooWeak = 5,
     /// `AUTH_INVALIDRESP = 6`: bogus response verifier.
-    InvalidResp,
+    InvalidResp = 6,
     /// `AUTH_FAILED = 7`: reason unknown.
-    Failed,
+    Failed = 7,
     /// `AUTH_KERB_GENERIC = 8`: Kerberos generic error.
-    KerbGeneric,
+    KerbGeneric = 8,
     /// `AUTH_TIMEEXPIRE = 9`: the Kerberos credential expired.
-    TimeExpire,
+    TimeExpire = 9,
     /// `AUTH_TKT_FILE = 10`: problem with the Kerberos ticket file.
-    TktFile,
+    TktFile = 10,
     /// `AUTH_DECODE = 11`: the authenticator could not be decoded.
-    Decode,
+    Decode = 11,
     /// `AUTH_NET_ADDR = 12`: wrong network address in the ticket.
-    NetAddr,
+    NetAddr = 12,
     /// `RPCSEC_GSS_CREDPROBLEM = 13`: no credentials for the user.
-    RpcsecGssCredProblem,
+    RpcsecGssCredProblem = 13,
     /// `RPCSEC_GSS_CTXPROBLEM = 14`: problem with the GSS context.
-    RpcsecGssCtxProblem,
+    RpcsecGssCtxProblem = 14,
 }
 
 impl AuthStat {
@@ -1188,6 +1189,10 @@ impl RecordReassembler {
     /// A reassembler for records of at most `max_record_len` bytes (the
     /// sum of a record's fragment lengths, headers not counted). Allocates
     /// `max_record_len` bytes, once.
+    ///
+    /// # Panics
+    /// Like `vec!`: when `max_record_len` is over `isize::MAX` (and the
+    /// process aborts when the allocator fails).
     pub fn new(max_record_len: usize) -> Self {
         Self::with_buffer(vec![0u8; max_record_len].into_boxed_slice())
     }
@@ -1195,7 +1200,9 @@ impl RecordReassembler {
 
 impl<B: AsRef<[u8]> + AsMut<[u8]>> RecordReassembler<B> {
     /// A reassembler that keeps records in `buf`; the maximum record size
-    /// is `buf`'s length. Allocates nothing.
+    /// is `buf`'s length. Allocates nothing. `buf.as_ref()` and
+    /// `buf.as_mut()` must be the same bytes, as they are for slices,
+    /// arrays, `Vec` and `Box<[u8]>`.
     pub fn with_buffer(buf: B) -> Self {
         RecordReassembler {
             buf,
@@ -2258,6 +2265,17 @@ mod tests {
         assert_eq!(r.poll_record().map(<[u8]>::len), Some(5));
         assert_eq!(r.max_record_len(), 5);
         fuzz_parse(&[0x7f, 0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn debug_output_is_readable() {
+        let sys = AuthSys::new(1, b"h\xffst", 2, 3, &[4, 5]).unwrap();
+        let text = format!("{sys:?}");
+        assert!(text.contains(r#"machine_name: "h\xffst""#), "{text}");
+        assert!(text.contains("gids: [4, 5]"), "{text}");
+        let r = RecordReassembler::with_buffer([0u8; 8]);
+        assert!(format!("{r:?}").contains("max_record_len: 8"));
+        assert_eq!(r.into_buffer(), [0u8; 8]);
     }
 
     #[test]
