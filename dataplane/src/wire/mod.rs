@@ -13,6 +13,7 @@
 //! buffers and return [`Error::BufferTooShort`] rather than panicking when
 //! the buffer is too small.
 
+pub mod conf;
 pub mod xdr;
 
 /// A decoding or encoding failure. Cheap to copy: data-path errors are
