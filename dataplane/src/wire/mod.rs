@@ -14,6 +14,7 @@
 //! the buffer is too small.
 
 pub mod conf;
+pub mod rpcrdma;
 pub mod xdr;
 
 /// A decoding or encoding failure. Cheap to copy: data-path errors are
