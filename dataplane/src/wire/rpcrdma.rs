@@ -954,23 +954,33 @@ impl TransportHeader {
         }
     }
 
-    /// Checks the rules `emit` enforces (see the module documentation).
+    /// Checks the rules `emit` enforces (see the module documentation;
+    /// also: no chunk lists on bodies that have none, and no
+    /// [`MessageBody::Unknown`] / [`ErrorBody::Other`] carrying a number
+    /// this module knows).
     ///
     /// # Errors
     /// [`Error::Malformed`] for a rule broken, [`Error::LimitExceeded`]
     /// for a chunk longer than `u32::MAX` bytes.
     pub fn validate(&self) -> Result<()> {
         if self.body.has_chunk_lists() {
-            self.chunks.validate(self.body == MessageBody::NoMsg)
-        } else if !self.chunks.is_empty() {
-            Err(Error::Malformed)
-        } else if let MessageBody::Error(ErrorBody::Other { code, .. }) = self.body {
-            match code {
-                err_code::ERR_VERS | err_code::ERR_CHUNK => Err(Error::Malformed),
-                _ => Ok(()),
+            return self.chunks.validate(self.body == MessageBody::NoMsg);
+        }
+        if !self.chunks.is_empty() {
+            return Err(Error::Malformed);
+        }
+        // Catch-all variants must not spell a known number: the bytes would
+        // then parse as something else.
+        match self.body {
+            MessageBody::Unknown { proc_type } if proc_type <= proc_type::RDMA_ERROR => {
+                Err(Error::Malformed)
             }
-        } else {
-            Ok(())
+            MessageBody::Error(ErrorBody::Other { code, .. })
+                if code == err_code::ERR_VERS || code == err_code::ERR_CHUNK =>
+            {
+                Err(Error::Malformed)
+            }
+            _ => Ok(()),
         }
     }
 

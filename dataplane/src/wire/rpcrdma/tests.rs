@@ -678,6 +678,9 @@ fn emitter_refuses_what_parse_would_refuse() {
     let mut h = TransportHeader::new(1, 1, MessageBody::Msg);
     h.chunks.push_read(rseg(5, 1, 1, 0));
     assert_eq!(h.emit(&mut buf), Err(Error::Malformed));
+    // A catch-all type spelling a known number would re-parse differently.
+    let h = TransportHeader::new(1, 1, MessageBody::Unknown { proc_type: 0 });
+    assert_eq!(h.emit(&mut buf), Err(Error::Malformed));
     assert!(buf.iter().all(|&b| b == 0), "nothing written on error");
 }
 
