@@ -403,9 +403,11 @@ impl ChunkLists {
         reads + writes + reply
     }
 
-    /// The rules of the module documentation, minus the limits.
-    /// `position_zero_allowed` is true for RDMA_NOMSG only.
+    /// The rules of the module documentation, minus the limits; shared by
+    /// parse and emit. `position_zero_allowed` is true for RDMA_NOMSG only.
     fn validate(&self, position_zero_allowed: bool) -> Result<()> {
+        // Read chunks: RFC 5666 s3.4 (positions in stream order, one
+        // position per chunk), s3.7 (XDR alignment), s5.1 (position zero).
         let mut prev: Option<u32> = None;
         let mut chunk_len: u32 = 0;
         for r in &self.reads {
@@ -462,28 +464,17 @@ impl ChunkLists {
     }
 
     /// Decodes the three lists into `self` (which the caller cleared),
-    /// checking limits before storing and the rules as it goes.
-    fn decode(
-        &mut self,
-        dec: &mut Decoder<'_>,
-        limits: &Limits,
-        position_zero_allowed: bool,
-    ) -> Result<()> {
-        // Read list (RFC 5666 s4.3 xdr_read_list), RFC 5666 s3.4 ordering.
-        let mut prev: Option<u32> = None;
-        let mut chunk_len: u32 = 0;
+    /// checking every count against `limits` before storing. The protocol
+    /// rules are checked afterwards by [`ChunkLists::validate`], the same
+    /// function `emit` uses, so parse and emit accept the same lists.
+    fn decode(&mut self, dec: &mut Decoder<'_>, limits: &Limits) -> Result<()> {
+        // Read list (RFC 5666 s4.3 xdr_read_list).
         while dec.get_present()? {
             if self.reads.len() >= limits.max_read_segments {
                 return Err(Error::LimitExceeded);
             }
             let position = dec.get_u32()?;
             let segment = Segment::decode(dec)?;
-            check_read_position(position, prev, position_zero_allowed)?;
-            if prev != Some(position) {
-                chunk_len = 0;
-            }
-            chunk_len = add_len(chunk_len, segment.length)?;
-            prev = Some(position);
             push_bounded(
                 &mut self.reads,
                 ReadSegment { position, segment },
@@ -491,24 +482,21 @@ impl ChunkLists {
             );
         }
         // Write list (RFC 5666 s4.3 xdr_write_list of xdr_write_chunk).
+        let write_cap = limits
+            .max_write_chunks
+            .saturating_mul(limits.max_segments_per_chunk);
         while dec.get_present()? {
             if self.write_counts.len() >= limits.max_write_chunks {
                 return Err(Error::LimitExceeded);
             }
             let n = dec.get_count(limits.max_segments_per_chunk, SEGMENT_LEN)?;
-            let cap = limits
-                .max_write_chunks
-                .saturating_mul(limits.max_segments_per_chunk);
-            decode_segments(dec, &mut self.write_segments, n, cap)?;
-            // n <= max_segments_per_chunk, and get_count read it from a u32.
+            decode_segments(dec, &mut self.write_segments, n, write_cap)?;
+            // get_count read `n` from a 32-bit word: the cast is lossless.
             push_bounded(&mut self.write_counts, n as u32, limits.max_write_chunks);
         }
-        // Reply chunk (RFC 5666 s4.3, s5.2): optional write chunk.
+        // Reply chunk (RFC 5666 s4.3, s5.2): an optional write chunk.
         if dec.get_present()? {
             let n = dec.get_count(limits.max_reply_segments, SEGMENT_LEN)?;
-            if n == 0 {
-                return Err(Error::Malformed);
-            }
             decode_segments(dec, &mut self.reply, n, limits.max_reply_segments)?;
             self.has_reply = true;
         }
@@ -541,8 +529,8 @@ fn push_bounded<T>(v: &mut Vec<T>, item: T, max: usize) {
     v.push(item);
 }
 
-/// Decodes `n` segments onto `out` (capacity kept within `cap`) and checks
-/// that their lengths add up without overflowing 32 bits.
+/// Decodes `n` segments onto `out`, never growing its capacity past `cap`
+/// (the caller's limit, which `out.len() + n` respects).
 fn decode_segments(
     dec: &mut Decoder<'_>,
     out: &mut Vec<Segment>,
@@ -557,11 +545,8 @@ fn decode_segments(
             .min(cap.max(needed));
         out.reserve_exact(target - out.len());
     }
-    let mut total: u32 = 0;
     for _ in 0..n {
-        let s = Segment::decode(dec)?;
-        total = add_len(total, s.length)?;
-        out.push(s);
+        out.push(Segment::decode(dec)?);
     }
     Ok(())
 }
@@ -751,7 +736,8 @@ pub enum Decoded {
         len: usize,
     },
     /// The peer speaks another version: answer ERR_VERS to `xid`
-    /// (RFC 5666 s4.2). The receiver is left cleared.
+    /// (RFC 5666 s4.2). The receiver keeps only the fixed words (its body
+    /// is `Unknown` with the type number received, its lists are empty).
     UnsupportedVersion {
         /// XID to answer.
         xid: u32,
@@ -931,8 +917,8 @@ impl TransportHeader {
             other => MessageBody::Unknown { proc_type: other },
         };
         if self.body.has_chunk_lists() {
-            let zero_ok = self.body == MessageBody::NoMsg;
-            self.chunks.decode(&mut dec, limits, zero_ok)?;
+            self.chunks.decode(&mut dec, limits)?;
+            self.chunks.validate(self.body == MessageBody::NoMsg)?;
         }
         Ok(Decoded::Header {
             len: dec.position(),
