@@ -371,6 +371,21 @@ impl ChunkLists {
         Ok(())
     }
 
+    /// The segments of write chunk `index`, for rewriting their lengths to
+    /// the bytes actually written before a reply returns the write list
+    /// (RFC 5666 s3.6). `None` if there is no such chunk.
+    pub fn write_chunk_mut(&mut self, index: usize) -> Option<&mut [Segment]> {
+        let n = *self.write_counts.get(index)? as usize;
+        let start: usize = self.write_counts[..index].iter().map(|&c| c as usize).sum();
+        self.write_segments.get_mut(start..start.checked_add(n)?)
+    }
+
+    /// The reply chunk's segments, for rewriting their lengths (RFC 5666
+    /// s5.2); `None` if there is no reply chunk.
+    pub fn reply_mut(&mut self) -> Option<&mut [Segment]> {
+        self.has_reply.then_some(&mut self.reply[..])
+    }
+
     /// The reply chunk, if present.
     pub fn reply(&self) -> Option<WriteChunk<'_>> {
         self.has_reply.then_some(WriteChunk {

@@ -152,6 +152,16 @@ fn golden_msg_write_list() {
     assert_eq!(chunks[0].len_bytes(), 24576);
     assert_eq!(chunks[1].segments[1].handle, 0x202);
     assert!(h.chunks.reply().is_none());
+
+    // A responder echoes the call's write list with the lengths it wrote.
+    let mut reply = TransportHeader::default();
+    reply.chunks.clone_from(&h.chunks);
+    reply.chunks.write_chunk_mut(1).unwrap()[1].length = 0;
+    assert_eq!(reply.chunks.write_chunk_mut(1).unwrap()[0].handle, 0x201);
+    assert!(reply.chunks.write_chunk_mut(2).is_none());
+    assert!(reply.chunks.reply_mut().is_none());
+    let lens: Vec<u64> = reply.chunks.write_chunks().map(|c| c.len_bytes()).collect();
+    assert_eq!(lens, [24576, 0]);
 }
 
 // RDMA_MSG call offering a two-segment reply chunk (RFC 5666 s5.2).
@@ -180,6 +190,10 @@ fn golden_msg_reply_chunk() {
     ]);
     check_golden(&MSG_REPLY_CHUNK, 64, &h);
     assert_eq!(h.chunks.reply().map(|r| r.len_bytes()), Some(98304));
+    h.chunks.reply_mut().unwrap()[1].length = 100;
+    assert_eq!(h.chunks.reply().map(|r| r.len_bytes()), Some(65636));
+    h.chunks.clear_reply();
+    assert!(h.chunks.reply().is_none() && h.chunks.is_empty());
 }
 
 // RDMA_NOMSG long call: the whole RPC call in a position-zero read chunk
