@@ -13,7 +13,9 @@
 //! buffers and return [`Error::BufferTooShort`] rather than panicking when
 //! the buffer is too small.
 
+pub mod conf;
 pub mod rpc;
+pub mod rpcrdma;
 pub mod xdr;
 
 /// A decoding or encoding failure. Cheap to copy: data-path errors are
