@@ -15,15 +15,17 @@ use support::alloc_counter::{measure, CountingAllocator};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Every corpus input of every target, plus every truncation of each, plus
+/// Every seed and corpus input of every target, plus every truncation of each, plus
 /// the same inputs with each aligned word in turn set to 0xFFFFFFFF
 /// (hostile counts and discriminators wherever they may sit).
 fn hostile_inputs() -> Vec<Vec<u8>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut base = Vec::new();
-    for target in ["rpcrdma_header", "rpc_message", "record_marking"] {
-        for entry in fs::read_dir(root.join(target)).expect("corpus directory") {
-            base.push(fs::read(entry.expect("corpus entry").path()).expect("corpus file"));
+    for dir in ["seeds", "corpus"] {
+        for target in ["rpcrdma_header", "rpc_message", "record_marking"] {
+            for entry in fs::read_dir(root.join(dir).join(target)).expect("corpus directory") {
+                base.push(fs::read(entry.expect("corpus entry").path()).expect("corpus file"));
+            }
         }
     }
     assert!(base.len() >= 10, "corpus too small to mean anything");
