@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::PathBuf;
 
-use dataplane::wire::{rpc, rpcrdma};
+use dataplane::wire::{conf2, rpc, rpcrdma, rtrext};
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -58,5 +58,24 @@ fn replay_rpc_message_corpus() {
 fn replay_record_marking_corpus() {
     for (_, input) in corpus("record_marking") {
         rpc::fuzz_reassembly(&input);
+    }
+}
+
+#[test]
+fn replay_rtrext_corpus() {
+    let limits = rtrext::Limits::DEFAULT;
+    for (name, input) in corpus("rtrext") {
+        rtrext::fuzz_parse(&input);
+        // The seeds are real messages: they must parse, not merely not panic.
+        if name.starts_with("seed_conf2_req") {
+            let r = conf2::ConfigRdmaReqV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else if name.starts_with("seed_conf2_reply") {
+            let r = conf2::ConfigRdmaReplyV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else if name.starts_with("seed_") {
+            let r = rtrext::OptionalHeader::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        }
     }
 }
