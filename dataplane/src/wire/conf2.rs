@@ -303,6 +303,7 @@ v2_body!(
 mod tests {
     use super::super::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
     use super::super::rpc::{CallHeader, ReplyBody, ReplyHeader};
+    use super::super::rpcrdma::TransportHeader;
     use super::super::rtrext::{fuzz_parse, BufferGroup, BufferStructure};
     use super::*;
 
@@ -449,6 +450,16 @@ mod tests {
         ];
         let mut call = call_header.to_vec();
         call.extend_from_slice(&REQ_V2);
+        // As one Send: the RDMA_MSG header (credits 32, no chunks) first.
+        let mut send = Vec::new();
+        for w in [0xc01u32, 1, 32, 0, 0, 0, 0] {
+            send.extend_from_slice(&w.to_be_bytes());
+        }
+        send.extend_from_slice(&call);
+        assert_eq!(send.len(), 108);
+        let (t, tlen) = TransportHeader::parse(&send, &Default::default()).unwrap();
+        assert_eq!(t.check_rpc_xid(&send, tlen), Ok(()));
+        assert_eq!(&send[tlen..], &call[..]);
         let (h, len) = CallHeader::parse(&call).unwrap();
         assert_eq!((h.program, h.version, h.procedure), (100417, 2, 1));
         assert_eq!(ConfigRdmaReqV2::parse(&call[len..], &L), Ok(req_repr()));

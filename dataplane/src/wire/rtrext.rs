@@ -1244,8 +1244,10 @@ pub enum Operation {
     TransmitRequest {
         /// Transmissions in this group (at least 1).
         count: u32,
-        /// Receive buffers the requester reserved for the reply's
-        /// transmissions (`optxrq_rsbuf`).
+        /// Receive buffers the requester reserved, beyond the one every
+        /// reply gets, for continuation transmissions of the reply
+        /// (`optxrq_rsbuf`, our reading of rtrext s4.3 and s5.2); 0: the
+        /// reply must be a single transmission.
         reply_buffers: u32,
         /// Payload stream bytes in this transmission, right after the header.
         payload_len: u32,
@@ -1447,15 +1449,20 @@ impl OptionalHeader {
 
     /// The extensions the peer must have negotiated before this header may
     /// be sent to it: message continuation for a group of more than one
-    /// transmission or a continuation; send-based data placement for any
+    /// transmission, a continuation, or a request that reserves buffers
+    /// for a continued reply; send-based data placement for any
     /// target-buffer placement or direction that allows it. Every rtrext
     /// operation also needs at least one of the two (see
     /// [`OptionalHeader::allowed`]).
     pub fn required_extensions(&self) -> Extensions {
         let mut need = Extensions::EMPTY;
         let multi = match self.op {
-            Operation::TransmitRequest { count, .. }
-            | Operation::TransmitResponse { count, .. } => count > 1,
+            Operation::TransmitRequest {
+                count,
+                reply_buffers,
+                ..
+            } => count > 1 || reply_buffers > 0,
+            Operation::TransmitResponse { count, .. } => count > 1,
             Operation::TransmitContinue { .. } => true,
             _ => false,
         };

@@ -149,9 +149,13 @@ pub(super) fn xmtreq_repr() -> OptionalHeader {
 #[test]
 fn golden_transmit_request() {
     let h = xmtreq_repr();
-    check_golden(&XMTREQ, 124, &h, Extensions::SEND_PLACEMENT);
-    assert_eq!(h.required_extensions(), Extensions::SEND_PLACEMENT);
+    let both = Extensions::SEND_PLACEMENT.union(Extensions::MESSAGE_CONTINUATION);
+    check_golden(&XMTREQ, 124, &h, both);
+    // Target buffers need send placement; reserved reply buffers need
+    // message continuation.
+    assert_eq!(h.required_extensions(), both);
     assert!(!h.allowed(Extensions::MESSAGE_CONTINUATION));
+    assert!(!h.allowed(Extensions::SEND_PLACEMENT));
     let item = h.placement.get(0).unwrap();
     assert_eq!(item.location.placement_type(), PlacementType::TargetBuffers);
     assert!(item.location.is_excised());
