@@ -35,7 +35,18 @@
 //!   vector ever grows past its [`Limits`] field.
 //! * [`PropertyList`]: the transport property list (rtrext s8.1, the
 //!   property model of RPC-over-RDMA Version Two), with the four rtrext
-//!   properties typed and anything else kept opaque.
+//!   properties and our extension flag word typed, anything else kept
+//!   opaque.
+//!
+//! # Outcomes the engine answers
+//! * An operation type this module does not know parses as
+//!   [`Operation::Unknown`] (its optinfo skipped); the engine may answer
+//!   Report Error with [`ErrorInfo::BadOptionalType`].
+//! * Any other failure is an [`Error`]; the XID and operation type for a
+//!   report come from [`OptionalView`] once the fixed words arrived.
+//! * Semantic checks that need connection state (buffer segment numbers
+//!   against the peer's buffer structure, offsets, transmission order and
+//!   counts) are the engine's, reported with [`ErrorInfo`].
 //!
 //! # Validation (checked by parse and again by emit)
 //! * Excised items (explicit-RDMA or target-buffer placement) sit at
