@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use dataplane::wire::{rpc, rpcrdma};
+use dataplane::wire::{conf2, rpc, rpcrdma, rtrext};
 
 fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut inputs: Vec<_> = fs::read_dir(dir)
@@ -75,5 +75,26 @@ fn replay_record_marking_corpus() {
         .chain(corpus("record_marking"))
     {
         rpc::fuzz_reassembly(&input);
+    }
+}
+
+#[test]
+fn replay_rtrext_corpus() {
+    let limits = rtrext::Limits::DEFAULT;
+    for (name, input) in seeds("rtrext") {
+        rtrext::fuzz_parse(&input);
+        if name.starts_with("conf2_req") {
+            let r = conf2::ConfigRdmaReqV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else if name.starts_with("conf2_reply") {
+            let r = conf2::ConfigRdmaReplyV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else {
+            let r = rtrext::OptionalHeader::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        }
+    }
+    for (_, input) in corpus("rtrext") {
+        rtrext::fuzz_parse(&input);
     }
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use dataplane::wire::rpc::{self, RecordReassembler};
 use dataplane::wire::rpcrdma::{Limits, PrivateData, TransportHeader};
-use dataplane::wire::{conf, xdr};
+use dataplane::wire::{conf, conf2, rtrext, xdr};
 use support::alloc_counter::{measure, CountingAllocator};
 
 #[global_allocator]
@@ -22,7 +22,7 @@ fn hostile_inputs() -> Vec<Vec<u8>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut base = Vec::new();
     for dir in ["seeds", "corpus"] {
-        for target in ["rpcrdma_header", "rpc_message", "record_marking"] {
+        for target in ["rpcrdma_header", "rpc_message", "record_marking", "rtrext"] {
             for entry in fs::read_dir(root.join(dir).join(target)).expect("corpus directory") {
                 base.push(fs::read(entry.expect("corpus entry").path()).expect("corpus file"));
             }
@@ -100,6 +100,49 @@ fn rpc_conf_and_record_decoders_allocate_nothing() {
             }
         });
         assert_eq!(allocated.count, 0, "allocated on {input:02x?}");
+    }
+}
+
+#[test]
+fn warmed_rtrext_parsers_allocate_nothing() {
+    let inputs = hostile_inputs();
+    let limits = rtrext::Limits::DEFAULT;
+    let mut header = rtrext::OptionalHeader::with_capacity(&limits);
+    let mut req = conf2::ConfigRdmaReqV2::with_capacity(&limits);
+    let mut reply = conf2::ConfigRdmaReplyV2::with_capacity(&limits);
+    let mut parsed = 0usize;
+    for input in &inputs {
+        let (ok, allocated) = measure(|| {
+            let a = header.parse_into(input, &limits).is_ok();
+            let b = req.parse_into(input, &limits).is_ok();
+            let c = reply.parse_into(input, &limits).is_ok();
+            usize::from(a) + usize::from(b) + usize::from(c)
+        });
+        parsed += ok;
+        assert_eq!(allocated.count, 0, "allocated on {input:02x?}");
+    }
+    assert!(parsed > 10, "only {parsed} inputs parsed");
+}
+
+#[test]
+fn fresh_rtrext_parse_allocates_in_proportion_to_input() {
+    let limits = rtrext::Limits::DEFAULT;
+    for input in hostile_inputs() {
+        let (_, allocated) = measure(|| {
+            let _ = rtrext::OptionalHeader::parse(&input, &limits);
+            let _ = rtrext::PropertyList::parse(&input, &limits);
+            let _ = conf2::ConfigRdmaReqV2::parse(&input, &limits);
+        });
+        // Stored records are at most twice their wire size (segments 16
+        // in memory for 16 on the wire, items 24 for at least 12); vector
+        // growth may double that; a constant for the first allocations.
+        let bound = 8 * input.len() as u64 + 512;
+        assert!(
+            allocated.bytes <= bound,
+            "{} bytes allocated for {} input bytes",
+            allocated.bytes,
+            input.len()
+        );
     }
 }
 
