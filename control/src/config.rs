@@ -95,8 +95,7 @@ impl Default for Workers {
 }
 
 /// The idle strategy of the workers (DESIGN s5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleStrategy {
     /// Busy-poll forever: lowest latency, one full core per worker.
     Spin,
@@ -104,6 +103,50 @@ pub enum IdleStrategy {
     /// shared machines and CI.
     Adaptive,
 }
+
+impl FromStr for IdleStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spin" => Ok(IdleStrategy::Spin),
+            "adaptive" => Ok(IdleStrategy::Adaptive),
+            other => Err(format!(
+                "unknown idle strategy `{other}`: expected \"spin\" or \"adaptive\""
+            )),
+        }
+    }
+}
+
+impl FromStr for Hugepages {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Hugepages::Off),
+            "prefer" => Ok(Hugepages::Prefer),
+            "required" => Ok(Hugepages::Required),
+            other => Err(format!(
+                "unknown hugepages policy `{other}`: expected \"off\", \"prefer\" or \"required\""
+            )),
+        }
+    }
+}
+
+/// Deserializes a string value through its `FromStr`, so the message is
+/// the type's own.
+macro_rules! deserialize_via_str {
+    ($($t:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+
+deserialize_via_str!(IdleStrategy, Hugepages, ProviderUrl, RpcbindAddress);
 
 impl fmt::Display for IdleStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -221,20 +264,6 @@ impl FromStr for ProviderUrl {
     }
 }
 
-impl<'de> Deserialize<'de> for ProviderUrl {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl<'de> Deserialize<'de> for RpcbindAddress {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 /// A socket address with a message that says what is expected.
 fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
     let s = String::deserialize(d)?;
@@ -333,8 +362,7 @@ impl Default for Memory {
 }
 
 /// Hugepage policy of the worker arenas (DESIGN s4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
     /// Never: 4 KiB pages.
     Off,
