@@ -578,4 +578,138 @@ mod tests {
         let mut dec = Decoder::new(expect);
         assert_eq!(Mapping::decode(&mut dec).unwrap(), m);
     }
+
+    /// A one-connection fake rpcbind: answers each call with what `reply`
+    /// returns for (version, procedure), or stays silent on `None`.
+    fn fake_rpcbind(
+        reply: impl Fn(u32, u32) -> Option<(AcceptStatus, Option<bool>)> + Send + 'static,
+    ) -> (SocketAddr, std::thread::JoinHandle<Vec<(u32, u32)>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut seen = Vec::new();
+            let mut re = RecordReassembler::new(1 << 16);
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return seen,
+                    Ok(n) => n,
+                };
+                let mut rest = &buf[..n];
+                while !rest.is_empty() {
+                    let used = re.push(rest).unwrap();
+                    rest = &rest[used..];
+                    let Some(rec) = re.poll_record() else { break };
+                    let (call, _) = CallHeader::parse(rec).unwrap();
+                    assert_eq!(call.program, RPCBPROG);
+                    seen.push((call.version, call.procedure));
+                    let Some((status, result)) = reply(call.version, call.procedure) else {
+                        continue;
+                    };
+                    let mut out = [0u8; 256];
+                    let mut enc = Encoder::new(&mut out[4..]);
+                    ReplyHeader::accepted(call.xid, OpaqueAuth::None, status)
+                        .emit(&mut enc)
+                        .unwrap();
+                    if let Some(b) = result {
+                        enc.put_bool(b).unwrap();
+                    }
+                    let len = enc.position();
+                    write_record_header(&mut out, len).unwrap();
+                    s.write_all(&out[..4 + len]).unwrap();
+                }
+            }
+        });
+        (addr, t)
+    }
+
+    fn mapping() -> Mapping {
+        Mapping {
+            program: 100_417,
+            version: 1,
+            netid: "rdma".into(),
+            addr: "127.0.0.1.78.81".into(),
+            owner: "0".into(),
+        }
+    }
+
+    #[test]
+    fn falls_back_to_version_3_on_prog_mismatch() {
+        let (addr, server) = fake_rpcbind(|vers, _| {
+            Some(if vers == RPCBVERS4 {
+                (AcceptStatus::ProgMismatch { low: 2, high: 3 }, None)
+            } else {
+                (AcceptStatus::Success, Some(true))
+            })
+        });
+        let mut c =
+            RpcbindClient::connect(&RpcbindAddress::Tcp(addr), Duration::from_secs(30)).unwrap();
+        assert!(c.set(&mapping()).unwrap());
+        assert_eq!(c.version(), RPCBVERS3);
+        assert!(c.unset(&mapping()).unwrap());
+        drop(c);
+        assert_eq!(
+            server.join().unwrap(),
+            vec![(4, RPCBPROC_SET), (3, RPCBPROC_SET), (3, RPCBPROC_UNSET)]
+        );
+    }
+
+    #[test]
+    fn other_statuses_are_errors_that_name_the_address() {
+        let (addr, server) = fake_rpcbind(|_, _| Some((AcceptStatus::ProcUnavail, None)));
+        let mut c =
+            RpcbindClient::connect(&RpcbindAddress::Tcp(addr), Duration::from_secs(30)).unwrap();
+        let e = c.set(&mapping()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("rpcbind at {addr} did not accept the call: ProcUnavail")
+        );
+        drop(c);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        let (addr, server) = fake_rpcbind(|_, _| None);
+        let mut c =
+            RpcbindClient::connect(&RpcbindAddress::Tcp(addr), Duration::from_millis(200)).unwrap();
+        match c.set(&mapping()) {
+            Err(RpcbindError::Io { source, .. }) => assert!(
+                matches!(
+                    source.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "{source}"
+            ),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        drop(c);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn unreachable_names_the_address() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let e = RpcbindClient::connect(&RpcbindAddress::Tcp(closed), Duration::from_secs(5))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("rpcbind at {closed} unreachable: ")),
+            "{e}"
+        );
+        let e = RpcbindClient::connect(
+            &RpcbindAddress::Local("/nonexistent/rpcbind.sock".into()),
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("rpcbind at /nonexistent/rpcbind.sock unreachable: "),
+            "{e}"
+        );
+    }
 }

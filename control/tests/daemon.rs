@@ -118,6 +118,20 @@ fn registers_with_real_rpcbind_and_unregisters_on_sigterm() {
             "rpcinfo lacks {prog} {vers} {netid} {addr}: {rows:?}"
         );
     }
+    // rpcbind's local socket tells the same (our client's DUMP over AF_LOCAL).
+    let local = control::rpcbind::RpcbindAddress::Local("/run/rpcbind.sock".into());
+    if let Ok(mut c) = control::rpcbind::RpcbindClient::connect(&local, PATIENCE) {
+        let dump = c.dump().expect("DUMP over the local socket");
+        for (prog, vers, netid, addr) in &expect {
+            assert!(
+                dump.iter().any(|m| m.program == *prog
+                    && m.version == *vers
+                    && m.netid == *netid
+                    && m.addr == *addr),
+                "DUMP lacks {prog} {vers} {netid} {addr}"
+            );
+        }
+    }
     // shm is not registered (documented decision), and said so.
     assert!(d
         .stderr()
