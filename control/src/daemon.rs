@@ -221,18 +221,12 @@ impl Daemon {
         let urls: Vec<String> = config.listeners.iter().map(|l| l.url.to_string()).collect();
         let registry = Arc::new(Registry::new(&config.workers.cores, &urls));
         let metrics = if config.metrics.enabled {
-            let m = MetricsServer::start(config.metrics.address, Arc::clone(&registry)).map_err(
-                |source| match source.kind() {
-                    std::io::ErrorKind::AddrInUse
-                    | std::io::ErrorKind::AddrNotAvailable
-                    | std::io::ErrorKind::PermissionDenied => StartupError::MetricsBind {
-                        addr: config.metrics.address,
-                        source,
-                    },
-                    _ => StartupError::Thread(source),
-                },
-            )?;
-            Some(m)
+            let addr = config.metrics.address;
+            let listener = TcpListener::bind(addr)
+                .map_err(|source| StartupError::MetricsBind { addr, source })?;
+            let server = MetricsServer::serve(listener, Arc::clone(&registry))
+                .map_err(StartupError::Thread)?;
+            Some(server)
         } else {
             None
         };

@@ -408,6 +408,10 @@ pub fn escape_label(v: &str) -> String {
 const MAX_REQUEST_HEAD: usize = 8192;
 /// How long a connection may take to send its request, and we to answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long, and how much, unread request bytes are drained after an
+/// answer.
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
+const MAX_DRAIN: usize = 64 * 1024;
 /// How often the idle accept loop looks at the stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
@@ -426,7 +430,16 @@ impl MetricsServer {
     /// # Errors
     /// The bind error (address in use, not local, permission).
     pub fn start(addr: SocketAddr, registry: Arc<Registry>) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr)?;
+        Self::serve(TcpListener::bind(addr)?, registry)
+    }
+
+    /// Serves `registry` on an already bound `listener` from a new thread
+    /// named `metrics`.
+    ///
+    /// # Errors
+    /// When the listener cannot be made non-blocking or the thread cannot
+    /// be spawned.
+    pub fn serve(listener: TcpListener, registry: Arc<Registry>) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -537,7 +550,21 @@ fn respond(stream: &mut TcpStream, status: &str, body: &str, send_body: bool) ->
     if send_body {
         stream.write_all(body.as_bytes())?;
     }
-    stream.flush()
+    stream.flush()?;
+    // Closing with unread request bytes would reset the connection and
+    // could destroy the answer in flight: end our side, then drain a
+    // bounded amount until the client closes.
+    stream.shutdown(std::net::Shutdown::Write)?;
+    stream.set_read_timeout(Some(DRAIN_TIMEOUT))?;
+    let mut sink = [0u8; 1024];
+    let mut drained = 0;
+    while drained < MAX_DRAIN {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -585,5 +612,49 @@ mod tests {
         let b = r.worker(1) as *const WorkerCounters as usize;
         assert!(b.abs_diff(a) >= 64);
         assert_eq!(a % 64, 0);
+    }
+
+    fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(request).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn http_server_answers_get_head_and_errors() {
+        let r = Arc::new(Registry::new(&[0], &[]));
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), r).unwrap();
+        let addr = server.local_addr();
+
+        let get = exchange(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(get.starts_with("HTTP/1.1 200 OK\r\n"), "{get}");
+        assert!(get.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+        let (head, body) = get.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())));
+        assert!(body.contains("# TYPE rpcrdma_worker_polls_total counter"));
+
+        let head = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"));
+
+        let post = exchange(addr, b"POST /metrics HTTP/1.1\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
+        assert!(post.contains("Allow: GET, HEAD\r\n"));
+
+        let other = exchange(addr, b"GET / HTTP/1.1\r\n\r\n");
+        assert!(other.starts_with("HTTP/1.1 404 "), "{other}");
+
+        let mut huge = b"GET /metrics HTTP/1.1\r\n".to_vec();
+        huge.extend(std::iter::repeat_n(b'a', MAX_REQUEST_HEAD + 10));
+        let big = exchange(addr, &huge);
+        assert!(big.starts_with("HTTP/1.1 431 "), "{big}");
+
+        server.stop();
+        assert!(
+            TcpStream::connect(addr).is_err(),
+            "still listening after stop"
+        );
     }
 }
