@@ -318,19 +318,29 @@ fn check_hugepages(policy: Hugepages) -> Result<(), StartupError> {
         return Ok(());
     }
     let (free, total) = hugepages_free().unwrap_or((0, 0));
-    if free > 0 {
-        return Ok(());
+    if let Some(warning) = hugepage_verdict(policy, free, total)? {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
+}
+
+/// What `policy` makes of `free` of `total` hugepages: fine, a warning
+/// line, or a startup failure.
+fn hugepage_verdict(
+    policy: Hugepages,
+    free: u64,
+    total: u64,
+) -> Result<Option<String>, StartupError> {
+    if policy == Hugepages::Off || free > 0 {
+        return Ok(None);
     }
     let found = format!("HugePages_Free {free} of HugePages_Total {total}");
     match policy {
         Hugepages::Required => Err(StartupError::NoHugepages { found }),
-        _ => {
-            tracing::warn!(
-                "no free 2 MiB hugepages ({found}): pools will use 4 KiB pages; \
-                 reserve some with `sysctl -w vm.nr_hugepages=512` (deploy/setup-host)"
-            );
-            Ok(())
-        }
+        _ => Ok(Some(format!(
+            "no free 2 MiB hugepages ({found}): pools will use 4 KiB pages; \
+             reserve some with `sysctl -w vm.nr_hugepages=512` (deploy/setup-host)"
+        ))),
     }
 }
 
@@ -521,5 +531,72 @@ impl Registration {
             Ok(n) => tracing::info!("rpcbind: unregistered {n} mapping(s)"),
             Err(e) => tracing::warn!("{e}; could not unregister from rpcbind"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hugepage_policies() {
+        assert!(hugepage_verdict(Hugepages::Off, 0, 0).unwrap().is_none());
+        assert!(hugepage_verdict(Hugepages::Prefer, 3, 64)
+            .unwrap()
+            .is_none());
+        assert!(hugepage_verdict(Hugepages::Required, 3, 64)
+            .unwrap()
+            .is_none());
+        let w = hugepage_verdict(Hugepages::Prefer, 0, 0).unwrap().unwrap();
+        assert!(
+            w.contains("4 KiB pages") && w.contains("vm.nr_hugepages"),
+            "{w}"
+        );
+        let e = hugepage_verdict(Hugepages::Required, 0, 64)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "memory.hugepages = \"required\" but no 2 MiB hugepages are free (HugePages_Free 0 \
+             of HugePages_Total 64); reserve some with deploy/setup-host or `sysctl -w \
+             vm.nr_hugepages=512`, or set memory.hugepages = \"prefer\""
+        );
+    }
+
+    #[test]
+    fn shm_listeners_are_not_registered_and_netids_follow_the_address_family() {
+        let listeners = [
+            "shm:///run/x.sock",
+            "roce://127.0.0.1:20049",
+            "ibverbs://[::1]:20049",
+            "tcp://127.0.0.1:2049",
+            "roce://127.0.0.2:20049",
+        ]
+        .iter()
+        .map(|u| crate::config::Listener {
+            url: u.parse().unwrap(),
+        })
+        .collect();
+        let c = Config {
+            listeners,
+            ..Config::default()
+        };
+        let m = planned_mappings(&c);
+        let got: Vec<(u32, &str, &str)> = m
+            .iter()
+            .map(|m| (m.program, m.netid.as_str(), m.addr.as_str()))
+            .collect();
+        let bench = crate::programs::BENCH_PROG;
+        assert_eq!(
+            got,
+            vec![
+                (100_417, "rdma", "127.0.0.1.78.81"),
+                (bench, "rdma", "127.0.0.1.78.81"),
+                (100_417, "rdma6", "::1.78.81"),
+                (bench, "rdma6", "::1.78.81"),
+                (100_417, "tcp", "127.0.0.1.8.1"),
+                (bench, "tcp", "127.0.0.1.8.1"),
+            ]
+        );
     }
 }
