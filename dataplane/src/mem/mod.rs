@@ -34,6 +34,10 @@ pub const PAGE_SIZE: usize = 4096;
 pub const HUGEPAGE_WARNING: &str = "rpcrdma: warning: no free 2 MiB hugepages, registered memory falls back to 4 KiB pages; \
      reserve some as root with `echo 64 > /proc/sys/vm/nr_hugepages` (or vm.nr_hugepages in sysctl.conf)";
 
+/// Environment variable: `off` makes [`Backing::Auto`] behave as if no
+/// hugepages were reserved.
+pub const HUGEPAGES_ENV: &str = "RPCRDMA_HUGEPAGES";
+
 static WARN_ONCE: Once = Once::new();
 static FALLBACKS: AtomicUsize = AtomicUsize::new(0);
 
@@ -112,7 +116,7 @@ impl Arena {
         match backing {
             Backing::Huge => Self::map(len, true).map(Arc::new),
             Backing::Small => Self::map(len, false).map(Arc::new),
-            Backing::Auto => match Self::map(len, true) {
+            Backing::Auto => match Self::try_huge(len) {
                 Ok(a) => Ok(Arc::new(a)),
                 Err(_) => {
                     FALLBACKS.fetch_add(1, Ordering::Relaxed);
@@ -121,6 +125,16 @@ impl Arena {
                 }
             },
         }
+    }
+
+    /// Hugepages unless the operator turned them off with
+    /// `RPCRDMA_HUGEPAGES=off` (also how tests exercise the fallback on a
+    /// host that has hugepages).
+    fn try_huge(len: usize) -> Result<Arena, MemError> {
+        if std::env::var_os(HUGEPAGES_ENV).is_some_and(|v| v == "off") {
+            return Err(MemError::Geometry("hugepages turned off"));
+        }
+        Self::map(len, true)
     }
 
     fn map(len: usize, huge: bool) -> Result<Arena, MemError> {
