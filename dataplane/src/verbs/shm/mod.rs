@@ -47,6 +47,8 @@ use super::*;
 use crate::mem::{Arena, Backing};
 
 pub(crate) mod shared;
+#[cfg(test)]
+mod tests;
 
 /// Progress calls between non-blocking hang-up checks of the socket.
 pub const SOCKET_CHECK_EVERY: u32 = 64;
@@ -1395,11 +1397,14 @@ impl Listener<Shm> for ShmListener {
         let uid = getsockopt(&sock, PeerCredentials)
             .map_err(os("SO_PEERCRED"))?
             .uid();
+        // Read the HELLO even from a refused peer (its fd is closed unused):
+        // closing a socket with unread data would turn our REJECT into a
+        // connection reset at the peer.
+        let hello = Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
         if !lock(&self.allowed).contains(&uid) {
             let _ = Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
             return Err(VerbsError::PeerNotAllowed { uid });
         }
-        let hello = Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
         if hello.kind != M_HELLO {
             return Err(VerbsError::Protocol("expected HELLO"));
         }

@@ -244,6 +244,23 @@ impl Msg {
     /// Receives one message without blocking. `Ok(None)`: nothing queued.
     /// `Err(Protocol("hang-up"))`: the peer closed its end.
     pub fn recv(sock: BorrowedFd<'_>) -> Result<Option<Msg>, VerbsError> {
+        // Peek first: the common "nothing queued" answer then costs one
+        // syscall and no allocation (the cmsg buffer below is a Vec).
+        let mut peek = [0u8; 1];
+        match nix::sys::socket::recv(
+            sock.as_raw_fd(),
+            &mut peek,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return Ok(None),
+            Err(source) => {
+                return Err(VerbsError::Os {
+                    what: "recv",
+                    source,
+                })
+            }
+            Ok(_) => {}
+        }
         let mut buf = [0u8; MSG_MAX + 1];
         let mut cmsg_space = nix::cmsg_space!([RawFd; 2]);
         let (bytes, fd, truncated) = {
