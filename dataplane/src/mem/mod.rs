@@ -422,7 +422,7 @@ pub struct Buf {
 }
 
 impl Buf {
-    /// Typed id of this buffer for a work request of kind `kind`.
+    /// Typed id of this buffer (the slab's kind, index, generation).
     pub fn wr_id(&self) -> WrId {
         WrId::new(self.shared.kind, self.index, self.generation)
     }
