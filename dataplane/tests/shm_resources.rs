@@ -209,6 +209,149 @@ fn no_fd_or_mapping_leaks_after_peer_death() {
     assert_eq!(maps(), m0, "mapping leak");
 }
 
+const CHILD_URL: &str = "RPCRDMA_RESOURCES_CHILD_URL";
+
+/// Child half of `no_leaks_after_sigkill`: connects, receives forever
+/// (until SIGKILLed). Returns at once in a normal run.
+#[test]
+fn child_connect_and_wait() {
+    let Ok(url) = std::env::var(CHILD_URL) else {
+        return;
+    };
+    let ctx = Shm::open(&url).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let r = Arena::new(1 << 20).unwrap();
+    let x = Arena::new(1 << 16).unwrap();
+    let rmr = pd.register(&r, 0, 1 << 20, Access::LOCAL_WRITE).unwrap();
+    let xmr = pd
+        .register(&x, 0, 1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let recv = Slab::new(r, 0, 4096, 64, rmr.lkey(), WrKind::Recv).unwrap();
+    let caps = QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    };
+    let mut pqp = pd.create_qp(&cq, &cq, caps).unwrap();
+    for _ in 0..8 {
+        let b = recv.alloc().unwrap();
+        pqp.post_recv(RecvWr {
+            wr_id: b.wr_id(),
+            sgl: SgeList::one(Sge::whole(b)),
+        })
+        .unwrap();
+    }
+    let (mut qp, _) = pqp.connect(&url, b"", T).unwrap();
+    let key = qp.expose(&xmr).unwrap();
+    println!("KEY {} {}", key.addr, key.rkey);
+    let mut out: Vec<Completion> = (0..32).map(|_| Completion::default()).collect();
+    loop {
+        cq.poll(&mut out); // receive and never repost: the sender will RNR-wait
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[test]
+fn no_leaks_after_sigkill() {
+    use std::io::BufRead;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    drop(pair("warm2"));
+    let (f0, m0) = (fds(), maps());
+    {
+        let url = format!("shm:///tmp/rpcrdma-res-kill-{}.sock", std::process::id());
+        let ctx = Shm::open(&url).unwrap();
+        let listener = ctx.listen(&url).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_connect_and_wait",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_URL, &url)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let a = Arena::new(1 << 20).unwrap();
+        let r = Arena::new(1 << 20).unwrap();
+        let mr = pd.register(&a, 0, 1 << 20, Access::LOCAL_WRITE).unwrap();
+        let rmr = pd.register(&r, 0, 1 << 20, Access::LOCAL_WRITE).unwrap();
+        let send = Slab::new(a, 0, 4096, 64, mr.lkey(), WrKind::Send).unwrap();
+        let recv = Slab::new(r, 0, 4096, 64, rmr.lkey(), WrKind::Recv).unwrap();
+        let caps = QpCaps {
+            rnr_retry: 7,
+            ..QpCaps::default()
+        };
+        let mut pqp = pd.create_qp(&cq, &cq, caps).unwrap();
+        for _ in 0..8 {
+            let b = recv.alloc().unwrap();
+            pqp.post_recv(RecvWr {
+                wr_id: b.wr_id(),
+                sgl: SgeList::one(Sge::whole(b)),
+            })
+            .unwrap();
+        }
+        let mut qp = listener.accept(T).unwrap().accept(pqp, b"").unwrap();
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        while !line.contains("KEY ") {
+            line.clear();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "child died early");
+        }
+        let v: Vec<u64> = line[line.find("KEY ").unwrap() + 4..]
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let key = RemoteAddr {
+            addr: v[0],
+            rkey: v[1] as u32,
+        };
+        // 8 sends land in the child's receives, 8 more wait on RNR, plus
+        // writes queued behind them: all in flight when the child dies.
+        for i in 0..20 {
+            let mut b = send.alloc().unwrap();
+            b.set_len(256);
+            let op = if i % 3 == 2 {
+                SendOp::Write(key)
+            } else {
+                SendOp::Send
+            };
+            qp.post_send(SendWr::new(b.wr_id(), op, SgeList::one(Sge::data(b))))
+                .map_err(|e| e.error)
+                .unwrap();
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let mut out: Vec<Completion> = (0..32).map(|_| Completion::default()).collect();
+        let mut statuses = Vec::new();
+        let deadline = Instant::now() + T;
+        while statuses.len() < 20 + 8 {
+            let n = cq.poll(&mut out);
+            statuses.extend(out.iter_mut().take(n).map(|c| std::mem::take(c).status));
+            assert!(
+                Instant::now() < deadline,
+                "only {} completions",
+                statuses.len()
+            );
+        }
+        assert_eq!(qp.state(), QpState::Error);
+        assert!(statuses.contains(&WcStatus::RetryExcErr), "{statuses:?}");
+        assert!(
+            statuses
+                .iter()
+                .filter(|s| **s == WcStatus::WrFlushErr)
+                .count()
+                > 8
+        );
+        assert_eq!(send.available(), send.total());
+        assert_eq!(recv.available(), recv.total());
+    }
+    assert_eq!(fds(), f0, "fd leak after SIGKILL");
+    assert_eq!(maps(), m0, "mapping leak after SIGKILL");
+}
+
 #[test]
 fn no_heap_allocation_per_work_request() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -1266,9 +1266,8 @@ impl ShmPreparedQp {
                 peer_recv_tail: 0,
                 out_regions: Vec::new(),
                 in_regions: Vec::new(),
-                keys: vec![None; peer_layout.key_cap.max(MAX_KEYS) as usize],
+                keys: vec![None; inner.layout.key_cap as usize],
             };
-            conn.keys.truncate(inner.layout.key_cap as usize);
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
             inner.state = QpState::Rts;

@@ -312,3 +312,48 @@ fn uid_allow_list() {
         Err(VerbsError::Rejected { .. })
     ));
 }
+
+#[test]
+fn rkey_valid_only_on_its_connection() {
+    let url = format!("shm:///tmp/rpcrdma-hostile-two-{}.sock", std::process::id());
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    // Side A: one PD, two accepted QPs. Side B: one PD, two connecting QPs.
+    let (pa1, cqa, pda, _sa, _ra, ro_a, _ma) = side(&ctx);
+    let pa2 = pda.create_qp(&cqa, &cqa, QpCaps::default()).unwrap();
+    let (pb1, cqb, pdb, sb, _rb, _rob, _mb) = side(&ctx);
+    let pb2 = pdb.create_qp(&cqb, &cqb, QpCaps::default()).unwrap();
+    let u = url.clone();
+    let h = std::thread::spawn(move || {
+        let q1 = pb1.connect(&u, b"1", T).unwrap().0;
+        let q2 = pb2.connect(&u, b"2", T).unwrap().0;
+        (q1, q2)
+    });
+    let mut qa1 = listener.accept(T).unwrap().accept(pa1, b"").unwrap();
+    let _qa2 = listener.accept(T).unwrap().accept(pa2, b"").unwrap();
+    let (mut qb1, mut qb2) = h.join().unwrap();
+    let key = qa1.expose(&ro_a).unwrap();
+    let read = |qp: &mut ShmQp, cq: &ShmCq| {
+        let b = sb.alloc().unwrap();
+        qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Read(key.at(0)),
+            SgeList::one(Sge {
+                buf: b,
+                offset: 0,
+                len: 64,
+            }),
+        ))
+        .unwrap();
+        let mut out: Vec<Completion> = (0..4).map(|_| Completion::default()).collect();
+        let deadline = Instant::now() + T;
+        loop {
+            if cq.poll(&mut out) > 0 {
+                return std::mem::take(&mut out[0]).status;
+            }
+            assert!(Instant::now() < deadline);
+        }
+    };
+    assert_eq!(read(&mut qb1, &cqb), WcStatus::Success);
+    assert_eq!(read(&mut qb2, &cqb), WcStatus::RemAccessErr);
+}
