@@ -13,10 +13,22 @@ use dataplane::verbs::*;
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Count only on the measuring thread: libtest allocates on its own
+    /// threads (spawning other tests, capturing output) at any time.
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn count() {
+    if COUNTING.with(|c| c.get()) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: forwards to the system allocator; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as ours.
         unsafe { System.alloc(l) }
     }
@@ -25,7 +37,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as ours.
         unsafe { System.realloc(p, l, n) }
     }
@@ -370,9 +382,11 @@ fn no_heap_allocation_per_work_request() {
         round(&mut a, &mut b); // warm-up: first region exchanges etc.
     }
     let before = ALLOCS.load(Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
     for _ in 0..1000 {
         round(&mut a, &mut b);
     }
+    COUNTING.with(|c| c.set(false));
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
     assert_eq!(allocs, 0, "heap allocations in 1000 steady-state rounds");
 }
