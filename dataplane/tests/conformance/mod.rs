@@ -744,9 +744,26 @@ fn write_send_active<P: Provider>(mut p: Peer<P>) {
         let len = 65_000 - round as usize * 1000;
         let off = round * 512;
         let data = pattern(round + 1000, len);
-        p.send_bytes(SendOp::Write(key.at(off)), &data, false);
         let msg = format!("{round} {off} {len}");
-        p.send_bytes(SendOp::Send, msg.as_bytes(), true);
+        // A linked list of two work requests, one doorbell: an unsignaled
+        // Write, then the signaled Send that must make it visible.
+        let w = p.local_buf(&data);
+        let s = p.local_buf(msg.as_bytes());
+        let mut write = SendWr::new(
+            w.wr_id(),
+            SendOp::Write(key.at(off)),
+            SgeList::one(Sge::data(w)),
+        );
+        write.signaled = false;
+        let send = SendWr::new(s.wr_id(), SendOp::Send, SgeList::one(Sge::data(s)));
+        let mut list = [write, send].into_iter();
+        assert_eq!(
+            p.qp()
+                .post_send_list(&mut list)
+                .map_err(|e| e.error)
+                .unwrap(),
+            2
+        );
         assert!(p.next_send().is_ok());
         // Do not overwrite the region before the receiver has checked it.
         assert_eq!(p.oob.recv(), "checked");

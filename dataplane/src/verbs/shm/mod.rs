@@ -961,7 +961,7 @@ impl QpInner {
             return;
         }
         self.polls = self.polls.wrapping_add(1);
-        if self.polls.is_multiple_of(SOCKET_CHECK_EVERY) {
+        if self.polls % SOCKET_CHECK_EVERY == 0 {
             if let Err(st) = conn.drain_socket() {
                 // Hang-up without a close: like an RC transport timing out,
                 // the oldest send fails with retry-exceeded, the rest flush.

@@ -232,12 +232,15 @@ impl Msg {
         let raw: [RawFd; 1] = [fd.map_or(-1, |f| f.as_raw_fd())];
         let cmsg = [ControlMessage::ScmRights(&raw)];
         let cmsgs: &[ControlMessage] = if fd.is_some() { &cmsg } else { &[] };
-        sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(
-            |source| VerbsError::Os {
+        // Never block: a peer that stops reading its socket must not stall
+        // us (a full socket is that connection's error).
+        let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+        sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, flags, None).map_err(|source| {
+            VerbsError::Os {
                 what: "sendmsg",
                 source,
-            },
-        )?;
+            }
+        })?;
         Ok(())
     }
 
