@@ -956,18 +956,27 @@ impl QpInner {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        if flags & (FLAG_CLOSED | FLAG_ERROR) != 0 {
-            self.enter_error(None);
-            return;
-        }
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls % SOCKET_CHECK_EVERY == 0 {
-            if let Err(st) = conn.drain_socket() {
-                // Hang-up without a close: like an RC transport timing out,
-                // the oldest send fails with retry-exceeded, the rest flush.
-                let head = (st == WcStatus::RetryExcErr).then_some(WcStatus::RetryExcErr);
-                self.enter_error(head);
+        let gone = if flags & (FLAG_CLOSED | FLAG_ERROR) != 0 {
+            Some(None)
+        } else {
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls % SOCKET_CHECK_EVERY == 0 {
+                conn.drain_socket().err().map(|st| {
+                    // Hang-up without a close or error flag: like an RC
+                    // transport timing out, the oldest send fails with
+                    // retry-exceeded, the rest flush.
+                    let flagged = conn.peer_word(W_FLAGS) & (FLAG_CLOSED | FLAG_ERROR) != 0;
+                    (st == WcStatus::RetryExcErr && !flagged).then_some(WcStatus::RetryExcErr)
+                })
+            } else {
+                None
             }
+        };
+        if let Some(head) = gone {
+            // Descriptors the peer published before its flag or hang-up
+            // (e.g. a length error for our receive) complete first.
+            let _ = self.drain_descs();
+            self.enter_error(head);
         }
     }
 
