@@ -170,14 +170,26 @@ impl Side {
     }
 }
 
+/// Our fds: memfds and sockets (other test threads may open and close
+/// unrelated ones at any time, e.g. pipes to children).
 fn fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| {
+            let t = t.to_string_lossy();
+            t.starts_with("/memfd:") || t.starts_with("socket:")
+        })
+        .count()
 }
 
+/// Our mappings: memfd-backed ones (arenas, outboxes, peer regions);
+/// thread stacks of other tests come and go.
 fn maps() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
+        .filter(|l| l.contains("/memfd:"))
         .count()
 }
 
@@ -189,6 +201,7 @@ fn no_fd_or_mapping_leaks_after_peer_death() {
     let (f0, m0) = (fds(), maps());
     for round in 0..3 {
         let (mut a, b) = pair(&format!("leak{round}"));
+        assert!(fds() > f0 && maps() > m0, "the counters see our resources");
         let mut b = b;
         let key = b.qp.expose(&b.rdma_mr).unwrap();
         a.send(SendOp::Write(key.at(0)), 512, true);
@@ -306,6 +319,7 @@ fn no_leaks_after_sigkill() {
             .unwrap();
         }
         let mut qp = listener.accept(T).unwrap().accept(pqp, b"").unwrap();
+        assert!(fds() > f0 && maps() > m0, "the counters see our resources");
         let mut line = String::new();
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         while !line.contains("KEY ") {
