@@ -148,6 +148,11 @@ impl Mapping {
         self.len
     }
 
+    #[cfg(test)]
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
     /// The mapping as 64-bit atomic words.
     pub fn words(&self) -> &[AtomicU64] {
         // SAFETY: mmap returns page-aligned memory of `len` bytes that stays

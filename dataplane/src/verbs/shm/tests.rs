@@ -357,3 +357,65 @@ fn rkey_valid_only_on_its_connection() {
     assert_eq!(read(&mut qb1, &cqb), WcStatus::Success);
     assert_eq!(read(&mut qb2, &cqb), WcStatus::RemAccessErr);
 }
+
+/// Permissions ("r--s", "rw-s", ...) of the mapping starting at `addr`.
+fn perms(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let (range, rest) = l.split_once(' ')?;
+            let start = usize::from_str_radix(range.split_once('-')?.0, 16).ok()?;
+            (start == addr).then(|| rest.split(' ').next().unwrap_or("").to_owned())
+        })
+        .expect("mapping listed")
+}
+
+#[test]
+fn read_only_exposure_is_mapped_read_only() {
+    let (mut a, mut b) = pair();
+    let key = a.qp.expose(&a.ro_mr).unwrap();
+    // b reads (maps the region on first use) and sends (maps a's receive
+    // arena, which is the Send target).
+    let buf = b.send.alloc().unwrap();
+    b.qp.post_send(SendWr::new(
+        buf.wr_id(),
+        SendOp::Read(key.at(0)),
+        SgeList::one(Sge {
+            buf,
+            offset: 0,
+            len: 16,
+        }),
+    ))
+    .unwrap();
+    let rb = a.recv.alloc().unwrap();
+    a.qp.post_recv(RecvWr {
+        wr_id: rb.wr_id(),
+        sgl: SgeList::one(Sge::whole(rb)),
+    })
+    .unwrap();
+    send(&mut b, SendOp::Send);
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    let mut n = 0;
+    let deadline = Instant::now() + T;
+    while n < 2 {
+        n += b.cq.poll(&mut out[n..]);
+        assert!(Instant::now() < deadline);
+    }
+    assert!(out[..2].iter().all(Completion::is_ok));
+    let inner = lock(&b.qp.shared.inner);
+    let conn = inner.conn.as_ref().unwrap();
+    let mut seen = Vec::new();
+    for m in conn.in_regions.iter().flatten() {
+        let p = perms(m.addr());
+        assert_eq!(p, if m.writable { "rw-s" } else { "r--s" });
+        seen.push(p);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["r--s", "rw-s"],
+        "the MMU, not only our checks, guards read-only memory"
+    );
+    // The peer's outbox is mapped read-only as well.
+    assert_eq!(perms(conn.peer.addr()), "r--s");
+}
