@@ -13,4 +13,6 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod mem;
+pub mod verbs;
 pub mod wire;

@@ -1,0 +1,558 @@
+//! Registered memory: arenas, fixed-size slabs, owned buffer handles and
+//! typed work-request ids.
+//!
+//! * [`Arena`]: one shareable block of memory (a sealed memfd mapped
+//!   `MAP_SHARED`), backed by 2 MiB hugepages when the host has them
+//!   reserved, by 4 KiB pages otherwise (one warning line per process says
+//!   how to reserve hugepages). Providers register ranges of an arena.
+//! * [`Slab`]: fixed-size buffers carved from a registered arena range
+//!   (receive, send, chunk buffers). Allocation and release are lock-free
+//!   and never touch the heap.
+//! * [`Buf`]: a non-`Clone` handle to one slab buffer. Posting a buffer moves
+//!   the handle into the queue pair's work-request slot; the completion
+//!   hands it back. Dropping a handle returns the buffer to its slab, so
+//!   pool counts return to their totals when everything is closed.
+//! * [`WrId`]: a typed work-request id (kind, slab index, generation).
+//!
+//! This module does not import `wire` or any provider.
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+
+use crossbeam_queue::ArrayQueue;
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+
+/// Size of a hugepage on x86-64 / aarch64 Linux (the only size we use).
+pub const HUGEPAGE_SIZE: usize = 2 << 20;
+/// Size of a normal page.
+pub const PAGE_SIZE: usize = 4096;
+
+/// The one warning line printed when hugepages are missing.
+pub const HUGEPAGE_WARNING: &str = "rpcrdma: warning: no free 2 MiB hugepages, registered memory falls back to 4 KiB pages; \
+     reserve some as root with `echo 64 > /proc/sys/vm/nr_hugepages` (or vm.nr_hugepages in sysctl.conf)";
+
+/// Environment variable: `off` makes [`Backing::Auto`] behave as if no
+/// hugepages were reserved.
+pub const HUGEPAGES_ENV: &str = "RPCRDMA_HUGEPAGES";
+
+static WARN_ONCE: Once = Once::new();
+static FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many arenas of this process fell back to 4 KiB pages (the warning is
+/// printed for the first one only).
+pub fn hugepage_fallbacks() -> usize {
+    FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// Errors of the (control-path) memory setup.
+#[derive(Debug, thiserror::Error)]
+pub enum MemError {
+    /// `memfd_create`, `ftruncate`, sealing or `mmap` failed.
+    #[error("cannot create {what} memory of {len} bytes: {source}")]
+    Map {
+        /// Which step or backing failed.
+        what: &'static str,
+        /// Requested length.
+        len: usize,
+        /// The OS error.
+        source: nix::Error,
+    },
+    /// Slab geometry does not fit the arena or the id space.
+    #[error("slab does not fit: {0}")]
+    Geometry(&'static str),
+}
+
+/// Which pages back an arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// Try hugepages, fall back to 4 KiB pages with one warning.
+    Auto,
+    /// 2 MiB hugepages or an error.
+    Huge,
+    /// 4 KiB pages, no warning (small control regions).
+    Small,
+}
+
+/// A block of shareable memory: a sealed memfd (size cannot change, so a
+/// peer that maps it can never take a SIGBUS) mapped read-write here.
+#[derive(Debug)]
+pub struct Arena {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+    huge: bool,
+    id: u64,
+}
+
+// SAFETY: the arena is plain memory plus an fd; all access to its bytes goes
+// through `Buf` (unique ownership of a slab slot) or through providers, which
+// document their own synchronisation. The pointer itself is never mutated.
+unsafe impl Send for Arena {}
+// SAFETY: see `Send`; `&Arena` only exposes the pointer value, the length and
+// the fd.
+unsafe impl Sync for Arena {}
+
+static ARENA_IDS: AtomicUsize = AtomicUsize::new(1);
+
+impl Arena {
+    /// An arena of at least `len` bytes, hugepage-backed when possible
+    /// ([`Backing::Auto`]).
+    ///
+    /// # Errors
+    /// [`MemError::Map`] when even 4 KiB pages cannot be mapped.
+    pub fn new(len: usize) -> Result<Arc<Arena>, MemError> {
+        Self::with_backing(len, Backing::Auto)
+    }
+
+    /// An arena with an explicit backing policy.
+    ///
+    /// # Errors
+    /// [`MemError::Map`] when the requested backing is unavailable.
+    pub fn with_backing(len: usize, backing: Backing) -> Result<Arc<Arena>, MemError> {
+        let len = len.max(1);
+        match backing {
+            Backing::Huge => Self::map(len, true).map(Arc::new),
+            Backing::Small => Self::map(len, false).map(Arc::new),
+            Backing::Auto => match Self::try_huge(len) {
+                Ok(a) => Ok(Arc::new(a)),
+                Err(_) => {
+                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                    WARN_ONCE.call_once(|| eprintln!("{HUGEPAGE_WARNING}"));
+                    Self::map(len, false).map(Arc::new)
+                }
+            },
+        }
+    }
+
+    /// Hugepages unless the operator turned them off with
+    /// `RPCRDMA_HUGEPAGES=off` (also how tests exercise the fallback on a
+    /// host that has hugepages).
+    fn try_huge(len: usize) -> Result<Arena, MemError> {
+        if std::env::var_os(HUGEPAGES_ENV).is_some_and(|v| v == "off") {
+            return Err(MemError::Geometry("hugepages turned off"));
+        }
+        Self::map(len, true)
+    }
+
+    fn map(len: usize, huge: bool) -> Result<Arena, MemError> {
+        let page = if huge { HUGEPAGE_SIZE } else { PAGE_SIZE };
+        let len = len
+            .checked_next_multiple_of(page)
+            .ok_or(MemError::Geometry("length overflows"))?;
+        let what = if huge { "hugepage" } else { "4 KiB page" };
+        let err = |source| MemError::Map { what, len, source };
+        let mut flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
+        if huge {
+            flags |= MFdFlags::MFD_HUGETLB;
+        }
+        let fd = memfd_create(c"rpcrdma-arena", flags).map_err(err)?;
+        nix::unistd::ftruncate(&fd, len as libc::off_t).map_err(err)?;
+        // Seal the size: a peer mapping this fd must never see it shrink.
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+            ),
+        )
+        .map_err(err)?;
+        let nz = std::num::NonZeroUsize::new(len).ok_or(MemError::Geometry("empty"))?;
+        // SAFETY: a fresh shared mapping of an fd we own, at a kernel-chosen
+        // address; nothing else refers to that address range yet.
+        // MAP_POPULATE faults every page in now (registration pins memory),
+        // so hugetlb reservation failures surface here and not as SIGBUS.
+        let ptr = unsafe {
+            mmap(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                &fd,
+                0,
+            )
+        }
+        .map_err(err)?;
+        Ok(Arena {
+            ptr: ptr.cast(),
+            len,
+            fd,
+            huge,
+            id: ARENA_IDS.fetch_add(1, Ordering::Relaxed) as u64,
+        })
+    }
+
+    /// First byte of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true (arenas have at least one page); for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether 2 MiB hugepages back this arena.
+    pub fn is_hugepage_backed(&self) -> bool {
+        self.huge
+    }
+
+    /// The memfd (providers pass it to peers).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Process-unique id of this arena.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether `[addr, addr+len)` lies inside this arena.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let base = self.ptr.as_ptr() as u64;
+        addr >= base
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= base + self.len as u64)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `map` with this pointer and
+        // length; every `Buf`/`Slab`/registration holds an `Arc<Arena>`, so
+        // no one can reach the memory after the last reference is gone.
+        unsafe {
+            let _ = munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// What a work request or buffer is for; the top byte of a [`WrId`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum WrKind {
+    /// A receive buffer.
+    Recv = 1,
+    /// A send buffer (inline messages).
+    Send = 2,
+    /// A chunk buffer (RDMA Read / Write payload).
+    Chunk = 3,
+    /// Work requests without a buffer (e.g. local invalidate).
+    Control = 4,
+}
+
+impl WrKind {
+    fn from_u8(v: u8) -> Option<WrKind> {
+        Some(match v {
+            1 => WrKind::Recv,
+            2 => WrKind::Send,
+            3 => WrKind::Chunk,
+            4 => WrKind::Control,
+            _ => return None,
+        })
+    }
+}
+
+/// A typed work-request id: kind (8 bits), slab index (24 bits), generation
+/// (32 bits), packed into the 64 bits a hardware `wr_id` carries. Never a
+/// pointer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WrId(u64);
+
+/// Largest slab index a [`WrId`] can carry.
+pub const MAX_SLAB_INDEX: u32 = (1 << 24) - 1;
+
+impl WrId {
+    /// Packs the three fields; `index` is truncated to 24 bits.
+    pub const fn new(kind: WrKind, index: u32, generation: u32) -> WrId {
+        WrId(((kind as u64) << 56) | (((index & MAX_SLAB_INDEX) as u64) << 32) | generation as u64)
+    }
+    /// The raw 64-bit value (what a hardware provider puts in `wr_id`).
+    pub const fn to_raw(self) -> u64 {
+        self.0
+    }
+    /// Rebuilds an id from its raw value; `None` if the kind is unknown.
+    pub fn from_raw(raw: u64) -> Option<WrId> {
+        WrKind::from_u8((raw >> 56) as u8).map(|_| WrId(raw))
+    }
+    /// The kind (`None` only for the default id).
+    pub fn kind(self) -> Option<WrKind> {
+        WrKind::from_u8((self.0 >> 56) as u8)
+    }
+    /// The slab index.
+    pub const fn index(self) -> u32 {
+        ((self.0 >> 32) as u32) & MAX_SLAB_INDEX
+    }
+    /// The generation.
+    pub const fn generation(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+impl std::fmt::Debug for WrId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "WrId({:?}#{}g{})",
+            self.kind(),
+            self.index(),
+            self.generation()
+        )
+    }
+}
+
+#[derive(Debug)]
+struct SlabShared {
+    arena: Arc<Arena>,
+    base: *mut u8,
+    buf_size: u32,
+    count: u32,
+    lkey: u32,
+    kind: WrKind,
+    free: ArrayQueue<u32>,
+    generations: Box<[AtomicU32]>,
+}
+
+// SAFETY: `base` points into `arena` (kept alive by the Arc); disjoint
+// buffers are handed out exclusively through the lock-free free list.
+unsafe impl Send for SlabShared {}
+// SAFETY: as above; shared access touches only atomics and the queue.
+unsafe impl Sync for SlabShared {}
+
+/// A pool of fixed-size buffers carved from a registered arena range.
+#[derive(Debug, Clone)]
+pub struct Slab {
+    shared: Arc<SlabShared>,
+}
+
+impl Slab {
+    /// `count` buffers of `buf_size` bytes starting at `offset` in `arena`,
+    /// registered under `lkey` (the provider's key for the range).
+    ///
+    /// # Errors
+    /// [`MemError::Geometry`] if the buffers do not fit in the arena or the
+    /// count exceeds the 24-bit index space.
+    pub fn new(
+        arena: Arc<Arena>,
+        offset: usize,
+        buf_size: u32,
+        count: u32,
+        lkey: u32,
+        kind: WrKind,
+    ) -> Result<Slab, MemError> {
+        if count == 0 || count > MAX_SLAB_INDEX + 1 {
+            return Err(MemError::Geometry("count out of range"));
+        }
+        let bytes = (buf_size as usize)
+            .checked_mul(count as usize)
+            .and_then(|b| b.checked_add(offset))
+            .ok_or(MemError::Geometry("size overflows"))?;
+        if bytes > arena.len() {
+            return Err(MemError::Geometry("buffers exceed the arena"));
+        }
+        let free = ArrayQueue::new(count as usize);
+        for i in 0..count {
+            let _ = free.push(i);
+        }
+        // SAFETY: offset <= bytes <= arena.len(), so the result stays inside
+        // (or one past the end of) the mapping.
+        let base = unsafe { arena.as_ptr().add(offset) };
+        Ok(Slab {
+            shared: Arc::new(SlabShared {
+                arena,
+                base,
+                buf_size,
+                count,
+                lkey,
+                kind,
+                free,
+                generations: (0..count).map(|_| AtomicU32::new(0)).collect(),
+            }),
+        })
+    }
+
+    /// Takes a free buffer (length 0), or `None` when all are in use.
+    pub fn alloc(&self) -> Option<Buf> {
+        let index = self.shared.free.pop()?;
+        let generation = self.shared.generations[index as usize].load(Ordering::Relaxed);
+        Some(Buf {
+            shared: self.shared.clone(),
+            index,
+            generation,
+            len: 0,
+        })
+    }
+
+    /// Buffers currently free.
+    pub fn available(&self) -> usize {
+        self.shared.free.len()
+    }
+
+    /// Configured number of buffers.
+    pub fn total(&self) -> usize {
+        self.shared.count as usize
+    }
+
+    /// Size of each buffer.
+    pub fn buf_size(&self) -> u32 {
+        self.shared.buf_size
+    }
+
+    /// The arena the slab lives in.
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.shared.arena
+    }
+}
+
+/// One slab buffer, owned. Not `Clone`: whoever holds it may use the bytes;
+/// posting it to a queue pair moves it away until its completion.
+#[derive(Debug)]
+pub struct Buf {
+    shared: Arc<SlabShared>,
+    index: u32,
+    generation: u32,
+    len: u32,
+}
+
+impl Buf {
+    /// Typed id of this buffer (the slab's kind, index, generation).
+    pub fn wr_id(&self) -> WrId {
+        WrId::new(self.shared.kind, self.index, self.generation)
+    }
+    /// Slab index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    /// Generation (bumped each time the buffer returns to its slab).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+    /// Key the buffer's memory is registered under.
+    pub fn lkey(&self) -> u32 {
+        self.shared.lkey
+    }
+    /// Virtual address of the first byte (what an SGE carries).
+    pub fn addr(&self) -> u64 {
+        self.base_ptr() as u64
+    }
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u32 {
+        self.shared.buf_size
+    }
+    /// Valid length (set by the user before a send, by the provider on a
+    /// receive or read completion).
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    /// Whether the valid length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Sets the valid length, clamped to the capacity.
+    pub fn set_len(&mut self, len: u32) {
+        self.len = len.min(self.shared.buf_size);
+    }
+    /// The arena holding this buffer.
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.shared.arena
+    }
+    fn base_ptr(&self) -> *mut u8 {
+        // SAFETY: index < count and the slab geometry was checked to fit the
+        // arena in `Slab::new`.
+        unsafe {
+            self.shared
+                .base
+                .add(self.index as usize * self.shared.buf_size as usize)
+        }
+    }
+    /// Raw pointer to the first byte, for providers.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base_ptr()
+    }
+    /// The whole capacity as bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is inside the live arena and this handle is its
+        // only owner (free-list exclusivity); memory exposed to a peer may
+        // still be written by a misbehaving peer, which only changes bytes.
+        unsafe { std::slice::from_raw_parts(self.base_ptr(), self.shared.buf_size as usize) }
+    }
+    /// The whole capacity as mutable bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, plus `&mut self` gives exclusivity among
+        // users of this process.
+        unsafe { std::slice::from_raw_parts_mut(self.base_ptr(), self.shared.buf_size as usize) }
+    }
+    /// The valid bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.as_slice()[..self.len as usize]
+    }
+    /// Copies `src` to the start of the buffer and sets the length.
+    /// Returns false (and copies nothing) if it does not fit.
+    pub fn fill(&mut self, src: &[u8]) -> bool {
+        if src.len() > self.shared.buf_size as usize {
+            return false;
+        }
+        self.as_mut_slice()[..src.len()].copy_from_slice(src);
+        self.len = src.len() as u32;
+        true
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.shared.generations[self.index as usize].fetch_add(1, Ordering::Relaxed);
+        // Cannot fail: the queue has room for every index and each index is
+        // owned by exactly one handle.
+        let _ = self.shared.free.push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_id_round_trip() {
+        let id = WrId::new(WrKind::Chunk, 0x12_3456, 0xdead_beef);
+        assert_eq!(id.kind(), Some(WrKind::Chunk));
+        assert_eq!(id.index(), 0x12_3456);
+        assert_eq!(id.generation(), 0xdead_beef);
+        assert_eq!(WrId::from_raw(id.to_raw()), Some(id));
+        assert_eq!(WrId::from_raw(0), None);
+    }
+
+    #[test]
+    fn slab_accounting_and_generations() {
+        let arena = Arena::with_backing(64 * 1024, Backing::Small).unwrap();
+        let slab = Slab::new(arena, 0, 4096, 8, 7, WrKind::Recv).unwrap();
+        let mut bufs: Vec<Buf> = (0..8).map(|_| slab.alloc().unwrap()).collect();
+        assert!(slab.alloc().is_none());
+        assert_eq!(slab.available(), 0);
+        assert!(bufs[0].fill(b"hello"));
+        assert_eq!(bufs[0].data(), b"hello");
+        assert_eq!(bufs[0].lkey(), 7);
+        let first = bufs.remove(0);
+        let (idx, generation) = (first.index(), first.generation());
+        drop(first);
+        let again = slab.alloc().unwrap();
+        assert_eq!(again.index(), idx);
+        assert_eq!(again.generation(), generation + 1);
+        drop(again);
+        drop(bufs);
+        assert_eq!(slab.available(), slab.total());
+    }
+
+    #[test]
+    fn slab_geometry_checked() {
+        let arena = Arena::with_backing(8192, Backing::Small).unwrap();
+        assert!(Slab::new(arena.clone(), 0, 4096, 3, 1, WrKind::Send).is_err());
+        assert!(Slab::new(arena, 4096, 4096, 1, 1, WrKind::Send).is_ok());
+    }
+}

@@ -1,0 +1,662 @@
+//! The provider-neutral verbs API.
+//!
+//! It mirrors ibverbs closely enough that a real HCA maps onto it one to
+//! one: a device context opened from an address URL, a protection domain,
+//! memory regions with access flags and lkey/rkey, completion queues polled
+//! in batches into a caller slice, and reliable-connected queue pairs with a
+//! send queue (Send, Send with Immediate, Send with Invalidate, RDMA Write,
+//! RDMA Write with Immediate, RDMA Read, Local Invalidate; SGE lists;
+//! signaled/unsignaled; inline) and a receive queue. Errors complete like
+//! hardware: the failing work request completes with an error status, the
+//! queue pair moves to [`QpState::Error`], and everything still queued
+//! completes with [`WcStatus::WrFlushErr`], in order.
+//!
+//! Differences from raw ibverbs, on purpose:
+//! * A work request owns its buffers: each scatter/gather element carries a
+//!   [`Buf`] (moved in on post, handed back in the [`Completion`]); the
+//!   compiler, not a comment, prevents reuse of memory still in flight.
+//!   Unsignaled work requests give their buffers back to the slab (drop)
+//!   when they retire.
+//! * Work-request ids are typed ([`WrId`]).
+//! * Remote access is granted per connection with [`QueuePair::expose`]
+//!   (think of a type 2 memory window bound to the QP): the returned
+//!   [`RemoteKey`] is valid on that connection only, until invalidated
+//!   locally ([`SendOp::LocalInv`]) or remotely ([`SendOp::SendWithInv`]).
+//! * Connection setup is a listener/connector pair carrying private data
+//!   (as rdma_cm does; RFC 8797 data rides on it).
+//!
+//! Everything on the hot path is statically dispatched: providers implement
+//! the traits below with associated types; no `dyn`, no heap allocation per
+//! work request.
+// Posts hand a refused work request back by value (`PostFailed<W>`), a
+// ~180-byte `Err`: boxing it would put a heap allocation on the
+// queue-full path, which is a normal back-pressure event on the data path.
+#![allow(clippy::result_large_err)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::mem::{Arena, Buf, WrId};
+
+pub mod shm;
+
+/// Most scatter/gather elements in one work request.
+pub const MAX_SGE: usize = 4;
+/// Most bytes of connection private data (the IB CM REQ limit for rdma_cm
+/// users is 56; RFC 8797 needs 8; we allow a little more).
+pub const MAX_PRIVATE_DATA: usize = 196;
+
+/// Memory-region access flags.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No remote access, local read only.
+    pub const NONE: Access = Access(0);
+    /// The local HCA may write (receives, RDMA Read destinations).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may RDMA Write.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may RDMA Read.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// From raw bits (unknown bits dropped).
+    pub const fn from_bits_truncate(bits: u32) -> Access {
+        Access(bits & 7)
+    }
+    /// Whether all of `other` is set.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Access({}{}{})",
+            if self.contains(Access::LOCAL_WRITE) {
+                "LW"
+            } else {
+                ""
+            },
+            if self.contains(Access::REMOTE_WRITE) {
+                "RW"
+            } else {
+                ""
+            },
+            if self.contains(Access::REMOTE_READ) {
+                "RR"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// A peer's memory as named in RDMA operations: the owner's virtual address
+/// and the rkey it handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteKey {
+    /// Owner-side virtual address of the first byte.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length of the exposed range.
+    pub len: u64,
+}
+
+impl RemoteKey {
+    /// The address `offset` bytes into the range, with the same rkey.
+    pub fn at(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr.wrapping_add(offset),
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// Target of an RDMA Write or Read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteAddr {
+    /// Owner-side virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// One scatter/gather element: `len` bytes at `offset` in an owned buffer.
+#[derive(Debug)]
+pub struct Sge {
+    /// The buffer (moved in on post, handed back by the completion).
+    pub buf: Buf,
+    /// Byte offset into the buffer.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+impl Sge {
+    /// The buffer's valid bytes (`0..buf.len()`), for sends and writes.
+    pub fn data(buf: Buf) -> Sge {
+        let len = buf.len();
+        Sge {
+            buf,
+            offset: 0,
+            len,
+        }
+    }
+    /// The buffer's whole capacity, for receives and reads.
+    pub fn whole(buf: Buf) -> Sge {
+        let len = buf.capacity();
+        Sge {
+            buf,
+            offset: 0,
+            len,
+        }
+    }
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.buf.addr().wrapping_add(self.offset as u64)
+    }
+    /// Whether `offset + len` stays inside the buffer.
+    pub fn in_bounds(&self) -> bool {
+        (self.offset as u64 + self.len as u64) <= self.buf.capacity() as u64
+    }
+}
+
+/// A fixed-capacity scatter/gather list (no heap).
+#[derive(Debug, Default)]
+pub struct SgeList {
+    sges: [Option<Sge>; MAX_SGE],
+    n: u8,
+}
+
+impl SgeList {
+    /// An empty list.
+    pub const fn new() -> SgeList {
+        SgeList {
+            sges: [None, None, None, None],
+            n: 0,
+        }
+    }
+    /// A list of one element.
+    pub fn one(sge: Sge) -> SgeList {
+        let mut l = SgeList::new();
+        l.sges[0] = Some(sge);
+        l.n = 1;
+        l
+    }
+    /// Appends; gives the element back if the list is full.
+    pub fn push(&mut self, sge: Sge) -> Result<(), Sge> {
+        if self.n as usize == MAX_SGE {
+            return Err(sge);
+        }
+        self.sges[self.n as usize] = Some(sge);
+        self.n += 1;
+        Ok(())
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// Sum of element lengths.
+    pub fn total_len(&self) -> u64 {
+        self.iter().map(|s| s.len as u64).sum()
+    }
+    /// The elements in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Sge> {
+        self.sges[..self.n as usize].iter().flatten()
+    }
+    /// The elements in order, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Sge> {
+        self.sges[..self.n as usize].iter_mut().flatten()
+    }
+    /// Removes and returns the first buffer (the common single-SGE case).
+    pub fn take_first(&mut self) -> Option<Buf> {
+        self.take_all().next()
+    }
+    /// Removes all elements, yielding their buffers in order.
+    pub fn take_all(&mut self) -> impl Iterator<Item = Buf> + '_ {
+        self.n = 0;
+        self.sges.iter_mut().filter_map(|s| s.take().map(|s| s.buf))
+    }
+}
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Two-sided send into the peer's next posted receive.
+    Send,
+    /// Send carrying 32 bits of immediate data.
+    SendWithImm(u32),
+    /// Send that also invalidates the given rkey of the receiver's.
+    SendWithInv(u32),
+    /// One-sided write of the SGE list to the peer's memory.
+    Write(RemoteAddr),
+    /// Write that also consumes a receive at the peer and reports `imm`.
+    WriteWithImm(RemoteAddr, u32),
+    /// One-sided read of the peer's memory into the SGE list.
+    Read(RemoteAddr),
+    /// Invalidates one of our own rkeys (no SGEs).
+    LocalInv(u32),
+}
+
+/// A send-queue work request.
+#[derive(Debug)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: WrId,
+    /// The operation.
+    pub op: SendOp,
+    /// Local buffers (gathered for Send/Write, scattered into for Read).
+    pub sgl: SgeList,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Ask for inline data (must fit `QpCaps::max_inline`).
+    pub inline: bool,
+}
+
+impl SendWr {
+    /// A signaled, non-inline work request.
+    pub fn new(wr_id: WrId, op: SendOp, sgl: SgeList) -> SendWr {
+        SendWr {
+            wr_id,
+            op,
+            sgl,
+            signaled: true,
+            inline: false,
+        }
+    }
+}
+
+/// A receive-queue work request.
+#[derive(Debug)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: WrId,
+    /// Buffers to scatter the incoming message into.
+    pub sgl: SgeList,
+}
+
+/// Completion status, as `ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WcStatus {
+    /// Completed.
+    #[default]
+    Success,
+    /// Local length error: a message exceeded the posted receive.
+    LocLenErr,
+    /// Local protection error: an SGE is outside its registration or lacks
+    /// the needed local access.
+    LocProtErr,
+    /// Local QP operation error: the work request is malformed.
+    LocQpOpErr,
+    /// Remote access error: bad rkey, out of bounds, or missing access.
+    RemAccessErr,
+    /// Remote invalid request: e.g. the peer's receive was too small.
+    RemInvReqErr,
+    /// The peer had no receive posted for longer than the RNR retry budget.
+    RnrRetryExcErr,
+    /// Transport retries exhausted: the peer is gone.
+    RetryExcErr,
+    /// Flushed because the queue pair is in the error state.
+    WrFlushErr,
+}
+
+/// Completion opcode, as `ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WcOpcode {
+    /// Send (any flavour).
+    #[default]
+    Send,
+    /// RDMA Write (with or without immediate).
+    RdmaWrite,
+    /// RDMA Read.
+    RdmaRead,
+    /// Local invalidate.
+    LocalInv,
+    /// Receive of a Send.
+    Recv,
+    /// Receive consumed by an RDMA Write with Immediate.
+    RecvRdmaWithImm,
+}
+
+/// One work completion. Carries the work request's buffers back.
+#[derive(Debug, Default)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: WrId,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred.
+    pub byte_len: u32,
+    /// Immediate data, if any.
+    pub imm: Option<u32>,
+    /// The rkey a Send with Invalidate invalidated at this receiver.
+    pub invalidated_rkey: Option<u32>,
+    /// Queue-pair number.
+    pub qp_num: u32,
+    /// The work request's buffers; for receives, lengths are set to the
+    /// bytes placed in each.
+    pub sgl: SgeList,
+}
+
+impl Completion {
+    /// Whether the status is `Success`.
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+}
+
+/// Queue-pair state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpState {
+    /// Created, receives may be posted, not connected yet.
+    Init,
+    /// Connected: ready to send.
+    Rts,
+    /// Error: everything completes with `WrFlushErr`.
+    Error,
+}
+
+/// Queue-pair sizing and retry attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct QpCaps {
+    /// Send-queue depth (outstanding + not yet polled).
+    pub max_send_wr: u32,
+    /// Receive-queue depth.
+    pub max_recv_wr: u32,
+    /// Largest inline send.
+    pub max_inline: u32,
+    /// RNR retries before `RnrRetryExcErr` (7 = retry forever, as in IB).
+    pub rnr_retry: u8,
+    /// Wait between RNR retries (IB's min RNR timer).
+    pub rnr_timer: Duration,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_inline: 256,
+            rnr_retry: 6,
+            rnr_timer: Duration::from_millis(10),
+        }
+    }
+}
+
+/// Why a post was refused (the work request is handed back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The queue is full.
+    #[error("queue full")]
+    QueueFull,
+    /// The work request is malformed (e.g. inline too large, SGE out of its
+    /// buffer, SGEs on a local invalidate).
+    #[error("invalid work request")]
+    Invalid,
+}
+
+/// A post that was refused, with the work request handed back.
+#[derive(Debug)]
+pub struct PostFailed<W> {
+    /// Why.
+    pub error: PostError,
+    /// The work request, untouched.
+    pub wr: W,
+}
+
+/// Control-path errors (setup, registration, connection).
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    /// The URL's scheme does not belong to this provider, or it is malformed.
+    #[error("bad address {url:?}: {why}")]
+    BadAddress {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What we were doing.
+        what: &'static str,
+        /// The OS error.
+        source: nix::Error,
+    },
+    /// Memory setup failed.
+    #[error(transparent)]
+    Mem(#[from] crate::mem::MemError),
+    /// The registration request is invalid (range outside the arena, ...).
+    #[error("invalid registration: {0}")]
+    InvalidRegistration(&'static str),
+    /// A resource limit was hit (keys, regions, queue sizes).
+    #[error("resource limit: {0}")]
+    Limit(&'static str),
+    /// The peer's uid is not in the allow-list.
+    #[error("peer uid {uid} not allowed")]
+    PeerNotAllowed {
+        /// The peer's uid (SO_PEERCRED).
+        uid: u32,
+    },
+    /// The peer rejected the connection; its private data is attached.
+    #[error("connection rejected by peer")]
+    Rejected {
+        /// The peer's reject private data.
+        private_data: Vec<u8>,
+    },
+    /// The peer broke the setup protocol.
+    #[error("protocol violation by peer: {0}")]
+    Protocol(&'static str),
+    /// Nothing happened within the timeout.
+    #[error("timed out")]
+    Timeout,
+    /// The queue pair is not connected / in error.
+    #[error("queue pair not connected")]
+    NotConnected,
+}
+
+/// A verbs provider: the family of types one implementation supplies.
+pub trait Provider: Sized + 'static {
+    /// An opened device.
+    type Context: Context<Self>;
+    /// Protection domain.
+    type Pd: ProtectionDomain<Self>;
+    /// Registered memory region.
+    type Mr: MemoryRegion;
+    /// Completion queue.
+    type Cq: CompletionQueue;
+    /// A created, not yet connected queue pair.
+    type PreparedQp: PreparedQp<Self>;
+    /// A connected queue pair.
+    type Qp: QueuePair<Self>;
+    /// Passive side of connection setup.
+    type Listener: Listener<Self>;
+    /// A connection request waiting for accept/reject.
+    type Incoming: Incoming<Self>;
+
+    /// URL scheme this provider serves (`"shm"`, ...).
+    const SCHEME: &'static str;
+
+    /// Opens the device for `url` (for `shm`, any `shm://` URL).
+    ///
+    /// # Errors
+    /// [`VerbsError::BadAddress`] if the URL is not for this provider.
+    fn open(url: &str) -> Result<Self::Context, VerbsError>;
+}
+
+/// An opened device.
+pub trait Context<P: Provider>: Send + Sync {
+    /// Allocates a protection domain.
+    ///
+    /// # Errors
+    /// Provider-specific resource errors.
+    fn alloc_pd(&self) -> Result<P::Pd, VerbsError>;
+    /// Creates a completion queue of `depth` entries.
+    ///
+    /// # Errors
+    /// Provider-specific resource errors.
+    fn create_cq(&self, depth: usize) -> Result<P::Cq, VerbsError>;
+    /// Listens on `url`.
+    ///
+    /// # Errors
+    /// Bad URL, address in use, OS errors.
+    fn listen(&self, url: &str) -> Result<P::Listener, VerbsError>;
+}
+
+/// A protection domain: owns registrations and queue pairs.
+pub trait ProtectionDomain<P: Provider>: Send + Sync {
+    /// Registers `len` bytes at `offset` of `arena` with `access`.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidRegistration`] if the range is outside the
+    /// arena or remote write is asked without local write.
+    fn register(
+        &self,
+        arena: &Arc<Arena>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<P::Mr, VerbsError>;
+    /// Creates an RC queue pair using `send_cq` and `recv_cq`.
+    ///
+    /// # Errors
+    /// [`VerbsError::Limit`] for unsupported sizes.
+    fn create_qp(
+        &self,
+        send_cq: &P::Cq,
+        recv_cq: &P::Cq,
+        caps: QpCaps,
+    ) -> Result<P::PreparedQp, VerbsError>;
+}
+
+/// A registered memory region. Deregistered on drop.
+pub trait MemoryRegion: Send + Sync {
+    /// Local key (what slab buffers carved from it carry).
+    fn lkey(&self) -> u32;
+    /// Virtual address of the first byte.
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the length is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access flags.
+    fn access(&self) -> Access;
+}
+
+/// A completion queue.
+pub trait CompletionQueue: Send + Sync {
+    /// Moves up to `out.len()` completions into `out` (overwriting, which
+    /// drops anything left there), returns how many. Also drives the
+    /// provider's progress for its queue pairs (software providers).
+    fn poll(&self, out: &mut [Completion]) -> usize;
+}
+
+/// A created queue pair, before connection (typestate).
+pub trait PreparedQp<P: Provider>: Send + Sized {
+    /// Posts a receive before the connection exists (pre-posted receives).
+    ///
+    /// # Errors
+    /// The work request is handed back if the queue is full or it is
+    /// malformed.
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>>;
+    /// Connects to `url`, sending `private_data`; returns the connected
+    /// queue pair and the peer's private data.
+    ///
+    /// # Errors
+    /// [`VerbsError::Rejected`], [`VerbsError::Timeout`], OS and protocol
+    /// errors.
+    fn connect(
+        self,
+        url: &str,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(P::Qp, Vec<u8>), VerbsError>;
+}
+
+/// A listening endpoint.
+pub trait Listener<P: Provider>: Send {
+    /// Waits up to `timeout` for a connection request.
+    ///
+    /// # Errors
+    /// [`VerbsError::Timeout`]; [`VerbsError::PeerNotAllowed`] when a peer
+    /// outside the allow-list tried (it has been refused); protocol errors.
+    fn accept(&self, timeout: Duration) -> Result<P::Incoming, VerbsError>;
+}
+
+/// A connection request.
+pub trait Incoming<P: Provider>: Send + Sized {
+    /// The requester's private data.
+    fn private_data(&self) -> &[u8];
+    /// Accepts, binding `qp` to the connection and answering with
+    /// `private_data`.
+    ///
+    /// # Errors
+    /// OS and protocol errors (the peer may have gone).
+    fn accept(self, qp: P::PreparedQp, private_data: &[u8]) -> Result<P::Qp, VerbsError>;
+    /// Refuses, answering with `private_data`.
+    ///
+    /// # Errors
+    /// OS errors.
+    fn reject(self, private_data: &[u8]) -> Result<(), VerbsError>;
+}
+
+/// A connected RC queue pair.
+pub trait QueuePair<P: Provider>: Send {
+    /// Queue-pair number (unique per context).
+    fn qp_num(&self) -> u32;
+    /// Current state.
+    fn state(&self) -> QpState;
+    /// Posts one send-queue work request.
+    ///
+    /// # Errors
+    /// The work request is handed back if the send queue is full or it is
+    /// malformed. In the error state posts succeed and flush.
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>>;
+    /// Posts a linked list of work requests (one doorbell). Stops at the
+    /// first refused one, which is returned; the rest stay in `wrs`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`].
+    fn post_send_list<I: Iterator<Item = SendWr>>(
+        &mut self,
+        wrs: &mut I,
+    ) -> Result<usize, PostFailed<SendWr>>;
+    /// Posts one receive.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`].
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>>;
+    /// Grants the peer of this connection access to `mr` (its access flags
+    /// decide read and/or write); returns the key to advertise.
+    ///
+    /// # Errors
+    /// [`VerbsError::Limit`] when the connection's key table is full,
+    /// [`VerbsError::InvalidRegistration`] if `mr` has no remote access,
+    /// [`VerbsError::NotConnected`] in the error state.
+    fn expose(&mut self, mr: &P::Mr) -> Result<RemoteKey, VerbsError>;
+    /// Moves the queue pair to the error state (flushing everything) and
+    /// tells the peer. Completions remain pollable from the CQs.
+    fn disconnect(&mut self);
+}

@@ -1,0 +1,1533 @@
+//! `shm`: same-host RDMA between processes (or threads) over shared memory.
+//!
+//! * Setup runs over a `SOCK_SEQPACKET` Unix socket (`shm:///path.sock`):
+//!   the connector sends HELLO (ring sizes, private data, its outbox memfd),
+//!   the listener checks the peer's uid (SO_PEERCRED) against an allow-list
+//!   and answers ACCEPT (same fields) or REJECT (private data). Later, the
+//!   socket carries only REGION messages (a memfd, passed once per arena
+//!   and protection) and hang-up detection.
+//! * The data path is shared memory only: each side publishes descriptors,
+//!   posted receives and its rkey table in its own outbox (see
+//!   [`shared`]), which the peer maps read-only. RDMA Write and Read are
+//!   one-sided copies by the initiator into or out of the peer's mapped
+//!   memory, after validating rkey, bounds and access. A Send is one copy
+//!   into the peer's next posted receive buffer, then a descriptor publish
+//!   (release store), which also makes earlier Writes visible to the
+//!   receiver (acquire load).
+//! * Work executes when posted and whenever a CQ bound to the QP is polled
+//!   (the software "HCA" runs on the caller's thread); no syscall per work
+//!   request in steady state (the socket is polled for hang-up every
+//!   [`SOCKET_CHECK_EVERY`] progress calls).
+//!
+//! # Hostile peers
+//! Everything the peer controls — setup messages, its outbox (descriptors,
+//! posted receives, key table), the memfds it hands us — is validated
+//! before use: ring indices and counts are bounded, region ids and offsets
+//! are range-checked against our own mapping lengths (from `fstat` on a
+//! size-sealed memfd), writes go only to mappings we created writable. A
+//! peer that breaks the rules moves its own connection to the error state;
+//! it cannot make this process panic or touch memory outside what it
+//! shared with us. What a peer cannot be prevented from doing is writing
+//! garbage into memory we exposed to it (receive buffers, REMOTE_WRITE
+//! regions): consumers treat those bytes as untrusted input.
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{
+    accept4, bind, connect, getsockopt, listen, socket, sockopt::PeerCredentials, AddressFamily,
+    Backlog, SockFlag, SockType, UnixAddr,
+};
+
+use self::shared::*;
+use super::*;
+use crate::mem::{Arena, Backing};
+
+pub(crate) mod shared;
+#[cfg(test)]
+mod tests;
+
+/// Progress calls between non-blocking hang-up checks of the socket.
+pub const SOCKET_CHECK_EVERY: u32 = 64;
+
+/// The shm provider (marker type).
+#[derive(Debug, Clone, Copy)]
+pub struct Shm;
+
+impl Provider for Shm {
+    type Context = ShmContext;
+    type Pd = ShmPd;
+    type Mr = ShmMr;
+    type Cq = ShmCq;
+    type PreparedQp = ShmPreparedQp;
+    type Qp = ShmQp;
+    type Listener = ShmListener;
+    type Incoming = ShmIncoming;
+    const SCHEME: &'static str = "shm";
+
+    fn open(url: &str) -> Result<ShmContext, VerbsError> {
+        socket_path(url)?;
+        Ok(ShmContext {
+            inner: Arc::new(CtxInner {
+                next_qpn: AtomicU32::new(1),
+            }),
+        })
+    }
+}
+
+fn socket_path(url: &str) -> Result<PathBuf, VerbsError> {
+    let bad = |why| VerbsError::BadAddress {
+        url: url.to_owned(),
+        why,
+    };
+    let path = url
+        .strip_prefix("shm://")
+        .ok_or_else(|| bad("scheme is not shm://"))?;
+    if !path.starts_with('/') {
+        return Err(bad("path must be absolute (shm:///path/to.sock)"));
+    }
+    if path.len() > 100 {
+        return Err(bad("socket path too long"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn os(what: &'static str) -> impl Fn(nix::Error) -> VerbsError {
+    move |source| VerbsError::Os { what, source }
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // getrandom only fails if the kernel has no entropy source at all; a
+    // fixed fallback would make keys predictable, so mix in the clock.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        b = t.to_le_bytes();
+    }
+    u32::from_le_bytes(b)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves consistent-enough state for
+    // flushing; do not propagate poison.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug)]
+struct CtxInner {
+    next_qpn: AtomicU32,
+}
+
+/// An opened shm "device".
+#[derive(Debug, Clone)]
+pub struct ShmContext {
+    inner: Arc<CtxInner>,
+}
+
+static CQ_IDS: AtomicUsize = AtomicUsize::new(1);
+
+impl Context<Shm> for ShmContext {
+    fn alloc_pd(&self) -> Result<ShmPd, VerbsError> {
+        Ok(ShmPd {
+            inner: Arc::new(PdInner {
+                ctx: self.inner.clone(),
+                mrs: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    fn create_cq(&self, depth: usize) -> Result<ShmCq, VerbsError> {
+        Ok(ShmCq {
+            inner: Arc::new(CqInner {
+                id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
+                depth,
+                qps: Mutex::new(Vec::new()),
+                next: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    fn listen(&self, url: &str) -> Result<ShmListener, VerbsError> {
+        let path = socket_path(url)?;
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(os("socket"))?;
+        // A stale socket file from a dead process would make bind fail.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_socket()
+        }) {
+            let _ = std::fs::remove_file(&path);
+        }
+        let addr = UnixAddr::new(&path).map_err(os("socket address"))?;
+        bind(sock.as_raw_fd(), &addr).map_err(os("bind"))?;
+        listen(&sock, Backlog::new(512).unwrap_or(Backlog::MAXCONN)).map_err(os("listen"))?;
+        Ok(ShmListener {
+            sock,
+            path,
+            allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct MrInfo {
+    lkey: u32,
+    arena: Arc<Arena>,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+#[derive(Debug)]
+struct PdInner {
+    ctx: Arc<CtxInner>,
+    mrs: Mutex<Vec<Option<MrInfo>>>,
+}
+
+impl PdInner {
+    /// Whether an SGE lies in a live registration of this PD with `need`.
+    fn check_local(&self, sge: &Sge, need: Access) -> bool {
+        if !sge.in_bounds() {
+            return false;
+        }
+        let mrs = lock(&self.mrs);
+        let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
+            return false;
+        };
+        let addr = sge.addr();
+        mr.lkey == sge.buf.lkey()
+            && mr.access.contains(need)
+            && addr >= mr.addr
+            && addr + sge.len as u64 <= mr.addr + mr.len
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct ShmPd {
+    inner: Arc<PdInner>,
+}
+
+impl ProtectionDomain<Shm> for ShmPd {
+    fn register(
+        &self,
+        arena: &Arc<Arena>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<ShmMr, VerbsError> {
+        if offset.checked_add(len).is_none_or(|end| end > arena.len()) || len == 0 {
+            return Err(VerbsError::InvalidRegistration("range outside the arena"));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidRegistration(
+                "REMOTE_WRITE requires LOCAL_WRITE",
+            ));
+        }
+        let mut mrs = lock(&self.inner.mrs);
+        let slot = match mrs.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                mrs.push(None);
+                mrs.len() - 1
+            }
+        };
+        let info = MrInfo {
+            lkey: slot as u32 + 1,
+            arena: arena.clone(),
+            addr: arena.as_ptr() as u64 + offset as u64,
+            len: len as u64,
+            access,
+        };
+        mrs[slot] = Some(info.clone());
+        Ok(ShmMr {
+            pd: self.inner.clone(),
+            info,
+        })
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &ShmCq,
+        recv_cq: &ShmCq,
+        caps: QpCaps,
+    ) -> Result<ShmPreparedQp, VerbsError> {
+        if caps.max_send_wr == 0
+            || caps.max_recv_wr == 0
+            || caps.max_send_wr > MAX_RING
+            || caps.max_recv_wr > MAX_RING
+        {
+            return Err(VerbsError::Limit("queue depth must be 1..=65536"));
+        }
+        let layout = Layout::new(caps.max_send_wr, caps.max_recv_wr);
+        let qpn = self.inner.ctx.next_qpn.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(QpShared {
+            qpn,
+            send_cq: send_cq.inner.id,
+            recv_cq: recv_cq.inner.id,
+            dropped: AtomicBool::new(false),
+            inner: Mutex::new(QpInner {
+                qpn,
+                state: QpState::Init,
+                caps,
+                layout,
+                pd: self.inner.clone(),
+                sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+                send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
+                rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+                recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
+                conn: None,
+                rnr_since: None,
+                polls: 0,
+            }),
+        });
+        lock(&send_cq.inner.qps).push(shared.clone());
+        if recv_cq.inner.id != send_cq.inner.id {
+            lock(&recv_cq.inner.qps).push(shared.clone());
+        }
+        Ok(ShmPreparedQp { shared })
+    }
+}
+
+/// A registered memory region; deregistered on drop (buffers carved from it
+/// then fail with a local protection error).
+#[derive(Debug)]
+pub struct ShmMr {
+    pd: Arc<PdInner>,
+    info: MrInfo,
+}
+
+impl MemoryRegion for ShmMr {
+    fn lkey(&self) -> u32 {
+        self.info.lkey
+    }
+    fn addr(&self) -> u64 {
+        self.info.addr
+    }
+    fn len(&self) -> usize {
+        self.info.len as usize
+    }
+    fn access(&self) -> Access {
+        self.info.access
+    }
+}
+
+impl Drop for ShmMr {
+    fn drop(&mut self) {
+        let mut mrs = lock(&self.pd.mrs);
+        if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
+            *slot = None;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CqInner {
+    id: usize,
+    depth: usize,
+    qps: Mutex<Vec<Arc<QpShared>>>,
+    next: AtomicUsize,
+}
+
+/// A completion queue. Polling it also drives the queue pairs bound to it.
+#[derive(Debug)]
+pub struct ShmCq {
+    inner: Arc<CqInner>,
+}
+
+impl ShmCq {
+    /// Configured depth (informational: each QP buffers its own
+    /// completions, bounded by its queue depths).
+    pub fn depth(&self) -> usize {
+        self.inner.depth
+    }
+}
+
+impl CompletionQueue for ShmCq {
+    fn poll(&self, out: &mut [Completion]) -> usize {
+        let mut qps = lock(&self.inner.qps);
+        let n = qps.len();
+        if n == 0 || out.is_empty() {
+            return 0;
+        }
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut got = 0;
+        let mut prune = false;
+        for i in 0..n {
+            let qp = &qps[(start + i) % n];
+            let mut inner = lock(&qp.inner);
+            inner.progress();
+            if qp.send_cq == self.inner.id {
+                while got < out.len() {
+                    let Some(c) = inner.send_done.pop_front() else {
+                        break;
+                    };
+                    out[got] = c;
+                    got += 1;
+                }
+            }
+            if qp.recv_cq == self.inner.id {
+                while got < out.len() {
+                    let Some(c) = inner.recv_done.pop_front() else {
+                        break;
+                    };
+                    out[got] = c;
+                    got += 1;
+                }
+            }
+            prune |= qp.dropped.load(Ordering::Relaxed) && inner.is_drained();
+        }
+        if prune {
+            qps.retain(|qp| !(qp.dropped.load(Ordering::Relaxed) && lock(&qp.inner).is_drained()));
+        }
+        got
+    }
+}
+
+#[derive(Debug)]
+struct QpShared {
+    qpn: u32,
+    send_cq: usize,
+    recv_cq: usize,
+    dropped: AtomicBool,
+    inner: Mutex<QpInner>,
+}
+
+/// A created queue pair that is not connected yet; receives may be posted.
+#[derive(Debug)]
+pub struct ShmPreparedQp {
+    shared: Arc<QpShared>,
+}
+
+/// A connected RC queue pair.
+#[derive(Debug)]
+pub struct ShmQp {
+    shared: Arc<QpShared>,
+}
+
+impl Drop for ShmPreparedQp {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.shared.inner);
+        if inner.state == QpState::Init {
+            // Not handed to a connection: flush pre-posted receives.
+            inner.enter_error(None);
+            drop(inner);
+            self.shared.dropped.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for ShmQp {
+    fn drop(&mut self) {
+        self.disconnect();
+        self.shared.dropped.store(true, Ordering::Relaxed);
+    }
+}
+
+/// An rkey slot of ours on this connection.
+#[derive(Debug, Clone, Copy)]
+struct KeySlot {
+    rkey: u32,
+}
+
+#[derive(Debug)]
+struct OutRegion {
+    arena: u64,
+    writable: bool,
+    id: u32,
+}
+
+#[derive(Debug)]
+struct Conn {
+    sock: OwnedFd,
+    mine: Arena,
+    peer: Mapping,
+    peer_layout: Layout,
+    /// Descriptors we produced.
+    desc_head: u64,
+    /// Peer descriptors we consumed.
+    peer_desc_tail: u64,
+    /// Receives we published.
+    recv_head: u64,
+    /// Sequence number of our oldest outstanding receive.
+    rq_front_seq: u64,
+    /// Peer receives we consumed.
+    peer_recv_tail: u64,
+    out_regions: Vec<OutRegion>,
+    in_regions: Vec<Option<Mapping>>,
+    keys: Vec<Option<KeySlot>>,
+}
+
+impl Conn {
+    fn my_words(&self) -> &[AtomicU64] {
+        // SAFETY: `mine` is our own outbox arena, alive as long as `self`;
+        // its length covers the layout (checked at creation).
+        unsafe {
+            std::slice::from_raw_parts(self.mine.as_ptr() as *const AtomicU64, self.mine.len() / 8)
+        }
+    }
+    fn peer_word(&self, i: usize) -> u64 {
+        // Index validated: the peer mapping covers `peer_layout.words()`.
+        self.peer.words()[i].load(Ordering::Acquire)
+    }
+
+    /// Reads setup-socket messages until none is queued. `Err` on hang-up
+    /// or a protocol violation.
+    fn drain_socket(&mut self) -> Result<(), WcStatus> {
+        loop {
+            match Msg::recv(self.sock.as_fd()) {
+                Ok(None) => return Ok(()),
+                Ok(Some(m)) if m.kind == M_REGION => {
+                    let id = m.args[0] as usize;
+                    let writable = m.args[1] != 0;
+                    let Some(fd) = m.fd else {
+                        return Err(WcStatus::RemInvReqErr);
+                    };
+                    if id >= MAX_REGIONS {
+                        return Err(WcStatus::RemInvReqErr);
+                    }
+                    if self.in_regions.len() <= id {
+                        self.in_regions.resize_with(id + 1, || None);
+                    }
+                    if self.in_regions[id].is_some() {
+                        return Err(WcStatus::RemInvReqErr);
+                    }
+                    let map = Mapping::map_peer(fd.as_fd(), writable)
+                        .map_err(|_| WcStatus::RemInvReqErr)?;
+                    self.in_regions[id] = Some(map);
+                }
+                Ok(Some(_)) => return Err(WcStatus::RemInvReqErr),
+                Err(_) => return Err(WcStatus::RetryExcErr),
+            }
+        }
+    }
+
+    /// Region id under which `arena` is exposed (with `writable`) to the
+    /// peer; sends the memfd the first time.
+    fn ensure_region(&mut self, arena: &Arena, writable: bool) -> Result<u32, VerbsError> {
+        if let Some(r) = self
+            .out_regions
+            .iter()
+            .find(|r| r.arena == arena.id() && r.writable == writable)
+        {
+            return Ok(r.id);
+        }
+        if self.out_regions.len() >= MAX_REGIONS {
+            return Err(VerbsError::Limit("too many regions exposed to this peer"));
+        }
+        let id = self.out_regions.len() as u32;
+        Msg::new(M_REGION, [id, writable as u32, 0, 0], &[])?
+            .send(self.sock.as_fd(), Some(arena.fd()))?;
+        self.out_regions.push(OutRegion {
+            arena: arena.id(),
+            writable,
+            id,
+        });
+        Ok(id)
+    }
+
+    fn region(&mut self, id: u64) -> Option<&Mapping> {
+        let id = usize::try_from(id).ok()?;
+        if self.in_regions.get(id).is_none_or(Option::is_none) {
+            // The REGION message precedes any reference to it; read it now.
+            self.drain_socket().ok()?;
+        }
+        self.in_regions.get(id)?.as_ref()
+    }
+
+    /// Validates a peer rkey access and returns a pointer to `len` bytes.
+    fn remote(&mut self, ra: RemoteAddr, len: u64, need: Access) -> Result<*mut u8, WcStatus> {
+        const E: WcStatus = WcStatus::RemAccessErr;
+        if ra.rkey == 0 {
+            return Err(E);
+        }
+        let slot = (ra.rkey & (self.peer_layout.key_cap - 1)) as usize;
+        let base = self.peer_layout.key_base() + slot * KEY_WORDS;
+        let w = self.peer.words();
+        let r1 = w[base].load(Ordering::Acquire);
+        if r1 != ra.rkey as u64 {
+            return Err(E);
+        }
+        let acc_region = w[base + 1].load(Ordering::Relaxed);
+        let va = w[base + 2].load(Ordering::Relaxed);
+        let region_off = w[base + 3].load(Ordering::Relaxed);
+        let mr_len = w[base + 4].load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if w[base].load(Ordering::Relaxed) != r1 {
+            return Err(E);
+        }
+        if !Access::from_bits_truncate(acc_region as u32).contains(need) {
+            return Err(E);
+        }
+        let off = ra.addr.checked_sub(va).ok_or(E)?;
+        if off.checked_add(len).is_none_or(|end| end > mr_len) {
+            return Err(E);
+        }
+        let region_off = region_off.checked_add(off).ok_or(E)?;
+        let map = self.region(acc_region >> 32).ok_or(E)?;
+        if need.contains(Access::REMOTE_WRITE) && !map.writable {
+            return Err(E);
+        }
+        map.range(region_off, len).ok_or(E)
+    }
+
+    /// Publishes one descriptor (space was checked by the caller).
+    fn publish(&mut self, kind: u64, byte_len: u32, imm: u32, seq: u64) {
+        let cap = self.mine_layout().desc_cap as u64;
+        let base = HEADER_WORDS + ((self.desc_head % cap) as usize) * DESC_WORDS;
+        let head = self.desc_head + 1;
+        let w = self.my_words();
+        w[base].store(kind | ((byte_len as u64) << 32), Ordering::Relaxed);
+        w[base + 1].store(imm as u64, Ordering::Relaxed);
+        w[base + 2].store(seq, Ordering::Relaxed);
+        w[W_DESC_HEAD].store(head, Ordering::Release);
+        self.desc_head = head;
+    }
+
+    fn mine_layout(&self) -> Layout {
+        let w = self.my_words();
+        Layout {
+            desc_cap: w[1].load(Ordering::Relaxed) as u32,
+            rq_cap: w[2].load(Ordering::Relaxed) as u32,
+            key_cap: w[3].load(Ordering::Relaxed) as u32,
+        }
+    }
+
+    fn desc_space(&self) -> bool {
+        let cap = self.mine_layout().desc_cap as u64;
+        let peer_tail = self.peer_word(W_PEER_DESC_TAIL);
+        self.desc_head.wrapping_sub(peer_tail) < cap
+    }
+
+    fn set_flag(&self, flag: u64) {
+        self.my_words()[W_FLAGS].fetch_or(flag, Ordering::Release);
+    }
+}
+
+/// Builds our outbox.
+fn new_outbox(layout: Layout) -> Result<Arena, VerbsError> {
+    let arena = Arena::with_backing(layout.bytes(), Backing::Small)?;
+    let arena = Arc::try_unwrap(arena).map_err(|_| VerbsError::Limit("outbox shared"))?;
+    // SAFETY: fresh private arena of at least `layout.bytes()` bytes.
+    let w =
+        unsafe { std::slice::from_raw_parts(arena.as_ptr() as *const AtomicU64, arena.len() / 8) };
+    w[0].store(MAGIC, Ordering::Relaxed);
+    w[1].store(layout.desc_cap as u64, Ordering::Relaxed);
+    w[2].store(layout.rq_cap as u64, Ordering::Relaxed);
+    w[3].store(layout.key_cap as u64, Ordering::Relaxed);
+    Ok(arena)
+}
+
+/// Maps and validates the peer's outbox.
+fn map_peer_outbox(fd: Option<OwnedFd>, args: [u32; 4]) -> Result<(Mapping, Layout), VerbsError> {
+    if args[0] != VERSION {
+        return Err(VerbsError::Protocol("unsupported shm version"));
+    }
+    let layout = Layout {
+        desc_cap: args[1],
+        rq_cap: args[2],
+        key_cap: args[3],
+    }
+    .validate()?;
+    let fd = fd.ok_or(VerbsError::Protocol("no outbox fd"))?;
+    let map = Mapping::map_peer(fd.as_fd(), false)?;
+    if map.len() < layout.bytes() {
+        return Err(VerbsError::Protocol("peer outbox smaller than its layout"));
+    }
+    let w = map.words();
+    if w[0].load(Ordering::Acquire) != MAGIC
+        || w[1].load(Ordering::Relaxed) != layout.desc_cap as u64
+        || w[2].load(Ordering::Relaxed) != layout.rq_cap as u64
+        || w[3].load(Ordering::Relaxed) != layout.key_cap as u64
+    {
+        return Err(VerbsError::Protocol("peer outbox header mismatch"));
+    }
+    Ok((map, layout))
+}
+
+#[derive(Debug)]
+struct QpInner {
+    qpn: u32,
+    state: QpState,
+    caps: QpCaps,
+    layout: Layout,
+    pd: Arc<PdInner>,
+    /// Posted send work not executed yet (head may be waiting on RNR).
+    sq: VecDeque<SendWr>,
+    send_done: VecDeque<Completion>,
+    /// Posted receives, oldest first.
+    rq: VecDeque<RecvWr>,
+    recv_done: VecDeque<Completion>,
+    conn: Option<Conn>,
+    rnr_since: Option<Instant>,
+    polls: u32,
+}
+
+/// Outcome of trying the head of the send queue.
+enum Step {
+    Done(WcStatus, u32),
+    Wait,
+}
+
+impl QpInner {
+    fn is_drained(&self) -> bool {
+        self.conn.is_none()
+            && self.sq.is_empty()
+            && self.rq.is_empty()
+            && self.send_done.is_empty()
+            && self.recv_done.is_empty()
+    }
+
+    fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32, qpn: u32) {
+        if status == WcStatus::Success && !wr.signaled {
+            return; // buffers go back to their slabs here (drop)
+        }
+        let opcode = match wr.op {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
+        };
+        self.send_done.push_back(Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: qpn,
+            sgl: std::mem::take(&mut wr.sgl),
+        });
+    }
+
+    fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus, qpn: u32) {
+        self.recv_done.push_back(Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: qpn,
+            sgl: std::mem::take(&mut wr.sgl),
+        });
+    }
+
+    /// Moves to the error state: the head send (if `head_status`) completes
+    /// with that status, everything else flushes; tells the peer; releases
+    /// the connection (unmaps, closes the socket).
+    fn enter_error(&mut self, head_status: Option<WcStatus>) {
+        let qpn = self.qpn();
+        if let Some(status) = head_status {
+            if let Some(wr) = self.sq.pop_front() {
+                self.complete_send(wr, status, 0, qpn);
+            }
+        }
+        self.state = QpState::Error;
+        if let Some(conn) = self.conn.take() {
+            conn.set_flag(FLAG_ERROR);
+            drop(conn);
+        }
+        while let Some(wr) = self.sq.pop_front() {
+            self.complete_send(wr, WcStatus::WrFlushErr, 0, qpn);
+        }
+        while let Some(wr) = self.rq.pop_front() {
+            self.flush_recv(wr, WcStatus::WrFlushErr, qpn);
+        }
+    }
+
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+}
+
+/// Copies the concatenation of `src` into the concatenation of `dst`;
+/// returns the bytes copied (the smaller total).
+///
+/// # Safety
+/// Every `(ptr, len)` must be valid for reads (`src`) or writes (`dst`) of
+/// `len` bytes for the duration of the call.
+unsafe fn copy_sg(src: &[(*const u8, usize)], dst: &[(*mut u8, usize)]) -> usize {
+    let (mut si, mut so, mut di, mut doff, mut total) = (0, 0, 0, 0, 0);
+    while si < src.len() && di < dst.len() {
+        let n = (src[si].1 - so).min(dst[di].1 - doff);
+        if n > 0 {
+            // SAFETY: so + n <= src len and doff + n <= dst len, valid per the
+            // caller's contract. `copy` (memmove) because in-process peers
+            // may name overlapping memory.
+            unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+        }
+        so += n;
+        doff += n;
+        total += n;
+        if so == src[si].1 {
+            si += 1;
+            so = 0;
+        }
+        if di < dst.len() && doff == dst[di].1 {
+            di += 1;
+            doff = 0;
+        }
+    }
+    total
+}
+
+/// Up to `MAX_SGE` raw `(pointer, length)` ranges.
+type Ranges = [(*mut u8, usize); MAX_SGE];
+
+/// Local segments of a work request as raw ranges (already validated
+/// against the PD by the caller).
+fn local_ranges(sgl: &SgeList) -> (Ranges, usize) {
+    let mut out = [(std::ptr::null_mut(), 0); MAX_SGE];
+    let mut n = 0;
+    for s in sgl.iter() {
+        // SAFETY: `in_bounds` was checked (via `check_local`), so offset is
+        // inside the buffer.
+        out[n] = (
+            unsafe { s.buf.as_ptr().add(s.offset as usize) },
+            s.len as usize,
+        );
+        n += 1;
+    }
+    (out, n)
+}
+
+fn as_src(r: &[(*mut u8, usize)]) -> [(*const u8, usize); MAX_SGE] {
+    let mut out = [(std::ptr::null(), 0); MAX_SGE];
+    for (o, i) in out.iter_mut().zip(r) {
+        *o = (i.0 as *const u8, i.1);
+    }
+    out
+}
+
+/// Sets each buffer's length to what `placed` bytes fill, in order.
+fn set_placed(sgl: &mut SgeList, mut placed: u64) {
+    for s in sgl.iter_mut() {
+        let here = placed.min(s.len as u64);
+        s.buf.set_len(s.offset + here as u32);
+        placed -= here;
+    }
+}
+
+impl Conn {
+    /// Invalidates one of our rkeys on this connection.
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        let layout = self.mine_layout();
+        let slot = (rkey & (layout.key_cap - 1)) as usize;
+        if rkey == 0
+            || self
+                .keys
+                .get(slot)
+                .copied()
+                .flatten()
+                .is_none_or(|k| k.rkey != rkey)
+        {
+            return false;
+        }
+        self.my_words()[layout.key_base() + slot * KEY_WORDS].store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.keys[slot] = None;
+        true
+    }
+
+    /// Publishes a posted receive in our recv ring.
+    fn publish_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError> {
+        let layout = self.mine_layout();
+        let base =
+            layout.recv_base() + (self.recv_head % layout.rq_cap as u64) as usize * RECV_WORDS;
+        let mut words = [0u64; RECV_WORDS];
+        words[0] = wr.sgl.len() as u64;
+        words[1] = wr.sgl.total_len();
+        for (i, s) in wr.sgl.iter().enumerate() {
+            let region = self.ensure_region(s.buf.arena(), true)?;
+            words[2 + 2 * i] = ((region as u64) << 32) | s.len as u64;
+            words[3 + 2 * i] = s.addr() - s.buf.arena().as_ptr() as u64;
+        }
+        let w = self.my_words();
+        for (i, v) in words.iter().enumerate() {
+            w[base + i].store(*v, Ordering::Relaxed);
+        }
+        let head = self.recv_head + 1;
+        w[W_RECV_HEAD].store(head, Ordering::Release);
+        self.recv_head = head;
+        Ok(())
+    }
+
+    /// Grants the peer access to a registration; returns its rkey.
+    fn expose(&mut self, mr: &MrInfo) -> Result<RemoteKey, VerbsError> {
+        let layout = self.mine_layout();
+        let slot = self
+            .keys
+            .iter()
+            .position(Option::is_none)
+            .ok_or(VerbsError::Limit("key table of this connection is full"))?;
+        let region = self.ensure_region(&mr.arena, mr.access.contains(Access::REMOTE_WRITE))?;
+        let mask = layout.key_cap - 1;
+        let rkey = loop {
+            let r = (random_u32() & !mask) | slot as u32;
+            if r != 0 {
+                break r;
+            }
+        };
+        let base = layout.key_base() + slot * KEY_WORDS;
+        let w = self.my_words();
+        w[base + 1].store(
+            mr.access.bits() as u64 | ((region as u64) << 32),
+            Ordering::Relaxed,
+        );
+        w[base + 2].store(mr.addr, Ordering::Relaxed);
+        w[base + 3].store(mr.addr - mr.arena.as_ptr() as u64, Ordering::Relaxed);
+        w[base + 4].store(mr.len, Ordering::Relaxed);
+        w[base].store(rkey as u64, Ordering::Release);
+        self.keys[slot] = Some(KeySlot { rkey });
+        Ok(RemoteKey {
+            addr: mr.addr,
+            rkey,
+            len: mr.len,
+        })
+    }
+
+    /// Peer receives available to us, or `Err` if the peer's counter is
+    /// garbage.
+    fn peer_recvs(&self) -> Result<u64, WcStatus> {
+        let avail = self
+            .peer_word(W_RECV_HEAD)
+            .wrapping_sub(self.peer_recv_tail);
+        if avail > self.peer_layout.rq_cap as u64 {
+            return Err(WcStatus::RemInvReqErr);
+        }
+        Ok(avail)
+    }
+
+    /// The peer's next posted receive as writable ranges in our mappings.
+    fn peer_recv_ranges(&mut self) -> Result<(Ranges, usize, u64), WcStatus> {
+        const E: WcStatus = WcStatus::RemInvReqErr;
+        let pl = self.peer_layout;
+        let base = pl.recv_base() + (self.peer_recv_tail % pl.rq_cap as u64) as usize * RECV_WORDS;
+        let mut words = [0u64; RECV_WORDS];
+        {
+            let w = self.peer.words();
+            for (i, v) in words.iter_mut().enumerate() {
+                *v = w[base + i].load(Ordering::Relaxed);
+            }
+        }
+        let n = usize::try_from(words[0]).map_err(|_| E)?;
+        if n > MAX_SGE {
+            return Err(E);
+        }
+        let mut out = [(std::ptr::null_mut(), 0); MAX_SGE];
+        let mut total = 0u64;
+        for (i, o) in out.iter_mut().enumerate().take(n) {
+            let a = words[2 + 2 * i];
+            let len = a & 0xffff_ffff;
+            let map = self.region(a >> 32).ok_or(E)?;
+            if !map.writable {
+                return Err(E);
+            }
+            *o = (map.range(words[3 + 2 * i], len).ok_or(E)?, len as usize);
+            total += len;
+        }
+        Ok((out, n, total))
+    }
+}
+
+impl QpInner {
+    fn progress(&mut self) {
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        let flags = conn.peer_word(W_FLAGS);
+        if self.drain_descs().is_err() {
+            self.enter_error(None);
+            return;
+        }
+        self.exec_sq();
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let gone = if flags & (FLAG_CLOSED | FLAG_ERROR) != 0 {
+            Some(None)
+        } else {
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls % SOCKET_CHECK_EVERY == 0 {
+                conn.drain_socket().err().map(|st| {
+                    // Hang-up without a close or error flag: like an RC
+                    // transport timing out, the oldest send fails with
+                    // retry-exceeded, the rest flush.
+                    let flagged = conn.peer_word(W_FLAGS) & (FLAG_CLOSED | FLAG_ERROR) != 0;
+                    (st == WcStatus::RetryExcErr && !flagged).then_some(WcStatus::RetryExcErr)
+                })
+            } else {
+                None
+            }
+        };
+        if let Some(head) = gone {
+            // Descriptors the peer published before its flag or hang-up
+            // (e.g. a length error for our receive) complete first.
+            let _ = self.drain_descs();
+            self.enter_error(head);
+        }
+    }
+
+    /// Consumes the peer's descriptors: receive completions and errors.
+    fn drain_descs(&mut self) -> Result<(), WcStatus> {
+        const E: WcStatus = WcStatus::RemInvReqErr;
+        let qpn = self.qpn;
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let pl = conn.peer_layout;
+        loop {
+            let head = conn.peer_word(W_DESC_HEAD);
+            let tail = conn.peer_desc_tail;
+            if head == tail {
+                return Ok(());
+            }
+            if head.wrapping_sub(tail) > pl.desc_cap as u64 {
+                return Err(E);
+            }
+            let base = pl.desc_base() + (tail % pl.desc_cap as u64) as usize * DESC_WORDS;
+            let (w0, w1, seq) = {
+                let w = conn.peer.words();
+                (
+                    w[base].load(Ordering::Relaxed),
+                    w[base + 1].load(Ordering::Relaxed),
+                    w[base + 2].load(Ordering::Relaxed),
+                )
+            };
+            conn.peer_desc_tail = tail + 1;
+            conn.my_words()[W_PEER_DESC_TAIL].store(tail + 1, Ordering::Release);
+            let kind = w0 & 0xffff_ffff;
+            let byte_len = (w0 >> 32) as u32;
+            let imm = w1 as u32;
+            if seq != conn.rq_front_seq {
+                return Err(E);
+            }
+            let Some(mut wr) = self.rq.pop_front() else {
+                return Err(E);
+            };
+            conn.rq_front_seq += 1;
+            let mut c = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len,
+                imm: None,
+                invalidated_rkey: None,
+                qp_num: qpn,
+                sgl: SgeList::new(),
+            };
+            let mut fatal = None;
+            match kind {
+                D_SEND | D_SEND_IMM | D_SEND_INV => {
+                    if byte_len as u64 > wr.sgl.total_len() {
+                        c.status = WcStatus::LocLenErr;
+                        fatal = Some(E);
+                    } else {
+                        set_placed(&mut wr.sgl, byte_len as u64);
+                    }
+                    if kind == D_SEND_IMM {
+                        c.imm = Some(imm);
+                    }
+                    if kind == D_SEND_INV {
+                        if conn.invalidate(imm) {
+                            c.invalidated_rkey = Some(imm);
+                        } else {
+                            c.status = WcStatus::LocProtErr;
+                            fatal = Some(E);
+                        }
+                    }
+                }
+                D_WRITE_IMM => {
+                    c.opcode = WcOpcode::RecvRdmaWithImm;
+                    c.imm = Some(imm);
+                    set_placed(&mut wr.sgl, 0);
+                }
+                D_ERR_LEN => {
+                    c.status = WcStatus::LocLenErr;
+                    c.byte_len = 0;
+                    fatal = Some(WcStatus::LocLenErr);
+                }
+                _ => {
+                    c.status = WcStatus::WrFlushErr;
+                    fatal = Some(E);
+                }
+            }
+            c.sgl = std::mem::take(&mut wr.sgl);
+            self.recv_done.push_back(c);
+            if let Some(f) = fatal {
+                return Err(f);
+            }
+        }
+    }
+
+    fn exec_sq(&mut self) {
+        while self.state == QpState::Rts {
+            let Some(mut wr) = self.sq.pop_front() else {
+                break;
+            };
+            let Some(conn) = self.conn.as_mut() else {
+                self.sq.push_front(wr);
+                break;
+            };
+            match exec_one(&self.pd, conn, &self.caps, &mut self.rnr_since, &mut wr) {
+                Step::Wait => {
+                    self.sq.push_front(wr);
+                    break;
+                }
+                Step::Done(WcStatus::Success, n) => {
+                    self.complete_send(wr, WcStatus::Success, n, self.qpn)
+                }
+                Step::Done(status, _) => {
+                    self.sq.push_front(wr);
+                    self.enter_error(Some(status));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
+        let invalid = (wr.inline && wr.sgl.total_len() > self.caps.max_inline as u64)
+            || (matches!(wr.op, SendOp::LocalInv(_)) && !wr.sgl.is_empty());
+        if invalid {
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
+        if self.sq.len() + self.send_done.len() >= self.caps.max_send_wr as usize {
+            return Err(PostFailed {
+                error: PostError::QueueFull,
+                wr,
+            });
+        }
+        match self.state {
+            QpState::Error => self.complete_send(wr, WcStatus::WrFlushErr, 0, self.qpn),
+            _ => self.sq.push_back(wr),
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize {
+            return Err(PostFailed {
+                error: PostError::QueueFull,
+                wr,
+            });
+        }
+        if self.state == QpState::Error {
+            self.flush_recv(wr, WcStatus::WrFlushErr, self.qpn);
+            return Ok(());
+        }
+        if !wr
+            .sgl
+            .iter()
+            .all(|s| self.pd.check_local(s, Access::LOCAL_WRITE))
+        {
+            self.flush_recv(wr, WcStatus::LocProtErr, self.qpn);
+            self.enter_error(None);
+            return Ok(());
+        }
+        if let Some(conn) = self.conn.as_mut() {
+            if conn.publish_recv(&wr).is_err() {
+                self.rq.push_back(wr);
+                self.enter_error(None);
+                return Ok(());
+            }
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+}
+
+fn exec_one(
+    pd: &PdInner,
+    conn: &mut Conn,
+    caps: &QpCaps,
+    rnr_since: &mut Option<Instant>,
+    wr: &mut SendWr,
+) -> Step {
+    let need_local = if matches!(wr.op, SendOp::Read(_)) {
+        Access::LOCAL_WRITE
+    } else {
+        Access::NONE
+    };
+    if !wr.sgl.iter().all(|s| pd.check_local(s, need_local)) {
+        return Step::Done(WcStatus::LocProtErr, 0);
+    }
+    let total = wr.sgl.total_len();
+    if total > u32::MAX as u64 {
+        return Step::Done(WcStatus::LocLenErr, 0);
+    }
+    let (local, n) = local_ranges(&wr.sgl);
+    let done = |r: Result<u32, WcStatus>| match r {
+        Ok(len) => Step::Done(WcStatus::Success, len),
+        Err(st) => Step::Done(st, 0),
+    };
+    match wr.op {
+        SendOp::LocalInv(rkey) => {
+            if conn.invalidate(rkey) {
+                Step::Done(WcStatus::Success, 0)
+            } else {
+                Step::Done(WcStatus::LocProtErr, 0)
+            }
+        }
+        SendOp::Write(ra) => done(conn.remote(ra, total, Access::REMOTE_WRITE).map(|dst| {
+            // SAFETY: local ranges validated against live registrations; the
+            // remote range validated against our mapping of the peer region.
+            unsafe { copy_sg(&as_src(&local[..n])[..n], &[(dst, total as usize)]) };
+            total as u32
+        })),
+        SendOp::Read(ra) => done(conn.remote(ra, total, Access::REMOTE_READ).map(|src| {
+            // SAFETY: as for Write, with the local side needing LOCAL_WRITE
+            // (checked above).
+            unsafe { copy_sg(&[(src as *const u8, total as usize)], &local[..n]) };
+            set_placed(&mut wr.sgl, total);
+            total as u32
+        })),
+        SendOp::Send
+        | SendOp::SendWithImm(_)
+        | SendOp::SendWithInv(_)
+        | SendOp::WriteWithImm(..) => {
+            if !conn.desc_space() {
+                return Step::Wait;
+            }
+            match conn.peer_recvs() {
+                Err(st) => return Step::Done(st, 0),
+                Ok(0) => {
+                    let now = Instant::now();
+                    let since = *rnr_since.get_or_insert(now);
+                    let budget = caps.rnr_timer * (caps.rnr_retry as u32 + 1);
+                    if caps.rnr_retry < 7 && now.duration_since(since) > budget {
+                        *rnr_since = None;
+                        return Step::Done(WcStatus::RnrRetryExcErr, 0);
+                    }
+                    return Step::Wait;
+                }
+                Ok(_) => *rnr_since = None,
+            }
+            let seq = conn.peer_recv_tail;
+            let (kind, imm) = match wr.op {
+                SendOp::WriteWithImm(ra, imm) => {
+                    let dst = match conn.remote(ra, total, Access::REMOTE_WRITE) {
+                        Ok(d) => d,
+                        Err(st) => return Step::Done(st, 0),
+                    };
+                    // SAFETY: as for Write.
+                    unsafe { copy_sg(&as_src(&local[..n])[..n], &[(dst, total as usize)]) };
+                    (D_WRITE_IMM, imm)
+                }
+                op => {
+                    let (dst, m, room) = match conn.peer_recv_ranges() {
+                        Ok(r) => r,
+                        Err(st) => return Step::Done(st, 0),
+                    };
+                    if total > room {
+                        conn.publish(D_ERR_LEN, 0, 0, seq);
+                        conn.peer_recv_tail += 1;
+                        return Step::Done(WcStatus::RemInvReqErr, 0);
+                    }
+                    // SAFETY: local ranges validated against live
+                    // registrations; destination ranges validated against
+                    // our writable mappings of the peer's regions.
+                    unsafe { copy_sg(&as_src(&local[..n])[..n], &dst[..m]) };
+                    match op {
+                        SendOp::SendWithImm(imm) => (D_SEND_IMM, imm),
+                        SendOp::SendWithInv(rkey) => (D_SEND_INV, rkey),
+                        _ => (D_SEND, 0),
+                    }
+                }
+            };
+            conn.publish(kind, total as u32, imm, seq);
+            conn.peer_recv_tail += 1;
+            Step::Done(WcStatus::Success, total as u32)
+        }
+    }
+}
+
+impl ShmPreparedQp {
+    /// Binds the connection and publishes pre-posted receives.
+    fn finish(self, sock: OwnedFd, mine: Arena, peer: Mapping, peer_layout: Layout) -> ShmQp {
+        let shared = self.shared.clone();
+        {
+            let mut inner = lock(&shared.inner);
+            let mut conn = Conn {
+                sock,
+                mine,
+                peer,
+                peer_layout,
+                desc_head: 0,
+                peer_desc_tail: 0,
+                recv_head: 0,
+                rq_front_seq: 0,
+                peer_recv_tail: 0,
+                out_regions: Vec::new(),
+                in_regions: Vec::new(),
+                keys: vec![None; inner.layout.key_cap as usize],
+            };
+            let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
+            inner.conn = Some(conn);
+            inner.state = QpState::Rts;
+            if !ok {
+                inner.enter_error(None);
+            }
+        }
+        drop(self);
+        ShmQp { shared }
+    }
+}
+
+impl PreparedQp<Shm> for ShmPreparedQp {
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        lock(&self.shared.inner).post_recv(wr)
+    }
+
+    fn connect(
+        self,
+        url: &str,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(ShmQp, Vec<u8>), VerbsError> {
+        let path = socket_path(url)?;
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(os("socket"))?;
+        let addr = UnixAddr::new(&path).map_err(os("socket address"))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match connect(sock.as_raw_fd(), &addr) {
+                Ok(()) => break,
+                // Listener backlog full: retry until the deadline.
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR)
+                    if Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(source) => {
+                    return Err(VerbsError::Os {
+                        what: "connect",
+                        source,
+                    })
+                }
+            }
+        }
+        let layout = lock(&self.shared.inner).layout;
+        let mine = new_outbox(layout)?;
+        Msg::new(
+            M_HELLO,
+            [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
+            private_data,
+        )?
+        .send(sock.as_fd(), Some(mine.fd()))?;
+        let reply = Msg::recv_timeout(
+            sock.as_fd(),
+            deadline.saturating_duration_since(Instant::now()),
+        )?;
+        match reply.kind {
+            M_ACCEPT => {}
+            M_REJECT => {
+                return Err(VerbsError::Rejected {
+                    private_data: reply.private_data().to_vec(),
+                })
+            }
+            _ => return Err(VerbsError::Protocol("unexpected reply to HELLO")),
+        }
+        let peer_data = reply.private_data().to_vec();
+        let (peer, peer_layout) = map_peer_outbox(reply.fd, reply.args)?;
+        Ok((self.finish(sock, mine, peer, peer_layout), peer_data))
+    }
+}
+
+/// Passive side of connection setup: a listening Unix socket.
+#[derive(Debug)]
+pub struct ShmListener {
+    sock: OwnedFd,
+    path: PathBuf,
+    allowed: Mutex<Vec<u32>>,
+}
+
+impl ShmListener {
+    /// Replaces the uid allow-list (default: this process's uid).
+    pub fn allow_uids(&self, uids: &[u32]) {
+        *lock(&self.allowed) = uids.to_vec();
+    }
+    /// The socket path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Listener<Shm> for ShmListener {
+    fn accept(&self, timeout: Duration) -> Result<ShmIncoming, VerbsError> {
+        let deadline = Instant::now() + timeout;
+        let raw = loop {
+            match accept4(self.sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                Ok(fd) => break fd,
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(VerbsError::Timeout);
+                    }
+                    wait_readable(self.sock.as_fd(), left)?;
+                }
+                Err(source) => {
+                    return Err(VerbsError::Os {
+                        what: "accept",
+                        source,
+                    })
+                }
+            }
+        };
+        // SAFETY: accept4 returned a new fd that nothing else owns.
+        let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let uid = getsockopt(&sock, PeerCredentials)
+            .map_err(os("SO_PEERCRED"))?
+            .uid();
+        // Read the HELLO even from a refused peer (its fd is closed unused):
+        // closing a socket with unread data would turn our REJECT into a
+        // connection reset at the peer.
+        let hello = Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
+        if !lock(&self.allowed).contains(&uid) {
+            let _ = Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
+            return Err(VerbsError::PeerNotAllowed { uid });
+        }
+        if hello.kind != M_HELLO {
+            return Err(VerbsError::Protocol("expected HELLO"));
+        }
+        let private_data = hello.private_data().to_vec();
+        let (peer, peer_layout) = map_peer_outbox(hello.fd, hello.args)?;
+        Ok(ShmIncoming {
+            sock,
+            uid,
+            peer,
+            peer_layout,
+            private_data,
+        })
+    }
+}
+
+/// A connection request that passed the uid check.
+#[derive(Debug)]
+pub struct ShmIncoming {
+    sock: OwnedFd,
+    uid: u32,
+    peer: Mapping,
+    peer_layout: Layout,
+    private_data: Vec<u8>,
+}
+
+impl ShmIncoming {
+    /// The requester's uid (SO_PEERCRED).
+    pub fn peer_uid(&self) -> u32 {
+        self.uid
+    }
+}
+
+impl Incoming<Shm> for ShmIncoming {
+    fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    fn accept(self, qp: ShmPreparedQp, private_data: &[u8]) -> Result<ShmQp, VerbsError> {
+        let layout = lock(&qp.shared.inner).layout;
+        let mine = new_outbox(layout)?;
+        Msg::new(
+            M_ACCEPT,
+            [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
+            private_data,
+        )?
+        .send(self.sock.as_fd(), Some(mine.fd()))?;
+        Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
+    }
+
+    fn reject(self, private_data: &[u8]) -> Result<(), VerbsError> {
+        Msg::new(M_REJECT, [0; 4], private_data)?.send(self.sock.as_fd(), None)
+    }
+}
+
+impl QueuePair<Shm> for ShmQp {
+    fn qp_num(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn state(&self) -> QpState {
+        lock(&self.shared.inner).state
+    }
+
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
+        let mut inner = lock(&self.shared.inner);
+        inner.post_send(wr)?;
+        inner.exec_sq();
+        Ok(())
+    }
+
+    fn post_send_list<I: Iterator<Item = SendWr>>(
+        &mut self,
+        wrs: &mut I,
+    ) -> Result<usize, PostFailed<SendWr>> {
+        let mut inner = lock(&self.shared.inner);
+        let mut n = 0;
+        let mut res = Ok(());
+        for wr in wrs.by_ref() {
+            if let Err(e) = inner.post_send(wr) {
+                res = Err(e);
+                break;
+            }
+            n += 1;
+        }
+        inner.exec_sq();
+        res.map(|()| n)
+    }
+
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        lock(&self.shared.inner).post_recv(wr)
+    }
+
+    fn expose(&mut self, mr: &ShmMr) -> Result<RemoteKey, VerbsError> {
+        if !Arc::ptr_eq(&mr.pd, &lock(&self.shared.inner).pd) {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region of another PD",
+            ));
+        }
+        if !(mr.info.access.contains(Access::REMOTE_READ)
+            || mr.info.access.contains(Access::REMOTE_WRITE))
+        {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region has no remote access",
+            ));
+        }
+        let mut inner = lock(&self.shared.inner);
+        let conn = inner.conn.as_mut().ok_or(VerbsError::NotConnected)?;
+        conn.expose(&mr.info)
+    }
+
+    fn disconnect(&mut self) {
+        let mut inner = lock(&self.shared.inner);
+        if let Some(conn) = inner.conn.as_ref() {
+            conn.set_flag(FLAG_CLOSED);
+        }
+        inner.enter_error(None);
+    }
+}

@@ -1,0 +1,421 @@
+//! Hostile-peer tests: the peer process writes garbage into its own outbox
+//! (which we map read-only) or into the setup socket. Each must cost only
+//! that connection: an error state, never a panic or a stray access.
+use super::*;
+use crate::mem::{Slab, WrKind};
+
+const T: Duration = Duration::from_secs(30);
+
+struct Side {
+    qp: ShmQp,
+    cq: ShmCq,
+    recv: Slab,
+    send: Slab,
+    ro_mr: ShmMr,
+    _mrs: Vec<ShmMr>,
+    _pd: ShmPd,
+}
+
+fn side(ctx: &ShmContext) -> (ShmPreparedQp, ShmCq, ShmPd, Slab, Slab, ShmMr, Vec<ShmMr>) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let arena = Arena::with_backing(1 << 20, Backing::Small).unwrap();
+    let recv_arena = Arena::with_backing(1 << 20, Backing::Small).unwrap();
+    let ro_arena = Arena::with_backing(1 << 16, Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 20, Access::LOCAL_WRITE)
+        .unwrap();
+    let rmr = pd
+        .register(&recv_arena, 0, 1 << 20, Access::LOCAL_WRITE)
+        .unwrap();
+    let ro_mr = pd
+        .register(
+            &ro_arena,
+            0,
+            1 << 16,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let send = Slab::new(arena, 0, 4096, 64, mr.lkey(), WrKind::Send).unwrap();
+    let recv = Slab::new(recv_arena, 0, 4096, 64, rmr.lkey(), WrKind::Recv).unwrap();
+    let caps = QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    };
+    let pqp = pd.create_qp(&cq, &cq, caps).unwrap();
+    (pqp, cq, pd, send, recv, ro_mr, vec![mr, rmr])
+}
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+/// A connected pair; `b` has 4 receives posted, `a` none.
+fn pair() -> (Side, Side) {
+    let url = format!(
+        "shm:///tmp/rpcrdma-hostile-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let (pa, cqa, pda, sa, ra, roa, ma) = side(&ctx);
+    let (mut pb, cqb, pdb, sb, rb, rob, mb) = side(&ctx);
+    for _ in 0..4 {
+        let b = rb.alloc().unwrap();
+        pb.post_recv(RecvWr {
+            wr_id: b.wr_id(),
+            sgl: SgeList::one(Sge::whole(b)),
+        })
+        .unwrap();
+    }
+    let u = url.clone();
+    let h = std::thread::spawn(move || pb.connect(&u, b"", T).unwrap().0);
+    let qa = listener.accept(T).unwrap().accept(pa, b"").unwrap();
+    let qb = h.join().unwrap();
+    let mk = |qp, cq, recv, send, ro_mr, _mrs, _pd| Side {
+        qp,
+        cq,
+        recv,
+        send,
+        ro_mr,
+        _mrs,
+        _pd,
+    };
+    (
+        mk(qa, cqa, ra, sa, roa, ma, pda),
+        mk(qb, cqb, rb, sb, rob, mb, pdb),
+    )
+}
+
+/// Lets the test write into `s`'s own outbox, as a malicious process could.
+fn corrupt(s: &Side, f: impl FnOnce(&[AtomicU64], Layout, &Conn)) {
+    let inner = lock(&s.qp.shared.inner);
+    let conn = inner.conn.as_ref().unwrap();
+    f(conn.my_words(), conn.mine_layout(), conn);
+}
+
+/// Polls `s` until its QP is in error; returns the completions seen.
+fn until_error(s: &mut Side) -> Vec<Completion> {
+    let deadline = Instant::now() + T;
+    let mut out: Vec<Completion> = (0..32).map(|_| Completion::default()).collect();
+    let mut seen = Vec::new();
+    loop {
+        let n = s.cq.poll(&mut out);
+        seen.extend(out.iter_mut().take(n).map(std::mem::take));
+        if s.qp.state() == QpState::Error && n == 0 {
+            return seen;
+        }
+        assert!(Instant::now() < deadline, "never reached the error state");
+        std::thread::yield_now();
+    }
+}
+
+fn send(s: &mut Side, op: SendOp) {
+    let mut b = s.send.alloc().unwrap();
+    b.fill(&[1; 100]);
+    s.qp.post_send(SendWr::new(b.wr_id(), op, SgeList::one(Sge::data(b))))
+        .unwrap();
+}
+
+fn all_flushed(seen: &[Completion]) {
+    assert!(seen.iter().all(|c| c.status != WcStatus::Success));
+    assert!(seen.iter().any(|c| c.opcode == WcOpcode::Recv));
+}
+
+#[test]
+fn garbage_descriptor_head() {
+    let (a, mut b) = pair();
+    corrupt(&a, |w, _, _| {
+        w[W_DESC_HEAD].store(1 << 40, Ordering::Release)
+    });
+    let seen = until_error(&mut b);
+    all_flushed(&seen);
+    drop(seen);
+    assert_eq!(b.recv.available(), b.recv.total());
+}
+
+#[test]
+fn garbage_descriptor_kind_and_sequence() {
+    for (kind, seq) in [
+        (99u64, 0u64),
+        (D_SEND, 77),
+        (0, 0),
+        (D_SEND | (u32::MAX as u64) << 32, 0),
+    ] {
+        let (a, mut b) = pair();
+        corrupt(&a, |w, l, _| {
+            w[l.desc_base()].store(kind, Ordering::Relaxed);
+            w[l.desc_base() + 2].store(seq, Ordering::Relaxed);
+            w[W_DESC_HEAD].store(1, Ordering::Release);
+        });
+        let seen = until_error(&mut b);
+        assert!(!seen.is_empty());
+        drop(seen);
+        assert_eq!(b.recv.available(), b.recv.total(), "kind {kind:#x}");
+    }
+}
+
+#[test]
+fn garbage_posted_receive() {
+    // (nsge, region/len word, offset)
+    for (nsge, a0, off) in [
+        (200u64, 0u64, 0u64),
+        (1, (999 << 32) | 64, 0),
+        (1, 4096, u64::MAX - 10),
+        (1, 0xffff_ffff, 1 << 20),
+    ] {
+        let (mut a, mut b) = pair();
+        // Give `a` one honest receive so region 0 exists, then forge the
+        // next slot.
+        let buf = a.recv.alloc().unwrap();
+        a.qp.post_recv(RecvWr {
+            wr_id: buf.wr_id(),
+            sgl: SgeList::one(Sge::whole(buf)),
+        })
+        .unwrap();
+        corrupt(&a, |w, l, c| {
+            let base = l.recv_base() + RECV_WORDS; // slot 1
+            w[base].store(nsge, Ordering::Relaxed);
+            w[base + 2].store(a0, Ordering::Relaxed);
+            w[base + 3].store(off, Ordering::Relaxed);
+            w[W_RECV_HEAD].store(c.recv_head + 1, Ordering::Release);
+        });
+        send(&mut b, SendOp::Send); // consumes the honest receive
+        send(&mut b, SendOp::Send); // hits the forged one
+        let seen = until_error(&mut b);
+        let sends: Vec<_> = seen.iter().filter(|c| c.opcode == WcOpcode::Send).collect();
+        assert_eq!(sends[0].status, WcStatus::Success);
+        assert_eq!(
+            sends[1].status,
+            WcStatus::RemInvReqErr,
+            "nsge {nsge} a0 {a0:#x}"
+        );
+        drop(seen);
+        assert_eq!(b.send.available(), b.send.total());
+    }
+}
+
+#[test]
+fn forged_key_entries() {
+    // The owner flips its read-only key to claim REMOTE_WRITE: our mapping is
+    // read-only, so the write is refused (no SIGSEGV).
+    let (mut a, mut b) = pair();
+    let key = a.qp.expose(&a.ro_mr).unwrap();
+    corrupt(&a, |w, l, _| {
+        let base = l.key_base() + (key.rkey & (l.key_cap - 1)) as usize * KEY_WORDS;
+        let v = w[base + 1].load(Ordering::Relaxed);
+        w[base + 1].store(v | Access::REMOTE_WRITE.bits() as u64, Ordering::Relaxed);
+    });
+    send(&mut b, SendOp::Write(key.at(0)));
+    let seen = until_error(&mut b);
+    assert_eq!(seen[0].status, WcStatus::RemAccessErr);
+    drop(seen);
+
+    // Entries naming unknown regions or absurd lengths.
+    for (region, va, len) in [
+        (5000u64, 0x1000u64, 64u64),
+        (0, 0, u64::MAX),
+        (1, u64::MAX - 8, 1 << 40),
+    ] {
+        let (a, mut b) = pair();
+        let rkey = 0x1234_5600u32 | 3;
+        corrupt(&a, |w, l, _| {
+            let base = l.key_base() + 3 * KEY_WORDS;
+            w[base + 1].store(7 | (region << 32), Ordering::Relaxed);
+            w[base + 2].store(va, Ordering::Relaxed);
+            w[base + 3].store(0, Ordering::Relaxed);
+            w[base + 4].store(len, Ordering::Relaxed);
+            w[base].store(rkey as u64, Ordering::Release);
+        });
+        send(
+            &mut b,
+            SendOp::Write(RemoteAddr {
+                addr: va.wrapping_add(1 << 30),
+                rkey,
+            }),
+        );
+        let seen = until_error(&mut b);
+        assert_eq!(seen[0].status, WcStatus::RemAccessErr, "region {region}");
+    }
+}
+
+#[test]
+fn garbage_on_the_setup_socket() {
+    let url = format!(
+        "shm:///tmp/rpcrdma-hostile-sock-{}.sock",
+        std::process::id()
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let addr = UnixAddr::new(listener.path()).unwrap();
+    let junk: [&[u8]; 4] = [
+        b"",
+        b"abc",
+        &[0xff; 300],
+        &[
+            1, 0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 0, 16, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0,
+        ],
+    ];
+    for j in junk {
+        let s = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        connect(s.as_raw_fd(), &addr).unwrap();
+        let iov = [std::io::IoSlice::new(j)];
+        let _ = nix::sys::socket::sendmsg::<()>(
+            s.as_raw_fd(),
+            &iov,
+            &[],
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        );
+        drop(s);
+        assert!(listener.accept(T).is_err(), "junk {j:?} accepted");
+    }
+    // A HELLO whose outbox is an unsealed memfd is refused too.
+    let s = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(s.as_raw_fd(), &addr).unwrap();
+    let fd =
+        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+    nix::unistd::ftruncate(&fd, 1 << 20).unwrap();
+    Msg::new(M_HELLO, [VERSION, 16, 16, 256], b"")
+        .unwrap()
+        .send(s.as_fd(), Some(fd.as_fd()))
+        .unwrap();
+    assert!(matches!(listener.accept(T), Err(VerbsError::Protocol(_))));
+}
+
+#[test]
+fn uid_allow_list() {
+    let url = format!("shm:///tmp/rpcrdma-hostile-uid-{}.sock", std::process::id());
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    listener.allow_uids(&[nix::unistd::getuid().as_raw().wrapping_add(4242)]);
+    let (pqp, _cq, _pd, _s, _r, _ro, _m) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"let me in", T).map(|_| ()));
+    assert!(matches!(
+        listener.accept(T),
+        Err(VerbsError::PeerNotAllowed { .. })
+    ));
+    assert!(matches!(
+        h.join().unwrap(),
+        Err(VerbsError::Rejected { .. })
+    ));
+}
+
+#[test]
+fn rkey_valid_only_on_its_connection() {
+    let url = format!("shm:///tmp/rpcrdma-hostile-two-{}.sock", std::process::id());
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    // Side A: one PD, two accepted QPs. Side B: one PD, two connecting QPs.
+    let (pa1, cqa, pda, _sa, _ra, ro_a, _ma) = side(&ctx);
+    let pa2 = pda.create_qp(&cqa, &cqa, QpCaps::default()).unwrap();
+    let (pb1, cqb, pdb, sb, _rb, _rob, _mb) = side(&ctx);
+    let pb2 = pdb.create_qp(&cqb, &cqb, QpCaps::default()).unwrap();
+    let u = url.clone();
+    let h = std::thread::spawn(move || {
+        let q1 = pb1.connect(&u, b"1", T).unwrap().0;
+        let q2 = pb2.connect(&u, b"2", T).unwrap().0;
+        (q1, q2)
+    });
+    let mut qa1 = listener.accept(T).unwrap().accept(pa1, b"").unwrap();
+    let _qa2 = listener.accept(T).unwrap().accept(pa2, b"").unwrap();
+    let (mut qb1, mut qb2) = h.join().unwrap();
+    let key = qa1.expose(&ro_a).unwrap();
+    let read = |qp: &mut ShmQp, cq: &ShmCq| {
+        let b = sb.alloc().unwrap();
+        qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Read(key.at(0)),
+            SgeList::one(Sge {
+                buf: b,
+                offset: 0,
+                len: 64,
+            }),
+        ))
+        .unwrap();
+        let mut out: Vec<Completion> = (0..4).map(|_| Completion::default()).collect();
+        let deadline = Instant::now() + T;
+        loop {
+            if cq.poll(&mut out) > 0 {
+                return std::mem::take(&mut out[0]).status;
+            }
+            assert!(Instant::now() < deadline);
+        }
+    };
+    assert_eq!(read(&mut qb1, &cqb), WcStatus::Success);
+    assert_eq!(read(&mut qb2, &cqb), WcStatus::RemAccessErr);
+}
+
+/// Permissions ("r--s", "rw-s", ...) of the mapping starting at `addr`.
+fn perms(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let (range, rest) = l.split_once(' ')?;
+            let start = usize::from_str_radix(range.split_once('-')?.0, 16).ok()?;
+            (start == addr).then(|| rest.split(' ').next().unwrap_or("").to_owned())
+        })
+        .expect("mapping listed")
+}
+
+#[test]
+fn read_only_exposure_is_mapped_read_only() {
+    let (mut a, mut b) = pair();
+    let key = a.qp.expose(&a.ro_mr).unwrap();
+    // b reads (maps the region on first use) and sends (maps a's receive
+    // arena, which is the Send target).
+    let buf = b.send.alloc().unwrap();
+    b.qp.post_send(SendWr::new(
+        buf.wr_id(),
+        SendOp::Read(key.at(0)),
+        SgeList::one(Sge {
+            buf,
+            offset: 0,
+            len: 16,
+        }),
+    ))
+    .unwrap();
+    let rb = a.recv.alloc().unwrap();
+    a.qp.post_recv(RecvWr {
+        wr_id: rb.wr_id(),
+        sgl: SgeList::one(Sge::whole(rb)),
+    })
+    .unwrap();
+    send(&mut b, SendOp::Send);
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    let mut n = 0;
+    let deadline = Instant::now() + T;
+    while n < 2 {
+        n += b.cq.poll(&mut out[n..]);
+        assert!(Instant::now() < deadline);
+    }
+    assert!(out[..2].iter().all(Completion::is_ok));
+    let inner = lock(&b.qp.shared.inner);
+    let conn = inner.conn.as_ref().unwrap();
+    let mut seen = Vec::new();
+    for m in conn.in_regions.iter().flatten() {
+        let p = perms(m.addr());
+        assert_eq!(p, if m.writable { "rw-s" } else { "r--s" });
+        seen.push(p);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["r--s", "rw-s"],
+        "the MMU, not only our checks, guards read-only memory"
+    );
+    // The peer's outbox is mapped read-only as well.
+    assert_eq!(perms(conn.peer.addr()), "r--s");
+}
