@@ -527,8 +527,15 @@ impl Conn {
             return Err(VerbsError::Limit("too many regions exposed to this peer"));
         }
         let id = self.out_regions.len() as u32;
-        Msg::new(M_REGION, [id, writable as u32, 0, 0], &[])?
-            .send(self.sock.as_fd(), Some(arena.fd()))?;
+        let msg = Msg::new(M_REGION, [id, writable as u32, 0, 0], &[])?;
+        if writable {
+            msg.send(self.sock.as_fd(), Some(arena.fd()))?;
+        } else {
+            // REMOTE_READ only: the peer gets a descriptor it cannot map
+            // writable, whatever it asks mmap for.
+            let read_only = reopen_read_only(arena.fd())?;
+            msg.send(self.sock.as_fd(), Some(read_only.as_fd()))?;
+        }
         self.out_regions.push(OutRegion {
             arena: arena.id(),
             writable,
@@ -1334,7 +1341,8 @@ impl PreparedQp<Shm> for ShmPreparedQp {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        .send(sock.as_fd(), Some(mine.fd()))?;
+        // The peer reads our outbox and must not write it.
+        .send(sock.as_fd(), Some(reopen_read_only(mine.fd())?.as_fd()))?;
         let reply = Msg::recv_timeout(
             sock.as_fd(),
             deadline.saturating_duration_since(Instant::now()),
@@ -1458,7 +1466,11 @@ impl Incoming<Shm> for ShmIncoming {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        .send(self.sock.as_fd(), Some(mine.fd()))?;
+        // The peer reads our outbox and must not write it.
+        .send(
+            self.sock.as_fd(),
+            Some(reopen_read_only(mine.fd())?.as_fd()),
+        )?;
         Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
     }
 

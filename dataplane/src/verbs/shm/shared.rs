@@ -99,6 +99,29 @@ impl Layout {
     }
 }
 
+/// A read-only descriptor of the same memory as `fd`, for handing to a peer
+/// that may only read it.
+///
+/// Why not pass `fd` itself: a memfd is opened read-write, and whoever holds
+/// a read-write descriptor can `mmap` it `PROT_WRITE | MAP_SHARED`, so
+/// mapping it read-only on the peer's side would rest on the peer's good
+/// manners. Reopening through `/proc/self/fd` gives a new open file
+/// description with `O_RDONLY`, and the kernel refuses a shared writable
+/// mapping of that (`EACCES`): the MMU protection then holds against a
+/// hostile peer too.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd, VerbsError> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    nix::fcntl::open(
+        path.as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|source| VerbsError::Os {
+        what: "reopen memfd read-only",
+        source,
+    })
+}
+
 /// A mapping of a memfd (ours or the peer's). Unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {

@@ -419,3 +419,50 @@ fn read_only_exposure_is_mapped_read_only() {
     // The peer's outbox is mapped read-only as well.
     assert_eq!(perms(conn.peer.addr()), "r--s");
 }
+
+/// A hostile peer does not have to map what we hand it the way we would:
+/// the descriptor it gets for read-only memory (a REMOTE_READ exposure, our
+/// outbox) must refuse a shared writable mapping outright.
+#[test]
+fn read_only_descriptor_refuses_writable_mapping() {
+    use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+    use std::num::NonZeroUsize;
+
+    for backing in [Backing::Small, Backing::Huge] {
+        let Ok(arena) = Arena::with_backing(2 << 20, backing) else {
+            // No hugepages reserved on this host: the Small case still ran.
+            continue;
+        };
+        let read_only = reopen_read_only(arena.fd()).unwrap();
+        let len = NonZeroUsize::new(2 << 20).unwrap();
+        // SAFETY: a fresh mapping at an address the kernel picks; nothing
+        // else refers to it, and it is unmapped below.
+        let writable = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                read_only.as_fd(),
+                0,
+            )
+        };
+        assert_eq!(writable.err(), Some(nix::Error::EACCES), "{backing:?}");
+        // SAFETY: as above.
+        let readable = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED,
+                read_only.as_fd(),
+                0,
+            )
+        }
+        .expect("a read-only mapping of a read-only descriptor");
+        // SAFETY: `readable` is the mapping of `len` bytes made just above.
+        unsafe { munmap(readable, len.get()) }.unwrap();
+        // And the original descriptor is still the writable one.
+        assert!(Mapping::map_peer(arena.fd(), true).is_ok());
+    }
+}
