@@ -13,4 +13,5 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod engine;
 pub mod wire;

@@ -1,0 +1,577 @@
+//! The [`Connection`]: construction, the input dispatch (`handle_*`), the
+//! outputs (`poll_*`), closing and the leak check. The requester and
+//! responder halves live in `requester.rs` and `responder.rs`.
+
+use std::collections::VecDeque;
+
+use super::buffers::{Access, BufClass, BufId, BufferTable, BufferTableBuilder};
+use super::requester::{CallSlot, CallState};
+use super::responder::{ServeSlot, ServeState};
+use super::time::{Instant, Timer, TimerTable};
+use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
+use super::{CloseReason, Config, ConfigError, Event};
+use crate::wire::rpc::{peek_direction, MessageType};
+use crate::wire::rpcrdma::{
+    Decoded, ErrorBody, HeaderView, MessageBody, TransportHeader, RPCRDMA_VERSION,
+};
+
+/// Counters of everything the engine dropped, refused or noticed. Data-path
+/// errors are cheap values counted here (DESIGN s10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Calls posted (Send of a call).
+    pub calls_sent: u64,
+    /// Replies matched to our calls.
+    pub replies_received: u64,
+    /// Calls delivered to the application.
+    pub calls_received: u64,
+    /// Replies posted.
+    pub replies_sent: u64,
+    /// RDMA_ERROR / ERR_VERS sent.
+    pub err_vers_sent: u64,
+    /// RDMA_ERROR / ERR_CHUNK sent.
+    pub err_chunk_sent: u64,
+    /// RDMA_ERROR replies not sent because no error buffer was free.
+    pub error_replies_dropped: u64,
+    /// Completions whose id is unknown, stale (generation mismatch) or
+    /// duplicated: dropped.
+    pub stale_completions: u64,
+    /// Calls the peer sent beyond our grant (each closes the connection).
+    pub credit_overruns: u64,
+    /// Replies and errors whose XID matches none of our calls: dropped.
+    pub unmatched_replies: u64,
+    /// Replies to calls that had already timed out: dropped.
+    pub late_replies: u64,
+    /// RDMA_DONE received (we never offer read chunks in replies): dropped.
+    pub done_ignored: u64,
+    /// Receives reporting more bytes than the buffer holds: dropped.
+    pub bad_recv_len: u64,
+    /// Highest number of peer calls in progress at once.
+    pub max_active_calls: u32,
+    /// Highest number of our calls outstanding at once.
+    pub max_outstanding_calls: u32,
+    /// Highest number of RDMA Reads in flight at once.
+    pub max_reads_in_flight: u32,
+}
+
+/// Resources in use, for the leak check: after [`Connection::close`] and
+/// the flush of every posted work request, all of it is zero
+/// ([`Resources::is_idle`]) unless the application still holds a reply it
+/// has not released.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Receive buffers posted (or queued for posting).
+    pub recvs_posted: u32,
+    /// Requester slots not free (including replies not yet released).
+    pub call_slots_busy: u32,
+    /// Responder slots not free.
+    pub serve_slots_busy: u32,
+    /// RDMA_ERROR buffers in flight.
+    pub error_sends_busy: u32,
+    /// RDMA Reads in flight.
+    pub reads_in_flight: u32,
+    /// Buffers exposed to the peer for RDMA.
+    pub buffers_exposed: u32,
+}
+
+impl Resources {
+    /// True when nothing at all is in use.
+    pub fn is_idle(&self) -> bool {
+        *self == Resources::default()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RecvBuf {
+    pub(super) buf: BufId,
+    pub(super) generation: u32,
+    pub(super) posted: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ErrBuf {
+    pub(super) buf: BufId,
+    pub(super) generation: u32,
+    pub(super) busy: bool,
+}
+
+/// One RPC-over-RDMA connection, both directions (module docs).
+#[derive(Debug)]
+pub struct Connection {
+    pub(super) config: Config,
+    pub(super) closed: Option<CloseReason>,
+    pub(super) bufs: BufferTable,
+    /// Scratch for the header being parsed; reused, never reallocated.
+    pub(super) rx_hdr: TransportHeader,
+    /// Scratch for the header being built.
+    pub(super) tx_hdr: TransportHeader,
+    pub(super) recvs: Vec<RecvBuf>,
+    pub(super) err_bufs: Vec<ErrBuf>,
+    pub(super) err_free: Vec<u32>,
+    // Requester side.
+    pub(super) calls: Vec<CallSlot>,
+    pub(super) call_free: Vec<u32>,
+    /// Calls encoded and waiting for a credit, in order.
+    pub(super) call_queue: VecDeque<u32>,
+    /// The peer's latest grant (RFC 5666 s3.3); 1 until the first reply.
+    pub(super) granted: u32,
+    /// Our calls sent and not yet answered.
+    pub(super) outstanding: u32,
+    // Responder side.
+    pub(super) serves: Vec<ServeSlot>,
+    pub(super) serve_free: Vec<u32>,
+    /// Slots with RDMA Reads still to issue, oldest first.
+    pub(super) read_fifo: VecDeque<u32>,
+    pub(super) reads_in_flight: u32,
+    /// Peer calls received and not yet answered (counted against the grant).
+    pub(super) active_calls: u32,
+    // Outputs.
+    pub(super) tx: VecDeque<WorkRequest>,
+    pub(super) events: VecDeque<Event>,
+    pub(super) timers: TimerTable,
+    pub(super) stats: Stats,
+}
+
+impl Connection {
+    /// Builds a connection: allocates its slab, slots and queues once, and
+    /// queues a [`WorkRequest::PostRecv`] for every receive buffer (poll
+    /// them before connecting, as a verbs consumer pre-posts receives).
+    ///
+    /// Receive buffers: `credits + max_outstanding_calls` (every call the
+    /// peer may send within its grant, plus a reply to each of our calls).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a configuration outside the documented ranges.
+    pub fn new(config: Config) -> Result<Connection, ConfigError> {
+        let c = &config;
+        if c.inline_recv_size < 1024 || c.inline_send_size < 1024 || c.peer_inline_recv_size < 1024
+        {
+            return Err(ConfigError::InlineTooSmall);
+        }
+        let count_ok = |n: u32| (1..=4096).contains(&n);
+        if !count_ok(c.credits) || !count_ok(c.max_outstanding_calls) || !count_ok(c.error_buffers)
+        {
+            return Err(ConfigError::BadCount);
+        }
+        if c.max_call_size % 4 != 0
+            || c.max_reply_size % 4 != 0
+            || c.max_ddp_size % 4 != 0
+            || c.max_call_size < 32
+            || c.max_reply_size < 32
+        {
+            return Err(ConfigError::BadMessageSize);
+        }
+        let n_recv = c.credits + c.max_outstanding_calls;
+        let n_serve = 2 * c.credits;
+        let total: u128 = u128::from(n_recv) * u128::from(c.inline_recv_size)
+            + u128::from(c.error_buffers) * 64
+            + u128::from(c.max_outstanding_calls)
+                * u128::from(
+                    c.inline_send_size + c.max_call_size + c.max_reply_size + c.max_ddp_size,
+                )
+            + u128::from(n_serve)
+                * u128::from(c.inline_send_size + c.max_call_size + c.max_reply_size);
+        if total > (isize::MAX as u128) / 2 {
+            return Err(ConfigError::TooMuchMemory);
+        }
+
+        let mut b = BufferTableBuilder::default();
+        let recvs: Vec<RecvBuf> = (0..n_recv)
+            .map(|_| RecvBuf {
+                buf: b.add(BufClass::Recv, c.inline_recv_size),
+                generation: 0,
+                posted: false,
+            })
+            .collect();
+        // An RDMA_ERROR header is at most 16 + 4 + 32 bytes.
+        let err_bufs: Vec<ErrBuf> = (0..c.error_buffers)
+            .map(|_| ErrBuf {
+                buf: b.add(BufClass::Error, 64),
+                generation: 0,
+                busy: false,
+            })
+            .collect();
+        let calls: Vec<CallSlot> = (0..c.max_outstanding_calls)
+            .map(|_| CallSlot::new(&mut b, c))
+            .collect();
+        let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(&mut b, c)).collect();
+        let bufs = b.build();
+
+        let mut tx = VecDeque::with_capacity(
+            recvs.len() + err_bufs.len() + calls.len() + serves.len() * 4 + 64,
+        );
+        let mut conn_recvs = recvs;
+        for (i, r) in conn_recvs.iter_mut().enumerate() {
+            r.posted = true;
+            tx.push_back(WorkRequest::PostRecv {
+                wr_id: WrId {
+                    kind: WrKind::Recv,
+                    index: i as u32,
+                    generation: r.generation,
+                },
+                buf: r.buf,
+            });
+        }
+        let mut call_free: Vec<u32> = (0..c.max_outstanding_calls).collect();
+        call_free.reverse();
+        let mut serve_free: Vec<u32> = (0..n_serve).collect();
+        serve_free.reverse();
+        let mut err_free: Vec<u32> = (0..c.error_buffers).collect();
+        err_free.reverse();
+        Ok(Connection {
+            config,
+            closed: None,
+            bufs,
+            rx_hdr: TransportHeader::with_capacity(&c.limits),
+            tx_hdr: TransportHeader::with_capacity(&c.limits),
+            recvs: conn_recvs,
+            err_bufs,
+            err_free,
+            call_queue: VecDeque::with_capacity(calls.len()),
+            calls,
+            call_free,
+            granted: 1,
+            outstanding: 0,
+            read_fifo: VecDeque::with_capacity(serves.len()),
+            serves,
+            serve_free,
+            reads_in_flight: 0,
+            active_calls: 0,
+            tx,
+            events: VecDeque::with_capacity(
+                2 * (c.max_outstanding_calls as usize + n_serve as usize) + 4,
+            ),
+            timers: TimerTable::default(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration (with the peer limits currently in force).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Updates what we know of the peer: its inline receive size (RFC 8797
+    /// private data or CONF_RDMA `maxcall_sendsize`) and how many RDMA
+    /// Reads we may keep in flight (its IRD / CONF_RDMA `maxrdmaread`).
+    /// Applies to messages encoded from now on. Values below 1024 bytes
+    /// are raised to 1024 (RFC 5666 s6.1).
+    pub fn set_peer_limits(&mut self, peer_inline_recv_size: u32, max_rdma_read: u32) {
+        self.config.peer_inline_recv_size = peer_inline_recv_size.max(1024);
+        self.config.max_rdma_read = max_rdma_read;
+    }
+
+    /// The engine's buffers (read access for the worker and tests).
+    pub fn buffers(&self) -> &BufferTable {
+        &self.bufs
+    }
+
+    /// The engine's buffers, writable: the provider side delivers received
+    /// bytes and one-sided RDMA into them (in hardware the NIC does; the
+    /// test harness copies). Also where the worker installs rkeys.
+    pub fn buffers_mut(&mut self) -> &mut BufferTable {
+        &mut self.bufs
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.closed
+    }
+
+    /// Credits the peer granted us (RFC 5666 s3.3).
+    pub fn granted_credits(&self) -> u32 {
+        self.granted
+    }
+
+    /// Our calls sent and not yet answered.
+    pub fn outstanding_calls(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// The credit value we put in every reply: our configured grant, which
+    /// `new` backs with as many receive buffers (RFC 5666 s3.3: never zero,
+    /// never more than the receives we keep posted for calls).
+    pub(super) fn grant(&self) -> u32 {
+        self.config.credits
+    }
+
+    /// The next work request to post, in order. Writes of a reply come
+    /// before its Send; the worker must post in this order on one QP.
+    pub fn poll_transmit(&mut self) -> Option<WorkRequest> {
+        self.tx.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_deadline()
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for t in Timer::ALL {
+            if self.timers.is_expired(t, now) {
+                self.timers.stop(t);
+                match t {
+                    Timer::CallTimeout => self.expire_calls(now),
+                }
+            }
+        }
+    }
+
+    /// A receive completed successfully with `byte_len` bytes in the
+    /// buffer of `wr_id`. Unknown or stale ids are counted and ignored.
+    pub fn handle_recv(&mut self, now: Instant, wr_id: WrId, byte_len: u32) {
+        let Some(i) = self.take_recv(wr_id) else {
+            return;
+        };
+        if self.closed.is_some() {
+            return;
+        }
+        let buf = self.recvs[i].buf;
+        if byte_len > self.bufs.buf_len(buf) {
+            self.stats.bad_recv_len += 1;
+        } else {
+            self.process_message(now, buf, byte_len as usize);
+        }
+        // Every byte we need was copied out: repost at once, ahead of any
+        // reply this message causes (RFC 5666 s3.3: the grant stays backed).
+        if self.closed.is_none() {
+            self.post_recv(i);
+        }
+    }
+
+    /// A work request other than a successful receive completed. A status
+    /// other than [`WcStatus::Success`] means the queue pair failed: the
+    /// connection closes, and the completion still returns its resources.
+    pub fn handle_completion(&mut self, now: Instant, wr_id: WrId, status: WcStatus) {
+        let _ = now;
+        let ok = status == WcStatus::Success;
+        match wr_id.kind {
+            WrKind::Recv => {
+                if self.take_recv(wr_id).is_some() && ok {
+                    // A receive must complete through handle_recv.
+                    self.stats.stale_completions += 1;
+                }
+            }
+            WrKind::ErrorSend => {
+                let i = wr_id.index as usize;
+                match self.err_bufs.get_mut(i) {
+                    Some(e) if e.busy && wr_id.same_generation(e.generation) => {
+                        e.busy = false;
+                        e.generation = e.generation.wrapping_add(1);
+                        self.err_free.push(i as u32);
+                    }
+                    _ => self.stats.stale_completions += 1,
+                }
+            }
+            WrKind::CallSend => self.on_call_send_done(wr_id),
+            WrKind::ReplySend | WrKind::ChunkWrite => self.on_reply_op_done(wr_id),
+            WrKind::ChunkRead => self.on_read_done(wr_id, ok),
+        }
+        if !ok {
+            self.close_with(CloseReason::TransportError(status));
+        }
+    }
+
+    /// Closes the connection: outstanding calls fail, calls being served
+    /// are dropped, and no new work is generated. Work requests already
+    /// queued or posted still complete (the provider flushes them) and
+    /// return their resources; [`Connection::resources`] then reports idle.
+    pub fn close(&mut self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Resources in use (the leak check).
+    pub fn resources(&self) -> Resources {
+        let busy_calls = self
+            .calls
+            .iter()
+            .filter(|s| s.state != CallState::Free)
+            .count();
+        let busy_serves = self
+            .serves
+            .iter()
+            .filter(|s| s.state != ServeState::Free)
+            .count();
+        Resources {
+            recvs_posted: self.recvs.iter().filter(|r| r.posted).count() as u32,
+            call_slots_busy: busy_calls as u32,
+            serve_slots_busy: busy_serves as u32,
+            error_sends_busy: self.err_bufs.iter().filter(|e| e.busy).count() as u32,
+            reads_in_flight: self.reads_in_flight,
+            buffers_exposed: self.bufs.exposed_count() as u32,
+        }
+    }
+
+    pub(super) fn close_with(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason);
+        if reason == CloseReason::CreditOverrun {
+            self.stats.credit_overruns += 1;
+        }
+        self.timers = TimerTable::default();
+        self.events.push_back(Event::ConnectionLost { reason });
+        self.close_requester();
+        self.close_responder();
+    }
+
+    fn take_recv(&mut self, wr_id: WrId) -> Option<usize> {
+        let i = wr_id.index as usize;
+        match self.recvs.get_mut(i) {
+            Some(r)
+                if r.posted
+                    && wr_id.kind == WrKind::Recv
+                    && wr_id.same_generation(r.generation) =>
+            {
+                r.posted = false;
+                r.generation = r.generation.wrapping_add(1);
+                Some(i)
+            }
+            _ => {
+                self.stats.stale_completions += 1;
+                None
+            }
+        }
+    }
+
+    fn post_recv(&mut self, i: usize) {
+        let r = &mut self.recvs[i];
+        r.posted = true;
+        self.tx.push_back(WorkRequest::PostRecv {
+            wr_id: WrId {
+                kind: WrKind::Recv,
+                index: i as u32,
+                generation: r.generation,
+            },
+            buf: r.buf,
+        });
+    }
+
+    /// Classifies a received message and hands it to the requester or the
+    /// responder half. Header errors are answered before anything is
+    /// allocated or read (RFC 5666 s4.2).
+    fn process_message(&mut self, now: Instant, buf: BufId, len: usize) {
+        let limits = self.config.limits;
+        let bytes = &self.bufs.bytes(buf)[..len];
+        let parsed = self.rx_hdr.parse_into(bytes, &limits);
+        let view_xid = HeaderView::new_checked(bytes).ok().map(|v| v.xid());
+        let hlen = match parsed {
+            Err(_) => {
+                // Which side does it belong to? A reply to one of our calls
+                // fails that call; anything else is a request we answer.
+                if let Some(xid) = view_xid {
+                    match self.find_sent_call(xid) {
+                        Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
+                        None => self.send_error(xid, ErrorBody::Chunk),
+                    }
+                }
+                return;
+            }
+            Ok(Decoded::UnsupportedVersion { xid, .. }) => {
+                match self.find_sent_call(xid) {
+                    Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
+                    None => self.send_error(
+                        xid,
+                        ErrorBody::Vers {
+                            low: RPCRDMA_VERSION,
+                            high: RPCRDMA_VERSION,
+                        },
+                    ),
+                }
+                return;
+            }
+            Ok(Decoded::Header { len }) => len,
+        };
+        let xid = self.rx_hdr.xid;
+        match self.rx_hdr.body {
+            MessageBody::Msg => match peek_direction(bytes.get(hlen..).unwrap_or(&[])) {
+                Some(MessageType::Call) => self.on_call(now, buf, len, hlen),
+                Some(MessageType::Reply) => match self.find_sent_call(xid) {
+                    Some(slot) => self.on_reply(slot, buf, len, hlen),
+                    None => self.stats.unmatched_replies += 1,
+                },
+                None => self.send_error(xid, ErrorBody::Chunk),
+            },
+            MessageBody::NoMsg => match self.find_sent_call(xid) {
+                // A long reply (RFC 5666 s5.2) to one of our calls.
+                Some(slot) => self.on_reply(slot, buf, len, hlen),
+                // A long call (RFC 5666 s5.1).
+                None => self.on_call(now, buf, len, hlen),
+            },
+            MessageBody::Error(e) => match self.find_sent_call(xid) {
+                Some(slot) => self.on_peer_error(slot, e),
+                None => self.stats.unmatched_replies += 1,
+            },
+            MessageBody::Done => self.stats.done_ignored += 1,
+            // RDMA_MSGP (retired by RFC 8166, never advertised by us) and
+            // unknown types: ERR_CHUNK, as Linux svcrdma answers.
+            MessageBody::MsgP { .. } | MessageBody::Unknown { .. } => {
+                match self.find_sent_call(xid) {
+                    Some(slot) => self.fail_reply(slot, super::CallFailure::UnsupportedReply),
+                    None => self.send_error(xid, ErrorBody::Chunk),
+                }
+            }
+        }
+    }
+
+    /// Sends an RDMA_ERROR (RFC 5666 s4.2) for `xid`; no slot is used.
+    ///
+    /// ```text
+    /// error = xid vers=1 credits=grant RDMA_ERROR (ERR_VERS low high / ERR_CHUNK)
+    /// ```
+    pub(super) fn send_error(&mut self, xid: u32, body: ErrorBody) {
+        let Some(i) = self.err_free.pop() else {
+            self.stats.error_replies_dropped += 1;
+            return;
+        };
+        let e = &mut self.err_bufs[i as usize];
+        e.busy = true;
+        let (buf, generation) = (e.buf, e.generation);
+        self.tx_hdr.chunks.clear();
+        self.tx_hdr.xid = xid;
+        self.tx_hdr.vers = RPCRDMA_VERSION;
+        self.tx_hdr.credits = self.config.credits;
+        self.tx_hdr.body = MessageBody::Error(body);
+        let Ok(n) = self.tx_hdr.emit(self.bufs.bytes_mut(buf)) else {
+            // Cannot happen (the buffer holds the largest error header);
+            // give the buffer back rather than panic.
+            self.err_bufs[i as usize].busy = false;
+            self.err_free.push(i);
+            self.stats.error_replies_dropped += 1;
+            return;
+        };
+        match body {
+            ErrorBody::Vers { .. } => self.stats.err_vers_sent += 1,
+            _ => self.stats.err_chunk_sent += 1,
+        }
+        self.tx.push_back(WorkRequest::Send {
+            wr_id: WrId {
+                kind: WrKind::ErrorSend,
+                index: i,
+                generation,
+            },
+            local: super::LocalSlice {
+                buf,
+                offset: 0,
+                len: n as u32,
+            },
+            invalidate_rkey: None,
+        });
+    }
+
+    pub(super) fn expose(&mut self, buf: BufId, access: Access) {
+        self.bufs.set_access(buf, access);
+    }
+}

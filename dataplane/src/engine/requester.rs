@@ -1,0 +1,630 @@
+//! The requester half: our calls, from encoding to the reply.
+//!
+//! Chunk decisions are made first, in [`plan_call`], then the header is
+//! encoded to match (the Linux `rpc_rdma.c` order):
+//! * the reply's resources: a write chunk when the caller names a
+//!   DDP-eligible result, a reply chunk when the reply (less a DDP item
+//!   expected in the write chunk) might not fit our inline receive size;
+//! * the call: inline (RDMA_MSG) if header and message fit the peer's
+//!   inline receive size; else the DDP-eligible argument moves to a read
+//!   chunk at its XDR position if the rest then fits; else the whole
+//!   message becomes a position-zero read chunk of an RDMA_NOMSG (long
+//!   call, RFC 5666 s5.1).
+//!
+//! Credits (RFC 5666 s3.3): every call requests `max_outstanding_calls`;
+//! every reply's grant replaces ours (a grant of 0 counts as 1, as Linux
+//! reads it); calls beyond the grant wait in `call_queue`, in order.
+
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::time::{Instant, Timer};
+use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
+use super::{
+    chunked_header_len, ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection,
+    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
+};
+use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
+use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, RPCRDMA_VERSION};
+
+/// Where one of our calls is (SPDK-style request state; transitions only
+/// in this module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallState {
+    /// Unused; its buffers are not exposed.
+    Free,
+    /// Encoded into the slot's call buffer and planned; waiting for a
+    /// credit (the peer's grant is used up).
+    Queued,
+    /// Send posted; waiting for the reply. Read-chunk and reply-chunk
+    /// buffers are exposed to the peer. Holds one credit.
+    Sent,
+    /// The reply is in the slot's buffers and `ReplyArrived` was emitted;
+    /// the application reads it, then releases the slot.
+    ReplyReady,
+    /// Failed with a timeout but the peer may still answer (and write into
+    /// our reply chunk): the slot and its credit stay reserved until the
+    /// reply arrives or the connection closes.
+    Abandoned,
+    /// The exchange is over; waiting only for the Send completion of the
+    /// call before the slot is free.
+    Draining,
+}
+
+/// How the call itself travels (decided before encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallPlan {
+    /// RDMA_MSG, whole message inline (RFC 5666 s3.1 / s4).
+    Inline,
+    /// RDMA_MSG, the DDP item in a read chunk at its XDR position, the rest
+    /// inline without the item's data and padding (RFC 5666 s3.4, s3.7).
+    ReadChunk { position: u32, len: u32 },
+    /// RDMA_NOMSG, the whole message in a position-zero read chunk (RFC
+    /// 5666 s5.1).
+    Long,
+}
+
+/// A requester slot: state plus the four buffers it owns for its lifetime.
+#[derive(Debug)]
+pub(super) struct CallSlot {
+    pub(super) state: CallState,
+    pub(super) generation: u32,
+    pub(super) xid: u32,
+    /// Transport header plus inline message.
+    send_buf: BufId,
+    /// The whole call message (read chunk source).
+    call_buf: BufId,
+    /// The reply message (reply chunk target).
+    reply_buf: BufId,
+    /// The DDP-eligible result (write chunk target).
+    ddp_buf: BufId,
+    msg_len: u32,
+    plan: CallPlan,
+    write_chunk: Option<u32>,
+    reply_chunk: Option<u32>,
+    /// The call's Send has not completed yet.
+    send_pending: bool,
+    deadline: Option<Instant>,
+    reply_len: u32,
+    ddp_len: Option<u32>,
+}
+
+impl CallSlot {
+    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> CallSlot {
+        CallSlot {
+            state: CallState::Free,
+            generation: 0,
+            xid: 0,
+            send_buf: b.add(BufClass::Send, c.inline_send_size),
+            call_buf: b.add(BufClass::Message, c.max_call_size),
+            reply_buf: b.add(BufClass::Message, c.max_reply_size),
+            ddp_buf: b.add(BufClass::Ddp, c.max_ddp_size),
+            msg_len: 0,
+            plan: CallPlan::Inline,
+            write_chunk: None,
+            reply_chunk: None,
+            send_pending: false,
+            deadline: None,
+            reply_len: 0,
+            ddp_len: None,
+        }
+    }
+}
+
+/// The chunk decision for a call (see the module documentation).
+/// `send_limit`: the largest Send the peer accepts and we may post;
+/// `recv_limit`: our inline receive size. Returns the call plan, the
+/// write chunk length and the reply chunk length.
+pub(super) fn plan_call(
+    send_limit: usize,
+    recv_limit: usize,
+    msg_len: usize,
+    ddp: Option<DdpItem>,
+    reply: ReplyExpect,
+) -> Result<(CallPlan, Option<u32>, Option<u32>), SendCallError> {
+    // Reply resources first: they appear in the call header in every shape.
+    let write_chunk = reply.ddp_max;
+    let wsegs: &[usize] = if write_chunk.is_some() { &[1] } else { &[] };
+    let inline_reply =
+        u64::from(reply.max_len) - u64::from(write_chunk.unwrap_or(0).min(reply.max_len));
+    let reply_hdr = chunked_header_len(0, wsegs, None) as u64;
+    let reply_chunk = (reply_hdr + inline_reply > recv_limit as u64).then_some(reply.max_len);
+    let rsegs = reply_chunk.map(|_| 1);
+
+    let inline_hdr = chunked_header_len(0, wsegs, rsegs);
+    let chunk_hdr = chunked_header_len(1, wsegs, rsegs);
+    let plan = if inline_hdr + msg_len <= send_limit {
+        CallPlan::Inline
+    } else if let Some(d) = ddp.filter(|d| {
+        chunk_hdr as u64 + msg_len as u64 - roundup4(u64::from(d.len)) <= send_limit as u64
+    }) {
+        CallPlan::ReadChunk {
+            position: d.offset,
+            len: d.len,
+        }
+    } else if chunk_hdr <= send_limit {
+        CallPlan::Long
+    } else {
+        return Err(SendCallError::TooLarge);
+    };
+    Ok((plan, write_chunk, reply_chunk))
+}
+
+impl Connection {
+    /// Queues a call; it is sent as soon as the peer's grant allows.
+    /// The message is copied into the slot (one copy; the slot's buffer
+    /// is what the peer reads for a read chunk).
+    ///
+    /// # Errors
+    /// [`SendCallError`]: closed, no free slot, not a call, too large, a
+    /// bad DDP item or an expected reply above the configured maxima.
+    pub fn send_call(
+        &mut self,
+        now: Instant,
+        call: &OutgoingCall<'_>,
+    ) -> Result<CallHandle, SendCallError> {
+        if self.closed.is_some() {
+            return Err(SendCallError::Closed);
+        }
+        let msg = call.message;
+        let xid = peek_xid(msg).ok_or(SendCallError::NotACall)?;
+        if peek_direction(msg) != Some(MessageType::Call) {
+            return Err(SendCallError::NotACall);
+        }
+        if msg.len() > self.config.max_call_size as usize {
+            return Err(SendCallError::TooLarge);
+        }
+        if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
+            return Err(SendCallError::BadDdpItem);
+        }
+        if call.reply.max_len > self.config.max_reply_size
+            || call
+                .reply
+                .ddp_max
+                .is_some_and(|d| d > self.config.max_ddp_size)
+        {
+            return Err(SendCallError::ReplyTooLarge);
+        }
+        let send_limit = self
+            .config
+            .inline_send_size
+            .min(self.config.peer_inline_recv_size);
+        let (plan, write_chunk, reply_chunk) = plan_call(
+            send_limit as usize,
+            self.config.inline_recv_size as usize,
+            msg.len(),
+            call.ddp,
+            call.reply,
+        )?;
+        let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
+        let deadline = self.config.call_timeout.map(|t| now.saturating_add(t));
+        let s = &mut self.calls[idx as usize];
+        s.state = CallState::Queued;
+        s.xid = xid;
+        s.msg_len = msg.len() as u32;
+        s.plan = plan;
+        s.write_chunk = write_chunk;
+        s.reply_chunk = reply_chunk;
+        s.deadline = deadline;
+        s.reply_len = 0;
+        s.ddp_len = None;
+        let (call_buf, generation) = (s.call_buf, s.generation);
+        self.bufs.bytes_mut(call_buf)[..msg.len()].copy_from_slice(msg);
+        if let Some(d) = deadline {
+            let at = self.timers.get(Timer::CallTimeout).map_or(d, |t| t.min(d));
+            self.timers.set(Timer::CallTimeout, at);
+        }
+        self.call_queue.push_back(idx);
+        self.transmit_queued_calls();
+        Ok(CallHandle {
+            index: idx,
+            generation,
+        })
+    }
+
+    /// The reply to `call` (after `ReplyArrived`, until released): the RPC
+    /// reply message, without a DDP item the responder wrote into our
+    /// write chunk.
+    pub fn reply_message(&self, call: CallHandle) -> Option<&[u8]> {
+        let s = self.ready_slot(call)?;
+        self.bufs.bytes(s.reply_buf).get(..s.reply_len as usize)
+    }
+
+    /// The DDP-eligible result the responder wrote into our write chunk.
+    pub fn reply_ddp(&self, call: CallHandle) -> Option<&[u8]> {
+        let s = self.ready_slot(call)?;
+        self.bufs.bytes(s.ddp_buf).get(..s.ddp_len? as usize)
+    }
+
+    /// Gives the slot of an answered call back. False for a stale handle.
+    pub fn release_reply(&mut self, call: CallHandle) -> bool {
+        if self.ready_slot(call).is_none() {
+            return false;
+        }
+        self.finish_call(call.index as usize);
+        true
+    }
+
+    fn ready_slot(&self, call: CallHandle) -> Option<&CallSlot> {
+        self.calls
+            .get(call.index as usize)
+            .filter(|s| s.state == CallState::ReplyReady && s.generation == call.generation)
+    }
+
+    /// Sends queued calls while the grant allows (RFC 5666 s3.3: never
+    /// more unanswered calls than the peer's latest grant).
+    pub(super) fn transmit_queued_calls(&mut self) {
+        while self.closed.is_none() && self.outstanding < self.granted {
+            let Some(idx) = self.call_queue.pop_front() else {
+                break;
+            };
+            self.encode_call(idx as usize);
+        }
+    }
+
+    /// Encodes and posts the Send of a planned call.
+    ///
+    /// ```text
+    /// call = xid vers=1 credits=requested RDMA_MSG   read_list write_list reply_chunk rpc_call
+    ///      ; read_list empty (inline, s3.1) or one chunk at the DDP item's position (s3.4)
+    ///      / xid vers=1 credits=requested RDMA_NOMSG read_list(position 0) write_list reply_chunk
+    ///      ; long call, s5.1
+    /// write_list  = one chunk, one segment over the slot's DDP buffer   (s3.6)
+    /// reply_chunk = one segment over the slot's reply buffer            (s5.2)
+    /// ```
+    fn encode_call(&mut self, idx: usize) {
+        let s = &self.calls[idx];
+        let (xid, plan, msg_len, wc, rc) = (s.xid, s.plan, s.msg_len, s.write_chunk, s.reply_chunk);
+        let (send_buf, call_buf, reply_buf, ddp_buf, generation) =
+            (s.send_buf, s.call_buf, s.reply_buf, s.ddp_buf, s.generation);
+        let h = &mut self.tx_hdr;
+        h.chunks.clear();
+        h.xid = xid;
+        h.vers = RPCRDMA_VERSION;
+        h.credits = self.config.max_outstanding_calls;
+        h.body = MessageBody::Msg;
+        match plan {
+            CallPlan::Inline => {}
+            CallPlan::ReadChunk { position, len } => h.chunks.push_read(ReadSegment {
+                position,
+                segment: self.bufs.segment(call_buf, position, len),
+            }),
+            CallPlan::Long => {
+                h.body = MessageBody::NoMsg;
+                h.chunks.push_read(ReadSegment {
+                    position: 0,
+                    segment: self.bufs.segment(call_buf, 0, msg_len),
+                });
+            }
+        }
+        let mut ok = true;
+        if let Some(w) = wc {
+            ok &= h
+                .chunks
+                .push_write_chunk(&[self.bufs.segment(ddp_buf, 0, w)])
+                .is_ok();
+        }
+        if let Some(r) = rc {
+            h.chunks.set_reply(&[self.bufs.segment(reply_buf, 0, r)]);
+        }
+        let hlen = match self.tx_hdr.emit(self.bufs.bytes_mut(send_buf)) {
+            Ok(n) if ok => n,
+            // plan_call sized the header against this buffer: unreachable,
+            // but a failure fails the call, never the engine.
+            _ => {
+                self.fail_call(idx, CallFailure::MalformedReply);
+                return;
+            }
+        };
+        // Inline part after the header: all of it, or all but the read
+        // chunk's data and its XDR padding (RFC 5666 s3.7), or nothing.
+        let total = match plan {
+            CallPlan::Inline => {
+                let src = LocalSlice {
+                    buf: call_buf,
+                    offset: 0,
+                    len: msg_len,
+                };
+                self.bufs.copy(src, send_buf, hlen);
+                hlen + msg_len as usize
+            }
+            CallPlan::ReadChunk { position, len } => {
+                let after = position + roundup4(u64::from(len)) as u32;
+                let head = LocalSlice {
+                    buf: call_buf,
+                    offset: 0,
+                    len: position,
+                };
+                let tail = LocalSlice {
+                    buf: call_buf,
+                    offset: after,
+                    len: msg_len - after,
+                };
+                self.bufs.copy(head, send_buf, hlen);
+                self.bufs.copy(tail, send_buf, hlen + position as usize);
+                hlen + (position + msg_len - after) as usize
+            }
+            CallPlan::Long => hlen,
+        };
+        if plan != CallPlan::Inline {
+            self.expose(call_buf, Access::RemoteRead);
+        }
+        if wc.is_some() {
+            self.expose(ddp_buf, Access::RemoteWrite);
+        }
+        if rc.is_some() {
+            self.expose(reply_buf, Access::RemoteWrite);
+        }
+        let s = &mut self.calls[idx];
+        s.state = CallState::Sent;
+        s.send_pending = true;
+        self.outstanding += 1;
+        self.stats.calls_sent += 1;
+        self.stats.max_outstanding_calls = self.stats.max_outstanding_calls.max(self.outstanding);
+        self.tx.push_back(WorkRequest::Send {
+            wr_id: WrId {
+                kind: WrKind::CallSend,
+                index: idx as u32,
+                generation,
+            },
+            local: LocalSlice {
+                buf: send_buf,
+                offset: 0,
+                len: total as u32,
+            },
+            invalidate_rkey: None,
+        });
+    }
+
+    /// The slot of a sent (or abandoned) call with this XID.
+    pub(super) fn find_sent_call(&self, xid: u32) -> Option<usize> {
+        self.calls
+            .iter()
+            .position(|s| matches!(s.state, CallState::Sent | CallState::Abandoned) && s.xid == xid)
+    }
+
+    /// Accounts for the answer to slot `idx` (any answer: reply, error,
+    /// garbage): the credit returns, the peer's grant (if trusted) is
+    /// taken, the slot's memory is no longer exposed. False when the call
+    /// had been abandoned (the answer is then dropped here).
+    fn take_answer(&mut self, idx: usize, grant: Option<u32>) -> bool {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        if let Some(g) = grant {
+            self.granted = g.clamp(1, self.config.max_outstanding_calls);
+        }
+        let s = &self.calls[idx];
+        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+        for buf in [a, b, c] {
+            self.expose(buf, Access::None);
+        }
+        if self.calls[idx].state == CallState::Abandoned {
+            self.stats.late_replies += 1;
+            self.finish_call(idx);
+            return false;
+        }
+        true
+    }
+
+    /// A reply header for slot `idx` parsed in `rx_hdr`; the message is
+    /// `len` bytes of receive buffer `buf`, the header `hlen` of them.
+    pub(super) fn on_reply(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize) {
+        if self.take_answer(idx, Some(self.rx_hdr.credits)) {
+            match self.place_reply(idx, buf, len, hlen) {
+                Ok((reply_len, ddp_len)) => {
+                    let s = &mut self.calls[idx];
+                    s.state = CallState::ReplyReady;
+                    s.reply_len = reply_len;
+                    s.ddp_len = ddp_len;
+                    self.stats.replies_received += 1;
+                    self.events.push_back(Event::ReplyArrived {
+                        call: CallHandle {
+                            index: idx as u32,
+                            generation: s.generation,
+                        },
+                        xid: s.xid,
+                        len: reply_len,
+                        ddp_len,
+                    });
+                }
+                Err(reason) => self.fail_call(idx, reason),
+            }
+        }
+        self.transmit_queued_calls();
+    }
+
+    /// Checks the reply's chunk lists against what we offered and puts the
+    /// reply message in the slot's reply buffer (RFC 5666 s3.6, s5.2).
+    /// Data the responder RDMA-wrote is already in place (its Writes were
+    /// ordered before the reply Send).
+    fn place_reply(
+        &mut self,
+        idx: usize,
+        buf: BufId,
+        len: usize,
+        hlen: usize,
+    ) -> Result<(u32, Option<u32>), CallFailure> {
+        let s = &self.calls[idx];
+        let chunks = &self.rx_hdr.chunks;
+        if !chunks.reads().is_empty() {
+            // Responder-provided read chunks: never advertised by us.
+            return Err(CallFailure::UnsupportedReply);
+        }
+        let ddp_len = match (chunks.write_chunk_count(), s.write_chunk) {
+            (0, _) => None,
+            (1, Some(offered)) => {
+                let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+                if used > u64::from(offered) {
+                    return Err(CallFailure::MalformedReply);
+                }
+                Some(used as u32)
+            }
+            _ => return Err(CallFailure::MalformedReply),
+        };
+        match self.rx_hdr.body {
+            MessageBody::Msg => {
+                let recv_bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
+                if self.rx_hdr.check_rpc_xid(recv_bytes, hlen).is_err() {
+                    return Err(CallFailure::MalformedReply);
+                }
+                let inline = len - hlen;
+                if inline > self.bufs.buf_len(s.reply_buf) as usize {
+                    return Err(CallFailure::ReplyTooLarge);
+                }
+                let src = LocalSlice {
+                    buf,
+                    offset: hlen as u32,
+                    len: inline as u32,
+                };
+                let reply_buf = s.reply_buf;
+                self.bufs.copy(src, reply_buf, 0);
+                Ok((inline as u32, ddp_len))
+            }
+            MessageBody::NoMsg => {
+                let (Some(rc), Some(offered)) = (chunks.reply(), s.reply_chunk) else {
+                    return Err(CallFailure::MalformedReply);
+                };
+                let used = rc.len_bytes();
+                if used > u64::from(offered) || used < 8 {
+                    return Err(CallFailure::MalformedReply);
+                }
+                if peek_xid(self.bufs.bytes(s.reply_buf)) != Some(s.xid) {
+                    return Err(CallFailure::MalformedReply);
+                }
+                Ok((used as u32, ddp_len))
+            }
+            _ => Err(CallFailure::UnsupportedReply),
+        }
+    }
+
+    /// An RDMA_ERROR answered call `idx` (RFC 5666 s4.2): that call fails,
+    /// the connection stays.
+    pub(super) fn on_peer_error(&mut self, idx: usize, e: ErrorBody) {
+        if self.take_answer(idx, Some(self.rx_hdr.credits)) {
+            let reason = match e {
+                ErrorBody::Vers { low, high } => CallFailure::PeerVersionError { low, high },
+                ErrorBody::Chunk => CallFailure::PeerChunkError,
+                ErrorBody::Other { code, .. } => CallFailure::PeerError { code },
+            };
+            self.fail_call(idx, reason);
+        }
+        self.transmit_queued_calls();
+    }
+
+    /// An answer to call `idx` that we cannot decode: the call fails.
+    pub(super) fn fail_reply(&mut self, idx: usize, reason: CallFailure) {
+        if self.take_answer(idx, None) {
+            self.fail_call(idx, reason);
+        }
+        self.transmit_queued_calls();
+    }
+
+    fn fail_call(&mut self, idx: usize, reason: CallFailure) {
+        let s = &self.calls[idx];
+        self.events.push_back(Event::CallFailed {
+            call: CallHandle {
+                index: idx as u32,
+                generation: s.generation,
+            },
+            xid: s.xid,
+            reason,
+        });
+        self.finish_call(idx);
+    }
+
+    /// The exchange of slot `idx` is over: free it, or wait for its Send
+    /// completion.
+    fn finish_call(&mut self, idx: usize) {
+        if self.calls[idx].send_pending {
+            self.calls[idx].state = CallState::Draining;
+        } else {
+            self.free_call(idx);
+        }
+    }
+
+    fn free_call(&mut self, idx: usize) {
+        let s = &mut self.calls[idx];
+        s.state = CallState::Free;
+        s.generation = s.generation.wrapping_add(1);
+        s.deadline = None;
+        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+        for buf in [a, b, c] {
+            self.expose(buf, Access::None);
+        }
+        self.call_free.push(idx as u32);
+    }
+
+    pub(super) fn on_call_send_done(&mut self, wr_id: WrId) {
+        let i = wr_id.index as usize;
+        match self.calls.get_mut(i) {
+            Some(s)
+                if s.send_pending
+                    && s.state != CallState::Free
+                    && wr_id.same_generation(s.generation) =>
+            {
+                s.send_pending = false;
+                if s.state == CallState::Draining {
+                    self.free_call(i);
+                }
+            }
+            _ => self.stats.stale_completions += 1,
+        }
+    }
+
+    /// `Timer::CallTimeout` fired: fail every queued or sent call whose
+    /// deadline passed, then re-arm for the earliest remaining one.
+    pub(super) fn expire_calls(&mut self, now: Instant) {
+        for idx in 0..self.calls.len() {
+            let s = &self.calls[idx];
+            if s.deadline.is_none_or(|d| d > now) {
+                continue;
+            }
+            match s.state {
+                CallState::Queued => {
+                    self.call_queue.retain(|&q| q as usize != idx);
+                    self.fail_call(idx, CallFailure::Timeout);
+                }
+                CallState::Sent => {
+                    let s = &mut self.calls[idx];
+                    s.state = CallState::Abandoned;
+                    s.deadline = None;
+                    self.events.push_back(Event::CallFailed {
+                        call: CallHandle {
+                            index: idx as u32,
+                            generation: s.generation,
+                        },
+                        xid: s.xid,
+                        reason: CallFailure::Timeout,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let next = self
+            .calls
+            .iter()
+            .filter(|s| matches!(s.state, CallState::Queued | CallState::Sent))
+            .filter_map(|s| s.deadline)
+            .min();
+        if let Some(t) = next {
+            self.timers.set(Timer::CallTimeout, t);
+        }
+    }
+
+    /// Connection closed: every call not yet answered fails.
+    pub(super) fn close_requester(&mut self) {
+        self.call_queue.clear();
+        self.outstanding = 0;
+        for idx in 0..self.calls.len() {
+            match self.calls[idx].state {
+                CallState::Queued | CallState::Sent => {
+                    self.fail_call(idx, CallFailure::ConnectionLost)
+                }
+                CallState::Abandoned => self.finish_call(idx),
+                _ => {}
+            }
+            let s = &self.calls[idx];
+            let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+            for buf in [a, b, c] {
+                self.expose(buf, Access::None);
+            }
+        }
+    }
+}

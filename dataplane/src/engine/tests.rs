@@ -1,0 +1,780 @@
+//! Engine tests over the two-peer harness. Each test is named after the
+//! RFC 5666 section whose rule it checks.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::harness::*;
+use super::*;
+use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, TransportHeader};
+
+const KIB: u32 = 1024;
+
+fn cfg() -> Config {
+    Config {
+        inline_recv_size: 4 * KIB,
+        inline_send_size: 4 * KIB,
+        peer_inline_recv_size: 4 * KIB,
+        credits: 4,
+        max_outstanding_calls: 4,
+        max_call_size: 512 * KIB,
+        max_reply_size: 512 * KIB,
+        max_ddp_size: 512 * KIB,
+        ..Config::default()
+    }
+}
+
+fn pair() -> Pair {
+    Pair::new(cfg(), cfg())
+}
+
+fn header(bytes: &[u8]) -> TransportHeader {
+    TransportHeader::parse(bytes, &Limits::DEFAULT)
+        .expect("engine emitted a bad header")
+        .0
+}
+
+fn payload(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn expect(max_len: u32, ddp_max: Option<u32>) -> ReplyExpect {
+    ReplyExpect { max_len, ddp_max }
+}
+
+fn send(p: &mut Pair, xid: u32, data: &[u8], ddp: bool, reply: ReplyExpect) -> CallHandle {
+    let (msg, item) = echo_call(xid, data);
+    let now = p.now;
+    p.conn(CLIENT)
+        .send_call(
+            now,
+            &OutgoingCall {
+                message: &msg,
+                ddp: ddp.then_some(item),
+                reply,
+            },
+        )
+        .expect("send_call")
+}
+
+/// Replies that arrived at the client: (xid, handle, len, ddp_len).
+fn replies(p: &Pair) -> Vec<(u32, CallHandle, u32, Option<u32>)> {
+    p.peers[CLIENT]
+        .events
+        .iter()
+        .filter_map(|e| match *e {
+            Event::ReplyArrived {
+                call,
+                xid,
+                len,
+                ddp_len,
+            } => Some((xid, call, len, ddp_len)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
+    p.peers[CLIENT]
+        .events
+        .iter()
+        .filter_map(|e| match *e {
+            Event::CallFailed { xid, reason, .. } => Some((xid, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The full echo payload the client got back: from the write chunk if the
+/// responder used it, else from the inline/reply-chunk message.
+fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
+    let c = &p.peers[CLIENT].conn;
+    match c.reply_ddp(h) {
+        Some(d) => d.to_vec(),
+        None => {
+            let m = c.reply_message(h).expect("reply");
+            let (_, hl) = crate::wire::rpc::ReplyHeader::parse(m).expect("reply header");
+            crate::wire::xdr::Decoder::new(&m[hl..])
+                .get_opaque(usize::MAX)
+                .expect("opaque")
+                .to_vec()
+        }
+    }
+}
+
+fn release_all(p: &mut Pair) {
+    for (_, h, _, _) in replies(p) {
+        p.conn(CLIENT).release_reply(h);
+    }
+}
+
+/// Close, let every posted request flush, and check nothing leaked.
+fn close_and_check_leaks(p: &mut Pair) {
+    release_all(p);
+    p.conn(CLIENT).close();
+    p.drive();
+    for side in [CLIENT, SERVER] {
+        let r = p.peers[side].conn.resources();
+        assert!(r.is_idle(), "side {side} leaked: {r:?}");
+    }
+}
+
+/// A raw RDMA_MSG call as a hand-crafted peer would send it.
+fn raw_call(xid: u32, credits: u32, rpc: &[u8]) -> Vec<u8> {
+    let h = TransportHeader::new(xid, credits, MessageBody::Msg);
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut v).unwrap();
+    v.extend_from_slice(rpc);
+    v
+}
+
+fn be(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+fn last_error_from_server(p: &Pair) -> (u32, ErrorBody) {
+    let bytes = p.sends_from(SERVER).last().expect("server sent nothing");
+    let h = header(bytes);
+    match h.body {
+        MessageBody::Error(e) => (h.xid, e),
+        other => panic!("expected RDMA_ERROR, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// s3.1 / s4: inline messages
+
+#[test]
+fn rfc5666_s3_1_inline_call_and_reply_round_trip() {
+    let mut p = pair();
+    let h = send(&mut p, 7, b"hello, rdma", true, expect(512, None));
+    p.drive();
+    assert_eq!(replies(&p).len(), 1);
+    let (xid, rh, len, ddp) = replies(&p)[0];
+    assert_eq!((xid, rh, ddp), (7, h, None));
+    let want = echo_reply(7, b"hello, rdma").0;
+    assert_eq!(len as usize, want.len());
+    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&want[..]));
+    // Two Sends, both RDMA_MSG with three empty lists; no RDMA at all.
+    assert_eq!(p.ops, [2, 0, 0]);
+    for (_, bytes) in &p.sends {
+        let hd = header(bytes);
+        assert_eq!(hd.body, MessageBody::Msg);
+        assert!(hd.chunks.is_empty());
+    }
+    assert!(p.conn(CLIENT).release_reply(h));
+    assert!(
+        !p.conn(CLIENT).release_reply(h),
+        "a released handle is stale"
+    );
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_1_inline_threshold_is_the_peers_receive_size() {
+    // The client may send 4 KiB but the server only receives 2 KiB: a
+    // 3 KiB call must not go inline.
+    let server = Config {
+        inline_recv_size: 2 * KIB,
+        ..cfg()
+    };
+    let client = Config {
+        peer_inline_recv_size: 2 * KIB,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    let data = payload(3 * 1024, 1);
+    let h = send(&mut p, 1, &data, true, expect(8 * KIB, None));
+    p.drive();
+    let first = p.sends_from(CLIENT).next().unwrap().to_vec();
+    assert!(first.len() <= 2048, "call Send of {} bytes", first.len());
+    assert_eq!(header(&first).chunks.reads().len(), 1);
+    // The 3 KiB reply exceeds nothing on the client (4 KiB receives): inline.
+    let reply = p.sends_from(SERVER).next().unwrap().to_vec();
+    assert_eq!(header(&reply).body, MessageBody::Msg);
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// s3.3: credits
+
+#[test]
+fn rfc5666_s3_3_credits_requested_granted_and_respected() {
+    let server = Config {
+        credits: 2,
+        ..cfg()
+    };
+    let client = Config {
+        max_outstanding_calls: 8,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    let handles: Vec<_> = (0..8)
+        .map(|i| send(&mut p, 100 + i, &[i as u8; 40], false, expect(512, None)))
+        .collect();
+    assert_eq!(
+        p.peers[CLIENT].conn.outstanding_calls(),
+        1,
+        "one credit before the first grant"
+    );
+    p.drive();
+    assert_eq!(replies(&p).len(), 8);
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(returned_payload(&p, *h), vec![i as u8; 40]);
+    }
+    assert!(p.peers[SERVER].conn.stats().max_active_calls <= 2);
+    assert_eq!(p.peers[CLIENT].conn.stats().max_outstanding_calls, 2);
+    assert_eq!(p.peers[CLIENT].conn.granted_credits(), 2);
+    for bytes in p.sends_from(CLIENT) {
+        assert_eq!(
+            header(bytes).credits,
+            8,
+            "calls request max_outstanding_calls"
+        );
+    }
+    for bytes in p.sends_from(SERVER) {
+        assert_eq!(
+            header(bytes).credits,
+            2,
+            "replies grant the configured credits"
+        );
+    }
+    assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_3_credit_overrun_closes_connection() {
+    let server = Config {
+        credits: 2,
+        ..cfg()
+    };
+    let mut p = Pair::new(cfg(), server);
+    p.drive();
+    for xid in 1..=3 {
+        p.inject(CLIENT, raw_call(xid, 2, &echo_call(xid, b"x").0));
+    }
+    // The server application sits on its calls: no reply frees a credit.
+    p.drive_with(&mut |_, _, _, _| {});
+    let s = &p.peers[SERVER];
+    assert_eq!(s.conn.close_reason(), Some(CloseReason::CreditOverrun));
+    assert_eq!(s.conn.stats().credit_overruns, 1);
+    assert_eq!(s.conn.stats().calls_received, 2);
+    assert!(s.events.contains(&Event::ConnectionLost {
+        reason: CloseReason::CreditOverrun
+    }));
+    for side in [CLIENT, SERVER] {
+        assert!(
+            p.peers[side].conn.resources().is_idle(),
+            "{:?}",
+            p.peers[side].conn.resources()
+        );
+    }
+}
+
+#[test]
+fn rfc5666_s3_3_receives_posted_match_credits_plus_own_calls() {
+    let mut p = pair();
+    p.drive();
+    // credits (4) for the peer's calls + max_outstanding_calls (4) for replies.
+    assert_eq!(p.peers[SERVER].max_recvs_posted, 8);
+    assert_eq!(p.peers[SERVER].conn.resources().recvs_posted, 8);
+}
+
+// ---------------------------------------------------------------------------
+// s4.2: header errors
+
+#[test]
+fn rfc5666_s4_2_unsupported_version_answered_with_err_vers() {
+    let mut p = pair();
+    p.drive();
+    let mut msg = be(&[0xabcd, 2, 1, 0, 0, 0, 0]);
+    msg.extend_from_slice(&echo_call(0xabcd, b"v2").0);
+    p.inject(CLIENT, msg);
+    p.drive();
+    assert_eq!(
+        last_error_from_server(&p),
+        (0xabcd, ErrorBody::Vers { low: 1, high: 1 })
+    );
+    let s = &p.peers[SERVER].conn;
+    assert_eq!(s.stats().err_vers_sent, 1);
+    assert_eq!(s.stats().calls_received, 0);
+    assert_eq!(s.close_reason(), None);
+    assert_eq!(p.peers[CLIENT].conn.stats().unmatched_replies, 1);
+}
+
+#[test]
+fn rfc5666_s4_2_bad_chunk_lists_answered_with_err_chunk_before_any_read() {
+    let mut p = pair();
+    p.drive();
+    let rpc = echo_call(9, b"abc").0;
+    // Misaligned read position (RFC 5666 s3.4: XDR positions).
+    let mut bad_pos = be(&[9, 1, 1, 0, 1, 6, 0x1234, 64, 0, 0x1000, 0, 0, 0]);
+    bad_pos.extend_from_slice(&rpc);
+    // Read chunk positioned past the inline part (layout check).
+    let mut past_end = be(&[9, 1, 1, 0, 1, 4096, 0x1234, 64, 0, 0x1000, 0, 0, 0]);
+    past_end.extend_from_slice(&rpc);
+    // RDMA_MSGP (retired by RFC 8166) and an unknown type.
+    let mut msgp = be(&[9, 1, 1, 2, 0, 0, 0, 0, 0]);
+    msgp.extend_from_slice(&rpc);
+    let unknown = be(&[9, 1, 1, 7]);
+    // Truncated inside the read list.
+    let truncated = be(&[9, 1, 1, 0, 1, 8]);
+    for (i, m) in [bad_pos, past_end, msgp, unknown, truncated]
+        .into_iter()
+        .enumerate()
+    {
+        p.inject(CLIENT, m);
+        p.drive();
+        assert_eq!(
+            last_error_from_server(&p),
+            (9, ErrorBody::Chunk),
+            "case {i}"
+        );
+        assert_eq!(p.peers[SERVER].conn.stats().err_chunk_sent, i as u64 + 1);
+    }
+    assert_eq!(p.ops[1], 0, "no RDMA Read was issued");
+    let s = &p.peers[SERVER].conn;
+    assert_eq!(s.resources().serve_slots_busy, 0);
+    assert_eq!(s.stats().calls_received, 0);
+    assert_eq!(s.close_reason(), None);
+}
+
+#[test]
+fn rfc5666_s4_2_rdma_error_fails_only_that_call() {
+    // A server that can issue no RDMA Read (CONF_RDMA maxrdmaread 0)
+    // answers a call with a read chunk with ERR_CHUNK.
+    let server = Config {
+        max_rdma_read: 0,
+        ..cfg()
+    };
+    let mut p = Pair::new(cfg(), server);
+    send(&mut p, 1, &payload(20_000, 3), true, expect(512, None));
+    p.drive();
+    assert_eq!(failures(&p), vec![(1, CallFailure::PeerChunkError)]);
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+    // The connection is still good for the next call.
+    let h = send(&mut p, 2, b"small", true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"small");
+    assert_eq!(p.peers[CLIENT].conn.close_reason(), None);
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// s3.4 - s3.7: read chunks
+
+/// Runs `calls` through the echo service, recording each call message the
+/// server application saw.
+fn run_recording(p: &mut Pair) -> Vec<Vec<u8>> {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let s2 = seen.clone();
+    p.drive_with(&mut move |side, conn, now, ev| {
+        if let (SERVER, Event::CallArrived { call, .. }) = (side, ev) {
+            s2.borrow_mut()
+                .push(conn.call_message(call).unwrap().to_vec());
+        }
+        echo_service(side, conn, now, ev);
+    });
+    let v = seen.borrow().clone();
+    v
+}
+
+#[test]
+fn rfc5666_s3_4_read_chunk_moves_ddp_argument_at_its_position() {
+    let mut p = pair();
+    let data = payload(100_000, 5);
+    let (msg, item) = echo_call(42, &data);
+    let h = send(&mut p, 42, &data, true, expect(200 * KIB, Some(128 * KIB)));
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![msg.clone()], "the server sees the call as sent");
+    let call_send = p.sends_from(CLIENT).next().unwrap().to_vec();
+    let hd = header(&call_send);
+    assert_eq!(hd.body, MessageBody::Msg);
+    assert_eq!(hd.chunks.reads().len(), 1);
+    let r = hd.chunks.reads()[0];
+    assert_eq!((r.position, r.segment.length), (item.offset, 100_000));
+    assert_eq!(
+        call_send.len() - hd.buffer_len(),
+        msg.len() - 100_000,
+        "data elided inline"
+    );
+    assert_eq!(p.ops[1], 1, "one RDMA Read");
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_7_read_chunk_roundup_elided_and_zero_filled() {
+    let mut p = pair();
+    // First call leaves 0xff in the server's call buffer.
+    let h1 = send(&mut p, 1, &[0xff; 8192], true, expect(9000, Some(9000)));
+    p.drive();
+    assert_eq!(returned_payload(&p, h1), vec![0xff; 8192]);
+    release_all(&mut p);
+    // 4097 bytes: 3 bytes of XDR roundup, not sent by the client.
+    let data = payload(4097, 9);
+    let (msg, item) = echo_call(2, &data);
+    let h2 = send(&mut p, 2, &data, true, expect(9000, Some(9000)));
+    let seen = run_recording(&mut p);
+    let call_send = p.sends_from(CLIENT).nth(1).unwrap().to_vec();
+    let hd = header(&call_send);
+    assert_eq!(
+        hd.chunks.reads()[0].segment.length,
+        4097,
+        "roundup not in the chunk"
+    );
+    assert_eq!(
+        call_send.len() - hd.buffer_len(),
+        msg.len() - 4100,
+        "data and pad elided"
+    );
+    assert_eq!(seen, vec![msg.clone()], "pad zero-filled at the server");
+    assert_eq!(&msg[item.offset as usize + 4097..][..3], &[0, 0, 0]);
+    assert_eq!(returned_payload(&p, h2), data);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_3_max_rdma_read_bounds_reads_in_flight_fifo() {
+    let server = Config {
+        max_rdma_read: 2,
+        credits: 8,
+        ..cfg()
+    };
+    let client = Config {
+        max_outstanding_calls: 8,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    // Let the first reply raise the grant to 8, then send six at once.
+    let h = send(&mut p, 99, b"warm", false, expect(512, None));
+    p.drive();
+    p.conn(CLIENT).release_reply(h);
+    let datas: Vec<_> = (0..6).map(|i| payload(20_000 + i * 4, i as u8)).collect();
+    for (i, d) in datas.iter().enumerate() {
+        send(
+            &mut p,
+            i as u32 + 1,
+            d,
+            true,
+            expect(32 * KIB, Some(32 * KIB)),
+        );
+    }
+    let seen = run_recording(&mut p);
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!(s.max_reads_in_flight, 2);
+    assert_eq!(s.max_active_calls, 6);
+    let xids: Vec<u32> = seen
+        .iter()
+        .map(|m| crate::wire::rpc::peek_xid(m).unwrap())
+        .collect();
+    assert_eq!(xids, vec![1, 2, 3, 4, 5, 6], "calls complete in FIFO order");
+    for (i, m) in seen.iter().enumerate() {
+        assert_eq!(echo_payload(m).unwrap(), datas[i]);
+    }
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// s5.1: long calls
+
+#[test]
+fn rfc5666_s5_1_long_call_uses_position_zero_read_chunk() {
+    let mut p = pair();
+    let data = payload(50_000, 11);
+    let (msg, _) = echo_call(5, &data);
+    // No DDP-eligible item: the whole message moves by RDMA Read.
+    let h = send(&mut p, 5, &data, false, expect(64 * KIB, Some(64 * KIB)));
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![msg.clone()]);
+    let call_send = p.sends_from(CLIENT).next().unwrap().to_vec();
+    let hd = header(&call_send);
+    assert_eq!(hd.body, MessageBody::NoMsg);
+    assert_eq!(call_send.len(), hd.buffer_len(), "nothing inline");
+    let r = hd.chunks.reads();
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].position, r[0].segment.length as usize),
+        (0, msg.len())
+    );
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// s3.6, s5.2: write chunks and reply chunks
+
+#[test]
+fn rfc5666_s3_6_write_chunk_receives_ddp_reply_with_rewritten_length() {
+    let mut p = pair();
+    let data = payload(150_001, 13);
+    let h = send(&mut p, 8, &data, true, expect(200 * KIB, Some(200 * KIB)));
+    p.drive();
+    let (_, _, len, ddp) = replies(&p)[0];
+    assert_eq!(ddp, Some(150_001));
+    let full = echo_reply(8, &data).0;
+    assert_eq!(
+        len as usize,
+        full.len() - 150_004,
+        "inline part without data and pad"
+    );
+    assert_eq!(p.peers[CLIENT].conn.reply_ddp(h), Some(&data[..]));
+    let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
+    let hd = header(&reply_send);
+    assert_eq!(hd.body, MessageBody::Msg);
+    let wc: Vec<_> = hd.chunks.write_chunks().collect();
+    assert_eq!(wc.len(), 1);
+    assert_eq!(
+        wc[0].len_bytes(),
+        150_001,
+        "length rewritten to the bytes written, no roundup"
+    );
+    assert!(hd.chunks.reply().is_none());
+    assert_eq!(p.ops[2], 1, "one RDMA Write");
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
+    let mut p = pair();
+    let data = payload(60_000, 17);
+    let h = send(&mut p, 3, &data, true, expect(64 * KIB, None));
+    // The service returns the payload in place (no write chunk offered).
+    p.drive();
+    let full = echo_reply(3, &data).0;
+    let (_, _, len, ddp) = replies(&p)[0];
+    assert_eq!((len as usize, ddp), (full.len(), None));
+    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&full[..]));
+    let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
+    let hd = header(&reply_send);
+    assert_eq!(hd.body, MessageBody::NoMsg);
+    assert_eq!(reply_send.len(), hd.buffer_len());
+    assert_eq!(hd.chunks.reply().unwrap().len_bytes() as usize, full.len());
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s5_2_reply_never_written_past_reply_chunk_end() {
+    let mut p = pair();
+    send(&mut p, 4, b"q", false, expect(8 * KIB, None));
+    let outcome = Rc::new(RefCell::new(Vec::new()));
+    let o2 = outcome.clone();
+    p.drive_with(&mut move |side, conn, now, ev| {
+        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+            let big = echo_reply(xid, &payload(20_000, 1)).0;
+            o2.borrow_mut().push(conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &big,
+                    ddp: None,
+                },
+            ));
+            let small = echo_reply(xid, b"fits").0;
+            o2.borrow_mut().push(conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &small,
+                    ddp: None,
+                },
+            ));
+        }
+    });
+    assert_eq!(*outcome.borrow(), vec![Err(ReplyError::TooLarge), Ok(())]);
+    assert_eq!(p.ops[2], 0, "nothing written");
+    let h = replies(&p)[0].1;
+    assert_eq!(returned_payload(&p, h), b"fits");
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// Faults: completions, loss, corruption, reordering
+
+#[test]
+fn engine_duplicate_completions_are_counted_and_ignored() {
+    let mut p = pair();
+    // Every completion twice, receives included (on both sides).
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Completion { side, wr_id } if side <= SERVER && wr_id.index < u32::MAX => {
+            Fault::Duplicate
+        }
+        _ => Fault::Deliver,
+    });
+    let hs: Vec<_> = (0..4)
+        .map(|i| {
+            send(
+                &mut p,
+                i,
+                &payload(9000, i as u8),
+                true,
+                expect(16 * KIB, Some(16 * KIB)),
+            )
+        })
+        .collect();
+    p.drive();
+    assert_eq!(replies(&p).len(), 4);
+    for (i, h) in hs.iter().enumerate() {
+        assert_eq!(returned_payload(&p, *h), payload(9000, i as u8));
+    }
+    assert!(p.peers[CLIENT].conn.stats().stale_completions > 0);
+    assert!(p.peers[SERVER].conn.stats().stale_completions > 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_3_lost_reply_times_out_and_keeps_its_credit() {
+    let client = Config {
+        call_timeout: Some(core::time::Duration::from_millis(5)),
+        ..cfg()
+    };
+    let mut p = Pair::new(client, cfg());
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: SERVER, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 77, b"lost", false, expect(512, None));
+    p.drive();
+    assert_eq!(failures(&p), vec![(77, CallFailure::Timeout)]);
+    assert!(p.now >= Instant(5_000_000));
+    let c = &p.peers[CLIENT].conn;
+    assert_eq!(
+        c.outstanding_calls(),
+        1,
+        "the peer may still answer: credit held"
+    );
+    assert_eq!(c.resources().call_slots_busy, 1);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn engine_peer_close_fails_outstanding_calls_and_drains() {
+    let mut p = pair();
+    send(&mut p, 1, b"a", false, expect(512, None));
+    send(&mut p, 2, &payload(30_000, 2), true, expect(512, None));
+    // The server closes as soon as the first call arrives.
+    p.drive_with(&mut |side, conn, _, ev| {
+        if side == SERVER && matches!(ev, Event::CallArrived { .. }) {
+            conn.close();
+        }
+    });
+    let f = failures(&p);
+    assert_eq!(f.len(), 2);
+    assert!(f.iter().all(|(_, r)| *r == CallFailure::ConnectionLost));
+    assert!(matches!(
+        p.peers[CLIENT].conn.close_reason(),
+        Some(CloseReason::TransportError(WcStatus::Flushed))
+    ));
+    assert_eq!(
+        p.peers[CLIENT].conn.send_call(
+            p.now,
+            &OutgoingCall {
+                message: &echo_call(3, b"").0,
+                ddp: None,
+                reply: expect(64, None)
+            }
+        ),
+        Err(SendCallError::Closed)
+    );
+    for side in [CLIENT, SERVER] {
+        assert!(
+            p.peers[side].conn.resources().is_idle(),
+            "{side}: {:?}",
+            p.peers[side].conn.resources()
+        );
+    }
+}
+
+/// A tiny deterministic generator for fault schedules.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
+    let (mut replied, mut errors_sent, mut failed) = (0, 0, 0);
+    for seed in 1..=60u64 {
+        let mut p = Pair::new(
+            Config {
+                call_timeout: Some(core::time::Duration::from_millis(2)),
+                ..cfg()
+            },
+            cfg(),
+        );
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        p.set_fault_hook(move |f| {
+            let r = xorshift(&mut rng);
+            match (f, r % 8) {
+                // Mostly in the transport header, where the rules live.
+                (FaultPoint::Send { bytes, .. }, 0) => Fault::Corrupt {
+                    offset: (r >> 8) as usize % bytes.len().clamp(1, 64),
+                    xor: (r >> 40) as u8 | 1,
+                },
+                (FaultPoint::Send { .. }, 1) => {
+                    Fault::Delay(core::time::Duration::from_micros(r >> 54))
+                }
+                (FaultPoint::Send { .. }, 2) => Fault::Duplicate,
+                (FaultPoint::Completion { .. }, 3) => {
+                    Fault::Delay(core::time::Duration::from_micros(r >> 56))
+                }
+                _ => Fault::Deliver,
+            }
+        });
+        for i in 0..8u32 {
+            let len = [10usize, 3000, 9000, 40_000][(i % 4) as usize];
+            let (msg, item) = echo_call(i, &payload(len, i as u8));
+            let _ = p.peers[CLIENT].conn.send_call(
+                p.now,
+                &OutgoingCall {
+                    message: &msg,
+                    ddp: (i % 2 == 0).then_some(item),
+                    reply: expect(64 * KIB, (i % 3 == 0).then_some(64 * KIB)),
+                },
+            );
+        }
+        p.drive_with(&mut |side, conn, now, ev| match ev {
+            Event::ReplyArrived { call, .. } => {
+                conn.release_reply(call);
+            }
+            Event::CallArrived { call, xid, .. } if side == SERVER => {
+                let body = conn
+                    .call_message(call)
+                    .and_then(echo_payload)
+                    .unwrap_or_default();
+                let (msg, item) = echo_reply(xid, &body);
+                let _ = conn.send_reply(
+                    now,
+                    call,
+                    &OutgoingReply {
+                        message: &msg,
+                        ddp: Some(item),
+                    },
+                );
+            }
+            _ => {}
+        });
+        replied += replies(&p).len();
+        failed += failures(&p).len();
+        let s = p.peers[SERVER].conn.stats();
+        errors_sent += s.err_chunk_sent + s.err_vers_sent;
+        p.conn(CLIENT).close();
+        p.conn(SERVER).close();
+        p.drive();
+        for side in [CLIENT, SERVER] {
+            let r = p.peers[side].conn.resources();
+            assert!(r.is_idle(), "seed {seed} side {side}: {r:?}");
+        }
+    }
+    // The schedule exercised all three outcomes.
+    assert!(
+        replied > 100 && errors_sent > 0 && failed > 0,
+        "{replied} {errors_sent} {failed}"
+    );
+}
