@@ -59,6 +59,8 @@ struct Desc {
     rkey: u32,
     addr: u64,
     access: Access,
+    /// The exposed byte range (offset, length) while `access` is not None.
+    window: (u32, u32),
 }
 
 /// The engine's buffers: one zero-initialised slab and a descriptor per
@@ -92,6 +94,7 @@ impl BufferTableBuilder {
             rkey: 0x100 + id.0,
             addr: start as u64,
             access: Access::None,
+            window: (0, 0),
         });
         self.total = start + len as usize;
         id
@@ -184,10 +187,19 @@ impl BufferTable {
         self.desc(id).map_or(Access::None, |d| d.access)
     }
 
-    pub(crate) fn set_access(&mut self, id: BufId, access: Access) {
+    /// Exposes bytes `offset..offset + len` of buffer `id` for `access`
+    /// (exactly what one advertised segment covers: a peer reaches nothing
+    /// else of the buffer, e.g. stale bytes of an earlier call).
+    pub(crate) fn set_access(&mut self, id: BufId, access: Access, offset: u32, len: u32) {
         if let Some(d) = self.descs.get_mut(id.0 as usize) {
             d.access = access;
+            d.window = (offset, len);
         }
+    }
+
+    /// Withdraws any exposure of buffer `id`.
+    pub(crate) fn unexpose(&mut self, id: BufId) {
+        self.set_access(id, Access::None, 0, 0);
     }
 
     /// Number of buffers currently exposed to the peer.
@@ -211,7 +223,8 @@ impl BufferTable {
 
     /// The provider's check of a peer's one-sided access: the buffer whose
     /// rkey is `seg.handle`, the offset of `seg` in it, provided the whole
-    /// segment lies inside the buffer and the buffer is exposed for `want`.
+    /// segment lies inside the exposed window of the buffer and the buffer
+    /// is exposed for `want`.
     /// Linear in the number of buffers: a helper for soft providers and the
     /// test harness, not for the data path.
     pub fn resolve(&self, seg: &Segment, want: Access) -> Option<LocalSlice> {
@@ -225,7 +238,8 @@ impl BufferTable {
         }
         let off = seg.offset.checked_sub(d.addr)?;
         let end = off.checked_add(u64::from(seg.length))?;
-        if end > u64::from(d.len) {
+        let (w_off, w_len) = (u64::from(d.window.0), u64::from(d.window.1));
+        if off < w_off || end > w_off + w_len || end > u64::from(d.len) {
             return None;
         }
         Some(LocalSlice {
@@ -290,7 +304,7 @@ mod tests {
         let (mut t, _, c) = table();
         let seg = t.segment(c, 8, 16);
         assert_eq!(t.resolve(&seg, Access::RemoteRead), None);
-        t.set_access(c, Access::RemoteRead);
+        t.set_access(c, Access::RemoteRead, 8, 20);
         assert_eq!(
             t.resolve(&seg, Access::RemoteRead),
             Some(LocalSlice {
@@ -300,8 +314,15 @@ mod tests {
             })
         );
         assert_eq!(t.resolve(&seg, Access::RemoteWrite), None);
+        let past_window = t.segment(c, 12, 17);
+        assert_eq!(t.resolve(&past_window, Access::RemoteRead), None);
+        let before_window = t.segment(c, 4, 8);
+        assert_eq!(t.resolve(&before_window, Access::RemoteRead), None);
+        t.set_access(c, Access::RemoteRead, 0, 50);
         let past_end = t.segment(c, 40, 11);
         assert_eq!(t.resolve(&past_end, Access::RemoteRead), None);
+        t.unexpose(c);
+        assert_eq!(t.resolve(&seg, Access::RemoteRead), None);
         let before = Segment {
             offset: seg.offset.wrapping_sub(100),
             ..seg

@@ -571,7 +571,9 @@ impl Connection {
         });
     }
 
-    pub(super) fn expose(&mut self, buf: BufId, access: Access) {
-        self.bufs.set_access(buf, access);
+    /// Lets the peer reach `offset..offset + len` of `buf` (the range of
+    /// the segment just advertised).
+    pub(super) fn expose(&mut self, buf: BufId, access: Access, offset: u32, len: u32) {
+        self.bufs.set_access(buf, access, offset, len);
     }
 }

@@ -344,14 +344,18 @@ impl Connection {
             }
             CallPlan::Long => hlen,
         };
-        if plan != CallPlan::Inline {
-            self.expose(call_buf, Access::RemoteRead);
+        match plan {
+            CallPlan::Inline => {}
+            CallPlan::ReadChunk { position, len } => {
+                self.expose(call_buf, Access::RemoteRead, position, len)
+            }
+            CallPlan::Long => self.expose(call_buf, Access::RemoteRead, 0, msg_len),
         }
-        if wc.is_some() {
-            self.expose(ddp_buf, Access::RemoteWrite);
+        if let Some(w) = wc {
+            self.expose(ddp_buf, Access::RemoteWrite, 0, w);
         }
-        if rc.is_some() {
-            self.expose(reply_buf, Access::RemoteWrite);
+        if let Some(r) = rc {
+            self.expose(reply_buf, Access::RemoteWrite, 0, r);
         }
         let s = &mut self.calls[idx];
         s.state = CallState::Sent;
@@ -393,7 +397,7 @@ impl Connection {
         let s = &self.calls[idx];
         let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
         for buf in [a, b, c] {
-            self.expose(buf, Access::None);
+            self.bufs.unexpose(buf);
         }
         if self.calls[idx].state == CallState::Abandoned {
             self.stats.late_replies += 1;
@@ -546,7 +550,7 @@ impl Connection {
         s.deadline = None;
         let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
         for buf in [a, b, c] {
-            self.expose(buf, Access::None);
+            self.bufs.unexpose(buf);
         }
         self.call_free.push(idx as u32);
     }
@@ -623,7 +627,7 @@ impl Connection {
             let s = &self.calls[idx];
             let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
             for buf in [a, b, c] {
-                self.expose(buf, Access::None);
+                self.bufs.unexpose(buf);
             }
         }
     }
