@@ -193,6 +193,7 @@ fn echo_call(xid: u32, len: usize) -> (Vec<u8>, DdpItem) {
 fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
     let cfg = Config {
         peer_inline_recv_size: 4096,
+        peer_inline_send_size: 4096,
         credits: 4,
         max_outstanding_calls: 4,
         max_call_size: 256 * 1024,

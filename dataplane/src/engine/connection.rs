@@ -9,7 +9,7 @@ use super::requester::{CallSlot, CallState};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
 use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
-use super::{CloseReason, Config, ConfigError, Event};
+use super::{CloseReason, Config, ConfigError, Event, PeerLimits};
 use crate::wire::rpc::{peek_direction, MessageType};
 use crate::wire::rpcrdma::{
     Decoded, ErrorBody, HeaderView, MessageBody, TransportHeader, RPCRDMA_VERSION,
@@ -144,7 +144,14 @@ impl Connection {
     /// [`ConfigError`] for a configuration outside the documented ranges.
     pub fn new(config: Config) -> Result<Connection, ConfigError> {
         let c = &config;
-        if c.inline_recv_size < 1024 || c.inline_send_size < 1024 || c.peer_inline_recv_size < 1024
+        if [
+            c.inline_recv_size,
+            c.inline_send_size,
+            c.peer_inline_recv_size,
+            c.peer_inline_send_size,
+        ]
+        .iter()
+        .any(|&s| s < 1024)
         {
             return Err(ConfigError::InlineTooSmall);
         }
@@ -251,14 +258,14 @@ impl Connection {
         &self.config
     }
 
-    /// Updates what we know of the peer: its inline receive size (RFC 8797
-    /// private data or CONF_RDMA `maxcall_sendsize`) and how many RDMA
-    /// Reads we may keep in flight (its IRD / CONF_RDMA `maxrdmaread`).
-    /// Applies to messages encoded from now on. Values below 1024 bytes
-    /// are raised to 1024 (RFC 5666 s6.1).
-    pub fn set_peer_limits(&mut self, peer_inline_recv_size: u32, max_rdma_read: u32) {
-        self.config.peer_inline_recv_size = peer_inline_recv_size.max(1024);
-        self.config.max_rdma_read = max_rdma_read;
+    /// Updates what we know of the peer (RFC 8797 private data, or a
+    /// CONF_RDMA reply, RFC 5666 s6.2). Applies to messages planned from
+    /// now on. Sizes below 1024 bytes are raised to 1024 (RFC 5666 s6.1:
+    /// every peer receives at least 1 KB).
+    pub fn set_peer_limits(&mut self, peer: PeerLimits) {
+        self.config.peer_inline_recv_size = peer.inline_recv_size.max(1024);
+        self.config.peer_inline_send_size = peer.inline_send_size.max(1024);
+        self.config.max_rdma_read = peer.max_rdma_read;
     }
 
     /// The engine's buffers (read access for the worker and tests).

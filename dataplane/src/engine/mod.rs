@@ -53,11 +53,15 @@ pub use connection::{Connection, Resources, Stats};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 
-use crate::wire::rpcrdma::{Limits, DEFAULT_INLINE_SIZE};
+use crate::wire::rpcrdma::{Limits, PrivateData, DEFAULT_INLINE_SIZE};
 use core::time::Duration;
 
 /// Connection parameters, fixed at construction except the peer's limits
 /// ([`Connection::set_peer_limits`], e.g. after CONF_RDMA).
+///
+/// The reply inline limit a requester plans with is the smaller of our
+/// receive size and the peer's send size; the call inline limit the
+/// smaller of our send size and the peer's receive size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// Size of each receive buffer we post: the largest Send we accept
@@ -68,6 +72,10 @@ pub struct Config {
     /// The peer's inline receive threshold: no Send we post is longer.
     /// 1024 when the peer sent no private data (RFC 8797).
     pub peer_inline_recv_size: u32,
+    /// The largest Send the peer posts: a reply that could be longer gets a
+    /// reply chunk even if our receive buffers would hold it. 1024 when
+    /// the peer sent no private data (RFC 8797).
+    pub peer_inline_send_size: u32,
     /// Credits we grant the peer: calls it may have outstanding with us
     /// (RFC 5666 s3.3). Never zero.
     pub credits: u32,
@@ -93,6 +101,17 @@ pub struct Config {
     pub limits: Limits,
 }
 
+impl Config {
+    /// Takes the peer's inline sizes from its RFC 8797 connection private
+    /// data (use [`PrivateData::parse_or_default`] so that a peer without
+    /// valid private data counts as 1024 bytes each way).
+    pub fn with_peer_private_data(mut self, pd: &PrivateData) -> Config {
+        self.peer_inline_recv_size = pd.max_recv_size;
+        self.peer_inline_send_size = pd.max_send_size;
+        self
+    }
+}
+
 impl Default for Config {
     /// Linux-like defaults (WIRE-NOTES): 4 KiB inline thresholds, a peer
     /// assumed at 1024 until it says otherwise, 32 credits, 16 Reads.
@@ -101,6 +120,7 @@ impl Default for Config {
             inline_recv_size: 4096,
             inline_send_size: 4096,
             peer_inline_recv_size: DEFAULT_INLINE_SIZE,
+            peer_inline_send_size: DEFAULT_INLINE_SIZE,
             credits: 32,
             max_outstanding_calls: 32,
             max_call_size: 1 << 20,
@@ -118,7 +138,7 @@ impl Default for Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// Inline sizes must be at least 1024 bytes (RFC 5666 s6.1, RFC 8797).
-    #[error("inline sizes must be at least 1024 bytes (inline_recv_size, inline_send_size, peer_inline_recv_size)")]
+    #[error("inline sizes must be at least 1024 bytes (inline_recv_size, inline_send_size, peer_inline_*_size)")]
     InlineTooSmall,
     /// `credits`, `max_outstanding_calls`, `error_buffers` must be at least
     /// 1 and at most 4096.
@@ -228,6 +248,19 @@ pub enum CallFailure {
     Timeout,
     /// The connection closed before the reply arrived.
     ConnectionLost,
+}
+
+/// What a peer told us about itself (RFC 8797 private data, CONF_RDMA
+/// reply, RFC 5666 s6.2); see [`Connection::set_peer_limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLimits {
+    /// Largest Send the peer receives (CONF_RDMA `maxcall_sendsize` when
+    /// the peer is the server).
+    pub inline_recv_size: u32,
+    /// Largest Send the peer posts.
+    pub inline_send_size: u32,
+    /// RDMA Reads we may have in flight against the peer.
+    pub max_rdma_read: u32,
 }
 
 /// Why the connection closed.

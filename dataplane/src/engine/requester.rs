@@ -111,7 +111,7 @@ impl CallSlot {
 
 /// The chunk decision for a call (see the module documentation).
 /// `send_limit`: the largest Send the peer accepts and we may post;
-/// `recv_limit`: our inline receive size. Returns the call plan, the
+/// `recv_limit`: the largest Send we receive and the peer may post. Returns the call plan, the
 /// write chunk length and the reply chunk length.
 pub(super) fn plan_call(
     send_limit: usize,
@@ -189,7 +189,9 @@ impl Connection {
             .min(self.config.peer_inline_recv_size);
         let (plan, write_chunk, reply_chunk) = plan_call(
             send_limit as usize,
-            self.config.inline_recv_size as usize,
+            self.config
+                .inline_recv_size
+                .min(self.config.peer_inline_send_size) as usize,
             msg.len(),
             call.ddp,
             call.reply,

@@ -15,6 +15,7 @@ fn cfg() -> Config {
         inline_recv_size: 4 * KIB,
         inline_send_size: 4 * KIB,
         peer_inline_recv_size: 4 * KIB,
+        peer_inline_send_size: 4 * KIB,
         credits: 4,
         max_outstanding_calls: 4,
         max_call_size: 512 * KIB,
@@ -558,6 +559,38 @@ fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
 }
 
 #[test]
+fn rfc5666_s5_2_reply_chunk_offered_when_peer_sends_less_than_we_receive() {
+    // RFC 8797: the client receives 16 KiB but the server posts at most
+    // 1 KiB Sends (its private data said so): an 8 KiB reply needs a reply
+    // chunk although it would fit the client's receive buffers.
+    let pd = crate::wire::rpcrdma::PrivateData {
+        remote_invalidate: false,
+        max_send_size: KIB,
+        max_recv_size: 4 * KIB,
+    };
+    let client = Config {
+        inline_recv_size: 16 * KIB,
+        ..cfg()
+    }
+    .with_peer_private_data(&pd);
+    let server = Config {
+        inline_send_size: KIB,
+        peer_inline_recv_size: 16 * KIB,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    let data = payload(8 * 1024, 4);
+    let h = send(&mut p, 6, &data, false, expect(9 * KIB, None));
+    p.drive();
+    let call_send = p.sends_from(CLIENT).next().unwrap().to_vec();
+    assert!(header(&call_send).chunks.reply().is_some());
+    let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
+    assert_eq!(header(&reply_send).body, MessageBody::NoMsg);
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s5_2_reply_never_written_past_reply_chunk_end() {
     let mut p = pair();
     send(&mut p, 4, b"q", false, expect(8 * KIB, None));
@@ -777,4 +810,88 @@ fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
         replied > 100 && errors_sent > 0 && failed > 0,
         "{replied} {errors_sent} {failed}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Property: any mix of sizes and thresholds delivers exactly what was sent.
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    struct Rpc {
+        len: usize,
+        ddp_arg: bool,
+        write_chunk: bool,
+    }
+
+    fn rpc() -> impl Strategy<Value = Rpc> {
+        (
+            prop_oneof![0usize..2048, 2048usize..20_000, 20_000usize..300_000],
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(len, ddp_arg, write_chunk)| Rpc {
+                len,
+                ddp_arg,
+                write_chunk,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rfc5666_s3_s5_bytes_delivered_equal_bytes_sent(
+            client_inline in 1u32..=16,
+            server_inline in 1u32..=16,
+            credits in 1u32..=4,
+            max_rdma_read in 1u32..=4,
+            rpcs in proptest::collection::vec(rpc(), 1..=4),
+        ) {
+            let (ci, si) = (client_inline * KIB, server_inline * KIB);
+            let client = Config {
+                inline_recv_size: ci,
+                inline_send_size: ci,
+                peer_inline_recv_size: si,
+                peer_inline_send_size: si,
+                ..cfg()
+            };
+            let server = Config {
+                inline_recv_size: si,
+                inline_send_size: si,
+                peer_inline_recv_size: ci,
+                peer_inline_send_size: ci,
+                credits,
+                max_rdma_read,
+                ..cfg()
+            };
+            let mut p = Pair::new(client, server);
+            let mut sent = Vec::new();
+            for (i, r) in rpcs.iter().enumerate() {
+                let data = payload(r.len, i as u8);
+                let reply_len = r.len as u32 + 64;
+                let reply = expect(reply_len, r.write_chunk.then_some(reply_len));
+                let h = send(&mut p, i as u32, &data, r.ddp_arg, reply);
+                sent.push((h, data));
+            }
+            let seen = run_recording(&mut p);
+            prop_assert_eq!(p.rnr, 0);
+            prop_assert_eq!(seen.len(), rpcs.len());
+            for (i, m) in seen.iter().enumerate() {
+                let xid = crate::wire::rpc::peek_xid(m).unwrap() as usize;
+                prop_assert_eq!(m, &echo_call(xid as u32, &sent[xid].1).0, "call {}", i);
+            }
+            prop_assert!(failures(&p).is_empty(), "{:?}", failures(&p));
+            for (h, data) in &sent {
+                prop_assert_eq!(&returned_payload(&p, *h), data);
+            }
+            let s = p.peers[SERVER].conn.stats();
+            prop_assert!(s.max_active_calls <= credits);
+            prop_assert!(s.max_reads_in_flight <= max_rdma_read);
+            prop_assert!(p.peers[SERVER].max_recvs_posted <= (credits + cfg().max_outstanding_calls) as usize);
+            close_and_check_leaks(&mut p);
+        }
+    }
 }
