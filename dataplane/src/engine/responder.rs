@@ -20,8 +20,8 @@ use super::buffers::{BufClass, BufId, BufferTableBuilder};
 use super::time::Instant;
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
-    ddp_item_fits, roundup4, CloseReason, Config, Connection, Event, IncomingCall, OutgoingReply,
-    ReplyError,
+    ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
+    OutgoingReply, ReplyError,
 };
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
 use crate::wire::rpcrdma::{ChunkLists, ErrorBody, MessageBody, Segment, RPCRDMA_VERSION};
@@ -94,6 +94,17 @@ impl ServeSlot {
             ops_in_flight: 0,
         }
     }
+}
+
+/// How a reply travels (decided by `plan_reply` before anything moves).
+#[derive(Debug, Clone, Copy)]
+struct ReplyPlan {
+    /// The DDP item going into the first write chunk, if any.
+    ddp: Option<DdpItem>,
+    /// Bytes of the reply outside the write chunk.
+    inline_len: usize,
+    /// The inline part goes into the reply chunk (RDMA_NOMSG).
+    use_reply_chunk: bool,
 }
 
 /// Sets the segment lengths of a chunk to the bytes actually placed when
@@ -386,50 +397,13 @@ impl Connection {
         if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
             return Err(ReplyError::BadDdpItem);
         }
-        // Decide first: write chunk for the DDP item (an empty first write
-        // chunk is RFC 8267's "return it inline"), then inline vs reply
-        // chunk for the rest.
-        let wc_cap = s.peer_chunks.write_chunks().next().map(|c| c.len_bytes());
-        let ddp = match (reply.ddp, wc_cap) {
-            (Some(d), Some(cap)) if cap > 0 => {
-                if u64::from(d.len) > cap {
-                    return Err(ReplyError::DdpTooLarge);
-                }
-                Some(d)
-            }
-            _ => None,
-        };
-        let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
-        let inline_len = msg.len() - elided;
-        let write_list_len: usize = s
-            .peer_chunks
-            .write_chunks()
-            .map(|c| 8 + 16 * c.segments.len())
-            .sum::<usize>()
-            + 4;
-        let send_limit = self
-            .config
-            .inline_send_size
-            .min(self.config.peer_inline_recv_size) as usize;
-        let base = 16 + 4 + write_list_len;
-        let use_reply_chunk = if base + 4 + inline_len <= send_limit {
-            false
-        } else {
-            match s.peer_chunks.reply() {
-                Some(rc)
-                    if inline_len as u64 <= rc.len_bytes()
-                        && base + 8 + 16 * rc.segments.len() <= send_limit =>
-                {
-                    true
-                }
-                _ => return Err(ReplyError::TooLarge),
-            }
-        };
-
+        let idx = call.index as usize;
+        let plan = self.plan_reply(idx, msg.len(), reply.ddp)?;
+        let (ddp, inline_len) = (plan.ddp, plan.inline_len);
+        let elided = msg.len() - inline_len;
+        let reply_buf = self.serves[idx].reply_buf;
         // Place the reply: inline part (message without the DDP data and
         // its padding) at 0, the DDP data right after it.
-        let (reply_buf, send_buf, generation, idx) =
-            (s.reply_buf, s.send_buf, s.generation, call.index as usize);
         let out = self.bufs.bytes_mut(reply_buf);
         match ddp {
             Some(d) => {
@@ -441,6 +415,24 @@ impl Connection {
             None => out[..msg.len()].copy_from_slice(msg),
         }
 
+        self.post_reply(idx, plan)
+    }
+
+    /// Queues the Writes and the Send of the reply laid out in slot
+    /// `idx`'s reply buffer per `plan` (inline part at 0, DDP data after
+    /// it), and moves the slot to `AwaitingCompletions`.
+    ///
+    /// # Errors
+    /// `TooLarge` if the header does not fit the Send buffer, which
+    /// `plan_reply` rules out; nothing is queued then.
+    fn post_reply(&mut self, idx: usize, plan: ReplyPlan) -> Result<(), ReplyError> {
+        let ReplyPlan {
+            ddp,
+            inline_len,
+            use_reply_chunk,
+        } = plan;
+        let s = &self.serves[idx];
+        let (reply_buf, send_buf, generation) = (s.reply_buf, s.send_buf, s.generation);
         // Header chunk lists, lengths rewritten to what is written.
         let h = &mut self.tx_hdr;
         h.chunks.clear();
@@ -558,6 +550,60 @@ impl Connection {
         self.active_calls = self.active_calls.saturating_sub(1);
         self.stats.replies_sent += 1;
         Ok(())
+    }
+
+    /// Decides how a reply of `msg_len` bytes with an optional DDP item
+    /// travels (before anything is copied or queued): write chunk for the
+    /// DDP item (an empty first write chunk is RFC 8267's "return it
+    /// inline"), then inline vs reply chunk for the rest.
+    fn plan_reply(
+        &self,
+        idx: usize,
+        msg_len: usize,
+        ddp: Option<DdpItem>,
+    ) -> Result<ReplyPlan, ReplyError> {
+        let s = &self.serves[idx];
+        let wc_cap = s.peer_chunks.write_chunks().next().map(|c| c.len_bytes());
+        let ddp = match (ddp, wc_cap) {
+            (Some(d), Some(cap)) if cap > 0 => {
+                if u64::from(d.len) > cap {
+                    return Err(ReplyError::DdpTooLarge);
+                }
+                Some(d)
+            }
+            _ => None,
+        };
+        let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
+        let inline_len = msg_len - elided;
+        let write_list_len: usize = s
+            .peer_chunks
+            .write_chunks()
+            .map(|c| 8 + 16 * c.segments.len())
+            .sum::<usize>()
+            + 4;
+        let send_limit = self
+            .config
+            .inline_send_size
+            .min(self.config.peer_inline_recv_size) as usize;
+        let base = 16 + 4 + write_list_len;
+        let use_reply_chunk = if base + 4 + inline_len <= send_limit {
+            false
+        } else {
+            match s.peer_chunks.reply() {
+                Some(rc)
+                    if inline_len as u64 <= rc.len_bytes()
+                        && base + 8 + 16 * rc.segments.len() <= send_limit =>
+                {
+                    true
+                }
+                _ => return Err(ReplyError::TooLarge),
+            }
+        };
+        Ok(ReplyPlan {
+            ddp,
+            inline_len,
+            use_reply_chunk,
+        })
     }
 
     pub(super) fn on_reply_op_done(&mut self, wr_id: WrId) {
