@@ -23,7 +23,8 @@ pub struct Stats {
     pub calls_sent: u64,
     /// Replies matched to our calls.
     pub replies_received: u64,
-    /// Calls delivered to the application.
+    /// Calls complete and accepted: delivered to the application, or
+    /// answered by the engine (CONF_RDMA).
     pub calls_received: u64,
     /// Replies posted.
     pub replies_sent: u64,
@@ -42,6 +43,8 @@ pub struct Stats {
     pub unmatched_replies: u64,
     /// Replies to calls that had already timed out: dropped.
     pub late_replies: u64,
+    /// CONF_RDMA calls the engine answered itself (RFC 5666 s6).
+    pub conf_rdma_answered: u64,
     /// RDMA_DONE received (we never offer read chunks in replies): dropped.
     pub done_ignored: u64,
     /// Receives reporting more bytes than the buffer holds: dropped.

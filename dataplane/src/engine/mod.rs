@@ -37,6 +37,7 @@
 //! `u64`.
 
 mod buffers;
+mod conf;
 mod connection;
 mod requester;
 mod responder;
@@ -49,6 +50,7 @@ mod harness;
 mod tests;
 
 pub use buffers::{Access, BufClass, BufId, BufferTable};
+pub use conf::{decode_conf_rdma_reply, encode_conf_rdma_call, ConfRdmaError};
 pub use connection::{Connection, Resources, Stats};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
@@ -91,6 +93,12 @@ pub struct Config {
     /// RDMA Reads we keep in flight at most (the peer's IRD; CONF_RDMA
     /// `maxrdmaread`, RFC 5666 s6.2). Further reads wait in FIFO order.
     pub max_rdma_read: u32,
+    /// RDMA Reads the peer may keep in flight against us (our IRD), as
+    /// reported in a CONF_RDMA reply or request (`maxrdmaread`).
+    pub inbound_rdma_read: u32,
+    /// Answer CONF_RDMA (program 100417) calls in the engine, from this
+    /// configuration (RFC 5666 s6), instead of delivering them.
+    pub serve_conf_rdma: bool,
     /// Buffers for RDMA_ERROR replies; an error reply finding none free is
     /// dropped and counted.
     pub error_buffers: u32,
@@ -127,6 +135,8 @@ impl Default for Config {
             max_reply_size: 1 << 20,
             max_ddp_size: 1 << 20,
             max_rdma_read: 16,
+            inbound_rdma_read: 16,
+            serve_conf_rdma: true,
             error_buffers: 4,
             call_timeout: None,
             limits: Limits::DEFAULT,

@@ -23,6 +23,7 @@ use super::{
     ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
     OutgoingReply, ReplyError,
 };
+use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
 use crate::wire::rpcrdma::{ChunkLists, ErrorBody, MessageBody, Segment, RPCRDMA_VERSION};
 
@@ -321,30 +322,56 @@ impl Connection {
             .bytes(s.call_buf)
             .get(..s.call_len as usize)
             .unwrap_or(&[]);
-        match CallHeader::parse(msg) {
-            Ok((h, _)) if h.xid == s.xid => {
-                let ev = Event::CallArrived {
-                    call: IncomingCall {
-                        index: idx as u32,
-                        generation: s.generation,
-                    },
-                    xid: h.xid,
-                    program: h.program,
-                    version: h.version,
-                    procedure: h.procedure,
-                    len: s.call_len,
-                };
-                self.serves[idx].state = ServeState::Executing;
-                self.stats.calls_received += 1;
-                self.events.push_back(ev);
+        let parsed = match CallHeader::parse(msg) {
+            Ok((h, hl)) if h.xid == s.xid => Some((h.program, h.version, h.procedure, hl)),
+            _ => None,
+        };
+        let (xid, generation, len) = (s.xid, s.generation, s.call_len);
+        let Some((program, version, procedure, hl)) = parsed else {
+            self.drop_call(idx, xid);
+            return;
+        };
+        self.serves[idx].state = ServeState::Executing;
+        self.stats.calls_received += 1;
+        if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
+            // Answered in-band by the engine itself (RFC 5666 s6).
+            if !self.answer_conf_rdma(idx, version, procedure, hl) {
+                self.drop_call(idx, xid);
             }
-            _ => {
-                let xid = s.xid;
-                self.send_error(xid, ErrorBody::Chunk);
-                self.active_calls = self.active_calls.saturating_sub(1);
-                self.free_serve(idx);
-            }
+            return;
         }
+        self.events.push_back(Event::CallArrived {
+            call: IncomingCall {
+                index: idx as u32,
+                generation,
+            },
+            xid,
+            program,
+            version,
+            procedure,
+            len,
+        });
+    }
+
+    /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot
+    /// and the peer's credit back.
+    fn drop_call(&mut self, idx: usize, xid: u32) {
+        self.send_error(xid, ErrorBody::Chunk);
+        self.active_calls = self.active_calls.saturating_sub(1);
+        self.free_serve(idx);
+    }
+
+    /// (xid, call buffer, call length, reply buffer) of responder slot `idx`.
+    pub(super) fn responder_slot_buffers(&self, idx: usize) -> (u32, BufId, u32, BufId) {
+        let s = &self.serves[idx];
+        (s.xid, s.call_buf, s.call_len, s.reply_buf)
+    }
+
+    /// Sends the reply the engine itself encoded at the start of slot
+    /// `idx`'s reply buffer (`len` bytes, no DDP item).
+    pub(super) fn post_encoded_reply(&mut self, idx: usize, len: usize) -> Result<(), ReplyError> {
+        let plan = self.plan_reply(idx, len, None)?;
+        self.post_reply(idx, plan)
     }
 
     /// The reassembled call message of `call` (while it waits for its

@@ -895,3 +895,168 @@ mod prop {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// s6: CONF_RDMA
+
+fn conf_call(p: &mut Pair, msg: &[u8]) -> CallHandle {
+    let now = p.now;
+    p.conn(CLIENT)
+        .send_call(
+            now,
+            &OutgoingCall {
+                message: msg,
+                ddp: None,
+                reply: expect(512, None),
+            },
+        )
+        .expect("conf call")
+}
+
+#[test]
+fn rfc5666_s6_2_conf_rdma_answered_in_band_and_applied_both_ways() {
+    let client = Config {
+        inline_send_size: 2 * KIB,
+        inline_recv_size: 8 * KIB,
+        inbound_rdma_read: 3,
+        peer_inline_recv_size: KIB,
+        peer_inline_send_size: KIB,
+        max_rdma_read: 16,
+        ..cfg()
+    };
+    let server = Config {
+        inline_recv_size: 16 * KIB,
+        inline_send_size: 16 * KIB,
+        peer_inline_recv_size: KIB,
+        peer_inline_send_size: KIB,
+        inbound_rdma_read: 7,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    let req = p.peers[CLIENT].conn.conf_rdma_request();
+    assert_eq!(
+        req,
+        crate::wire::conf::ConfigRdmaReq {
+            maxcall_sendsize: 2 * KIB,
+            maxreply_sendsize: 8 * KIB,
+            maxrdmaread: 3
+        }
+    );
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
+    let h = conf_call(&mut p, &buf[..n]);
+    p.drive();
+    // The server application never saw it; the engine answered.
+    assert!(!p.peers[SERVER]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::CallArrived { .. })));
+    assert_eq!(p.peers[SERVER].conn.stats().conf_rdma_answered, 1);
+    let reply = decode_conf_rdma_reply(p.peers[CLIENT].conn.reply_message(h).unwrap()).unwrap();
+    assert_eq!(
+        reply,
+        crate::wire::conf::ConfigRdmaReply {
+            maxcall_sendsize: 16 * KIB,
+            align: 4,
+            maxrdmaread: 7
+        }
+    );
+    // Server side: the client's sizes and IRD now bound what it sends.
+    let sc = *p.peers[SERVER].conn.config();
+    assert_eq!(
+        (
+            sc.peer_inline_recv_size,
+            sc.peer_inline_send_size,
+            sc.max_rdma_read
+        ),
+        (8 * KIB, 2 * KIB, 3)
+    );
+    // Client side, after applying: 16 KiB calls go inline.
+    p.conn(CLIENT).apply_conf_rdma_reply(&reply);
+    let cc = *p.peers[CLIENT].conn.config();
+    assert_eq!((cc.peer_inline_recv_size, cc.max_rdma_read), (16 * KIB, 7));
+    release_all(&mut p);
+    // The client's own Send size (2 KiB) still bounds its inline calls.
+    let h2 = send(&mut p, 2, &payload(1900, 2), true, expect(4 * KIB, None));
+    p.drive();
+    assert!(header(p.sends_from(CLIENT).last().unwrap())
+        .chunks
+        .reads()
+        .is_empty());
+    assert_eq!(returned_payload(&p, h2), payload(1900, 2));
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
+    use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
+    use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
+    let mut p = pair();
+    let call = |xid, vers, proc_, args: &[u8]| {
+        let h = CallHeader::new(
+            xid,
+            CONFIG_RDMA_PROG,
+            vers,
+            proc_,
+            OpaqueAuth::None,
+            OpaqueAuth::None,
+        );
+        let mut v = vec![0u8; h.buffer_len()];
+        h.emit(&mut crate::wire::xdr::Encoder::new(&mut v)).unwrap();
+        v.extend_from_slice(args);
+        v
+    };
+    let cases = [
+        (call(1, 1, 0, &[]), None),
+        (
+            call(2, 2, CONF_RDMA_PROC, &[0; 12]),
+            Some(AcceptStatus::ProgMismatch { low: 1, high: 1 }),
+        ),
+        (call(3, 1, 9, &[]), Some(AcceptStatus::ProcUnavail)),
+        (
+            call(4, 1, CONF_RDMA_PROC, &[0; 8]),
+            Some(AcceptStatus::GarbageArgs),
+        ),
+    ];
+    let hs: Vec<_> = cases.iter().map(|(m, _)| conf_call(&mut p, m)).collect();
+    p.drive();
+    for ((_, want), h) in cases.iter().zip(hs) {
+        let msg = p.peers[CLIENT].conn.reply_message(h).unwrap();
+        match want {
+            None => {
+                // NULL: success with no results.
+                let (rh, hl) = crate::wire::rpc::ReplyHeader::parse(msg).unwrap();
+                assert!(rh.is_success());
+                assert_eq!(hl, msg.len());
+            }
+            Some(st) => assert_eq!(
+                decode_conf_rdma_reply(msg),
+                Err(ConfRdmaError::NotSuccessful(*st))
+            ),
+        }
+    }
+    // The configuration was not touched by the failed calls.
+    assert_eq!(p.peers[SERVER].conn.config().peer_inline_recv_size, 4 * KIB);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s6_conf_rdma_delivered_when_not_served_by_the_engine() {
+    let server = Config {
+        serve_conf_rdma: false,
+        ..cfg()
+    };
+    let mut p = Pair::new(cfg(), server);
+    let req = p.peers[CLIENT].conn.conf_rdma_request();
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 5, &req).unwrap();
+    conf_call(&mut p, &buf[..n]);
+    p.drive_with(&mut |_, _, _, _| {});
+    assert!(p.peers[SERVER].events.iter().any(|e| matches!(
+        e,
+        Event::CallArrived {
+            program: crate::wire::conf::CONFIG_RDMA_PROG,
+            ..
+        }
+    )));
+}

@@ -1,0 +1,182 @@
+//! CONF_RDMA, the connection configuration protocol (RFC 5666 s6), as the
+//! engine speaks it.
+//!
+//! Responder: with [`Config::serve_conf_rdma`] the engine answers program
+//! 100417 itself, in-band, from its configuration (DESIGN s5): version 1
+//! procedure 1 takes the client's limits and returns ours, procedure 0
+//! (NULL) succeeds, other procedures get PROC_UNAVAIL, other versions
+//! PROG_MISMATCH 1..1 (what a Version One peer asking for a later version
+//! of the protocol is told), arguments that do not decode GARBAGE_ARGS.
+//!
+//! Requester: [`Connection::conf_rdma_request`] says what to ask for,
+//! [`encode_conf_rdma_call`] builds the call to pass to
+//! [`Connection::send_call`], [`decode_conf_rdma_reply`] reads the answer
+//! and [`Connection::apply_conf_rdma_reply`] applies it. RFC 5666 s6.1:
+//! until that reply arrives the client assumes one credit and 1 KB
+//! messages, which is where a requester's grant starts anyway.
+//!
+//! What the values mean for us (RFC 5666 s6.2):
+//! * `maxcall_sendsize` (request): the largest inline call the client
+//!   sends, i.e. its Send size; (reply) the largest inline call the server
+//!   receives, i.e. its receive size.
+//! * `maxreply_sendsize` (request): the largest inline reply the client
+//!   receives.
+//! * `maxrdmaread`: RDMA Reads the sender allows in flight against itself
+//!   (its IRD); the other side issues no more than that.
+//! * `align` (reply): we send 4, XDR's own alignment, since we neither send
+//!   nor accept RDMA_MSGP padding.
+
+use super::{Config, Connection, PeerLimits};
+use crate::wire::conf::{
+    ConfigRdmaReply, ConfigRdmaReq, CONFIG_RDMA_PROC_NULL, CONFIG_RDMA_PROG, CONFIG_RDMA_VERS,
+    CONF_RDMA_PROC,
+};
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
+use crate::wire::xdr::Encoder;
+
+/// The `align` we report: XDR alignment, no RDMA_MSGP padding.
+pub const CONF_RDMA_ALIGN: u32 = 4;
+
+/// Why a CONF_RDMA reply could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ConfRdmaError {
+    /// The reply or its result body does not decode.
+    #[error("CONF_RDMA reply does not decode: {0}")]
+    Decode(crate::wire::Error),
+    /// The server accepted the call but did not succeed (e.g.
+    /// PROG_UNAVAIL: it does not speak CONF_RDMA; PROG_MISMATCH).
+    #[error("CONF_RDMA not successful: {0:?}")]
+    NotSuccessful(AcceptStatus),
+    /// The server denied the call (RPC version or authentication).
+    #[error("CONF_RDMA call denied")]
+    Denied,
+}
+
+/// Encodes a CONF_RDMA v1 call (AUTH_NONE) with `req` into `buf`; returns
+/// its length.
+///
+/// # Errors
+/// [`crate::wire::Error::BufferTooShort`] if `buf` is shorter than the 52
+/// bytes of the call.
+pub fn encode_conf_rdma_call(
+    buf: &mut [u8],
+    xid: u32,
+    req: &ConfigRdmaReq,
+) -> Result<usize, crate::wire::Error> {
+    let mut e = Encoder::new(buf);
+    CallHeader::new(
+        xid,
+        CONFIG_RDMA_PROG,
+        CONFIG_RDMA_VERS,
+        CONF_RDMA_PROC,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    )
+    .emit(&mut e)?;
+    req.encode(&mut e)?;
+    Ok(e.position())
+}
+
+/// Decodes the reply to a CONF_RDMA call.
+///
+/// # Errors
+/// [`ConfRdmaError`]: undecodable, denied, or accepted without success.
+pub fn decode_conf_rdma_reply(msg: &[u8]) -> Result<ConfigRdmaReply, ConfRdmaError> {
+    let (h, hl) = ReplyHeader::parse(msg).map_err(ConfRdmaError::Decode)?;
+    match h.body {
+        ReplyBody::Denied(_) => Err(ConfRdmaError::Denied),
+        ReplyBody::Accepted(a) if a.status != AcceptStatus::Success => {
+            Err(ConfRdmaError::NotSuccessful(a.status))
+        }
+        ReplyBody::Accepted(_) => {
+            ConfigRdmaReply::parse(msg.get(hl..).unwrap_or(&[])).map_err(ConfRdmaError::Decode)
+        }
+    }
+}
+
+impl Config {
+    fn conf_rdma_reply(&self) -> ConfigRdmaReply {
+        ConfigRdmaReply {
+            maxcall_sendsize: self.inline_recv_size,
+            align: CONF_RDMA_ALIGN,
+            maxrdmaread: self.inbound_rdma_read,
+        }
+    }
+}
+
+impl Connection {
+    /// The CONF_RDMA arguments describing us as a client.
+    pub fn conf_rdma_request(&self) -> ConfigRdmaReq {
+        ConfigRdmaReq {
+            maxcall_sendsize: self.config.inline_send_size,
+            maxreply_sendsize: self.config.inline_recv_size,
+            maxrdmaread: self.config.inbound_rdma_read,
+        }
+    }
+
+    /// Applies the server's CONF_RDMA reply: its receive size bounds our
+    /// inline calls, its `maxrdmaread` our Reads against it (never raised
+    /// above our configured `max_rdma_read`).
+    pub fn apply_conf_rdma_reply(&mut self, reply: &ConfigRdmaReply) {
+        self.set_peer_limits(PeerLimits {
+            inline_recv_size: reply.maxcall_sendsize,
+            inline_send_size: self.config.peer_inline_send_size,
+            max_rdma_read: self.config.max_rdma_read.min(reply.maxrdmaread),
+        });
+    }
+
+    /// Answers a CONF_RDMA program call held in responder slot `idx`
+    /// (call header `hl` bytes long), in-band. False if the reply could
+    /// not be planned (the caller then answers ERR_CHUNK).
+    pub(super) fn answer_conf_rdma(
+        &mut self,
+        idx: usize,
+        version: u32,
+        procedure: u32,
+        hl: usize,
+    ) -> bool {
+        let (xid, call_buf, call_len, reply_buf) = self.responder_slot_buffers(idx);
+        let args = self
+            .bufs
+            .bytes(call_buf)
+            .get(hl..call_len as usize)
+            .unwrap_or(&[]);
+        let (status, result) = if version != CONFIG_RDMA_VERS {
+            (
+                AcceptStatus::ProgMismatch {
+                    low: CONFIG_RDMA_VERS,
+                    high: CONFIG_RDMA_VERS,
+                },
+                None,
+            )
+        } else {
+            match procedure {
+                CONFIG_RDMA_PROC_NULL => (AcceptStatus::Success, None),
+                CONF_RDMA_PROC => match ConfigRdmaReq::parse(args) {
+                    Ok(req) => {
+                        // The client's reply size bounds our inline
+                        // replies; its IRD our Reads.
+                        self.set_peer_limits(PeerLimits {
+                            inline_recv_size: req.maxreply_sendsize,
+                            inline_send_size: req.maxcall_sendsize,
+                            max_rdma_read: self.config.max_rdma_read.min(req.maxrdmaread),
+                        });
+                        (AcceptStatus::Success, Some(self.config.conf_rdma_reply()))
+                    }
+                    Err(_) => (AcceptStatus::GarbageArgs, None),
+                },
+                _ => (AcceptStatus::ProcUnavail, None),
+            }
+        };
+        let mut e = Encoder::new(self.bufs.bytes_mut(reply_buf));
+        let encoded = ReplyHeader::accepted(xid, OpaqueAuth::None, status)
+            .emit(&mut e)
+            .and_then(|()| result.map_or(Ok(()), |r| r.encode(&mut e)));
+        let len = e.position();
+        if encoded.is_err() {
+            return false;
+        }
+        self.stats.conf_rdma_answered += 1;
+        self.post_encoded_reply(idx, len).is_ok()
+    }
+}
