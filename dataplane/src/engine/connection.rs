@@ -368,9 +368,15 @@ impl Connection {
         let ok = status == WcStatus::Success;
         match wr_id.kind {
             WrKind::Recv => {
-                if self.take_recv(wr_id).is_some() && ok {
-                    // A receive must complete through handle_recv.
-                    self.stats.stale_completions += 1;
+                if let Some(i) = self.take_recv(wr_id) {
+                    if ok {
+                        // A successful receive belongs in handle_recv: count
+                        // it, and keep the grant backed by reposting.
+                        self.stats.stale_completions += 1;
+                        if self.closed.is_none() {
+                            self.post_recv(i);
+                        }
+                    }
                 }
             }
             WrKind::ErrorSend => {
@@ -514,8 +520,12 @@ impl Connection {
                 },
                 None => self.send_error(xid, ErrorBody::Chunk),
             },
-            MessageBody::NoMsg => match self.find_sent_call(xid) {
-                // A long reply (RFC 5666 s5.2) to one of our calls.
+            // A long reply (RFC 5666 s5.2) answers one of our calls that
+            // offered a reply chunk; anything else is a long call (s5.1).
+            MessageBody::NoMsg => match self
+                .find_sent_call(xid)
+                .filter(|&i| self.offered_reply_chunk(i))
+            {
                 Some(slot) => self.on_reply(slot, buf, len, hlen),
                 // A long call (RFC 5666 s5.1).
                 None => self.on_call(now, buf, len, hlen),

@@ -387,6 +387,12 @@ impl Connection {
             .position(|s| matches!(s.state, CallState::Sent | CallState::Abandoned) && s.xid == xid)
     }
 
+    /// Whether call `idx` offered the peer a reply chunk (only then can an
+    /// RDMA_NOMSG with its XID be its reply).
+    pub(super) fn offered_reply_chunk(&self, idx: usize) -> bool {
+        self.calls.get(idx).is_some_and(|s| s.reply_chunk.is_some())
+    }
+
     /// Accounts for the answer to slot `idx` (any answer: reply, error,
     /// garbage): the credit returns, the peer's grant (if trusted) is
     /// taken, the slot's memory is no longer exposed. False when the call

@@ -1060,3 +1060,45 @@ fn rfc5666_s6_conf_rdma_delivered_when_not_served_by_the_engine() {
         }
     )));
 }
+
+#[test]
+fn rfc5666_s3_3_replies_overtaking_each_other_match_by_xid() {
+    // RFC 5666 s3.3: calls complete in any order. Hold the first reply
+    // back so the later ones overtake it (after a first exchange has
+    // raised the grant from 1 to 4).
+    let mut p = pair();
+    send(&mut p, 1, b"warm", false, expect(KIB, None));
+    p.drive();
+    release_all(&mut p);
+    p.peers[CLIENT].events.clear();
+    let mut first = true;
+    p.set_fault_hook(move |f| match f {
+        FaultPoint::Send { from: SERVER, .. } if first => {
+            first = false;
+            Fault::Delay(core::time::Duration::from_millis(1))
+        }
+        _ => Fault::Deliver,
+    });
+    let hs: Vec<_> = (0..4)
+        .map(|i| {
+            send(
+                &mut p,
+                50 + i,
+                &payload(100 + i as usize, i as u8),
+                true,
+                expect(KIB, None),
+            )
+        })
+        .collect();
+    p.drive();
+    let order: Vec<u32> = replies(&p).iter().map(|r| r.0).collect();
+    assert_eq!(
+        order.last(),
+        Some(&50),
+        "the delayed reply came last: {order:?}"
+    );
+    for (i, h) in hs.iter().enumerate() {
+        assert_eq!(returned_payload(&p, *h), payload(100 + i, i as u8));
+    }
+    close_and_check_leaks(&mut p);
+}
