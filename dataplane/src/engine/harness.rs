@@ -100,6 +100,9 @@ struct PendingDone {
     seq: u64,
     side: usize,
     done: Done,
+    /// The fault hook already decided about this completion (it was
+    /// delayed): report it as it is.
+    decided: bool,
 }
 
 /// One side: its engine and the provider state the harness keeps for it.
@@ -202,6 +205,7 @@ impl Pair {
             seq,
             side,
             done,
+            decided: false,
         });
     }
 
@@ -534,16 +538,22 @@ impl Pair {
             return;
         }
         let mut times = 1;
-        match (self.hook)(FaultPoint::Completion {
-            side: d.side,
-            wr_id,
-        }) {
+        let fault = if d.decided {
+            Fault::Deliver
+        } else {
+            (self.hook)(FaultPoint::Completion {
+                side: d.side,
+                wr_id,
+            })
+        };
+        match fault {
             Fault::Drop => return,
             Fault::Delay(dl) => {
                 let seq = self.next_seq();
                 self.done.push(PendingDone {
                     at: self.now.saturating_add(dl),
                     seq,
+                    decided: true,
                     ..d
                 });
                 return;
@@ -624,6 +634,17 @@ impl Pair {
             from,
             op: Op::Send { wr_id, bytes },
         });
+    }
+
+    /// A one-sided RDMA Read of `remote` by side `from` against its peer's
+    /// memory, executed at once outside any engine (a hostile peer probing
+    /// what is exposed). Err is the completion status it would get.
+    pub fn peer_read(&self, from: usize, remote: Segment) -> Result<Vec<u8>, WcStatus> {
+        let t = self.peers[1 - from].conn.buffers();
+        t.resolve(&remote, Access::RemoteRead)
+            .and_then(|s| t.slice(s))
+            .map(<[u8]>::to_vec)
+            .ok_or(WcStatus::RemoteAccessError)
     }
 
     /// The Sends side `side` delivered, in order.

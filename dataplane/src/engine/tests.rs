@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::harness::*;
 use super::*;
-use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, TransportHeader};
+use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHeader};
 
 const KIB: u32 = 1024;
 
@@ -1100,5 +1100,91 @@ fn rfc5666_s3_3_replies_overtaking_each_other_match_by_xid() {
     for (i, h) in hs.iter().enumerate() {
         assert_eq!(returned_payload(&p, *h), payload(100 + i, i as u8));
     }
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn design_s8_read_chunk_exposed_only_for_the_exchange_and_only_its_window() {
+    let mut p = pair();
+    let data = payload(30_000, 21);
+    let (msg, item) = echo_call(11, &data);
+    send(&mut p, 11, &data, true, expect(KIB, Some(32 * KIB)));
+    // The server application holds the call: the exchange is open.
+    p.drive_with(&mut |_, _, _, _| {});
+    let seg = header(p.sends_from(CLIENT).next().unwrap()).chunks.reads()[0].segment;
+    let off = item.offset as usize;
+    assert_eq!(
+        p.peer_read(SERVER, seg),
+        Ok(msg[off..off + 30_000].to_vec())
+    );
+    // Nothing around the advertised window: not the RPC header before it,
+    // not the bytes after it.
+    let before = Segment {
+        offset: seg.offset - 4,
+        length: 4,
+        ..seg
+    };
+    let after = Segment {
+        offset: seg.offset + 30_000,
+        length: 4,
+        ..seg
+    };
+    assert_eq!(
+        p.peer_read(SERVER, before),
+        Err(WcStatus::RemoteAccessError)
+    );
+    assert_eq!(p.peer_read(SERVER, after), Err(WcStatus::RemoteAccessError));
+    // Answer; once the reply is in, the window is withdrawn.
+    let call = p.peers[SERVER]
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::CallArrived { call, .. } => Some(*call),
+            _ => None,
+        })
+        .unwrap();
+    let (reply, ritem) = echo_reply(11, b"ok");
+    let now = p.now;
+    p.conn(SERVER)
+        .send_reply(
+            now,
+            call,
+            &OutgoingReply {
+                message: &reply,
+                ddp: Some(ritem),
+            },
+        )
+        .unwrap();
+    p.drive();
+    assert_eq!(replies(&p).len(), 1);
+    assert_eq!(p.peer_read(SERVER, seg), Err(WcStatus::RemoteAccessError));
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn engine_reply_before_send_completion_drains_the_slot_later() {
+    // On hardware the reply can be polled before the call's own Send
+    // completion: the slot waits in Draining, then frees.
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Completion {
+            side: CLIENT,
+            wr_id,
+        } if wr_id.kind == WrKind::CallSend => Fault::Delay(core::time::Duration::from_millis(1)),
+        _ => Fault::Deliver,
+    });
+    let h = send(&mut p, 1, b"early", true, expect(KIB, None));
+    p.drive_with(&mut |side, conn, now, ev| {
+        echo_service(side, conn, now, ev);
+        if let Event::ReplyArrived { call, .. } = ev {
+            // Released while the Send is still outstanding.
+            assert!(conn.release_reply(call));
+            assert_eq!(conn.resources().call_slots_busy, 1);
+        }
+    });
+    assert_eq!(replies(&p)[0].1, h);
+    assert!(p.now >= Instant(1_000_000));
+    assert_eq!(p.peers[CLIENT].conn.resources().call_slots_busy, 0);
     close_and_check_leaks(&mut p);
 }
