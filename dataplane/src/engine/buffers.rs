@@ -21,6 +21,37 @@
 use super::wr::LocalSlice;
 use crate::wire::rpcrdma::Segment;
 
+/// Memory the engine cuts its buffers from: any byte region that lives as
+/// long as the connection. [`super::Connection::new`] uses a private
+/// `Box<[u8]>`; [`super::Connection::with_memory`] takes another, e.g. a
+/// registered, shareable (memfd) region from the mem issue's arena, so
+/// that a provider can reach the buffers one-sidedly. The engine never
+/// resizes it and reads or writes only inside the ranges of its buffers.
+pub trait SlabMemory: core::fmt::Debug + Send {
+    /// The whole region.
+    fn bytes(&self) -> &[u8];
+    /// The whole region, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl SlabMemory for Box<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl SlabMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
 /// Index of a buffer in a [`BufferTable`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufId(pub u32);
@@ -63,11 +94,11 @@ struct Desc {
     window: (u32, u32),
 }
 
-/// The engine's buffers: one zero-initialised slab and a descriptor per
+/// The engine's buffers: one slab ([`SlabMemory`]) and a descriptor per
 /// buffer. Built once by [`super::Connection::new`]; never grows.
 #[derive(Debug)]
 pub struct BufferTable {
-    slab: Box<[u8]>,
+    slab: Box<dyn SlabMemory>,
     descs: Vec<Desc>,
 }
 
@@ -100,9 +131,26 @@ impl BufferTableBuilder {
         id
     }
 
-    pub(crate) fn build(self) -> BufferTable {
+    /// Bytes of slab the buffers added so far need.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The table over a fresh zeroed private slab, written once so that
+    /// its pages are faulted in at construction, not on the data path.
+    /// `None` if the memory cannot be had.
+    pub(crate) fn build(self) -> Option<BufferTable> {
+        let mut slab = Vec::new();
+        slab.try_reserve_exact(self.total).ok()?;
+        slab.resize(self.total, 0u8);
+        Some(self.build_in(Box::new(slab.into_boxed_slice())))
+    }
+
+    /// The table over `memory`, which the caller checked holds at least
+    /// [`BufferTableBuilder::total`] bytes.
+    pub(crate) fn build_in(self, memory: Box<dyn SlabMemory>) -> BufferTable {
         BufferTable {
-            slab: vec![0u8; self.total].into_boxed_slice(),
+            slab: memory,
             descs: self.descs,
         }
     }
@@ -116,7 +164,7 @@ impl BufferTable {
 
     /// The whole slab (for the worker to register once).
     pub fn slab(&self) -> &[u8] {
-        &self.slab
+        self.slab.bytes()
     }
 
     fn desc(&self, id: BufId) -> Option<&Desc> {
@@ -141,7 +189,11 @@ impl BufferTable {
     /// The bytes of buffer `id` (empty for an unknown id).
     pub fn bytes(&self, id: BufId) -> &[u8] {
         match self.desc(id) {
-            Some(d) => &self.slab[d.start..d.start + d.len as usize],
+            Some(d) => self
+                .slab
+                .bytes()
+                .get(d.start..d.start + d.len as usize)
+                .unwrap_or(&[]),
             None => &[],
         }
     }
@@ -151,7 +203,11 @@ impl BufferTable {
     /// operations. Empty for an unknown id.
     pub fn bytes_mut(&mut self, id: BufId) -> &mut [u8] {
         match self.descs.get(id.0 as usize) {
-            Some(d) => &mut self.slab[d.start..d.start + d.len as usize],
+            Some(d) => self
+                .slab
+                .bytes_mut()
+                .get_mut(d.start..d.start + d.len as usize)
+                .unwrap_or(&mut []),
             None => &mut [],
         }
     }
@@ -260,8 +316,11 @@ impl BufferTable {
         if so + sl > s.len as usize || dst_offset + sl > d.len as usize {
             return false;
         }
-        self.slab
-            .copy_within(s.start + so..s.start + so + sl, d.start + dst_offset);
+        let slab = self.slab.bytes_mut();
+        if s.start + so + sl > slab.len() || d.start + dst_offset + sl > slab.len() {
+            return false;
+        }
+        slab.copy_within(s.start + so..s.start + so + sl, d.start + dst_offset);
         true
     }
 
@@ -286,7 +345,7 @@ mod tests {
         let mut b = BufferTableBuilder::default();
         let a = b.add(BufClass::Recv, 100);
         let c = b.add(BufClass::Message, 50);
-        (b.build(), a, c)
+        (b.build().unwrap(), a, c)
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::buffers::{Access, BufClass, BufId, BufferTable, BufferTableBuilder};
+use super::buffers::{Access, BufClass, BufId, BufferTable, BufferTableBuilder, SlabMemory};
 use super::requester::{CallSlot, CallState};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
@@ -146,7 +146,38 @@ impl Connection {
     /// # Errors
     /// [`ConfigError`] for a configuration outside the documented ranges.
     pub fn new(config: Config) -> Result<Connection, ConfigError> {
-        let c = &config;
+        Self::build(config, None)
+    }
+
+    /// [`Connection::new`] over caller-provided memory (for example a
+    /// registered, shareable region from the worker's arena) of at least
+    /// [`Connection::memory_len`] bytes. Its contents need not be zeroed.
+    ///
+    /// # Errors
+    /// [`ConfigError`], including [`ConfigError::MemoryTooSmall`].
+    pub fn with_memory(
+        config: Config,
+        memory: Box<dyn SlabMemory>,
+    ) -> Result<Connection, ConfigError> {
+        Self::build(config, Some(memory))
+    }
+
+    /// Bytes of memory a connection with `config` cuts its buffers from.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a configuration `new` would refuse.
+    pub fn memory_len(config: &Config) -> Result<usize, ConfigError> {
+        let mut b = BufferTableBuilder::default();
+        Self::layout(config, &mut b)?;
+        Ok(b.total())
+    }
+
+    /// Checks `c` and adds every buffer to `b`, in the one fixed order.
+    #[allow(clippy::type_complexity)]
+    fn layout(
+        c: &Config,
+        b: &mut BufferTableBuilder,
+    ) -> Result<(Vec<RecvBuf>, Vec<ErrBuf>, Vec<CallSlot>, Vec<ServeSlot>), ConfigError> {
         if [
             c.inline_recv_size,
             c.inline_send_size,
@@ -173,19 +204,19 @@ impl Connection {
         }
         let n_recv = c.credits + c.max_outstanding_calls;
         let n_serve = 2 * c.credits;
-        let total: u128 = u128::from(n_recv) * u128::from(c.inline_recv_size)
-            + u128::from(c.error_buffers) * 64
-            + u128::from(c.max_outstanding_calls)
-                * u128::from(
-                    c.inline_send_size + c.max_call_size + c.max_reply_size + c.max_ddp_size,
-                )
-            + u128::from(n_serve)
-                * u128::from(c.inline_send_size + c.max_call_size + c.max_reply_size);
+        let w = u128::from;
+        let total: u128 = w(n_recv) * w(c.inline_recv_size)
+            + w(c.error_buffers) * 64
+            + w(c.max_outstanding_calls)
+                * (w(c.inline_send_size)
+                    + w(c.max_call_size)
+                    + w(c.max_reply_size)
+                    + w(c.max_ddp_size))
+            + w(n_serve) * (w(c.inline_send_size) + w(c.max_call_size) + w(c.max_reply_size));
         if total > (isize::MAX as u128) / 2 {
             return Err(ConfigError::TooMuchMemory);
         }
 
-        let mut b = BufferTableBuilder::default();
         let recvs: Vec<RecvBuf> = (0..n_recv)
             .map(|_| RecvBuf {
                 buf: b.add(BufClass::Recv, c.inline_recv_size),
@@ -202,10 +233,25 @@ impl Connection {
             })
             .collect();
         let calls: Vec<CallSlot> = (0..c.max_outstanding_calls)
-            .map(|_| CallSlot::new(&mut b, c))
+            .map(|_| CallSlot::new(b, c))
             .collect();
-        let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(&mut b, c)).collect();
-        let bufs = b.build();
+        let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(b, c)).collect();
+        Ok((recvs, err_bufs, calls, serves))
+    }
+
+    fn build(
+        config: Config,
+        memory: Option<Box<dyn SlabMemory>>,
+    ) -> Result<Connection, ConfigError> {
+        let c = &config;
+        let mut b = BufferTableBuilder::default();
+        let (recvs, err_bufs, calls, serves) = Self::layout(c, &mut b)?;
+        let n_serve = serves.len() as u32;
+        let bufs = match memory {
+            None => b.build().ok_or(ConfigError::OutOfMemory)?,
+            Some(m) if m.bytes().len() >= b.total() => b.build_in(m),
+            Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
+        };
 
         let mut tx = VecDeque::with_capacity(
             recvs.len() + err_bufs.len() + calls.len() + serves.len() * 4 + 64,

@@ -49,7 +49,7 @@ mod harness;
 #[cfg(test)]
 mod tests;
 
-pub use buffers::{Access, BufClass, BufId, BufferTable};
+pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
 pub use conf::{decode_conf_rdma_reply, encode_conf_rdma_call, ConfRdmaError};
 pub use connection::{Connection, Resources, Stats};
 pub use time::{Instant, Timer, TimerTable};
@@ -157,6 +157,16 @@ pub enum ConfigError {
     /// Message sizes must be multiples of 4 (XDR) and at least 32 bytes.
     #[error("max_call_size, max_reply_size must be multiples of 4 and at least 32; max_ddp_size a multiple of 4")]
     BadMessageSize,
+    /// [`Connection::with_memory`] got less memory than
+    /// [`Connection::memory_len`].
+    #[error("memory for the connection's buffers too small: {needed} bytes needed")]
+    MemoryTooSmall {
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// The memory for the buffers could not be allocated.
+    #[error("cannot allocate the connection's buffer memory")]
+    OutOfMemory,
     /// The slab would exceed the address space.
     #[error("buffer memory for this configuration exceeds the address space")]
     TooMuchMemory,

@@ -1188,3 +1188,29 @@ fn engine_reply_before_send_completion_drains_the_slot_later() {
     assert_eq!(p.peers[CLIENT].conn.resources().call_slots_busy, 0);
     close_and_check_leaks(&mut p);
 }
+
+#[test]
+fn engine_runs_over_caller_memory_and_refuses_too_little() {
+    let need = Connection::memory_len(&cfg()).unwrap();
+    assert_eq!(
+        Connection::with_memory(cfg(), Box::new(vec![0u8; need - 1])).err(),
+        Some(ConfigError::MemoryTooSmall { needed: need })
+    );
+    // Garbage-filled memory works: the engine zeroes what it relies on.
+    let c = Connection::with_memory(cfg(), Box::new(vec![0xa5u8; need])).unwrap();
+    assert_eq!(c.buffers().slab().len(), need);
+    fn assert_send<T: Send>() {}
+    assert_send::<Connection>();
+    let huge = Config {
+        max_call_size: !3,
+        max_reply_size: !3,
+        max_ddp_size: !3,
+        inline_send_size: u32::MAX,
+        credits: 4096,
+        max_outstanding_calls: 4096,
+        ..cfg()
+    };
+    // About 160 TB: refused with an error value, not an abort.
+    assert!(Connection::memory_len(&huge).unwrap() > 1 << 47);
+    assert_eq!(Connection::new(huge).err(), Some(ConfigError::OutOfMemory));
+}
