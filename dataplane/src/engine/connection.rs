@@ -47,6 +47,8 @@ pub struct Stats {
     pub conf_rdma_answered: u64,
     /// RDMA_DONE received (we never offer read chunks in replies): dropped.
     pub done_ignored: u64,
+    /// Calls that waited for a responder slot (their receive held).
+    pub calls_parked: u64,
     /// Receives reporting more bytes than the buffer holds: dropped.
     pub bad_recv_len: u64,
     /// Highest number of peer calls in progress at once.
@@ -98,6 +100,16 @@ pub(super) struct ErrBuf {
     pub(super) busy: bool,
 }
 
+/// What became of a received message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Disposition {
+    /// Handled; the receive buffer can be reposted.
+    Done,
+    /// A valid call within the grant found no free responder slot: keep
+    /// the receive buffer and process it again when a slot frees.
+    Park,
+}
+
 /// One RPC-over-RDMA connection, both directions (module docs).
 #[derive(Debug)]
 pub struct Connection {
@@ -128,6 +140,9 @@ pub struct Connection {
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
+    /// Receives holding calls that wait for a responder slot, oldest first:
+    /// (receive index, length).
+    pub(super) parked: VecDeque<(u32, u32)>,
     // Outputs.
     pub(super) tx: VecDeque<WorkRequest>,
     pub(super) events: VecDeque<Event>,
@@ -247,6 +262,7 @@ impl Connection {
         let mut b = BufferTableBuilder::default();
         let (recvs, err_bufs, calls, serves) = Self::layout(c, &mut b)?;
         let n_serve = serves.len() as u32;
+        let n_recv = recvs.len();
         let bufs = match memory {
             None => b.build().ok_or(ConfigError::OutOfMemory)?,
             Some(m) if m.bytes().len() >= b.total() => b.build_in(m),
@@ -293,6 +309,7 @@ impl Connection {
             serve_free,
             reads_in_flight: 0,
             active_calls: 0,
+            parked: VecDeque::with_capacity(n_recv),
             tx,
             events: VecDeque::with_capacity(
                 2 * (c.max_outstanding_calls as usize + n_serve as usize) + 4,
@@ -396,13 +413,37 @@ impl Connection {
         let buf = self.recvs[i].buf;
         if byte_len > self.bufs.buf_len(buf) {
             self.stats.bad_recv_len += 1;
-        } else {
-            self.process_message(now, buf, byte_len as usize);
+        } else if self.process_message(now, buf, byte_len as usize) == Disposition::Park {
+            // A call within the grant but no free slot: keep its receive
+            // buffer (the grant still counts it) until a slot frees.
+            self.stats.calls_parked += 1;
+            self.parked.push_back((i as u32, byte_len));
+            return;
         }
         // Every byte we need was copied out: repost at once, ahead of any
         // reply this message causes (RFC 5666 s3.3: the grant stays backed).
         if self.closed.is_none() {
             self.post_recv(i);
+        }
+        self.unpark(now);
+    }
+
+    /// Processes parked calls while responder slots are free (called at the
+    /// end of the entry points that can free a slot, never from inside a
+    /// handler, so the scratch header is not reused under a caller).
+    fn unpark(&mut self, now: Instant) {
+        while self.closed.is_none() && !self.serve_free.is_empty() {
+            let Some((i, len)) = self.parked.pop_front() else {
+                break;
+            };
+            let (i, buf) = (i as usize, self.recvs[i as usize].buf);
+            if self.process_message(now, buf, len as usize) == Disposition::Park {
+                self.parked.push_front((i as u32, len));
+                break;
+            }
+            if self.closed.is_none() {
+                self.post_recv(i);
+            }
         }
     }
 
@@ -410,7 +451,6 @@ impl Connection {
     /// other than [`WcStatus::Success`] means the queue pair failed: the
     /// connection closes, and the completion still returns its resources.
     pub fn handle_completion(&mut self, now: Instant, wr_id: WrId, status: WcStatus) {
-        let _ = now;
         let ok = status == WcStatus::Success;
         match wr_id.kind {
             WrKind::Recv => {
@@ -443,6 +483,7 @@ impl Connection {
         if !ok {
             self.close_with(CloseReason::TransportError(status));
         }
+        self.unpark(now);
     }
 
     /// Closes the connection: outstanding calls fail, calls being served
@@ -524,7 +565,7 @@ impl Connection {
     /// Classifies a received message and hands it to the requester or the
     /// responder half. Header errors are answered before anything is
     /// allocated or read (RFC 5666 s4.2).
-    fn process_message(&mut self, now: Instant, buf: BufId, len: usize) {
+    fn process_message(&mut self, now: Instant, buf: BufId, len: usize) -> Disposition {
         let limits = self.config.limits;
         let bytes = &self.bufs.bytes(buf)[..len];
         let parsed = self.rx_hdr.parse_into(bytes, &limits);
@@ -539,7 +580,7 @@ impl Connection {
                         None => self.send_error(xid, ErrorBody::Chunk),
                     }
                 }
-                return;
+                return Disposition::Done;
             }
             Ok(Decoded::UnsupportedVersion { xid, .. }) => {
                 match self.find_sent_call(xid) {
@@ -552,14 +593,14 @@ impl Connection {
                         },
                     ),
                 }
-                return;
+                return Disposition::Done;
             }
             Ok(Decoded::Header { len }) => len,
         };
         let xid = self.rx_hdr.xid;
         match self.rx_hdr.body {
             MessageBody::Msg => match peek_direction(bytes.get(hlen..).unwrap_or(&[])) {
-                Some(MessageType::Call) => self.on_call(now, buf, len, hlen),
+                Some(MessageType::Call) => return self.on_call(now, buf, len, hlen),
                 Some(MessageType::Reply) => match self.find_sent_call(xid) {
                     Some(slot) => self.on_reply(slot, buf, len, hlen),
                     None => self.stats.unmatched_replies += 1,
@@ -574,7 +615,7 @@ impl Connection {
             {
                 Some(slot) => self.on_reply(slot, buf, len, hlen),
                 // A long call (RFC 5666 s5.1).
-                None => self.on_call(now, buf, len, hlen),
+                None => return self.on_call(now, buf, len, hlen),
             },
             MessageBody::Error(e) => match self.find_sent_call(xid) {
                 Some(slot) => self.on_peer_error(slot, e),
@@ -590,6 +631,7 @@ impl Connection {
                 }
             }
         }
+        Disposition::Done
     }
 
     /// Sends an RDMA_ERROR (RFC 5666 s4.2) for `xid`; no slot is used.

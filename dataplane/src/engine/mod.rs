@@ -290,9 +290,6 @@ pub enum CloseReason {
     Local,
     /// The peer sent more calls than we granted credits (RFC 5666 s3.3).
     CreditOverrun,
-    /// A call arrived within the grant but no responder slot was free
-    /// (completions of earlier replies are overdue).
-    ResourceExhausted,
     /// A work request completed with an error: the queue pair is dead.
     TransportError(WcStatus),
 }

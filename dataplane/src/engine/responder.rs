@@ -17,6 +17,7 @@
 //! queued before the Send that announces them.
 
 use super::buffers::{BufClass, BufId, BufferTableBuilder};
+use super::connection::Disposition;
 use super::time::Instant;
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
@@ -122,22 +123,30 @@ fn fill_lengths(segments: &mut [Segment], mut n: u64) {
 impl Connection {
     /// A call header (RDMA_MSG with a CALL body, or RDMA_NOMSG) parsed in
     /// `rx_hdr`; the message is `len` bytes of receive buffer `buf`.
-    pub(super) fn on_call(&mut self, now: Instant, buf: BufId, len: usize, hlen: usize) {
+    pub(super) fn on_call(
+        &mut self,
+        now: Instant,
+        buf: BufId,
+        len: usize,
+        hlen: usize,
+    ) -> Disposition {
         let _ = now;
         let xid = self.rx_hdr.xid;
-        // RFC 5666 s3.3: more calls than granted end the connection.
-        if self.active_calls >= self.grant() {
+        // RFC 5666 s3.3: more calls than granted end the connection (calls
+        // waiting for a slot count: the peer sent them).
+        if self.active_calls + self.parked.len() as u32 >= self.grant() {
             self.close_with(CloseReason::CreditOverrun);
-            return;
+            return Disposition::Done;
         }
         // RFC 5666 s4.2: bad chunks are answered before any resource use.
         let Some(total) = self.check_call_layout(buf, len, hlen) else {
             self.send_error(xid, ErrorBody::Chunk);
-            return;
+            return Disposition::Done;
         };
+        // All slots busy within the grant: replies whose completions are
+        // still due hold them. Wait for one instead of failing the peer.
         let Some(idx) = self.serve_free.pop() else {
-            self.close_with(CloseReason::ResourceExhausted);
-            return;
+            return Disposition::Park;
         };
         self.active_calls += 1;
         self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
@@ -150,6 +159,7 @@ impl Connection {
             self.read_fifo.push_back(idx as u32);
             self.pump_reads();
         }
+        Disposition::Done
     }
 
     /// The length of the reassembled call, if the read list describes a
@@ -664,6 +674,8 @@ impl Connection {
     /// still posted wait for its flush.
     pub(super) fn close_responder(&mut self) {
         self.read_fifo.clear();
+        // Parked receives are simply not reposted: the queue pair is gone.
+        self.parked.clear();
         self.active_calls = 0;
         for idx in 0..self.serves.len() {
             let s = &mut self.serves[idx];

@@ -1214,3 +1214,38 @@ fn engine_runs_over_caller_memory_and_refuses_too_little() {
     assert!(Connection::memory_len(&huge).unwrap() > 1 << 47);
     assert_eq!(Connection::new(huge).err(), Some(ConfigError::OutOfMemory));
 }
+
+#[test]
+fn rfc5666_s3_3_calls_within_grant_wait_for_slots_held_by_late_completions() {
+    // Reply Send completions at the server come 1 ms late: slots stay busy
+    // after the replies went out, and the client, seeing the replies,
+    // sends more calls within its grant. They must wait, not fail.
+    let server = Config {
+        credits: 2,
+        ..cfg()
+    };
+    let client = Config {
+        max_outstanding_calls: 8,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, server);
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Completion {
+            side: SERVER,
+            wr_id,
+        } if wr_id.kind == WrKind::ReplySend => Fault::Delay(core::time::Duration::from_millis(1)),
+        _ => Fault::Deliver,
+    });
+    let hs: Vec<_> = (0..8)
+        .map(|i| send(&mut p, i, &payload(64, i as u8), true, expect(KIB, None)))
+        .collect();
+    p.drive();
+    assert_eq!(p.peers[SERVER].conn.close_reason(), None);
+    assert!(p.peers[SERVER].conn.stats().calls_parked > 0);
+    assert!(p.peers[SERVER].conn.stats().max_active_calls <= 2);
+    for (i, h) in hs.iter().enumerate() {
+        assert_eq!(returned_payload(&p, *h), payload(64, i as u8));
+    }
+    assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
+}
