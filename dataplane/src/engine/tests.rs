@@ -1249,3 +1249,186 @@ fn rfc5666_s3_3_calls_within_grant_wait_for_slots_held_by_late_completions() {
     assert_eq!(p.rnr, 0);
     close_and_check_leaks(&mut p);
 }
+
+// ---------------------------------------------------------------------------
+// Panic contract: hostile transport headers, in both directions, while
+// real traffic flows.
+
+mod hostile {
+    use super::*;
+    use crate::wire::rpcrdma::{ReadSegment, Segment};
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    struct Msg {
+        to_server: bool,
+        xid: u32,
+        vers: u32,
+        credits: u32,
+        proc_: u32,
+        reads: Vec<(u32, u32, u32)>,
+        writes: Vec<Vec<(u32, u32)>>,
+        reply: Option<Vec<(u32, u32)>>,
+        body: u8,
+        payload_len: usize,
+        garbage: Vec<u8>,
+    }
+
+    fn msg() -> impl Strategy<Value = Msg> {
+        (
+            (
+                any::<bool>(),
+                0u32..6,
+                prop_oneof![9 => Just(1u32), 1 => 0u32..4],
+                0u32..40,
+            ),
+            prop_oneof![6 => 0u32..2, 1 => 2u32..6, 1 => any::<u32>()],
+            proptest::collection::vec((0u32..40, 0u32..4, 0u32..70_000), 0..4),
+            proptest::collection::vec(
+                proptest::collection::vec((0u32..4, 0u32..70_000), 0..3),
+                0..3,
+            ),
+            proptest::option::of(proptest::collection::vec((0u32..4, 0u32..70_000), 0..3)),
+            (
+                0u8..4,
+                0usize..9000,
+                proptest::collection::vec(any::<u8>(), 0..64),
+            ),
+        )
+            .prop_map(
+                |(
+                    (to_server, xid, vers, credits),
+                    proc_,
+                    reads,
+                    writes,
+                    reply,
+                    (body, payload_len, garbage),
+                )| Msg {
+                    to_server,
+                    xid,
+                    vers,
+                    credits,
+                    proc_,
+                    reads,
+                    writes,
+                    reply,
+                    body,
+                    payload_len,
+                    garbage,
+                },
+            )
+    }
+
+    /// Handles: 0 is never valid; 1..3 pick a real rkey of the target's
+    /// peer buffers (which may or may not be exposed).
+    fn seg(handle_pick: u32, length: u32, keys: &[(u32, u64)]) -> Segment {
+        match keys.get(handle_pick as usize) {
+            Some(&(h, a)) if handle_pick > 0 => Segment {
+                handle: h,
+                length,
+                offset: a,
+            },
+            _ => Segment {
+                handle: 0xdead,
+                length,
+                offset: 0,
+            },
+        }
+    }
+
+    fn encode(m: &Msg, keys: &[(u32, u64)]) -> Vec<u8> {
+        let mut h = TransportHeader::new(m.xid, m.credits, MessageBody::Msg);
+        h.vers = m.vers;
+        h.body = match m.proc_ {
+            0 => MessageBody::Msg,
+            1 => MessageBody::NoMsg,
+            2 => MessageBody::MsgP {
+                align: 0,
+                thresh: 0,
+            },
+            3 => MessageBody::Done,
+            4 => MessageBody::Error(ErrorBody::Chunk),
+            p => MessageBody::Unknown {
+                proc_type: p.max(5),
+            },
+        };
+        let mut reads = m.reads.clone();
+        reads.sort();
+        for (pos, pick, len) in reads {
+            h.chunks.push_read(ReadSegment {
+                position: pos * 4,
+                segment: seg(pick, len, keys),
+            });
+        }
+        for w in &m.writes {
+            let segs: Vec<_> = w.iter().map(|&(p, l)| seg(p, l, keys)).collect();
+            let _ = h.chunks.push_write_chunk(&segs);
+        }
+        if let Some(r) = &m.reply {
+            let segs: Vec<_> = r.iter().map(|&(p, l)| seg(p, l, keys)).collect();
+            h.chunks.set_reply(&segs);
+        }
+        let mut out = vec![0u8; h.buffer_len()];
+        if h.emit(&mut out).is_err() {
+            // Not emittable (e.g. position zero in RDMA_MSG): send the
+            // fixed words and raw garbage instead.
+            out = be(&[m.xid, m.vers, m.credits, m.proc_]);
+        }
+        match m.body {
+            0 => out.extend_from_slice(&echo_call(m.xid, &payload(m.payload_len, 1)).0),
+            1 => out.extend_from_slice(&echo_reply(m.xid, &payload(m.payload_len, 2)).0),
+            2 => out.extend_from_slice(&m.garbage),
+            _ => {}
+        }
+        // Never more than a receive buffer holds (the provider would fail
+        // the Send, which other tests cover).
+        out.truncate(4 * KIB as usize);
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rfc5666_s4_2_hostile_headers_never_panic_or_leak(msgs in proptest::collection::vec(msg(), 1..12)) {
+            let mut p = pair();
+            // Real traffic alongside: calls of every shape outstanding.
+            for i in 0..4u32 {
+                let (m, item) = echo_call(i, &payload([10, 9000, 40_000, 3000][i as usize], 0));
+                let _ = p.peers[CLIENT].conn.send_call(p.now, &OutgoingCall {
+                    message: &m,
+                    ddp: (i != 2).then_some(item),
+                    reply: expect(64 * KIB, (i == 1).then_some(64 * KIB)),
+                });
+            }
+            p.drive_with(&mut |_, _, _, _| {});
+            for m in &msgs {
+                let (from, to) = if m.to_server { (CLIENT, SERVER) } else { (SERVER, CLIENT) };
+                // Keys of buffers on the receiving side's peer (what a Read
+                // or Write issued by the receiver would target).
+                let t = p.peers[from].conn.buffers();
+                let keys: Vec<_> = [0u32, 40, 41, 42].iter().map(|&i| t.remote_key(BufId(i))).collect();
+                let _ = to;
+                p.inject(from, encode(m, &keys));
+            }
+            p.drive_with(&mut |side, conn, now, ev| match ev {
+                Event::CallArrived { call, xid, .. } if side == SERVER => {
+                    let body = conn.call_message(call).and_then(echo_payload).unwrap_or_default();
+                    let (msg, item) = echo_reply(xid, &body);
+                    let _ = conn.send_reply(now, call, &OutgoingReply { message: &msg, ddp: Some(item) });
+                }
+                Event::ReplyArrived { call, .. } => {
+                    conn.release_reply(call);
+                }
+                _ => {}
+            });
+            p.conn(CLIENT).close();
+            p.conn(SERVER).close();
+            p.drive();
+            for side in [CLIENT, SERVER] {
+                let r = p.peers[side].conn.resources();
+                prop_assert!(r.is_idle(), "side {}: {:?}", side, r);
+            }
+        }
+    }
+}
