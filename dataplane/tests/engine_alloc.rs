@@ -2,7 +2,8 @@
 //! driven through the public API by a minimal in-line provider that itself
 //! allocates nothing after set-up, under a counting global allocator;
 //! after a warm-up, RPCs over every path (inline, read chunk, long call,
-//! write chunk, reply chunk) must allocate zero times.
+//! write chunk, reply chunk, reply exposed in a read chunk + RDMA_DONE)
+//! must allocate zero times.
 //!
 //! This file holds one test on purpose: the allocator counts every thread.
 
@@ -199,11 +200,12 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         max_call_size: 256 * 1024,
         max_reply_size: 256 * 1024,
         max_ddp_size: 256 * 1024,
+        reply_read_chunks: true,
         ..Config::default()
     };
     let mut w = Wire::new(cfg);
     // (payload length, DDP argument, expected reply): every path.
-    let shapes: [(usize, bool, ReplyExpect); 5] = [
+    let shapes: [(usize, bool, ReplyExpect); 6] = [
         (
             100,
             true,
@@ -244,8 +246,16 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
                 ddp_max: Some(16 * 1024),
             },
         ), // read + write
+        (
+            30_000,
+            true,
+            ReplyExpect {
+                max_len: 512,
+                ddp_max: None,
+            },
+        ), // read chunk, reply exposed in a read chunk + RDMA_DONE
     ];
-    let calls: Vec<_> = (0..40u32)
+    let calls: Vec<_> = (0..48u32)
         .map(|i| {
             let (len, ddp, reply) = shapes[i as usize % shapes.len()];
             let (msg, item) = echo_call(i, len);
@@ -268,12 +278,12 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         }
         sent
     };
-    round(&mut w, 0..20); // warm-up
+    round(&mut w, 0..24); // warm-up
     let before = w.ops;
     let region = Region::new(GLOBAL);
-    let sent = round(&mut w, 20..40);
+    let sent = round(&mut w, 24..48);
     let change = region.change();
-    assert_eq!(sent, 20);
+    assert_eq!(sent, 24);
     // Every kind of operation happened in the measured part.
     assert!(
         (0..3).all(|i| w.ops[i] > before[i]),
@@ -285,6 +295,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         0,
         "heap activity in steady state: {change:?}"
     );
-    assert_eq!(w.conns[0].stats().replies_received, 40);
-    assert_eq!(w.conns[1].stats().replies_sent, 40);
+    assert_eq!(w.conns[0].stats().replies_received, 48);
+    assert_eq!(w.conns[1].stats().replies_sent, 48);
+    assert_eq!(w.conns[1].stats().done_received, 8);
 }

@@ -26,6 +26,7 @@
 //! * `align` (reply): we send 4, XDR's own alignment, since we neither send
 //!   nor accept RDMA_MSGP padding.
 
+use super::time::Instant;
 use super::{Config, Connection, PeerLimits};
 use crate::wire::conf::{
     ConfigRdmaReply, ConfigRdmaReq, CONFIG_RDMA_PROC_NULL, CONFIG_RDMA_PROG, CONFIG_RDMA_VERS,
@@ -130,6 +131,7 @@ impl Connection {
     /// not be planned (the caller then answers ERR_CHUNK).
     pub(super) fn answer_conf_rdma(
         &mut self,
+        now: Instant,
         idx: usize,
         version: u32,
         procedure: u32,
@@ -177,6 +179,6 @@ impl Connection {
             return false;
         }
         self.stats.conf_rdma_answered += 1;
-        self.post_encoded_reply(idx, len).is_ok()
+        self.post_encoded_reply(now, idx, len).is_ok()
     }
 }

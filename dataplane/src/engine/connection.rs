@@ -45,8 +45,18 @@ pub struct Stats {
     pub late_replies: u64,
     /// CONF_RDMA calls the engine answered itself (RFC 5666 s6).
     pub conf_rdma_answered: u64,
-    /// RDMA_DONE received (we never offer read chunks in replies): dropped.
+    /// RDMA_DONE matching none of our exposed replies: dropped.
     pub done_ignored: u64,
+    /// RDMA_DONE that released an exposed reply.
+    pub done_received: u64,
+    /// RDMA_DONE sent after pulling a reply's read chunk.
+    pub done_sent: u64,
+    /// Exposed replies withdrawn by the reclaim timer, without RDMA_DONE.
+    pub done_timeouts: u64,
+    /// Replies we exposed in a read chunk (responder side).
+    pub replies_exposed: u64,
+    /// Replies we pulled from a read chunk (requester side).
+    pub replies_pulled: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
     /// Receives reporting more bytes than the buffer holds: dropped.
@@ -100,6 +110,22 @@ pub(super) struct ErrBuf {
     pub(super) busy: bool,
 }
 
+/// One RDMA Read to issue: a peer segment and where its bytes go.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingRead {
+    pub(super) seg: crate::wire::rpcrdma::Segment,
+    pub(super) dest: u32,
+}
+
+/// Whose Reads a read FIFO entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadOwner {
+    /// A responder slot pulling a call's read chunks.
+    Serve(u32),
+    /// A requester slot pulling a reply's read chunk.
+    Call(u32),
+}
+
 /// What became of a received message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Disposition {
@@ -135,8 +161,13 @@ pub struct Connection {
     // Responder side.
     pub(super) serves: Vec<ServeSlot>,
     pub(super) serve_free: Vec<u32>,
-    /// Slots with RDMA Reads still to issue, oldest first.
-    pub(super) read_fifo: VecDeque<u32>,
+    /// Slots with RDMA Reads still to issue, oldest first (both halves
+    /// share `max_rdma_read`).
+    pub(super) read_fifo: VecDeque<ReadOwner>,
+    /// RDMA_DONEs to send (XIDs), waiting for a credit or a control buffer.
+    pub(super) done_queue: VecDeque<u32>,
+    /// Replies exposed in read chunks, waiting for RDMA_DONE.
+    pub(super) dones_pending: u32,
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
@@ -217,7 +248,16 @@ impl Connection {
         {
             return Err(ConfigError::BadMessageSize);
         }
-        let n_recv = c.credits + c.max_outstanding_calls;
+        // Receives: every call the peer may send within its grant, a reply
+        // to each of our calls, and an RDMA_DONE for each reply we may
+        // have exposed in a read chunk.
+        let n_recv = c.credits
+            + c.max_outstanding_calls
+            + if c.reply_read_chunks {
+                c.max_reply_read_chunks
+            } else {
+                0
+            };
         let n_serve = 2 * c.credits;
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)
@@ -263,6 +303,7 @@ impl Connection {
         let (recvs, err_bufs, calls, serves) = Self::layout(c, &mut b)?;
         let n_serve = serves.len() as u32;
         let n_recv = recvs.len();
+        let n_calls = calls.len();
         let bufs = match memory {
             None => b.build().ok_or(ConfigError::OutOfMemory)?,
             Some(m) if m.bytes().len() >= b.total() => b.build_in(m),
@@ -304,7 +345,9 @@ impl Connection {
             call_free,
             granted: 1,
             outstanding: 0,
-            read_fifo: VecDeque::with_capacity(serves.len()),
+            read_fifo: VecDeque::with_capacity(serves.len() + n_calls),
+            done_queue: VecDeque::with_capacity(n_calls),
+            dones_pending: 0,
             serves,
             serve_free,
             reads_in_flight: 0,
@@ -396,6 +439,7 @@ impl Connection {
                 self.timers.stop(t);
                 match t {
                     Timer::CallTimeout => self.expire_calls(now),
+                    Timer::DoneReclaim => self.reclaim_exposed_replies(now),
                 }
             }
         }
@@ -465,20 +509,26 @@ impl Connection {
                     }
                 }
             }
-            WrKind::ErrorSend => {
+            WrKind::ErrorSend | WrKind::DoneSend => {
                 let i = wr_id.index as usize;
                 match self.err_bufs.get_mut(i) {
                     Some(e) if e.busy && wr_id.same_generation(e.generation) => {
                         e.busy = false;
                         e.generation = e.generation.wrapping_add(1);
                         self.err_free.push(i as u32);
+                        if wr_id.kind == WrKind::DoneSend {
+                            // The DONE's credit (RFC 5666 s3.8) returns.
+                            self.outstanding = self.outstanding.saturating_sub(1);
+                        }
+                        self.transmit_queued_calls();
                     }
                     _ => self.stats.stale_completions += 1,
                 }
             }
+            WrKind::ReplyRead => self.on_reply_read_done(now, wr_id, ok),
             WrKind::CallSend => self.on_call_send_done(wr_id),
             WrKind::ReplySend | WrKind::ChunkWrite => self.on_reply_op_done(wr_id),
-            WrKind::ChunkRead => self.on_read_done(wr_id, ok),
+            WrKind::ChunkRead => self.on_read_done(now, wr_id, ok),
         }
         if !ok {
             self.close_with(CloseReason::TransportError(status));
@@ -607,11 +657,12 @@ impl Connection {
                 },
                 None => self.send_error(xid, ErrorBody::Chunk),
             },
-            // A long reply (RFC 5666 s5.2) answers one of our calls that
-            // offered a reply chunk; anything else is a long call (s5.1).
+            // A long reply answers one of our calls: in the reply chunk it
+            // offered (RFC 5666 s5.2), or exposed in a read chunk
+            // (draft-lever s4.1). Anything else is a long call (s5.1).
             MessageBody::NoMsg => match self
                 .find_sent_call(xid)
-                .filter(|&i| self.offered_reply_chunk(i))
+                .filter(|&i| self.offered_reply_chunk(i) || !self.rx_hdr.chunks.reads().is_empty())
             {
                 Some(slot) => self.on_reply(slot, buf, len, hlen),
                 // A long call (RFC 5666 s5.1).
@@ -621,7 +672,7 @@ impl Connection {
                 Some(slot) => self.on_peer_error(slot, e),
                 None => self.stats.unmatched_replies += 1,
             },
-            MessageBody::Done => self.stats.done_ignored += 1,
+            MessageBody::Done => self.on_done(xid),
             // RDMA_MSGP (retired by RFC 8166, never advertised by us) and
             // unknown types: ERR_CHUNK, as Linux svcrdma answers.
             MessageBody::MsgP { .. } | MessageBody::Unknown { .. } => {

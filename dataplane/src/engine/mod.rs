@@ -99,7 +99,19 @@ pub struct Config {
     /// Answer CONF_RDMA (program 100417) calls in the engine, from this
     /// configuration (RFC 5666 s6), instead of delivering them.
     pub serve_conf_rdma: bool,
-    /// Buffers for RDMA_ERROR replies; an error reply finding none free is
+    /// Both peers advertised responder-provided read chunks for replies
+    /// (draft-lever; the advertisement itself is outside the engine). Then
+    /// a reply that fits neither inline nor in a reply chunk is exposed in
+    /// a position-zero read chunk and released by RDMA_DONE, and replies
+    /// carrying such a chunk are pulled.
+    pub reply_read_chunks: bool,
+    /// Replies exposed in read chunks at once at most; each reserves one
+    /// receive buffer for its RDMA_DONE.
+    pub max_reply_read_chunks: u32,
+    /// How long an exposed reply waits for RDMA_DONE before its memory is
+    /// withdrawn (RFC 5666 s3.8, s11).
+    pub done_timeout: Duration,
+    /// Buffers for RDMA_ERROR and RDMA_DONE messages; an error reply finding none free is
     /// dropped and counted.
     pub error_buffers: u32,
     /// Calls not answered this long after [`Connection::send_call`] fail
@@ -137,6 +149,9 @@ impl Default for Config {
             max_rdma_read: 16,
             inbound_rdma_read: 16,
             serve_conf_rdma: true,
+            reply_read_chunks: false,
+            max_reply_read_chunks: 8,
+            done_timeout: Duration::from_secs(1),
             error_buffers: 4,
             call_timeout: None,
             limits: Limits::DEFAULT,

@@ -16,6 +16,7 @@
 //! reads it); calls beyond the grant wait in `call_queue`, in order.
 
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
@@ -23,7 +24,7 @@ use super::{
     DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
-use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, RPCRDMA_VERSION};
+use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION};
 
 /// Where one of our calls is (SPDK-style request state; transitions only
 /// in this module).
@@ -37,6 +38,10 @@ pub(super) enum CallState {
     /// Send posted; waiting for the reply. Read-chunk and reply-chunk
     /// buffers are exposed to the peer. Holds one credit.
     Sent,
+    /// The reply came as an RDMA_NOMSG with a position-zero read chunk
+    /// (responder-provided, draft-lever s4.1): RDMA Reads pull it into the
+    /// reply buffer; RDMA_DONE follows when they complete.
+    PullingReplyReadChunk,
     /// The reply is in the slot's buffers and `ReplyArrived` was emitted;
     /// the application reads it, then releases the slot.
     ReplyReady,
@@ -45,7 +50,7 @@ pub(super) enum CallState {
     /// reply arrives or the connection closes.
     Abandoned,
     /// The exchange is over; waiting only for the Send completion of the
-    /// call before the slot is free.
+    /// call (and any reply Reads still in flight) before the slot is free.
     Draining,
 }
 
@@ -85,6 +90,11 @@ pub(super) struct CallSlot {
     deadline: Option<Instant>,
     reply_len: u32,
     ddp_len: Option<u32>,
+    /// Reads of a responder-provided reply read chunk (capacity
+    /// `limits.max_read_segments`, reserved at construction).
+    reads: Vec<PendingRead>,
+    reads_issued: usize,
+    reads_done: usize,
 }
 
 impl CallSlot {
@@ -105,7 +115,15 @@ impl CallSlot {
             deadline: None,
             reply_len: 0,
             ddp_len: None,
+            reads: Vec::with_capacity(c.limits.max_read_segments),
+            reads_issued: 0,
+            reads_done: 0,
         }
+    }
+
+    /// Reads posted and not completed.
+    fn reads_in_flight(&self) -> bool {
+        self.reads_done < self.reads_issued
     }
 }
 
@@ -254,6 +272,8 @@ impl Connection {
     /// Sends queued calls while the grant allows (RFC 5666 s3.3: never
     /// more unanswered calls than the peer's latest grant).
     pub(super) fn transmit_queued_calls(&mut self) {
+        // Pull completion first: the responder holds memory until it comes.
+        self.transmit_dones();
         while self.closed.is_none() && self.outstanding < self.granted {
             let Some(idx) = self.call_queue.pop_front() else {
                 break;
@@ -418,28 +438,211 @@ impl Connection {
     /// A reply header for slot `idx` parsed in `rx_hdr`; the message is
     /// `len` bytes of receive buffer `buf`, the header `hlen` of them.
     pub(super) fn on_reply(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize) {
+        let xid = self.rx_hdr.xid;
+        let has_reads = !self.rx_hdr.chunks.reads().is_empty();
         if self.take_answer(idx, Some(self.rx_hdr.credits)) {
-            match self.place_reply(idx, buf, len, hlen) {
-                Ok((reply_len, ddp_len)) => {
-                    let s = &mut self.calls[idx];
-                    s.state = CallState::ReplyReady;
-                    s.reply_len = reply_len;
-                    s.ddp_len = ddp_len;
-                    self.stats.replies_received += 1;
-                    self.events.push_back(Event::ReplyArrived {
-                        call: CallHandle {
-                            index: idx as u32,
-                            generation: s.generation,
-                        },
-                        xid: s.xid,
-                        len: reply_len,
-                        ddp_len,
-                    });
+            let placed = if has_reads {
+                self.start_reply_pull(idx)
+            } else {
+                self.place_reply(idx, buf, len, hlen).map(Some)
+            };
+            match placed {
+                Ok(Some((reply_len, ddp_len))) => self.reply_ready(idx, reply_len, ddp_len),
+                // Pulling; RDMA_DONE follows the Reads.
+                Ok(None) => {}
+                Err(reason) => {
+                    if has_reads {
+                        // Pull completion is due even for a reply we do
+                        // not pull (draft-lever s4.1.3).
+                        self.queue_done(xid);
+                    }
+                    self.fail_call(idx, reason);
                 }
-                Err(reason) => self.fail_call(idx, reason),
             }
+        } else if has_reads {
+            self.queue_done(xid);
         }
         self.transmit_queued_calls();
+    }
+
+    fn reply_ready(&mut self, idx: usize, reply_len: u32, ddp_len: Option<u32>) {
+        let s = &mut self.calls[idx];
+        s.state = CallState::ReplyReady;
+        s.reply_len = reply_len;
+        s.ddp_len = ddp_len;
+        self.stats.replies_received += 1;
+        self.events.push_back(Event::ReplyArrived {
+            call: CallHandle {
+                index: idx as u32,
+                generation: s.generation,
+            },
+            xid: s.xid,
+            len: reply_len,
+            ddp_len,
+        });
+    }
+
+    /// The write list of a reply against the one write chunk we offered
+    /// (RFC 5666 s3.6): the bytes the responder wrote into it.
+    fn returned_write_chunk(&self, idx: usize) -> Result<Option<u32>, CallFailure> {
+        let chunks = &self.rx_hdr.chunks;
+        match (chunks.write_chunk_count(), self.calls[idx].write_chunk) {
+            (0, _) => Ok(None),
+            (1, Some(offered)) => {
+                let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+                if used > u64::from(offered) {
+                    return Err(CallFailure::MalformedReply);
+                }
+                Ok(Some(used as u32))
+            }
+            _ => Err(CallFailure::MalformedReply),
+        }
+    }
+
+    /// A reply exposed by the responder in a position-zero read chunk of an
+    /// RDMA_NOMSG (draft-lever s4.1.2): plan the Reads into the slot's
+    /// reply buffer and queue them. Refused unless both peers support it.
+    fn start_reply_pull(&mut self, idx: usize) -> Result<Option<(u32, Option<u32>)>, CallFailure> {
+        if !self.config.reply_read_chunks {
+            return Err(CallFailure::UnsupportedReply);
+        }
+        if self.rx_hdr.body != MessageBody::NoMsg {
+            return Err(CallFailure::MalformedReply);
+        }
+        let ddp_len = self.returned_write_chunk(idx)?;
+        let mut chunks = self.rx_hdr.chunks.read_chunks();
+        let (Some(chunk), None) = (chunks.next(), chunks.next()) else {
+            return Err(CallFailure::MalformedReply);
+        };
+        let total = chunk.len_bytes();
+        let s = &mut self.calls[idx];
+        if chunk.position != 0 || total < 8 {
+            return Err(CallFailure::MalformedReply);
+        }
+        if total > u64::from(self.bufs.buf_len(s.reply_buf)) {
+            return Err(CallFailure::ReplyTooLarge);
+        }
+        s.reads.clear();
+        s.reads_issued = 0;
+        s.reads_done = 0;
+        let mut dest = 0u32;
+        for r in chunk.segments.iter().filter(|r| r.segment.length > 0) {
+            s.reads.push(PendingRead {
+                seg: r.segment,
+                dest,
+            });
+            dest += r.segment.length;
+        }
+        s.reply_len = total as u32;
+        s.ddp_len = ddp_len;
+        s.state = CallState::PullingReplyReadChunk;
+        self.read_fifo.push_back(ReadOwner::Call(idx as u32));
+        self.pump_reads();
+        Ok(None)
+    }
+
+    /// The next Read of requester slot `idx` (see `pump_reads`).
+    pub(super) fn next_reply_read(&mut self, idx: u32) -> Option<(PendingRead, BufId, WrId, bool)> {
+        let s = self.calls.get_mut(idx as usize)?;
+        if s.state != CallState::PullingReplyReadChunk {
+            return None;
+        }
+        let r = *s.reads.get(s.reads_issued)?;
+        s.reads_issued += 1;
+        let id = WrId {
+            kind: WrKind::ReplyRead,
+            index: idx,
+            generation: s.generation,
+        };
+        Some((r, s.reply_buf, id, s.reads_issued == s.reads.len()))
+    }
+
+    pub(super) fn on_reply_read_done(&mut self, now: Instant, wr_id: WrId, ok: bool) {
+        let _ = now;
+        let i = wr_id.index as usize;
+        let Some(s) = self.calls.get_mut(i).filter(|s| {
+            matches!(
+                s.state,
+                CallState::PullingReplyReadChunk | CallState::Draining
+            ) && wr_id.same_generation(s.generation)
+                && s.reads_in_flight()
+        }) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        s.reads_done += 1;
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        let (state, done, xid) = (s.state, s.reads_done == s.reads.len(), s.xid);
+        let idle = !s.reads_in_flight() && !s.send_pending;
+        let (reply_buf, reply_len, ddp_len) = (s.reply_buf, s.reply_len, s.ddp_len);
+        if state == CallState::Draining {
+            if idle {
+                self.free_call(i);
+            }
+        } else if done && ok {
+            // Pull completion notification (RFC 5666 s3.8).
+            self.queue_done(xid);
+            if peek_xid(self.bufs.bytes(reply_buf)) == Some(xid) {
+                self.stats.replies_pulled += 1;
+                self.reply_ready(i, reply_len, ddp_len);
+            } else {
+                self.fail_call(i, CallFailure::MalformedReply);
+            }
+            self.transmit_queued_calls();
+        }
+        self.pump_reads();
+    }
+
+    /// Queues an RDMA_DONE for `xid`; `transmit_queued_calls` sends it.
+    fn queue_done(&mut self, xid: u32) {
+        if self.closed.is_none() {
+            self.done_queue.push_back(xid);
+        }
+    }
+
+    /// Sends queued RDMA_DONEs while a credit and a control buffer are
+    /// free. RFC 5666 s3.8: a DONE consumes a credit; it is counted as
+    /// outstanding until its Send completes.
+    ///
+    /// ```text
+    /// done = xid vers=1 credits=requested RDMA_DONE
+    /// ```
+    fn transmit_dones(&mut self) {
+        while self.closed.is_none() && self.outstanding < self.granted {
+            let Some(&xid) = self.done_queue.front() else {
+                break;
+            };
+            let Some(i) = self.err_free.pop() else {
+                break;
+            };
+            self.done_queue.pop_front();
+            let e = &mut self.err_bufs[i as usize];
+            e.busy = true;
+            let (buf, generation) = (e.buf, e.generation);
+            let h = TransportHeader::new(xid, self.config.max_outstanding_calls, MessageBody::Done);
+            let Ok(n) = h.emit(self.bufs.bytes_mut(buf)) else {
+                self.err_bufs[i as usize].busy = false;
+                self.err_free.push(i);
+                continue;
+            };
+            self.outstanding += 1;
+            self.stats.max_outstanding_calls =
+                self.stats.max_outstanding_calls.max(self.outstanding);
+            self.stats.done_sent += 1;
+            self.tx.push_back(WorkRequest::Send {
+                wr_id: WrId {
+                    kind: WrKind::DoneSend,
+                    index: i,
+                    generation,
+                },
+                local: LocalSlice {
+                    buf,
+                    offset: 0,
+                    len: n as u32,
+                },
+                invalidate_rkey: None,
+            });
+        }
     }
 
     /// Checks the reply's chunk lists against what we offered and puts the
@@ -453,23 +656,9 @@ impl Connection {
         len: usize,
         hlen: usize,
     ) -> Result<(u32, Option<u32>), CallFailure> {
+        let ddp_len = self.returned_write_chunk(idx)?;
         let s = &self.calls[idx];
         let chunks = &self.rx_hdr.chunks;
-        if !chunks.reads().is_empty() {
-            // Responder-provided read chunks: never advertised by us.
-            return Err(CallFailure::UnsupportedReply);
-        }
-        let ddp_len = match (chunks.write_chunk_count(), s.write_chunk) {
-            (0, _) => None,
-            (1, Some(offered)) => {
-                let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
-                if used > u64::from(offered) {
-                    return Err(CallFailure::MalformedReply);
-                }
-                Some(used as u32)
-            }
-            _ => return Err(CallFailure::MalformedReply),
-        };
         match self.rx_hdr.body {
             MessageBody::Msg => {
                 let recv_bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
@@ -544,7 +733,7 @@ impl Connection {
     /// The exchange of slot `idx` is over: free it, or wait for its Send
     /// completion.
     fn finish_call(&mut self, idx: usize) {
-        if self.calls[idx].send_pending {
+        if self.calls[idx].send_pending || self.calls[idx].reads_in_flight() {
             self.calls[idx].state = CallState::Draining;
         } else {
             self.free_call(idx);
@@ -572,7 +761,7 @@ impl Connection {
                     && wr_id.same_generation(s.generation) =>
             {
                 s.send_pending = false;
-                if s.state == CallState::Draining {
+                if s.state == CallState::Draining && !s.reads_in_flight() {
                     self.free_call(i);
                 }
             }
@@ -623,10 +812,11 @@ impl Connection {
     /// Connection closed: every call not yet answered fails.
     pub(super) fn close_requester(&mut self) {
         self.call_queue.clear();
+        self.done_queue.clear();
         self.outstanding = 0;
         for idx in 0..self.calls.len() {
             match self.calls[idx].state {
-                CallState::Queued | CallState::Sent => {
+                CallState::Queued | CallState::Sent | CallState::PullingReplyReadChunk => {
                     self.fail_call(idx, CallFailure::ConnectionLost)
                 }
                 CallState::Abandoned => self.finish_call(idx),

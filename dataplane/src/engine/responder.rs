@@ -16,9 +16,9 @@
 //! with an RDMA_NOMSG (s5.2), never past the chunk's end. Writes are
 //! queued before the Send that announces them.
 
-use super::buffers::{BufClass, BufId, BufferTableBuilder};
-use super::connection::Disposition;
-use super::time::Instant;
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::connection::{Disposition, PendingRead, ReadOwner};
+use super::time::{Instant, Timer};
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
     ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
@@ -26,7 +26,9 @@ use super::{
 };
 use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
-use crate::wire::rpcrdma::{ChunkLists, ErrorBody, MessageBody, Segment, RPCRDMA_VERSION};
+use crate::wire::rpcrdma::{
+    ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
+};
 
 /// Where a call from the peer is (SPDK-style request state; transitions
 /// only in this module).
@@ -42,19 +44,16 @@ pub(super) enum ServeState {
     Executing,
     /// The reply's Writes and Send are posted; waiting for their
     /// completions before the slot (and its reply buffer, the Writes'
-    /// source) is reused.
+    /// source) is reused. A reply exposed in a read chunk may also be
+    /// released by RDMA_DONE meanwhile.
     AwaitingCompletions,
+    /// Every work request completed, but the reply is exposed in a read
+    /// chunk: waiting for the requester's RDMA_DONE (RFC 5666 s3.8) or the
+    /// reclaim timer.
+    AwaitingDone,
     /// The connection closed; waiting for the flush of work requests still
     /// posted.
     Draining,
-}
-
-/// One RDMA Read to issue: a peer segment and where its bytes go in the
-/// call buffer.
-#[derive(Debug, Clone, Copy)]
-struct PendingRead {
-    seg: Segment,
-    dest: u32,
 }
 
 /// A responder slot: state plus the three buffers it owns.
@@ -77,6 +76,10 @@ pub(super) struct ServeSlot {
     peer_chunks: ChunkLists,
     /// Reads, Writes and Sends posted and not completed.
     ops_in_flight: u32,
+    /// The reply is exposed in a read chunk until RDMA_DONE or
+    /// `done_deadline`.
+    done_pending: bool,
+    done_deadline: Instant,
 }
 
 impl ServeSlot {
@@ -94,6 +97,8 @@ impl ServeSlot {
             reads_done: 0,
             peer_chunks: ChunkLists::with_capacity(&c.limits),
             ops_in_flight: 0,
+            done_pending: false,
+            done_deadline: Instant::ZERO,
         }
     }
 }
@@ -107,6 +112,9 @@ struct ReplyPlan {
     inline_len: usize,
     /// The inline part goes into the reply chunk (RDMA_NOMSG).
     use_reply_chunk: bool,
+    /// The inline part is exposed in a position-zero read chunk
+    /// (RDMA_NOMSG, responder-provided read chunk, draft-lever s4.1).
+    use_read_chunk: bool,
 }
 
 /// Sets the segment lengths of a chunk to the bytes actually placed when
@@ -130,7 +138,6 @@ impl Connection {
         len: usize,
         hlen: usize,
     ) -> Disposition {
-        let _ = now;
         let xid = self.rx_hdr.xid;
         // RFC 5666 s3.3: more calls than granted end the connection (calls
         // waiting for a slot count: the peer sent them).
@@ -153,10 +160,10 @@ impl Connection {
         let idx = idx as usize;
         self.assemble_call(idx, buf, len, hlen, total);
         if self.serves[idx].reads.is_empty() {
-            self.deliver_call(idx);
+            self.deliver_call(now, idx);
         } else {
             self.serves[idx].state = ServeState::PullingReadChunks;
-            self.read_fifo.push_back(idx as u32);
+            self.read_fifo.push_back(ReadOwner::Serve(idx as u32));
             self.pump_reads();
         }
         Disposition::Done
@@ -262,42 +269,56 @@ impl Connection {
     }
 
     /// Issues queued Reads while fewer than `max_rdma_read` are in flight,
-    /// oldest call first.
-    fn pump_reads(&mut self) {
+    /// oldest owner first (calls being pulled and replies being pulled
+    /// share the peer's IRD).
+    pub(super) fn pump_reads(&mut self) {
         while self.closed.is_none() && self.reads_in_flight < self.config.max_rdma_read {
-            let Some(&idx) = self.read_fifo.front() else {
+            let Some(&owner) = self.read_fifo.front() else {
                 break;
             };
-            let s = &mut self.serves[idx as usize];
-            let Some(r) = s.reads.get(s.reads_issued).copied() else {
+            let Some((read, local_buf, wr_id, last)) = self.next_read(owner) else {
                 self.read_fifo.pop_front();
                 continue;
             };
-            s.reads_issued += 1;
-            s.ops_in_flight += 1;
-            if s.reads_issued == s.reads.len() {
+            if last {
                 self.read_fifo.pop_front();
             }
             self.reads_in_flight += 1;
             self.stats.max_reads_in_flight =
                 self.stats.max_reads_in_flight.max(self.reads_in_flight);
             self.tx.push_back(WorkRequest::RdmaRead {
-                wr_id: WrId {
-                    kind: WrKind::ChunkRead,
-                    index: idx,
-                    generation: s.generation,
-                },
+                wr_id,
                 local: LocalSlice {
-                    buf: s.call_buf,
-                    offset: r.dest,
-                    len: r.seg.length,
+                    buf: local_buf,
+                    offset: read.dest,
+                    len: read.seg.length,
                 },
-                remote: r.seg,
+                remote: read.seg,
             });
         }
     }
 
-    pub(super) fn on_read_done(&mut self, wr_id: WrId, ok: bool) {
+    /// Takes the next Read of `owner`: the read, its destination buffer,
+    /// its id, and whether it was the owner's last.
+    fn next_read(&mut self, owner: ReadOwner) -> Option<(PendingRead, BufId, WrId, bool)> {
+        match owner {
+            ReadOwner::Serve(idx) => {
+                let s = self.serves.get_mut(idx as usize)?;
+                let r = *s.reads.get(s.reads_issued)?;
+                s.reads_issued += 1;
+                s.ops_in_flight += 1;
+                let id = WrId {
+                    kind: WrKind::ChunkRead,
+                    index: idx,
+                    generation: s.generation,
+                };
+                Some((r, s.call_buf, id, s.reads_issued == s.reads.len()))
+            }
+            ReadOwner::Call(idx) => self.next_reply_read(idx),
+        }
+    }
+
+    pub(super) fn on_read_done(&mut self, now: Instant, wr_id: WrId, ok: bool) {
         let i = wr_id.index as usize;
         let Some(s) = self.serves.get_mut(i).filter(|s| {
             matches!(
@@ -317,7 +338,7 @@ impl Connection {
                 self.free_serve(i);
             }
         } else if ok && s.reads_done == s.reads.len() {
-            self.deliver_call(i);
+            self.deliver_call(now, i);
         }
         self.pump_reads();
     }
@@ -325,7 +346,7 @@ impl Connection {
     /// The call in slot `idx` is complete: parse its RPC header and hand
     /// it to the application, or answer ERR_CHUNK if it is not a call
     /// carrying the transport header's XID.
-    fn deliver_call(&mut self, idx: usize) {
+    fn deliver_call(&mut self, now: Instant, idx: usize) {
         let s = &self.serves[idx];
         let msg = self
             .bufs
@@ -345,7 +366,7 @@ impl Connection {
         self.stats.calls_received += 1;
         if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
             // Answered in-band by the engine itself (RFC 5666 s6).
-            if !self.answer_conf_rdma(idx, version, procedure, hl) {
+            if !self.answer_conf_rdma(now, idx, version, procedure, hl) {
                 self.drop_call(idx, xid);
             }
             return;
@@ -379,9 +400,14 @@ impl Connection {
 
     /// Sends the reply the engine itself encoded at the start of slot
     /// `idx`'s reply buffer (`len` bytes, no DDP item).
-    pub(super) fn post_encoded_reply(&mut self, idx: usize, len: usize) -> Result<(), ReplyError> {
+    pub(super) fn post_encoded_reply(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        len: usize,
+    ) -> Result<(), ReplyError> {
         let plan = self.plan_reply(idx, len, None)?;
-        self.post_reply(idx, plan)
+        self.post_reply(now, idx, plan)
     }
 
     /// The reassembled call message of `call` (while it waits for its
@@ -419,7 +445,6 @@ impl Connection {
         call: IncomingCall,
         reply: &OutgoingReply<'_>,
     ) -> Result<(), ReplyError> {
-        let _ = now;
         if self.closed.is_some() {
             return Err(ReplyError::Closed);
         }
@@ -452,7 +477,7 @@ impl Connection {
             None => out[..msg.len()].copy_from_slice(msg),
         }
 
-        self.post_reply(idx, plan)
+        self.post_reply(now, idx, plan)
     }
 
     /// Queues the Writes and the Send of the reply laid out in slot
@@ -462,11 +487,12 @@ impl Connection {
     /// # Errors
     /// `TooLarge` if the header does not fit the Send buffer, which
     /// `plan_reply` rules out; nothing is queued then.
-    fn post_reply(&mut self, idx: usize, plan: ReplyPlan) -> Result<(), ReplyError> {
+    fn post_reply(&mut self, now: Instant, idx: usize, plan: ReplyPlan) -> Result<(), ReplyError> {
         let ReplyPlan {
             ddp,
             inline_len,
             use_reply_chunk,
+            use_read_chunk,
         } = plan;
         let s = &self.serves[idx];
         let (reply_buf, send_buf, generation) = (s.reply_buf, s.send_buf, s.generation);
@@ -495,10 +521,18 @@ impl Connection {
                 fill_lengths(segs, inline_len as u64);
             }
         }
+        if use_read_chunk {
+            // read_list = one position-zero chunk over the reply (s5.1
+            // shape, draft-lever s4.1)
+            h.chunks.push_read(ReadSegment {
+                position: 0,
+                segment: self.bufs.segment(reply_buf, 0, inline_len as u32),
+            });
+        }
         h.xid = self.serves[idx].xid;
         h.vers = RPCRDMA_VERSION;
         h.credits = self.config.credits;
-        h.body = if use_reply_chunk {
+        h.body = if use_reply_chunk || use_read_chunk {
             MessageBody::NoMsg
         } else {
             MessageBody::Msg
@@ -559,7 +593,7 @@ impl Connection {
             }
         };
         let mut total = hlen;
-        if !use_reply_chunk {
+        if !use_reply_chunk && !use_read_chunk {
             let src = LocalSlice {
                 buf: reply_buf,
                 offset: 0,
@@ -584,6 +618,15 @@ impl Connection {
         let s = &mut self.serves[idx];
         s.ops_in_flight = ops + 1;
         s.state = ServeState::AwaitingCompletions;
+        if use_read_chunk {
+            s.done_pending = true;
+            s.done_deadline = now.saturating_add(self.config.done_timeout);
+            self.dones_pending += 1;
+            self.stats.replies_exposed += 1;
+            self.bufs
+                .set_access(reply_buf, Access::RemoteRead, 0, inline_len as u32);
+            self.arm_done_reclaim();
+        }
         self.active_calls = self.active_calls.saturating_sub(1);
         self.stats.replies_sent += 1;
         Ok(())
@@ -623,23 +666,32 @@ impl Connection {
             .inline_send_size
             .min(self.config.peer_inline_recv_size) as usize;
         let base = 16 + 4 + write_list_len;
-        let use_reply_chunk = if base + 4 + inline_len <= send_limit {
-            false
-        } else {
+        let (mut use_reply_chunk, mut use_read_chunk) = (false, false);
+        if base + 4 + inline_len > send_limit {
             match s.peer_chunks.reply() {
                 Some(rc)
                     if inline_len as u64 <= rc.len_bytes()
                         && base + 8 + 16 * rc.segments.len() <= send_limit =>
                 {
-                    true
+                    use_reply_chunk = true;
+                }
+                // Every requester-provided resource is too small: expose
+                // the reply in a position-zero read chunk, if both peers
+                // support it (draft-lever s4.1.1).
+                _ if self.config.reply_read_chunks
+                    && self.dones_pending < self.config.max_reply_read_chunks
+                    && base + 24 + 4 <= send_limit =>
+                {
+                    use_read_chunk = true;
                 }
                 _ => return Err(ReplyError::TooLarge),
             }
-        };
+        }
         Ok(ReplyPlan {
             ddp,
             inline_len,
             use_reply_chunk,
+            use_read_chunk,
         })
     }
 
@@ -655,10 +707,69 @@ impl Connection {
             {
                 s.ops_in_flight -= 1;
                 if s.ops_in_flight == 0 {
-                    self.free_serve(i);
+                    if s.done_pending {
+                        s.state = ServeState::AwaitingDone;
+                    } else {
+                        self.free_serve(i);
+                    }
                 }
             }
             _ => self.stats.stale_completions += 1,
+        }
+    }
+
+    /// RDMA_DONE for `xid` (RFC 5666 s3.8): the requester pulled the reply
+    /// we exposed; withdraw it. A DONE matching nothing is dropped
+    /// silently (draft-lever s4.1.3).
+    pub(super) fn on_done(&mut self, xid: u32) {
+        let Some(i) = self
+            .serves
+            .iter()
+            .position(|s| s.done_pending && s.xid == xid)
+        else {
+            self.stats.done_ignored += 1;
+            return;
+        };
+        self.stats.done_received += 1;
+        self.withdraw_exposed_reply(i);
+    }
+
+    /// The exposure of slot `i`'s reply ends (DONE, timer or close).
+    fn withdraw_exposed_reply(&mut self, i: usize) {
+        let s = &mut self.serves[i];
+        s.done_pending = false;
+        let (buf, state) = (s.reply_buf, s.state);
+        self.dones_pending = self.dones_pending.saturating_sub(1);
+        self.bufs.unexpose(buf);
+        if state == ServeState::AwaitingDone {
+            self.free_serve(i);
+        }
+    }
+
+    /// `Timer::DoneReclaim` fired: withdraw every exposed reply whose
+    /// deadline passed (RFC 5666 s3.8, s11: a requester that never sends
+    /// RDMA_DONE does not pin our memory), then re-arm.
+    pub(super) fn reclaim_exposed_replies(&mut self, now: Instant) {
+        for i in 0..self.serves.len() {
+            let s = &self.serves[i];
+            if s.done_pending && s.done_deadline <= now {
+                self.stats.done_timeouts += 1;
+                self.withdraw_exposed_reply(i);
+            }
+        }
+        self.arm_done_reclaim();
+    }
+
+    fn arm_done_reclaim(&mut self) {
+        let next = self
+            .serves
+            .iter()
+            .filter(|s| s.done_pending)
+            .map(|s| s.done_deadline)
+            .min();
+        match next {
+            Some(t) => self.timers.set(Timer::DoneReclaim, t),
+            None => self.timers.stop(Timer::DoneReclaim),
         }
     }
 
@@ -677,7 +788,14 @@ impl Connection {
         // Parked receives are simply not reposted: the queue pair is gone.
         self.parked.clear();
         self.active_calls = 0;
+        self.dones_pending = 0;
         for idx in 0..self.serves.len() {
+            let s = &mut self.serves[idx];
+            if s.done_pending {
+                s.done_pending = false;
+                let buf = s.reply_buf;
+                self.bufs.unexpose(buf);
+            }
             let s = &mut self.serves[idx];
             match s.state {
                 ServeState::Free | ServeState::Draining => {}

@@ -734,12 +734,18 @@ fn xorshift(state: &mut u64) -> u64 {
 fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
     let (mut replied, mut errors_sent, mut failed) = (0, 0, 0);
     for seed in 1..=60u64 {
+        // Odd seeds also run responder-provided read chunks and RDMA_DONE.
+        let rrc_on = seed % 2 == 1;
         let mut p = Pair::new(
             Config {
                 call_timeout: Some(core::time::Duration::from_millis(2)),
+                reply_read_chunks: rrc_on,
                 ..cfg()
             },
-            cfg(),
+            Config {
+                reply_read_chunks: rrc_on,
+                ..cfg()
+            },
         );
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         p.set_fault_hook(move |f| {
@@ -768,7 +774,11 @@ fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
                 &OutgoingCall {
                     message: &msg,
                     ddp: (i % 2 == 0).then_some(item),
-                    reply: expect(64 * KIB, (i % 3 == 0).then_some(64 * KIB)),
+                    // With read chunks on, some calls offer no reply chunk.
+                    reply: expect(
+                        if rrc_on && i % 4 == 1 { 512 } else { 64 * KIB },
+                        (i % 3 == 0).then_some(64 * KIB),
+                    ),
                 },
             );
         }
@@ -824,6 +834,8 @@ mod prop {
         len: usize,
         ddp_arg: bool,
         write_chunk: bool,
+        /// Offer no reply chunk (only with responder-provided read chunks).
+        tight_reply: bool,
     }
 
     fn rpc() -> impl Strategy<Value = Rpc> {
@@ -831,11 +843,13 @@ mod prop {
             prop_oneof![0usize..2048, 2048usize..20_000, 20_000usize..300_000],
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(len, ddp_arg, write_chunk)| Rpc {
+            .prop_map(|(len, ddp_arg, write_chunk, tight_reply)| Rpc {
                 len,
                 ddp_arg,
                 write_chunk,
+                tight_reply,
             })
     }
 
@@ -848,6 +862,7 @@ mod prop {
             server_inline in 1u32..=16,
             credits in 1u32..=4,
             max_rdma_read in 1u32..=4,
+            reply_read_chunks in any::<bool>(),
             rpcs in proptest::collection::vec(rpc(), 1..=4),
         ) {
             let (ci, si) = (client_inline * KIB, server_inline * KIB);
@@ -856,6 +871,8 @@ mod prop {
                 inline_send_size: ci,
                 peer_inline_recv_size: si,
                 peer_inline_send_size: si,
+                reply_read_chunks,
+                max_rdma_read,
                 ..cfg()
             };
             let server = Config {
@@ -865,6 +882,7 @@ mod prop {
                 peer_inline_send_size: ci,
                 credits,
                 max_rdma_read,
+                reply_read_chunks,
                 ..cfg()
             };
             let mut p = Pair::new(client, server);
@@ -872,7 +890,8 @@ mod prop {
             for (i, r) in rpcs.iter().enumerate() {
                 let data = payload(r.len, i as u8);
                 let reply_len = r.len as u32 + 64;
-                let reply = expect(reply_len, r.write_chunk.then_some(reply_len));
+                let max_len = if reply_read_chunks && r.tight_reply { 512 } else { reply_len };
+                let reply = expect(max_len, r.write_chunk.then_some(reply_len));
                 let h = send(&mut p, i as u32, &data, r.ddp_arg, reply);
                 sent.push((h, data));
             }
@@ -890,7 +909,14 @@ mod prop {
             let s = p.peers[SERVER].conn.stats();
             prop_assert!(s.max_active_calls <= credits);
             prop_assert!(s.max_reads_in_flight <= max_rdma_read);
-            prop_assert!(p.peers[SERVER].max_recvs_posted <= (credits + cfg().max_outstanding_calls) as usize);
+            prop_assert!(p.peers[CLIENT].conn.stats().max_reads_in_flight <= max_rdma_read);
+            let reserved_for_done = if reply_read_chunks { cfg().max_reply_read_chunks } else { 0 };
+            prop_assert!(
+                p.peers[SERVER].max_recvs_posted
+                    <= (credits + cfg().max_outstanding_calls + reserved_for_done) as usize
+            );
+            prop_assert_eq!(s.done_timeouts, 0);
+            prop_assert_eq!(s.replies_exposed, s.done_received);
             close_and_check_leaks(&mut p);
         }
     }
@@ -1431,4 +1457,115 @@ mod hostile {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// s3.8, draft-lever s4: responder-provided read chunks and RDMA_DONE
+
+fn rrc(c: Config) -> Config {
+    Config {
+        reply_read_chunks: true,
+        done_timeout: core::time::Duration::from_millis(10),
+        ..c
+    }
+}
+
+fn is_done(bytes: &[u8]) -> bool {
+    bytes.get(12..16) == Some(&[0, 0, 0, 3])
+}
+
+#[test]
+fn rfc5666_s3_8_reply_read_chunk_pulled_then_done_releases_it() {
+    let mut p = Pair::new(rrc(cfg()), rrc(cfg()));
+    let data = payload(50_000, 31);
+    // No reply chunk: the requester expects a short reply.
+    let h = send(&mut p, 21, &data, true, expect(512, None));
+    p.drive();
+    let full = echo_reply(21, &data).0;
+    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&full[..]));
+    let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
+    let hd = header(&reply_send);
+    assert_eq!(hd.body, MessageBody::NoMsg);
+    let r = hd.chunks.reads();
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].position, r[0].segment.length as usize),
+        (0, full.len())
+    );
+    let done = p
+        .sends_from(CLIENT)
+        .find(|b| is_done(b))
+        .expect("RDMA_DONE sent");
+    assert_eq!(header(done).xid, 21);
+    let (c, s) = (p.peers[CLIENT].conn.stats(), p.peers[SERVER].conn.stats());
+    assert_eq!((c.replies_pulled, c.done_sent), (1, 1));
+    assert_eq!(
+        (s.replies_exposed, s.done_received, s.done_timeouts),
+        (1, 1, 0)
+    );
+    let sr = p.peers[SERVER].conn.resources();
+    assert_eq!((sr.serve_slots_busy, sr.buffers_exposed), (0, 0));
+    // Withdrawn: the requester can no longer read it.
+    assert_eq!(
+        p.peer_read(CLIENT, r[0].segment),
+        Err(WcStatus::RemoteAccessError)
+    );
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_8_missing_done_is_reclaimed_by_the_timer() {
+    let mut p = Pair::new(rrc(cfg()), rrc(cfg()));
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send {
+            from: CLIENT,
+            bytes,
+        } if is_done(bytes) => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    let data = payload(20_000, 32);
+    let h = send(&mut p, 22, &data, true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.done_received, s.done_timeouts), (0, 1));
+    assert!(p.now >= Instant(10_000_000));
+    let sr = p.peers[SERVER].conn.resources();
+    assert_eq!((sr.serve_slots_busy, sr.buffers_exposed), (0, 0));
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn draft_lever_s4_1_3_requester_without_support_fails_call_but_sends_done() {
+    let mut p = Pair::new(cfg(), rrc(cfg()));
+    send(&mut p, 23, &payload(20_000, 33), true, expect(512, None));
+    p.drive();
+    assert_eq!(failures(&p), vec![(23, CallFailure::UnsupportedReply)]);
+    assert_eq!(p.ops[1], 1, "only the server's Read of the call's chunk");
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.done_received, s.done_timeouts), (1, 0));
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_8_done_consumes_a_credit() {
+    // Grant 1: a DONE counts like a call, so DONEs and calls never travel
+    // together (the second call goes while the first reply is pulled, the
+    // first DONE after the second reply).
+    let server = rrc(Config {
+        credits: 1,
+        ..cfg()
+    });
+    let mut p = Pair::new(rrc(cfg()), server);
+    let h1 = send(&mut p, 1, &payload(20_000, 1), false, expect(512, None));
+    let h2 = send(&mut p, 2, &payload(20_000, 2), false, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h1), payload(20_000, 1));
+    assert_eq!(returned_payload(&p, h2), payload(20_000, 2));
+    assert_eq!(p.peers[CLIENT].conn.stats().max_outstanding_calls, 1);
+    assert_eq!(p.peers[CLIENT].conn.stats().done_sent, 2);
+    let kinds: Vec<bool> = p.sends_from(CLIENT).map(is_done).collect();
+    assert_eq!(kinds, vec![false, false, true, true]);
+    assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
 }

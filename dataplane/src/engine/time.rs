@@ -35,13 +35,17 @@ pub enum Timer {
     /// The earliest deadline of an outstanding call (requester side). On
     /// expiry the engine fails the calls whose deadline passed.
     CallTimeout = 0,
+    /// The earliest deadline of a reply exposed in a read chunk (responder
+    /// side, RFC 5666 s3.8): on expiry its memory is withdrawn even though
+    /// no RDMA_DONE came.
+    DoneReclaim = 1,
 }
 
 impl Timer {
     /// Number of timers.
-    pub const COUNT: usize = 1;
+    pub const COUNT: usize = 2;
     /// Every timer, in index order.
-    pub const ALL: [Timer; Timer::COUNT] = [Timer::CallTimeout];
+    pub const ALL: [Timer; Timer::COUNT] = [Timer::CallTimeout, Timer::DoneReclaim];
 }
 
 /// One optional deadline per [`Timer`].

@@ -27,8 +27,13 @@ pub enum WrKind {
     /// An RDMA Write into a write or reply chunk; `index` is the responder
     /// slot.
     ChunkWrite = 5,
-    /// The Send of an RDMA_ERROR; `index` is the error buffer number.
+    /// The Send of an RDMA_ERROR; `index` is the control buffer number.
     ErrorSend = 6,
+    /// An RDMA Read pulling a reply's position-zero read chunk (a
+    /// responder-provided read chunk); `index` is the requester slot.
+    ReplyRead = 7,
+    /// The Send of an RDMA_DONE; `index` is the control buffer number.
+    DoneSend = 8,
 }
 
 impl WrKind {
@@ -40,6 +45,8 @@ impl WrKind {
             4 => WrKind::ChunkRead,
             5 => WrKind::ChunkWrite,
             6 => WrKind::ErrorSend,
+            7 => WrKind::ReplyRead,
+            8 => WrKind::DoneSend,
             _ => return None,
         })
     }
@@ -192,6 +199,8 @@ mod tests {
             WrKind::ChunkRead,
             WrKind::ChunkWrite,
             WrKind::ErrorSend,
+            WrKind::ReplyRead,
+            WrKind::DoneSend,
         ] {
             let id = WrId {
                 kind,
