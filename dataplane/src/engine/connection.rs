@@ -617,7 +617,7 @@ impl Connection {
     /// allocated or read (RFC 5666 s4.2).
     fn process_message(&mut self, now: Instant, buf: BufId, len: usize) -> Disposition {
         let limits = self.config.limits;
-        let bytes = &self.bufs.bytes(buf)[..len];
+        let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
         let parsed = self.rx_hdr.parse_into(bytes, &limits);
         let view_xid = HeaderView::new_checked(bytes).ok().map(|v| v.xid());
         let hlen = match parsed {

@@ -16,9 +16,10 @@
 //! [`Instant`] passed in), starts no threads and knows no provider type.
 //!
 //! # Memory
-//! The engine owns one slab ([`BufferTable`]) allocated at construction and
-//! cut into receive buffers, per-slot Send buffers, per-slot message
-//! buffers and a few RDMA_ERROR buffers. Request slots are preallocated
+//! The engine cuts one region ([`BufferTable`]; its own allocation, or the
+//! caller's [`SlabMemory`] via [`Connection::with_memory`]) into receive
+//! buffers, per-slot Send buffers, per-slot message buffers and a few
+//! control buffers (RDMA_ERROR, RDMA_DONE). Request slots are preallocated
 //! too (requester slots: `max_outstanding_calls`; responder slots:
 //! `2 * credits`), as are the scratch transport headers and queues, so an
 //! RPC in steady state allocates nothing. A buffer named in a posted work
@@ -32,9 +33,10 @@
 //! than the buffer) makes the engine panic: bad input is answered
 //! (RDMA_ERROR), counted in [`Stats`] and dropped, or closes the connection
 //! ([`CloseReason`]). Application misuse (stale handles, oversized
-//! messages) returns an error value. Indexing uses checked accessors
-//! throughout; the only arithmetic on peer values is checked or done in
-//! `u64`.
+//! messages) returns an error value. No number from a peer or a provider
+//! indexes a table before it is bounds- and generation-checked; byte
+//! ranges go through checked accessors; arithmetic on peer values is
+//! checked or done in `u64`.
 
 mod buffers;
 mod conf;

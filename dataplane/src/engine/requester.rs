@@ -227,7 +227,14 @@ impl Connection {
         s.reply_len = 0;
         s.ddp_len = None;
         let (call_buf, generation) = (s.call_buf, s.generation);
-        self.bufs.bytes_mut(call_buf)[..msg.len()].copy_from_slice(msg);
+        match self.bufs.bytes_mut(call_buf).get_mut(..msg.len()) {
+            Some(dst) => dst.copy_from_slice(msg),
+            // The call buffer is max_call_size long: unreachable.
+            None => {
+                self.free_call(idx as usize);
+                return Err(SendCallError::TooLarge);
+            }
+        }
         if let Some(d) = deadline {
             let at = self.timers.get(Timer::CallTimeout).map_or(d, |t| t.min(d));
             self.timers.set(Timer::CallTimeout, at);

@@ -14,7 +14,10 @@
 //! written; what remains goes inline (RDMA_MSG) when it fits the peer's
 //! inline receive size, else by RDMA Write into the call's reply chunk
 //! with an RDMA_NOMSG (s5.2), never past the chunk's end. Writes are
-//! queued before the Send that announces them.
+//! queued before the Send that announces them. When both peers support
+//! it (`Config::reply_read_chunks`), a reply too large for every
+//! requester-provided resource is exposed in a position-zero read chunk
+//! instead, until RDMA_DONE or the reclaim timer (s3.8, draft-lever s4.1).
 
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
 use super::connection::{Disposition, PendingRead, ReadOwner};
@@ -467,14 +470,23 @@ impl Connection {
         // Place the reply: inline part (message without the DDP data and
         // its padding) at 0, the DDP data right after it.
         let out = self.bufs.bytes_mut(reply_buf);
-        match ddp {
-            Some(d) => {
-                let (off, dlen) = (d.offset as usize, d.len as usize);
-                out[..off].copy_from_slice(&msg[..off]);
-                out[off..inline_len].copy_from_slice(&msg[off + elided..]);
-                out[inline_len..inline_len + dlen].copy_from_slice(&msg[off..off + dlen]);
+        let placed = (|| -> Option<()> {
+            match ddp {
+                Some(d) => {
+                    let (off, dlen) = (d.offset as usize, d.len as usize);
+                    out.get_mut(..off)?.copy_from_slice(msg.get(..off)?);
+                    out.get_mut(off..inline_len)?
+                        .copy_from_slice(msg.get(off + elided..)?);
+                    out.get_mut(inline_len..inline_len + dlen)?
+                        .copy_from_slice(msg.get(off..off + dlen)?);
+                }
+                None => out.get_mut(..msg.len())?.copy_from_slice(msg),
             }
-            None => out[..msg.len()].copy_from_slice(msg),
+            Some(())
+        })();
+        // The checks above make a miss impossible; refuse rather than panic.
+        if placed.is_none() {
+            return Err(ReplyError::TooLarge);
         }
 
         self.post_reply(now, idx, plan)
