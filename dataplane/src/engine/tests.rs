@@ -1569,3 +1569,60 @@ fn rfc5666_s3_8_done_consumes_a_credit() {
     assert_eq!(p.rnr, 0);
     close_and_check_leaks(&mut p);
 }
+
+#[test]
+fn engine_calls_in_both_directions_share_one_connection() {
+    // Each side is requester and responder at once (the backchannel shape
+    // of RFC 8167, here with chunks too): receives cover both roles.
+    let mut p = pair();
+    let mut handles = Vec::new();
+    for i in 0..4u32 {
+        let data = payload(500 + 7000 * i as usize, i as u8);
+        let (msg, item) = echo_call(100 + i, &data);
+        for side in [CLIENT, SERVER] {
+            let now = p.now;
+            let h = p
+                .conn(side)
+                .send_call(
+                    now,
+                    &OutgoingCall {
+                        message: &msg,
+                        ddp: Some(item),
+                        reply: expect(32 * KIB, Some(32 * KIB)),
+                    },
+                )
+                .unwrap();
+            handles.push((side, h, data.clone()));
+        }
+    }
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let g2 = got.clone();
+    p.drive_with(&mut move |side, conn, now, ev| match ev {
+        Event::CallArrived { call, xid, .. } => {
+            let body = echo_payload(conn.call_message(call).unwrap()).unwrap();
+            let (msg, item) = echo_reply(xid, &body);
+            conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &msg,
+                    ddp: Some(item),
+                },
+            )
+            .unwrap();
+        }
+        Event::ReplyArrived { call, .. } => {
+            g2.borrow_mut()
+                .push((side, call, conn.reply_ddp(call).unwrap().to_vec()));
+            conn.release_reply(call);
+        }
+        other => panic!("{other:?}"),
+    });
+    let got = got.borrow();
+    assert_eq!(got.len(), 8);
+    for (side, h, data) in &handles {
+        assert!(got.iter().any(|(s, c, d)| s == side && c == h && d == data));
+    }
+    assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
+}
