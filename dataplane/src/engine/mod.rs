@@ -41,6 +41,7 @@
 mod buffers;
 mod conf;
 mod connection;
+mod fuzz;
 mod requester;
 mod responder;
 mod time;
@@ -54,6 +55,7 @@ mod tests;
 pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
 pub use conf::{decode_conf_rdma_reply, encode_conf_rdma_call, ConfRdmaError};
 pub use connection::{Connection, Resources, Stats};
+pub use fuzz::fuzz_recv;
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 

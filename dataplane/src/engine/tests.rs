@@ -1626,3 +1626,60 @@ fn engine_calls_in_both_directions_share_one_connection() {
     assert_eq!(p.rnr, 0);
     close_and_check_leaks(&mut p);
 }
+
+#[test]
+fn engine_fuzz_entry_point_survives_random_and_structured_input() {
+    // Random bytes.
+    let mut rng = 0x1234_5678_9abc_def1u64;
+    for _ in 0..300 {
+        let n = (xorshift(&mut rng) % 600) as usize;
+        let data: Vec<u8> = (0..n).map(|_| xorshift(&mut rng) as u8).collect();
+        fuzz_recv(&data);
+    }
+    // Structured: valid calls, replies to the connection's own calls,
+    // errors and DONEs, interleaved with completions.
+    let frame = |ctl: u8, m: &[u8]| {
+        let mut v = vec![ctl];
+        v.extend_from_slice(&(m.len() as u16).to_be_bytes());
+        v.extend_from_slice(m);
+        v
+    };
+    let call = raw_call(9, 4, &echo_call(9, b"abc").0);
+    let reply1 = raw_call(1, 4, &echo_reply(1, b"").0);
+    let err2 = be(&[2, 1, 4, 4, 2]);
+    let done = be(&[9, 1, 4, 3]);
+    // A call with a read chunk, and a NOMSG reply exposing a read chunk
+    // plus a write list.
+    let mut read_call = be(&[7, 1, 4, 0, 1, 44, 0x111, 100, 0, 0x1000, 0, 0, 0]);
+    read_call.extend_from_slice(&echo_call(7, b"").0);
+    let nomsg_reply = be(&[
+        3, 1, 4, 1, 1, 0, 0x222, 200, 0, 0x2000, 0, 1, 1, 0x333, 64, 0, 0x3000, 0, 0,
+    ]);
+    let mut base = vec![];
+    for ctl in [0x80u8, 0x10, 0x04] {
+        base.extend(frame(ctl, &call));
+        base.extend(frame(0x10, &reply1));
+        base.extend(frame(0, &read_call));
+        base.push(0x01);
+        base.extend(frame(0, &nomsg_reply));
+        base.push(0x03);
+        base.extend(frame(0, &err2));
+        base.push(0x01);
+        base.extend(frame(0x0c, &done));
+    }
+    fuzz_recv(&base);
+    // Mutations of it (60 000 of these ran clean in release mode while
+    // this was written; a few thousand keep CI fast).
+    for _ in 0..3000 {
+        let mut d = base.clone();
+        for _ in 0..1 + xorshift(&mut rng) % 6 {
+            let i = (xorshift(&mut rng) as usize) % d.len();
+            d[i] = match xorshift(&mut rng) % 3 {
+                0 => xorshift(&mut rng) as u8,
+                1 => d[i] ^ 1,
+                _ => 0,
+            };
+        }
+        fuzz_recv(&d);
+    }
+}
