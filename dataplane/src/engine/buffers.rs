@@ -34,6 +34,8 @@ pub trait SlabMemory: core::fmt::Debug + Send {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
+// A slab's Debug would print megabytes: the engine never prints it (see
+// BufferTable's Debug); these impls satisfy the trait bound only.
 impl SlabMemory for Box<[u8]> {
     fn bytes(&self) -> &[u8] {
         self
@@ -96,10 +98,20 @@ struct Desc {
 
 /// The engine's buffers: one slab ([`SlabMemory`]) and a descriptor per
 /// buffer. Built once by [`super::Connection::new`]; never grows.
-#[derive(Debug)]
 pub struct BufferTable {
     slab: Box<dyn SlabMemory>,
     descs: Vec<Desc>,
+}
+
+impl core::fmt::Debug for BufferTable {
+    // Not the bytes: a slab is megabytes.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BufferTable")
+            .field("slab_len", &self.slab.bytes().len())
+            .field("buffers", &self.descs.len())
+            .field("exposed", &self.exposed_count())
+            .finish()
+    }
 }
 
 /// Builds a [`BufferTable`]: add buffers, then `build` allocates the slab.
