@@ -59,6 +59,9 @@ pub struct Stats {
     pub replies_pulled: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
+    /// Messages shorter than the four fixed header words: dropped (there
+    /// is no XID to answer).
+    pub runts_dropped: u64,
     /// Receives reporting more bytes than the buffer holds: dropped.
     pub bad_recv_len: u64,
     /// Highest number of peer calls in progress at once.
@@ -624,11 +627,13 @@ impl Connection {
             Err(_) => {
                 // Which side does it belong to? A reply to one of our calls
                 // fails that call; anything else is a request we answer.
-                if let Some(xid) = view_xid {
-                    match self.find_sent_call(xid) {
+                match view_xid {
+                    Some(xid) => match self.find_sent_call(xid) {
                         Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
                         None => self.send_error(xid, ErrorBody::Chunk),
-                    }
+                    },
+                    // Not even an XID to answer.
+                    None => self.stats.runts_dropped += 1,
                 }
                 return Disposition::Done;
             }

@@ -338,7 +338,12 @@ fn rfc5666_s4_2_bad_chunk_lists_answered_with_err_chunk_before_any_read() {
         assert_eq!(p.peers[SERVER].conn.stats().err_chunk_sent, i as u64 + 1);
     }
     assert_eq!(p.ops[1], 0, "no RDMA Read was issued");
+    // Too short to carry an XID: nothing to answer, counted.
+    p.inject(CLIENT, be(&[9, 1, 1]));
+    p.drive();
     let s = &p.peers[SERVER].conn;
+    assert_eq!(s.stats().runts_dropped, 1);
+    assert_eq!(s.stats().err_chunk_sent, 5);
     assert_eq!(s.resources().serve_slots_busy, 0);
     assert_eq!(s.stats().calls_received, 0);
     assert_eq!(s.close_reason(), None);
