@@ -66,7 +66,8 @@ pub struct Stats {
     pub bad_recv_len: u64,
     /// Highest number of peer calls in progress at once.
     pub max_active_calls: u32,
-    /// Highest number of our calls outstanding at once.
+    /// Highest number of our calls (and RDMA_DONEs, which take a credit)
+    /// outstanding at once.
     pub max_outstanding_calls: u32,
     /// Highest number of RDMA Reads in flight at once.
     pub max_reads_in_flight: u32,
@@ -421,6 +422,9 @@ impl Connection {
 
     /// The next work request to post, in order. Writes of a reply come
     /// before its Send; the worker must post in this order on one QP.
+    /// After a close, requests queued earlier still come out: post them
+    /// (a queue pair in the error state flushes them) or report them
+    /// `Flushed`, so that their resources return.
     pub fn poll_transmit(&mut self) -> Option<WorkRequest> {
         self.tx.pop_front()
     }
@@ -528,7 +532,7 @@ impl Connection {
                     _ => self.stats.stale_completions += 1,
                 }
             }
-            WrKind::ReplyRead => self.on_reply_read_done(now, wr_id, ok),
+            WrKind::ReplyRead => self.on_reply_read_done(wr_id, ok),
             WrKind::CallSend => self.on_call_send_done(wr_id),
             WrKind::ReplySend | WrKind::ChunkWrite => self.on_reply_op_done(wr_id),
             WrKind::ChunkRead => self.on_read_done(now, wr_id, ok),

@@ -564,8 +564,7 @@ impl Connection {
         Some((r, s.reply_buf, id, s.reads_issued == s.reads.len()))
     }
 
-    pub(super) fn on_reply_read_done(&mut self, now: Instant, wr_id: WrId, ok: bool) {
-        let _ = now;
+    pub(super) fn on_reply_read_done(&mut self, wr_id: WrId, ok: bool) {
         let i = wr_id.index as usize;
         let Some(s) = self.calls.get_mut(i).filter(|s| {
             matches!(
