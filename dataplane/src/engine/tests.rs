@@ -1688,3 +1688,50 @@ fn engine_fuzz_entry_point_survives_random_and_structured_input() {
         fuzz_recv(&d);
     }
 }
+
+#[test]
+fn rfc5666_s3_6_s5_2_reply_claiming_more_than_offered_fails_the_call() {
+    // The "server" answers by hand with lengths beyond what was offered
+    // (the real server engine on the other side just holds the calls).
+    let mut p = pair();
+    send(&mut p, 61, b"w", false, expect(16 * KIB, Some(KIB)));
+    p.drive_with(&mut |_, _, _, _| {});
+    let offer = header(p.sends_from(CLIENT).next().unwrap());
+    let wseg = offer.chunks.write_chunks().next().unwrap().segments[0];
+    // RDMA_MSG reply whose write list says KIB + 4 bytes were written.
+    let mut h = TransportHeader::new(61, 4, MessageBody::Msg);
+    h.chunks
+        .push_write_chunk(&[Segment {
+            length: KIB + 4,
+            ..wseg
+        }])
+        .unwrap();
+    let mut m = vec![0u8; h.buffer_len()];
+    h.emit(&mut m).unwrap();
+    m.extend_from_slice(&echo_reply(61, b"").0);
+    p.inject(SERVER, m);
+    p.drive_with(&mut |_, _, _, _| {});
+
+    send(&mut p, 62, b"r", false, expect(16 * KIB, None));
+    p.drive_with(&mut |_, _, _, _| {});
+    let offer = header(p.sends_from(CLIENT).nth(1).unwrap());
+    let rseg = offer.chunks.reply().unwrap().segments[0];
+    // RDMA_NOMSG reply whose reply chunk says 16 KiB + 4 bytes.
+    let mut h = TransportHeader::new(62, 4, MessageBody::NoMsg);
+    h.chunks.set_reply(&[Segment {
+        length: 16 * KIB + 4,
+        ..rseg
+    }]);
+    let mut m = vec![0u8; h.buffer_len()];
+    h.emit(&mut m).unwrap();
+    p.inject(SERVER, m);
+    p.drive_with(&mut |_, _, _, _| {});
+    assert_eq!(
+        failures(&p),
+        vec![
+            (61, CallFailure::MalformedReply),
+            (62, CallFailure::MalformedReply)
+        ]
+    );
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+}
