@@ -4,10 +4,9 @@
 //! after a warm-up, RPCs over every path (inline, read chunk, long call,
 //! write chunk, reply chunk, reply exposed in a read chunk + RDMA_DONE)
 //! must allocate zero times.
-//!
-//! This file holds one test on purpose: the allocator counts every thread.
 
-use std::alloc::System;
+mod support;
+
 use std::collections::VecDeque;
 
 use dataplane::engine::{
@@ -16,10 +15,10 @@ use dataplane::engine::{
 };
 use dataplane::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
 use dataplane::wire::xdr::{Decoder, Encoder};
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use support::alloc_counter::{measure, CountingAllocator};
 
 #[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 enum Done {
     Recv(WrId, u32),
@@ -280,9 +279,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
     };
     round(&mut w, 0..24); // warm-up
     let before = w.ops;
-    let region = Region::new(GLOBAL);
-    let sent = round(&mut w, 24..48);
-    let change = region.change();
+    let (sent, allocated) = measure(|| round(&mut w, 24..48));
     assert_eq!(sent, 24);
     // Every kind of operation happened in the measured part.
     assert!(
@@ -291,9 +288,8 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         w.ops
     );
     assert_eq!(
-        change.allocations + change.reallocations,
-        0,
-        "heap activity in steady state: {change:?}"
+        allocated.count, 0,
+        "heap activity in steady state: {allocated:?}"
     );
     assert_eq!(w.conns[0].stats().replies_received, 48);
     assert_eq!(w.conns[1].stats().replies_sent, 48);

@@ -14,8 +14,10 @@
 //! the buffer is too small.
 
 pub mod conf;
+pub mod conf2;
 pub mod rpc;
 pub mod rpcrdma;
+pub mod rtrext;
 pub mod xdr;
 
 /// A decoding or encoding failure. Cheap to copy: data-path errors are

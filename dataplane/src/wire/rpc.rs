@@ -1454,7 +1454,12 @@ fn walk_record(data: &[u8], start: usize, max: usize, expect: Option<&[u8]>) -> 
     }
 }
 
-fn fuzz_reassembly(data: &[u8]) {
+/// Fuzz entry point for record marking alone: the first byte picks the
+/// maximum record size (times four), the rest is fed to a
+/// [`RecordReassembler`] in chunks whose sizes the input also picks, and
+/// every record it yields is checked against walking the fragment headers
+/// directly. Panics only when the reassembler and the walk disagree.
+pub fn fuzz_reassembly(data: &[u8]) {
     let Some((&first, _)) = data.split_first() else {
         return;
     };

@@ -1,0 +1,602 @@
+//! Startup and shutdown of `rpcrdmad`.
+//!
+//! ```text
+//! main:  args -> config (exit 2 on error) -> start -> wait for SIGINT/SIGTERM -> shutdown -> exit 0
+//! start: check the host (hugepages), check the listeners' addresses,
+//!        bind the metrics listener, register with rpcbind
+//!        (any failure but rpcbind's: one line, exit 1)
+//! shutdown: stop accepting, unregister from rpcbind, let in-flight RPCs
+//!        finish within shutdown.grace_ms, release the pools, stop metrics
+//! ```
+//!
+//! The data path (workers, providers, pools) does not exist yet: the
+//! daemon validates what it can (listener addresses, shm socket paths,
+//! hugepages), registers and exports metrics, and says in its startup line
+//! that the listeners are not served yet. It never accepts a connection it
+//! cannot serve.
+//!
+//! rpcbind is unregistered before the grace period rather than after it
+//! (the issue lists it after): once the daemon stops accepting, a client
+//! that still finds it through rpcbind would only be refused.
+//!
+//! Exit codes: 0 after a clean shutdown (and for `--check-config` of a
+//! good file), 2 for a bad configuration or bad arguments, 1 for a startup
+//! failure (port or socket in use, no hugepages when required, ...).
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::config::{Config, Hugepages, ProviderUrl};
+use crate::metrics::{MetricsServer, Registry};
+use crate::programs::SERVED_PROGRAMS;
+use crate::rpcbind::{universal_address, Mapping, RpcbindAddress, RpcbindClient, RpcbindError};
+
+/// Exit code of a clean run.
+pub const EXIT_OK: i32 = 0;
+/// Exit code of a startup failure.
+pub const EXIT_STARTUP: i32 = 1;
+/// Exit code of a bad configuration or bad arguments.
+pub const EXIT_CONFIG: i32 = 2;
+
+/// Serve ONC RPC programs over RDMA (RFC 5666 / RFC 8166) from pinned,
+/// busy-polling worker cores.
+#[derive(Debug, Parser)]
+#[command(name = "rpcrdmad", version, about, long_about = None)]
+pub struct Args {
+    /// Configuration file (TOML); without it, the built-in defaults
+    /// (configs/default.toml).
+    #[arg(long, value_name = "FILE", conflicts_with = "check_config")]
+    pub config: Option<PathBuf>,
+    /// Check a configuration file, print `FILE: ok` or `FILE:LINE: error`,
+    /// and exit (0 or 2).
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
+}
+
+/// The daemon's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    let args = Args::parse();
+    init_logging();
+
+    if let Some(path) = &args.check_config {
+        return match Config::load(path) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} worker(s), {} listener(s))",
+                    path.display(),
+                    c.workers.cores.len(),
+                    c.listeners.len()
+                );
+                EXIT_OK
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                EXIT_CONFIG
+            }
+        };
+    }
+
+    let config = match &args.config {
+        Some(path) => Config::load(path),
+        None => {
+            let c = Config::default();
+            c.check_defaults(&crate::config::HostFacts::current())
+                .map(|()| c)
+        }
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return EXIT_CONFIG;
+        }
+    };
+
+    // Signals first, so a SIGTERM that arrives while we register with
+    // rpcbind still leads to an orderly unregistration.
+    let stop = match install_signal_handler() {
+        Ok(rx) => rx,
+        Err(e) => {
+            eprintln!("rpcrdmad: cannot install the SIGINT/SIGTERM handler: {e}");
+            return EXIT_STARTUP;
+        }
+    };
+
+    let daemon = match Daemon::start(config) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rpcrdmad: {e}");
+            return EXIT_STARTUP;
+        }
+    };
+    // Any message, or the handler being dropped, means stop.
+    let _ = stop.recv();
+    tracing::info!("signal received: shutting down");
+    daemon.shutdown();
+    EXIT_OK
+}
+
+fn init_logging() {
+    use std::io::IsTerminal;
+    let level = std::env::var("RPCRDMAD_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .with_max_level(level)
+        .try_init();
+}
+
+/// SIGINT, SIGTERM (and SIGHUP, with ctrlc's `termination` feature) send
+/// one message; a second signal while shutting down exits at once with 1.
+fn install_signal_handler() -> Result<mpsc::Receiver<()>, ctrlc::Error> {
+    let (tx, rx) = mpsc::channel();
+    let count = AtomicUsize::new(0);
+    ctrlc::set_handler(move || {
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = tx.send(());
+        } else {
+            eprintln!("rpcrdmad: second signal: exiting without finishing the shutdown");
+            std::process::exit(EXIT_STARTUP);
+        }
+    })?;
+    Ok(rx)
+}
+
+/// Why the daemon could not start. Each renders as one actionable line
+/// that names the configuration key involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The metrics listener could not be bound.
+    #[error(
+        "cannot serve metrics on {addr} (metrics.address): {source}; \
+         free the port or change metrics.address"
+    )]
+    MetricsBind {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The bind error.
+        source: std::io::Error,
+    },
+    /// A listener's address cannot be used.
+    #[error("cannot listen on {url} (listeners[{index}].url): {reason}")]
+    Listener {
+        /// The listener.
+        url: ProviderUrl,
+        /// Its position in `[[listeners]]`.
+        index: usize,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// `memory.hugepages = "required"` and none are free.
+    #[error(
+        "memory.hugepages = \"required\" but no 2 MiB hugepages are free ({found}); reserve some \
+         with deploy/setup-host or `sysctl -w vm.nr_hugepages=512`, or set memory.hugepages = \"prefer\""
+    )]
+    NoHugepages {
+        /// What /proc/meminfo says.
+        found: String,
+    },
+    /// The metrics thread could not be spawned.
+    #[error("cannot start the metrics thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A started daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    config: Config,
+    registry: Arc<Registry>,
+    metrics: Option<MetricsServer>,
+    registration: Registration,
+}
+
+impl Daemon {
+    /// Checks the host and the listeners, binds the metrics listener and
+    /// registers with rpcbind. rpcbind being unreachable is not an error
+    /// (one warning line).
+    ///
+    /// # Errors
+    /// A [`StartupError`] for the first problem found.
+    pub fn start(config: Config) -> Result<Daemon, StartupError> {
+        check_hugepages(config.memory.hugepages)?;
+        for (index, l) in config.listeners.iter().enumerate() {
+            check_listener(&l.url).map_err(|reason| StartupError::Listener {
+                url: l.url.clone(),
+                index,
+                reason,
+            })?;
+        }
+
+        let urls: Vec<String> = config.listeners.iter().map(|l| l.url.to_string()).collect();
+        let registry = Arc::new(Registry::new(&config.workers.cores, &urls));
+        let metrics = if config.metrics.enabled {
+            let addr = config.metrics.address;
+            let listener = TcpListener::bind(addr)
+                .map_err(|source| StartupError::MetricsBind { addr, source })?;
+            let server = MetricsServer::serve(listener, Arc::clone(&registry))
+                .map_err(StartupError::Thread)?;
+            Some(server)
+        } else {
+            None
+        };
+
+        let registration = if config.rpcbind.register {
+            Registration::register(&config)
+        } else {
+            tracing::info!("rpcbind registration disabled (rpcbind.register = false)");
+            Registration::none(&config)
+        };
+        registry
+            .rpcbind_registrations
+            .store(registration.mappings.len() as u64, Ordering::Relaxed);
+
+        tracing::info!(
+            "rpcrdmad {} started: {} worker(s) on core(s) {:?} ({} idle); listeners {} \
+             not served yet: data path pending; metrics {}; rpcbind: {} mapping(s) registered",
+            env!("CARGO_PKG_VERSION"),
+            config.workers.cores.len(),
+            config.workers.cores,
+            config.workers.idle,
+            urls.join(", "),
+            metrics.as_ref().map_or_else(
+                || "disabled".to_string(),
+                |m| format!("http://{}/metrics", m.local_addr())
+            ),
+            registration.mappings.len(),
+        );
+        Ok(Daemon {
+            config,
+            registry,
+            metrics,
+            registration,
+        })
+    }
+
+    /// The metrics registry the workers will write.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The bound metrics address, when metrics are enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
+    }
+
+    /// Stops accepting, unregisters from rpcbind, lets in-flight RPCs
+    /// finish within `shutdown.grace_ms`, releases the pools and stops the
+    /// metrics exporter.
+    pub fn shutdown(self) {
+        let Daemon {
+            config,
+            registry,
+            metrics,
+            registration,
+        } = self;
+        // 1. Stop accepting: nothing accepts yet (data path pending).
+        // 2. Stop being found.
+        registration.unregister();
+        registry.rpcbind_registrations.store(0, Ordering::Relaxed);
+        // 3. Drain: the workers would finish in-flight RPCs here, bounded
+        //    by the grace period.
+        tracing::info!(
+            "no in-flight RPCs to finish (data path pending; grace period {} ms)",
+            config.shutdown.grace_ms
+        );
+        // 4. Release the pools: none allocated yet.
+        // 5. Stop exporting.
+        if let Some(m) = metrics {
+            m.stop();
+        }
+        tracing::info!("rpcrdmad stopped");
+    }
+}
+
+/// Reads `HugePages_Free` and `HugePages_Total` from `/proc/meminfo`.
+fn hugepages_free() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some((field("HugePages_Free:")?, field("HugePages_Total:")?))
+}
+
+fn check_hugepages(policy: Hugepages) -> Result<(), StartupError> {
+    if policy == Hugepages::Off {
+        return Ok(());
+    }
+    let (free, total) = hugepages_free().unwrap_or((0, 0));
+    if let Some(warning) = hugepage_verdict(policy, free, total)? {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
+}
+
+/// What `policy` makes of `free` of `total` hugepages: fine, a warning
+/// line, or a startup failure.
+fn hugepage_verdict(
+    policy: Hugepages,
+    free: u64,
+    total: u64,
+) -> Result<Option<String>, StartupError> {
+    if policy == Hugepages::Off || free > 0 {
+        return Ok(None);
+    }
+    let found = format!("HugePages_Free {free} of HugePages_Total {total}");
+    match policy {
+        Hugepages::Required => Err(StartupError::NoHugepages { found }),
+        _ => Ok(Some(format!(
+            "no free 2 MiB hugepages ({found}): pools will use 4 KiB pages; \
+             reserve some with `sysctl -w vm.nr_hugepages=512` (deploy/setup-host)"
+        ))),
+    }
+}
+
+/// Validates a listener address without serving it: the IP must be
+/// configured on this host, a TCP port must be free, an shm socket's
+/// directory must exist (it is created when missing) and no live process
+/// may hold the socket.
+fn check_listener(url: &ProviderUrl) -> Result<(), String> {
+    match url {
+        ProviderUrl::Tcp(a) => {
+            // Bound and released at once: holding a port nobody serves
+            // would let clients connect and hang.
+            TcpListener::bind(a)
+                .map(drop)
+                .map_err(|e| format!("{e}; free the port or change the url"))
+        }
+        ProviderUrl::Roce(a) | ProviderUrl::Ibverbs(a) => {
+            // The RDMA service port is not a socket; check that the IP is
+            // one of ours by binding an ephemeral UDP port on it.
+            UdpSocket::bind(SocketAddr::new(a.ip(), 0))
+                .map(drop)
+                .map_err(|e| format!("address {} is not usable on this host: {e}", a.ip()))
+        }
+        ProviderUrl::Shm { path } => check_shm_path(path),
+    }
+}
+
+fn check_shm_path(path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+            tracing::info!("created directory {} for the shm socket", dir.display());
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.file_type().is_socket() => Err(format!(
+            "{} exists and is not a socket; remove it or change the url",
+            path.display()
+        )),
+        Ok(_) => match UnixStream::connect(path) {
+            Ok(_) => Err(format!(
+                "socket {} is in use by a running process (another rpcrdmad?); \
+                 stop it or change the url",
+                path.display()
+            )),
+            Err(_) => {
+                tracing::info!(
+                    "stale socket {} will be replaced when the shm provider starts",
+                    path.display()
+                );
+                Ok(())
+            }
+        },
+    }
+}
+
+/// The rpcbind mappings of this daemon.
+#[derive(Debug)]
+pub struct Registration {
+    address: RpcbindAddress,
+    timeout: Duration,
+    mappings: Vec<Mapping>,
+}
+
+/// The mappings a configuration asks for, one per served program/version
+/// and (listener netid), plus log lines for listeners left out.
+pub fn planned_mappings(config: &Config) -> Vec<Mapping> {
+    let owner = nix::unistd::geteuid().to_string();
+    let mut out: Vec<Mapping> = Vec::new();
+    for l in &config.listeners {
+        let (netid, addr) = match &l.url {
+            ProviderUrl::Shm { path } => {
+                tracing::info!(
+                    "listener {}: not registered with rpcbind (shm is same-host: clients \
+                     find it by its socket path {})",
+                    l.url,
+                    path.display()
+                );
+                continue;
+            }
+            ProviderUrl::Roce(a) | ProviderUrl::Ibverbs(a) => {
+                let netid = if a.is_ipv4() {
+                    dataplane::wire::conf::NETID_RDMA
+                } else {
+                    dataplane::wire::conf::NETID_RDMA6
+                };
+                (netid, *a)
+            }
+            ProviderUrl::Tcp(a) => (if a.is_ipv4() { "tcp" } else { "tcp6" }, *a),
+        };
+        if let Some(prev) = out.iter().find(|m| m.netid == netid) {
+            tracing::warn!(
+                "listener {}: not registered with rpcbind: it holds one address per \
+                 program, version and netid, and {netid} already maps to {}",
+                l.url,
+                prev.addr
+            );
+            continue;
+        }
+        for p in SERVED_PROGRAMS {
+            out.push(Mapping {
+                program: p.program,
+                version: p.version,
+                netid: netid.to_string(),
+                addr: universal_address(addr),
+                owner: owner.clone(),
+            });
+        }
+    }
+    out
+}
+
+impl Registration {
+    fn none(config: &Config) -> Self {
+        Registration {
+            address: config.rpcbind.address.clone(),
+            timeout: Duration::from_millis(config.rpcbind.timeout_ms.into()),
+            mappings: Vec::new(),
+        }
+    }
+
+    /// RPCBPROC_SET for every planned mapping (after an UNSET that clears a
+    /// stale entry of a previous run). Never fails: problems are one
+    /// warning line and the daemon goes on without (some) registrations.
+    pub fn register(config: &Config) -> Self {
+        let mut reg = Registration::none(config);
+        let planned = planned_mappings(config);
+        if planned.is_empty() {
+            return reg;
+        }
+        let result = (|| -> Result<(), RpcbindError> {
+            let mut client = RpcbindClient::connect(&reg.address, reg.timeout)?;
+            for m in planned {
+                // Clear what a previous run may have left (rpcbind keeps one
+                // address per program, version and netid).
+                let _ = client.unset(&m)?;
+                if client.set(&m)? {
+                    tracing::info!(
+                        "rpcbind: registered program {} version {} netid {} at {} (rpcbind v{})",
+                        m.program,
+                        m.version,
+                        m.netid,
+                        m.addr,
+                        client.version()
+                    );
+                    reg.mappings.push(m);
+                } else {
+                    tracing::warn!(
+                        "rpcbind refused program {} version {} netid {} at {}: another \
+                         owner holds it",
+                        m.program,
+                        m.version,
+                        m.netid,
+                        m.addr
+                    );
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!("{e}; serving without rpcbind registration");
+        }
+        reg
+    }
+
+    /// The mappings registered.
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// RPCBPROC_UNSET for every registered mapping; a failure is one
+    /// warning line.
+    pub fn unregister(self) {
+        if self.mappings.is_empty() {
+            return;
+        }
+        let result = (|| -> Result<usize, RpcbindError> {
+            let mut client = RpcbindClient::connect(&self.address, self.timeout)?;
+            let mut removed = 0;
+            for m in &self.mappings {
+                removed += usize::from(client.unset(m)?);
+            }
+            Ok(removed)
+        })();
+        match result {
+            Ok(n) => tracing::info!("rpcbind: unregistered {n} mapping(s)"),
+            Err(e) => tracing::warn!("{e}; could not unregister from rpcbind"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hugepage_policies() {
+        assert!(hugepage_verdict(Hugepages::Off, 0, 0).unwrap().is_none());
+        assert!(hugepage_verdict(Hugepages::Prefer, 3, 64)
+            .unwrap()
+            .is_none());
+        assert!(hugepage_verdict(Hugepages::Required, 3, 64)
+            .unwrap()
+            .is_none());
+        let w = hugepage_verdict(Hugepages::Prefer, 0, 0).unwrap().unwrap();
+        assert!(
+            w.contains("4 KiB pages") && w.contains("vm.nr_hugepages"),
+            "{w}"
+        );
+        let e = hugepage_verdict(Hugepages::Required, 0, 64)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "memory.hugepages = \"required\" but no 2 MiB hugepages are free (HugePages_Free 0 \
+             of HugePages_Total 64); reserve some with deploy/setup-host or `sysctl -w \
+             vm.nr_hugepages=512`, or set memory.hugepages = \"prefer\""
+        );
+    }
+
+    #[test]
+    fn shm_listeners_are_not_registered_and_netids_follow_the_address_family() {
+        let listeners = [
+            "shm:///run/x.sock",
+            "roce://127.0.0.1:20049",
+            "ibverbs://[::1]:20049",
+            "tcp://127.0.0.1:2049",
+            "roce://127.0.0.2:20049",
+        ]
+        .iter()
+        .map(|u| crate::config::Listener {
+            url: u.parse().unwrap(),
+        })
+        .collect();
+        let c = Config {
+            listeners,
+            ..Config::default()
+        };
+        let m = planned_mappings(&c);
+        let got: Vec<(u32, &str, &str)> = m
+            .iter()
+            .map(|m| (m.program, m.netid.as_str(), m.addr.as_str()))
+            .collect();
+        let bench = crate::programs::BENCH_PROG;
+        assert_eq!(
+            got,
+            vec![
+                (100_417, "rdma", "127.0.0.1.78.81"),
+                (bench, "rdma", "127.0.0.1.78.81"),
+                (100_417, "rdma6", "::1.78.81"),
+                (bench, "rdma6", "::1.78.81"),
+                (100_417, "tcp", "127.0.0.1.8.1"),
+                (bench, "tcp", "127.0.0.1.8.1"),
+            ]
+        );
+    }
+}

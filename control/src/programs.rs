@@ -1,0 +1,51 @@
+//! The RPC programs the daemon serves, as rpcbind sees them.
+//!
+//! Until the data path exists nothing answers them; they are registered so
+//! that the registration path is exercised against the real rpcbind. The
+//! service layer (`dataplane::service`, later) will own these numbers; the
+//! bench program's number is defined here until then.
+
+use dataplane::wire::conf::{CONFIG_RDMA_PROG, CONFIG_RDMA_VERS};
+
+/// The bench program (echo, sink, source of N bytes; DESIGN s7): program
+/// number 0x2052444D ("RDM" in its low bytes), in the range RFC 5531
+/// appendix B leaves to users (0x20000000-0x3FFFFFFF).
+pub const BENCH_PROG: u32 = 0x2052_444D;
+/// The bench program's only version.
+pub const BENCH_VERS: u32 = 1;
+
+/// A served program and version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedProgram {
+    /// Program number.
+    pub program: u32,
+    /// Version.
+    pub version: u32,
+    /// Name for logs and docs.
+    pub name: &'static str,
+}
+
+/// Every program/version the daemon registers with rpcbind.
+pub const SERVED_PROGRAMS: [ServedProgram; 2] = [
+    ServedProgram {
+        program: CONFIG_RDMA_PROG,
+        version: CONFIG_RDMA_VERS,
+        name: "rdmaconfig",
+    },
+    ServedProgram {
+        program: BENCH_PROG,
+        version: BENCH_VERS,
+        name: "rpcrdma_bench",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_program_is_in_the_user_range() {
+        assert!((0x2000_0000..=0x3FFF_FFFF).contains(&BENCH_PROG));
+        assert_eq!(BENCH_PROG, 542_262_349);
+    }
+}

@@ -1,0 +1,278 @@
+//! Configuration: the shipped configs load, the defaults are the default
+//! file, and every bad file fails with exactly `FILE:LINE: message` and
+//! exit code 2 from the real binary.
+
+mod support;
+
+use control::config::{Config, HostFacts, Hugepages, IdleStrategy, ProviderUrl};
+use support::{run, scratch_dir, write_file};
+
+const DEFAULT_TOML: &str = include_str!("../../configs/default.toml");
+const DEDICATED_TOML: &str = include_str!("../../configs/dedicated-node.toml");
+
+fn host(cores: usize) -> HostFacts {
+    HostFacts {
+        cores: (0..cores).collect(),
+    }
+}
+
+#[test]
+fn default_toml_is_config_default() {
+    let parsed = Config::parse(DEFAULT_TOML, "configs/default.toml", &host(1)).unwrap();
+    assert_eq!(parsed, Config::default());
+    // And every key is spelled out: an empty file is the same config.
+    assert_eq!(Config::parse("", "empty.toml", &host(1)).unwrap(), parsed);
+    assert_eq!(parsed.workers.cores, vec![0]);
+    assert_eq!(parsed.workers.idle, IdleStrategy::Adaptive);
+    assert!(matches!(parsed.listeners[0].url, ProviderUrl::Shm { .. }));
+    assert!(parsed.metrics.address.ip().is_loopback());
+}
+
+#[test]
+fn dedicated_node_toml_loads_on_its_machine() {
+    let c = Config::parse(DEDICATED_TOML, "configs/dedicated-node.toml", &host(8)).unwrap();
+    assert_eq!(c.workers.cores, vec![2, 3, 4, 5]);
+    assert_eq!(c.workers.idle, IdleStrategy::Spin);
+    assert_eq!(c.memory.hugepages, Hugepages::Required);
+    assert_eq!(c.listeners.len(), 4);
+    assert!(matches!(c.listeners[0].url, ProviderUrl::Roce(_)));
+    assert!(matches!(c.listeners[1].url, ProviderUrl::Ibverbs(_)));
+    assert!(matches!(c.listeners[2].url, ProviderUrl::Tcp(_)));
+}
+
+#[test]
+fn shipped_configs_pass_check_config_where_the_host_allows() {
+    let (code, out, err) = run(&["--check-config", "../configs/default.toml"]);
+    assert_eq!(code, Some(0), "stderr: {err}");
+    assert_eq!(
+        out,
+        "../configs/default.toml: ok (1 worker(s), 1 listener(s))\n"
+    );
+
+    // dedicated-node.toml wants cores 2-5: fine on a big node, a one-line
+    // error naming the cores line on a small one.
+    let (code, out, err) = run(&["--check-config", "../configs/dedicated-node.toml"]);
+    if HostFacts::current()
+        .cores
+        .iter()
+        .filter(|c| (2..=5).contains(*c))
+        .count()
+        == 4
+    {
+        assert_eq!(code, Some(0), "stderr: {err}");
+        assert!(out.ends_with(": ok (4 worker(s), 4 listener(s))\n"));
+    } else {
+        assert_eq!(code, Some(2));
+        assert!(
+            err.starts_with("../configs/dedicated-node.toml:8: workers.cores: core "),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// (name, file text, line, message) of every bad config.
+fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
+    let usable = {
+        let mut v = HostFacts::current().cores;
+        v.sort_unstable();
+        v
+    };
+    let usable_text = {
+        // Same rendering as the daemon: ranges of consecutive ids.
+        let mut parts = Vec::new();
+        let mut i = 0;
+        while i < usable.len() {
+            let start = usable[i];
+            while i + 1 < usable.len() && usable[i + 1] == usable[i] + 1 {
+                i += 1;
+            }
+            parts.push(if usable[i] == start {
+                start.to_string()
+            } else {
+                format!("{start}-{}", usable[i])
+            });
+            i += 1;
+        }
+        parts.join(",")
+    };
+    vec![
+        (
+            "unknown-key",
+            "[workers]\ncores = [0]\n\n[metrics]\naddress = \"127.0.0.1:9464\"\nport = 9\n".into(),
+            6,
+            "unknown field `port`, expected `enabled` or `address`".into(),
+        ),
+        (
+            "unknown-section",
+            "# a comment\n[worker]\ncores = [0]\n".into(),
+            2,
+            "unknown field `worker`, expected one of `workers`, `listeners`, `transport`, \
+             `chunks`, `memory`, `rpcbind`, `metrics`, `shm`, `shutdown`"
+                .into(),
+        ),
+        (
+            "credits-zero",
+            "[transport]\ninline_send = 4096\ncredits = 0\n".into(),
+            3,
+            "transport.credits = 0 is out of range 1..=4096".into(),
+        ),
+        (
+            "inline-too-small",
+            "[transport]\ninline_receive = 512\n".into(),
+            2,
+            "transport.inline_receive = 512 is out of range 1024..=65536".into(),
+        ),
+        (
+            "inline-too-large",
+            "[transport]\n\ninline_send = 65537\n".into(),
+            3,
+            "transport.inline_send = 65537 is out of range 1024..=65536".into(),
+        ),
+        (
+            "unknown-scheme",
+            "[[listeners]]\nurl = \"shm:///run/a.sock\"\n\n[[listeners]]\nurl = \"iwarp://127.0.0.1:20049\"\n".into(),
+            5,
+            "unknown listener scheme `iwarp` in `iwarp://127.0.0.1:20049`: expected shm, roce, \
+             ibverbs or tcp"
+                .into(),
+        ),
+        (
+            "unparsable-url",
+            "[[listeners]]\nurl = \"roce://localhost:20049\"\n".into(),
+            2,
+            "listener URL `roce://localhost:20049`: `localhost:20049` is not IP:PORT (IPv6 as \
+             [ADDR]:PORT; host names are not resolved)"
+                .into(),
+        ),
+        (
+            "relative-shm-path",
+            "[[listeners]]\nurl = \"shm://rpcrdmad.sock\"\n".into(),
+            2,
+            "listener URL `shm://rpcrdmad.sock`: shm needs an absolute socket path, e.g. \
+             shm:///run/rpcrdma/rpcrdmad.sock"
+                .into(),
+        ),
+        (
+            "duplicate-listener",
+            "[[listeners]]\nurl = \"roce://127.0.0.1:20049\"\n[[listeners]]\nurl = \"roce://127.0.0.1:20049\"\n".into(),
+            4,
+            "listener roce://127.0.0.1:20049 is listed twice".into(),
+        ),
+        (
+            "core-beyond-host",
+            "[workers]\ncores = [\n  0,\n  4096,\n]\n".into(),
+            4,
+            format!(
+                "workers.cores: core 4096 is not available on this host (usable cores: {usable_text})"
+            ),
+        ),
+        (
+            "no-cores",
+            "[workers]\nidle = \"spin\"\ncores = []\n".into(),
+            3,
+            "workers.cores is empty: list at least one CPU id".into(),
+        ),
+        (
+            "bad-idle",
+            "[workers]\nidle = \"lazy\"\n".into(),
+            2,
+            "unknown idle strategy `lazy`: expected \"spin\" or \"adaptive\"".into(),
+        ),
+        (
+            "bad-hugepages",
+            "[memory]\nhugepages = true\n".into(),
+            2,
+            "invalid type: boolean `true`, expected a string".into(),
+        ),
+        (
+            "bad-hugepages-value",
+            "[memory]\nhugepages = \"on\"\n".into(),
+            2,
+            "unknown hugepages policy `on`: expected \"off\", \"prefer\" or \"required\"".into(),
+        ),
+        (
+            "wrong-type",
+            "[transport]\ncredits = \"many\"\n".into(),
+            2,
+            "invalid type: string \"many\", expected u32".into(),
+        ),
+        (
+            "bad-metrics-address",
+            "[metrics]\naddress = \"localhost:9464\"\n".into(),
+            2,
+            "`localhost:9464` is not IP:PORT (IPv6 as [ADDR]:PORT; host names are not resolved)"
+                .into(),
+        ),
+        (
+            "bad-rpcbind-address",
+            "[rpcbind]\naddress = \"rpcbind.local\"\n".into(),
+            2,
+            "`rpcbind.local` is not an rpcbind address: expected IP:PORT (e.g. 127.0.0.1:111) \
+             or an absolute socket path (e.g. /run/rpcbind.sock)"
+                .into(),
+        ),
+        (
+            "syntax-error",
+            "[workers]\ncores = [0\n".into(),
+            2,
+            String::new(), // the parser's wording; only the location is pinned
+        ),
+    ]
+}
+
+#[test]
+fn bad_configs_fail_with_file_line_message_in_the_library() {
+    let host = HostFacts::current();
+    for (name, text, line, message) in bad_configs() {
+        let file = format!("{name}.toml");
+        let err = Config::parse(&text, &file, &host).expect_err(name);
+        assert_eq!(err.line, Some(line), "{name}: {err}");
+        if !message.is_empty() {
+            assert_eq!(
+                err.to_string(),
+                format!("{file}:{line}: {message}"),
+                "{name}"
+            );
+        }
+        assert!(!err.to_string().contains('\n'), "{name}: {err}");
+    }
+}
+
+#[test]
+fn bad_configs_exit_2_with_one_line_from_the_binary() {
+    let dir = scratch_dir("bad-configs");
+    for (name, text, line, message) in bad_configs() {
+        let path = write_file(&dir, &format!("{name}.toml"), &text);
+        let path = path.to_str().unwrap();
+        for flag in ["--check-config", "--config"] {
+            let (code, out, err) = run(&[flag, path]);
+            assert_eq!(code, Some(2), "{name} {flag}: stderr {err}");
+            assert_eq!(out, "", "{name} {flag}");
+            assert_eq!(err.lines().count(), 1, "{name} {flag}: {err}");
+            let prefix = format!("{path}:{line}: ");
+            assert!(err.starts_with(&prefix), "{name} {flag}: {err}");
+            if !message.is_empty() {
+                assert_eq!(err, format!("{prefix}{message}\n"), "{name} {flag}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn missing_config_file_is_one_line_exit_2() {
+    let (code, _, err) = run(&["--config", "/nonexistent/rpcrdmad.toml"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        err,
+        "/nonexistent/rpcrdmad.toml: cannot read the configuration: No such file or directory \
+         (os error 2)\n"
+    );
+}
+
+#[test]
+fn config_and_check_config_conflict() {
+    let (code, _, err) = run(&["--config", "a.toml", "--check-config", "b.toml"]);
+    assert_eq!(code, Some(2), "{err}");
+}

@@ -1,0 +1,202 @@
+//! Helpers shared by the daemon's integration tests: scratch directories,
+//! running the real `rpcrdmad` binary, waiting for its log lines, signals,
+//! and the "real peer" rule (DESIGN s9).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Generous bound for anything the daemon does at start or stop. Only a
+/// guard against hanging: never an assertion about speed.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The daemon binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_rpcrdmad");
+
+/// A fresh directory for one test, removed and re-created.
+pub fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rpcrdmad-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Finds `tool` on PATH (and in /usr/sbin, /sbin, where rpcbind lives).
+pub fn find_tool(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into(), "/usr/bin".into()])
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// The real-peer rule: `Some(path)` when `tool` is installed; otherwise
+/// fails under `RPCRDMA_REQUIRE_PEERS=1`, else prints
+/// `skipped: TOOL not installed` and returns `None`.
+pub fn require_peer(tool: &str) -> Option<PathBuf> {
+    match find_tool(tool) {
+        Some(p) => Some(p),
+        None if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") => {
+            panic!("{tool} not installed and RPCRDMA_REQUIRE_PEERS=1")
+        }
+        None => {
+            println!("skipped: {tool} not installed");
+            None
+        }
+    }
+}
+
+/// A running daemon whose stderr is collected line by line.
+pub struct Daemon {
+    pub child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    rx: mpsc::Receiver<String>,
+}
+
+impl Daemon {
+    /// Starts `rpcrdmad ARGS`.
+    pub fn spawn(args: &[&str]) -> Daemon {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rpcrdmad");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rpcrdmad] {line}");
+                sink.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        Daemon { child, lines, rx }
+    }
+
+    /// Waits for a stderr line containing `needle`; panics (after killing
+    /// the daemon) when the daemon exits first or PATIENCE runs out.
+    pub fn wait_for_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => continue,
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "no line containing {needle:?}; stderr so far:\n{}",
+                        self.stderr()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Everything the daemon wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// Sends `sig` to the daemon.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).expect("kill");
+    }
+
+    /// Waits for the daemon to exit (killing it after PATIENCE) and
+    /// returns its status once its stderr is fully read.
+    pub fn wait(&mut self) -> ExitStatus {
+        let status = wait_child(&mut self.child);
+        // The reader thread ends at EOF; drain what it still sends.
+        let deadline = Instant::now() + PATIENCE;
+        while let Ok(_line) = self
+            .rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {}
+        status
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits for `child`, killing it after PATIENCE.
+pub fn wait_child(child: &mut Child) -> ExitStatus {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `rpcrdmad ARGS` to completion: (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rpcrdmad");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = wait_child(&mut child);
+    (status.code(), t_out.join().unwrap(), t_err.join().unwrap())
+}
+
+/// `GET path` over HTTP/1.1; returns (status line, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, PATIENCE).expect("connect to metrics");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP head");
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}

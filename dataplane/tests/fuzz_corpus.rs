@@ -1,0 +1,100 @@
+//! Replays the hand-written seeds in `fuzz/seeds/` and the fuzzing corpora
+//! in `fuzz/corpus/` (what `deploy/fuzz` found, minimised and committed)
+//! through the same entry points the cargo-fuzz targets call. Long fuzzing
+//! runs are not a CI step; this is how CI keeps what they found.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use dataplane::wire::{conf2, rpc, rpcrdma, rtrext};
+
+fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut inputs: Vec<_> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| {
+            let path = entry.expect("readable directory").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, fs::read(&path).expect("readable input file"))
+        })
+        .collect();
+    inputs.sort();
+    inputs
+}
+
+/// The seeds of `target`: real messages in the RFC layouts, which must
+/// parse successfully, not merely not panic.
+fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/seeds")
+        .join(target);
+    let seeds = read_dir_sorted(&dir);
+    assert!(!seeds.is_empty(), "{}: no seeds", dir.display());
+    seeds
+}
+
+/// The fuzzer-grown corpus of `target`.
+fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let corpus = read_dir_sorted(&dir);
+    assert!(corpus.len() >= 10, "{}: corpus missing", dir.display());
+    corpus
+}
+
+#[test]
+fn replay_rpcrdma_header_corpus() {
+    for (name, input) in seeds("rpcrdma_header") {
+        rpcrdma::fuzz_parse(&input);
+        let is_header = !matches!(name.as_str(), "private_data" | "conf_req" | "vers2_header");
+        if is_header {
+            let parsed = rpcrdma::TransportHeader::parse(&input, &rpcrdma::Limits::DEFAULT);
+            assert!(parsed.is_ok(), "{name}: {parsed:?}");
+        }
+    }
+    for (_, input) in corpus("rpcrdma_header") {
+        rpcrdma::fuzz_parse(&input);
+    }
+}
+
+#[test]
+fn replay_rpc_message_corpus() {
+    for (name, input) in seeds("rpc_message") {
+        rpc::fuzz_parse(&input);
+        assert!(rpc::RpcMessage::parse(&input).is_ok(), "{name}");
+    }
+    for (_, input) in corpus("rpc_message") {
+        rpc::fuzz_parse(&input);
+    }
+}
+
+#[test]
+fn replay_record_marking_corpus() {
+    for (_, input) in seeds("record_marking")
+        .into_iter()
+        .chain(corpus("record_marking"))
+    {
+        rpc::fuzz_reassembly(&input);
+    }
+}
+
+#[test]
+fn replay_rtrext_corpus() {
+    let limits = rtrext::Limits::DEFAULT;
+    for (name, input) in seeds("rtrext") {
+        rtrext::fuzz_parse(&input);
+        if name.starts_with("conf2_req") {
+            let r = conf2::ConfigRdmaReqV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else if name.starts_with("conf2_reply") {
+            let r = conf2::ConfigRdmaReplyV2::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        } else {
+            let r = rtrext::OptionalHeader::parse(&input, &limits);
+            assert!(r.is_ok(), "{name}: {r:?}");
+        }
+    }
+    for (_, input) in corpus("rtrext") {
+        rtrext::fuzz_parse(&input);
+    }
+}

@@ -1,0 +1,5 @@
+//! Helpers shared by the integration tests. Each test binary includes only
+//! what it uses.
+#![allow(dead_code)]
+
+pub mod alloc_counter;
