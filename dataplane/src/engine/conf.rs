@@ -3,15 +3,19 @@
 //!
 //! Responder: with [`Config::serve_conf_rdma`] the engine answers program
 //! 100417 itself, in-band, from its configuration (DESIGN s5): version 1
-//! procedure 1 takes the client's limits and returns ours, procedure 0
-//! (NULL) succeeds, other procedures get PROC_UNAVAIL, other versions
-//! PROG_MISMATCH 1..1 (what a Version One peer asking for a later version
-//! of the protocol is told), arguments that do not decode GARBAGE_ARGS.
+//! procedure 1 takes the client's limits and returns ours; version 2
+//! procedure 1 (docs/EXTENSIONS.md) does the same and also exchanges
+//! extension advertisements, and both sides then use
+//! `negotiate(ours, theirs)`; procedure 0 (NULL) succeeds, other
+//! procedures get PROC_UNAVAIL, other versions PROG_MISMATCH 1..2,
+//! arguments that do not decode GARBAGE_ARGS.
 //!
 //! Requester: [`Connection::conf_rdma_request`] says what to ask for,
 //! [`encode_conf_rdma_call`] builds the call to pass to
 //! [`Connection::send_call`], [`decode_conf_rdma_reply`] reads the answer
-//! and [`Connection::apply_conf_rdma_reply`] applies it. RFC 5666 s6.1:
+//! and [`Connection::apply_conf_rdma_reply`] applies it; the `_v2`
+//! functions do the same for version 2, and a `PROG_MISMATCH` answer to it
+//! means a plain Version One peer (`conf2::is_plain_version_one`). RFC 5666 s6.1:
 //! until that reply arrives the client assumes one credit and 1 KB
 //! messages, which is where a requester's grant starts anyway.
 //!
@@ -32,7 +36,9 @@ use crate::wire::conf::{
     ConfigRdmaReply, ConfigRdmaReq, CONFIG_RDMA_PROC_NULL, CONFIG_RDMA_PROG, CONFIG_RDMA_VERS,
     CONF_RDMA_PROC,
 };
+use crate::wire::conf2::{negotiate, ConfigRdmaReplyV2, ConfigRdmaReqV2, CONFIG_RDMA_VERS2};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
+use crate::wire::rtrext::{Limits as PropLimits, PropertyList};
 use crate::wire::xdr::Encoder;
 
 /// The `align` we report: XDR alignment, no RDMA_MSGP padding.
@@ -143,42 +149,152 @@ impl Connection {
             .bytes(call_buf)
             .get(hl..call_len as usize)
             .unwrap_or(&[]);
-        let (status, result) = if version != CONFIG_RDMA_VERS {
-            (
+        let (status, result) = match (version, procedure) {
+            (CONFIG_RDMA_VERS | CONFIG_RDMA_VERS2, CONFIG_RDMA_PROC_NULL) => {
+                (AcceptStatus::Success, ConfResult::None)
+            }
+            (CONFIG_RDMA_VERS, CONF_RDMA_PROC) => match ConfigRdmaReq::parse(args) {
+                Ok(req) => {
+                    self.apply_conf_rdma_request(&req);
+                    (
+                        AcceptStatus::Success,
+                        ConfResult::V1(self.config.conf_rdma_reply()),
+                    )
+                }
+                Err(_) => (AcceptStatus::GarbageArgs, ConfResult::None),
+            },
+            // Version 2 (docs/EXTENSIONS.md): the v1 words plus property
+            // lists; the extensions in use are those both lists name.
+            // Control path, once per connection: it may allocate.
+            (CONFIG_RDMA_VERS2, CONF_RDMA_PROC) => {
+                match ConfigRdmaReqV2::parse(args, &PropLimits::DEFAULT) {
+                    Ok(req) => {
+                        self.apply_conf_rdma_request(&req.base);
+                        let ours = self.config.extensions;
+                        self.negotiated = negotiate(ours, req.properties.extensions());
+                        let mut reply = ConfigRdmaReplyV2 {
+                            base: self.config.conf_rdma_reply(),
+                            properties: PropertyList::new(),
+                        };
+                        match reply.properties.push_extensions(ours) {
+                            Ok(()) => (AcceptStatus::Success, ConfResult::V2(reply)),
+                            Err(_) => (AcceptStatus::SystemErr, ConfResult::None),
+                        }
+                    }
+                    Err(_) => (AcceptStatus::GarbageArgs, ConfResult::None),
+                }
+            }
+            (CONFIG_RDMA_VERS | CONFIG_RDMA_VERS2, _) => {
+                (AcceptStatus::ProcUnavail, ConfResult::None)
+            }
+            _ => (
                 AcceptStatus::ProgMismatch {
                     low: CONFIG_RDMA_VERS,
-                    high: CONFIG_RDMA_VERS,
+                    high: CONFIG_RDMA_VERS2,
                 },
-                None,
-            )
-        } else {
-            match procedure {
-                CONFIG_RDMA_PROC_NULL => (AcceptStatus::Success, None),
-                CONF_RDMA_PROC => match ConfigRdmaReq::parse(args) {
-                    Ok(req) => {
-                        // The client's reply size bounds our inline
-                        // replies; its IRD our Reads.
-                        self.set_peer_limits(PeerLimits {
-                            inline_recv_size: req.maxreply_sendsize,
-                            inline_send_size: req.maxcall_sendsize,
-                            max_rdma_read: self.config.max_rdma_read.min(req.maxrdmaread),
-                        });
-                        (AcceptStatus::Success, Some(self.config.conf_rdma_reply()))
-                    }
-                    Err(_) => (AcceptStatus::GarbageArgs, None),
-                },
-                _ => (AcceptStatus::ProcUnavail, None),
-            }
+                ConfResult::None,
+            ),
         };
         let mut e = Encoder::new(self.bufs.bytes_mut(reply_buf));
         let encoded = ReplyHeader::accepted(xid, OpaqueAuth::None, status)
             .emit(&mut e)
-            .and_then(|()| result.map_or(Ok(()), |r| r.encode(&mut e)));
+            .and_then(|()| match &result {
+                ConfResult::None => Ok(()),
+                ConfResult::V1(r) => r.encode(&mut e),
+                ConfResult::V2(r) => r.encode(&mut e),
+            });
         let len = e.position();
         if encoded.is_err() {
             return false;
         }
         self.stats.conf_rdma_answered += 1;
         self.post_encoded_reply(now, idx, len).is_ok()
+    }
+
+    /// A client's CONF_RDMA limits: its reply size bounds our inline
+    /// replies, its Send size the replies it may send us, its IRD our
+    /// Reads.
+    fn apply_conf_rdma_request(&mut self, req: &ConfigRdmaReq) {
+        self.set_peer_limits(PeerLimits {
+            inline_recv_size: req.maxreply_sendsize,
+            inline_send_size: req.maxcall_sendsize,
+            max_rdma_read: self.config.max_rdma_read.min(req.maxrdmaread),
+        });
+    }
+
+    /// The CONF_RDMA version 2 arguments describing us as a client: the
+    /// version 1 words and our advertised extensions.
+    ///
+    /// # Errors
+    /// Only if the property list cannot hold the advertisement (it can).
+    pub fn conf_rdma_request_v2(&self) -> Result<ConfigRdmaReqV2, crate::wire::Error> {
+        let mut properties = PropertyList::new();
+        properties.push_extensions(self.config.extensions)?;
+        Ok(ConfigRdmaReqV2 {
+            base: self.conf_rdma_request(),
+            properties,
+        })
+    }
+
+    /// Applies the server's CONF_RDMA version 2 reply: its limits as for
+    /// version 1, and the extensions both sides advertised. (A server
+    /// answering PROG_MISMATCH / PROG_UNAVAIL / PROC_UNAVAIL is plain
+    /// Version One, `conf2::is_plain_version_one`: nothing to apply.)
+    pub fn apply_conf_rdma_reply_v2(&mut self, reply: &ConfigRdmaReplyV2) {
+        self.apply_conf_rdma_reply(&reply.base);
+        self.negotiated = negotiate(self.config.extensions, reply.properties.extensions());
+    }
+}
+
+/// The result body of an in-band CONF_RDMA answer.
+#[derive(Debug)]
+enum ConfResult {
+    None,
+    V1(ConfigRdmaReply),
+    V2(ConfigRdmaReplyV2),
+}
+
+/// Encodes a CONF_RDMA v2 call (AUTH_NONE) with `req` into `buf`; returns
+/// its length.
+///
+/// # Errors
+/// [`crate::wire::Error::BufferTooShort`] if `buf` cannot hold the call, or
+/// an error of the property list.
+pub fn encode_conf_rdma_call_v2(
+    buf: &mut [u8],
+    xid: u32,
+    req: &ConfigRdmaReqV2,
+) -> Result<usize, crate::wire::Error> {
+    let mut e = Encoder::new(buf);
+    CallHeader::new(
+        xid,
+        CONFIG_RDMA_PROG,
+        CONFIG_RDMA_VERS2,
+        CONF_RDMA_PROC,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    )
+    .emit(&mut e)?;
+    req.encode(&mut e)?;
+    Ok(e.position())
+}
+
+/// Decodes the reply to a CONF_RDMA v2 call.
+///
+/// # Errors
+/// [`ConfRdmaError`]; [`ConfRdmaError::NotSuccessful`] with a status for
+/// which `conf2::is_plain_version_one` holds means the peer is plain
+/// Version One.
+pub fn decode_conf_rdma_reply_v2(msg: &[u8]) -> Result<ConfigRdmaReplyV2, ConfRdmaError> {
+    let (h, hl) = ReplyHeader::parse(msg).map_err(ConfRdmaError::Decode)?;
+    match h.body {
+        ReplyBody::Denied(_) => Err(ConfRdmaError::Denied),
+        ReplyBody::Accepted(a) if a.status != AcceptStatus::Success => {
+            Err(ConfRdmaError::NotSuccessful(a.status))
+        }
+        ReplyBody::Accepted(_) => {
+            ConfigRdmaReplyV2::parse(msg.get(hl..).unwrap_or(&[]), &PropLimits::DEFAULT)
+                .map_err(ConfRdmaError::Decode)
+        }
     }
 }

@@ -9,7 +9,7 @@ use super::requester::{CallSlot, CallState};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
 use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
-use super::{CloseReason, Config, ConfigError, Event, PeerLimits};
+use super::{CloseReason, Config, ConfigError, Event, Extensions, PeerLimits};
 use crate::wire::rpc::{peek_direction, MessageType};
 use crate::wire::rpcrdma::{
     Decoded, ErrorBody, HeaderView, MessageBody, TransportHeader, RPCRDMA_VERSION,
@@ -172,6 +172,8 @@ pub struct Connection {
     pub(super) done_queue: VecDeque<u32>,
     /// Replies exposed in read chunks, waiting for RDMA_DONE.
     pub(super) dones_pending: u32,
+    /// Extensions in use on this connection (both peers advertised them).
+    pub(super) negotiated: Extensions,
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
@@ -257,7 +259,7 @@ impl Connection {
         // have exposed in a read chunk.
         let n_recv = c.credits
             + c.max_outstanding_calls
-            + if c.reply_read_chunks {
+            + if c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS) {
                 c.max_reply_read_chunks
             } else {
                 0
@@ -352,6 +354,11 @@ impl Connection {
             read_fifo: VecDeque::with_capacity(serves.len() + n_calls),
             done_queue: VecDeque::with_capacity(n_calls),
             dones_pending: 0,
+            negotiated: if c.reply_read_chunks {
+                Extensions::RESPONDER_READ_CHUNKS
+            } else {
+                Extensions::EMPTY
+            },
             serves,
             serve_free,
             reads_in_flight: 0,
@@ -401,6 +408,18 @@ impl Connection {
     /// Why the connection closed, if it did.
     pub fn close_reason(&self) -> Option<CloseReason> {
         self.closed
+    }
+
+    /// Extensions in use on this connection: those both peers advertised
+    /// (CONF_RDMA v2, docs/EXTENSIONS.md), or preset by
+    /// [`Config::reply_read_chunks`].
+    pub fn negotiated(&self) -> Extensions {
+        self.negotiated
+    }
+
+    /// True when replies may travel in responder-provided read chunks.
+    pub(super) fn reply_read_chunks(&self) -> bool {
+        self.negotiated.contains(Extensions::RESPONDER_READ_CHUNKS)
     }
 
     /// Credits the peer granted us (RFC 5666 s3.3).

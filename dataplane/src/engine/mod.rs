@@ -53,12 +53,16 @@ mod harness;
 mod tests;
 
 pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
-pub use conf::{decode_conf_rdma_reply, encode_conf_rdma_call, ConfRdmaError};
+pub use conf::{
+    decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
+    encode_conf_rdma_call_v2, ConfRdmaError,
+};
 pub use connection::{Connection, Resources, Stats};
 pub use fuzz::fuzz_recv;
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 
+pub use crate::wire::conf2::Extensions;
 use crate::wire::rpcrdma::{Limits, PrivateData, DEFAULT_INLINE_SIZE};
 use core::time::Duration;
 
@@ -103,11 +107,17 @@ pub struct Config {
     /// Answer CONF_RDMA (program 100417) calls in the engine, from this
     /// configuration (RFC 5666 s6), instead of delivering them.
     pub serve_conf_rdma: bool,
-    /// Both peers advertised responder-provided read chunks for replies
-    /// (draft-lever; the advertisement itself is outside the engine). Then
-    /// a reply that fits neither inline nor in a reply chunk is exposed in
-    /// a position-zero read chunk and released by RDMA_DONE, and replies
-    /// carrying such a chunk are pulled.
+    /// Extensions we advertise in a CONF_RDMA version 2 exchange
+    /// (docs/EXTENSIONS.md). The engine implements
+    /// [`Extensions::RESPONDER_READ_CHUNKS`]; other bits are ignored.
+    /// Default: none (plain Version One).
+    pub extensions: Extensions,
+    /// Responder-provided read chunks are in use from the start, because
+    /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange
+    /// turns them on, see [`Connection::negotiated`]). Then a reply that
+    /// fits neither inline nor in a reply chunk is exposed in a
+    /// position-zero read chunk and released by RDMA_DONE, and replies
+    /// carrying such a chunk are pulled (draft-lever s4).
     pub reply_read_chunks: bool,
     /// Replies exposed in read chunks at once at most; each reserves one
     /// receive buffer for its RDMA_DONE.
@@ -153,6 +163,7 @@ impl Default for Config {
             max_rdma_read: 16,
             inbound_rdma_read: 16,
             serve_conf_rdma: true,
+            extensions: Extensions::EMPTY,
             reply_read_chunks: false,
             max_reply_read_chunks: 8,
             done_timeout: Duration::from_secs(1),

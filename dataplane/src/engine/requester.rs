@@ -510,7 +510,7 @@ impl Connection {
     /// RDMA_NOMSG (draft-lever s4.1.2): plan the Reads into the slot's
     /// reply buffer and queue them. Refused unless both peers support it.
     fn start_reply_pull(&mut self, idx: usize) -> Result<Option<(u32, Option<u32>)>, CallFailure> {
-        if !self.config.reply_read_chunks {
+        if !self.reply_read_chunks() {
             return Err(CallFailure::UnsupportedReply);
         }
         if self.rx_hdr.body != MessageBody::NoMsg {

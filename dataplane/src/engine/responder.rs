@@ -15,7 +15,7 @@
 //! inline receive size, else by RDMA Write into the call's reply chunk
 //! with an RDMA_NOMSG (s5.2), never past the chunk's end. Writes are
 //! queued before the Send that announces them. When both peers support
-//! it (`Config::reply_read_chunks`), a reply too large for every
+//! it (negotiated, see `Connection::negotiated`), a reply too large for every
 //! requester-provided resource is exposed in a position-zero read chunk
 //! instead, until RDMA_DONE or the reclaim timer (s3.8, draft-lever s4.1).
 
@@ -690,7 +690,7 @@ impl Connection {
                 // Every requester-provided resource is too small: expose
                 // the reply in a position-zero read chunk, if both peers
                 // support it (draft-lever s4.1.1).
-                _ if self.config.reply_read_chunks
+                _ if self.reply_read_chunks()
                     && self.dones_pending < self.config.max_reply_read_chunks
                     && base + 24 + 4 <= send_limit =>
                 {

@@ -6,6 +6,8 @@ use std::rc::Rc;
 
 use super::harness::*;
 use super::*;
+use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
 use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHeader};
 
 const KIB: u32 = 1024;
@@ -1040,8 +1042,8 @@ fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
     let cases = [
         (call(1, 1, 0, &[]), None),
         (
-            call(2, 2, CONF_RDMA_PROC, &[0; 12]),
-            Some(AcceptStatus::ProgMismatch { low: 1, high: 1 }),
+            call(2, 3, CONF_RDMA_PROC, &[0; 12]),
+            Some(AcceptStatus::ProgMismatch { low: 1, high: 2 }),
         ),
         (call(3, 1, 9, &[]), Some(AcceptStatus::ProcUnavail)),
         (
@@ -1734,4 +1736,103 @@ fn rfc5666_s3_6_s5_2_reply_claiming_more_than_offered_fails_the_call() {
         ]
     );
     assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+}
+
+fn conf_v2_exchange(p: &mut Pair) -> Result<crate::wire::conf2::ConfigRdmaReplyV2, ConfRdmaError> {
+    let req = p.peers[CLIENT].conn.conf_rdma_request_v2().unwrap();
+    let mut buf = [0u8; 128];
+    let n = encode_conf_rdma_call_v2(&mut buf, 0x0c01, &req).unwrap();
+    let h = conf_call(p, &buf[..n]);
+    p.drive();
+    let r = decode_conf_rdma_reply_v2(p.peers[CLIENT].conn.reply_message(h).unwrap());
+    p.conn(CLIENT).release_reply(h);
+    r
+}
+
+#[test]
+fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_advertise() {
+    let rrc_adv = |c: Config| Config {
+        extensions: Extensions::RESPONDER_READ_CHUNKS,
+        ..c
+    };
+    // Both advertise: negotiated on both sides, then used.
+    let mut p = Pair::new(rrc_adv(cfg()), rrc_adv(cfg()));
+    let reply = conf_v2_exchange(&mut p).unwrap();
+    assert_eq!(
+        reply.properties.extensions(),
+        Extensions::RESPONDER_READ_CHUNKS
+    );
+    assert_eq!(
+        p.peers[SERVER].conn.negotiated(),
+        Extensions::RESPONDER_READ_CHUNKS
+    );
+    assert_eq!(
+        p.peers[CLIENT].conn.negotiated(),
+        Extensions::EMPTY,
+        "not applied yet"
+    );
+    p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
+    assert_eq!(
+        p.peers[CLIENT].conn.negotiated(),
+        Extensions::RESPONDER_READ_CHUNKS
+    );
+    let data = payload(20_000, 41);
+    let h = send(&mut p, 2, &data, true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    assert_eq!(p.peers[SERVER].conn.stats().done_received, 1);
+    close_and_check_leaks(&mut p);
+
+    // Only the client advertises: nothing is negotiated, a reply too long
+    // for the offered resources is refused, not exposed.
+    let mut p = Pair::new(rrc_adv(cfg()), cfg());
+    let reply = conf_v2_exchange(&mut p).unwrap();
+    p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
+    for side in [CLIENT, SERVER] {
+        assert_eq!(p.peers[side].conn.negotiated(), Extensions::EMPTY);
+    }
+    send(&mut p, 3, b"q", false, expect(512, None));
+    let outcome = Rc::new(RefCell::new(None));
+    let o2 = outcome.clone();
+    p.drive_with(&mut move |side, conn, now, ev| {
+        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+            let big = echo_reply(xid, &payload(20_000, 1)).0;
+            *o2.borrow_mut() = Some(conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &big,
+                    ddp: None,
+                },
+            ));
+        }
+    });
+    assert_eq!(*outcome.borrow(), Some(Err(ReplyError::TooLarge)));
+}
+
+#[test]
+fn extensions_conf_rdma_unknown_version_is_prog_mismatch_1_to_2() {
+    let mut p = pair();
+    let h = CallHeader::new(
+        9,
+        CONFIG_RDMA_PROG,
+        3,
+        CONF_RDMA_PROC,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    );
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut crate::wire::xdr::Encoder::new(&mut v)).unwrap();
+    let handle = conf_call(&mut p, &v);
+    p.drive();
+    let r = decode_conf_rdma_reply_v2(p.peers[CLIENT].conn.reply_message(handle).unwrap());
+    let Err(ConfRdmaError::NotSuccessful(st)) = r else {
+        panic!("{r:?}");
+    };
+    assert_eq!(st, AcceptStatus::ProgMismatch { low: 1, high: 2 });
+    assert!(!crate::wire::conf2::is_plain_version_one(
+        AcceptStatus::Success
+    ));
+    assert!(crate::wire::conf2::is_plain_version_one(st));
+    close_and_check_leaks(&mut p);
 }
