@@ -31,7 +31,7 @@
 //!   nor accept RDMA_MSGP padding.
 
 use super::time::Instant;
-use super::{Config, Connection, PeerLimits};
+use super::{Config, Connection, Extensions, PeerLimits};
 use crate::wire::conf::{
     ConfigRdmaReply, ConfigRdmaReq, CONFIG_RDMA_PROC_NULL, CONFIG_RDMA_PROG, CONFIG_RDMA_VERS,
     CONF_RDMA_PROC,
@@ -170,7 +170,7 @@ impl Connection {
                 match ConfigRdmaReqV2::parse(args, &PropLimits::DEFAULT) {
                     Ok(req) => {
                         self.apply_conf_rdma_request(&req.base);
-                        let ours = self.config.extensions;
+                        let ours = self.advertised_extensions();
                         self.negotiated = negotiate(ours, req.properties.extensions());
                         let mut reply = ConfigRdmaReplyV2 {
                             base: self.config.conf_rdma_reply(),
@@ -229,7 +229,7 @@ impl Connection {
     /// Only if the property list cannot hold the advertisement (it can).
     pub fn conf_rdma_request_v2(&self) -> Result<ConfigRdmaReqV2, crate::wire::Error> {
         let mut properties = PropertyList::new();
-        properties.push_extensions(self.config.extensions)?;
+        properties.push_extensions(self.advertised_extensions())?;
         Ok(ConfigRdmaReqV2 {
             base: self.conf_rdma_request(),
             properties,
@@ -242,7 +242,16 @@ impl Connection {
     /// Version One, `conf2::is_plain_version_one`: nothing to apply.)
     pub fn apply_conf_rdma_reply_v2(&mut self, reply: &ConfigRdmaReplyV2) {
         self.apply_conf_rdma_reply(&reply.base);
-        self.negotiated = negotiate(self.config.extensions, reply.properties.extensions());
+        self.negotiated = negotiate(self.advertised_extensions(), reply.properties.extensions());
+    }
+
+    /// What we advertise: the configured extensions the engine implements
+    /// (only responder-provided read chunks so far), never a promise it
+    /// cannot keep.
+    pub fn advertised_extensions(&self) -> Extensions {
+        self.config
+            .extensions
+            .intersection(Extensions::RESPONDER_READ_CHUNKS)
     }
 }
 

@@ -1751,8 +1751,9 @@ fn conf_v2_exchange(p: &mut Pair) -> Result<crate::wire::conf2::ConfigRdmaReplyV
 
 #[test]
 fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_advertise() {
+    // ALL is configured, but only what the engine implements is advertised.
     let rrc_adv = |c: Config| Config {
-        extensions: Extensions::RESPONDER_READ_CHUNKS,
+        extensions: Extensions::ALL,
         ..c
     };
     // Both advertise: negotiated on both sides, then used.
