@@ -13,6 +13,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod engine;
 pub mod mem;
 pub mod verbs;
 pub mod wire;

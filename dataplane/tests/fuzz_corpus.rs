@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use dataplane::engine;
 use dataplane::wire::{conf2, rpc, rpcrdma, rtrext};
 
 fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -96,5 +97,15 @@ fn replay_rtrext_corpus() {
     }
     for (_, input) in corpus("rtrext") {
         rtrext::fuzz_parse(&input);
+    }
+}
+
+#[test]
+fn replay_engine_recv_corpus() {
+    for (_, input) in seeds("engine_recv")
+        .into_iter()
+        .chain(corpus("engine_recv"))
+    {
+        engine::fuzz_recv(&input);
     }
 }

@@ -1,0 +1,766 @@
+//! The [`Connection`]: construction, the input dispatch (`handle_*`), the
+//! outputs (`poll_*`), closing and the leak check. The requester and
+//! responder halves live in `requester.rs` and `responder.rs`.
+
+use std::collections::VecDeque;
+
+use super::buffers::{Access, BufClass, BufId, BufferTable, BufferTableBuilder, SlabMemory};
+use super::requester::{CallSlot, CallState};
+use super::responder::{ServeSlot, ServeState};
+use super::time::{Instant, Timer, TimerTable};
+use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
+use super::{CloseReason, Config, ConfigError, Event, Extensions, PeerLimits};
+use crate::wire::rpc::{peek_direction, MessageType};
+use crate::wire::rpcrdma::{
+    Decoded, ErrorBody, HeaderView, MessageBody, TransportHeader, RPCRDMA_VERSION,
+};
+
+/// Counters of everything the engine dropped, refused or noticed. Data-path
+/// errors are cheap values counted here (DESIGN s10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Calls posted (Send of a call).
+    pub calls_sent: u64,
+    /// Replies matched to our calls.
+    pub replies_received: u64,
+    /// Calls complete and accepted: delivered to the application, or
+    /// answered by the engine (CONF_RDMA).
+    pub calls_received: u64,
+    /// Replies posted.
+    pub replies_sent: u64,
+    /// RDMA_ERROR / ERR_VERS sent.
+    pub err_vers_sent: u64,
+    /// RDMA_ERROR / ERR_CHUNK sent.
+    pub err_chunk_sent: u64,
+    /// RDMA_ERROR replies not sent because no error buffer was free.
+    pub error_replies_dropped: u64,
+    /// Completions whose id is unknown, stale (generation mismatch) or
+    /// duplicated: dropped.
+    pub stale_completions: u64,
+    /// Calls the peer sent beyond our grant (each closes the connection).
+    pub credit_overruns: u64,
+    /// Replies and errors whose XID matches none of our calls: dropped.
+    pub unmatched_replies: u64,
+    /// Replies to calls that had already timed out: dropped.
+    pub late_replies: u64,
+    /// CONF_RDMA calls the engine answered itself (RFC 5666 s6).
+    pub conf_rdma_answered: u64,
+    /// RDMA_DONE matching none of our exposed replies: dropped.
+    pub done_ignored: u64,
+    /// RDMA_DONE that released an exposed reply.
+    pub done_received: u64,
+    /// RDMA_DONE sent after pulling a reply's read chunk.
+    pub done_sent: u64,
+    /// Exposed replies withdrawn by the reclaim timer, without RDMA_DONE.
+    pub done_timeouts: u64,
+    /// Replies we exposed in a read chunk (responder side).
+    pub replies_exposed: u64,
+    /// Replies we pulled from a read chunk (requester side).
+    pub replies_pulled: u64,
+    /// Calls that waited for a responder slot (their receive held).
+    pub calls_parked: u64,
+    /// Messages shorter than the four fixed header words: dropped (there
+    /// is no XID to answer).
+    pub runts_dropped: u64,
+    /// Receives reporting more bytes than the buffer holds: dropped.
+    pub bad_recv_len: u64,
+    /// Highest number of peer calls in progress at once.
+    pub max_active_calls: u32,
+    /// Highest number of our calls (and RDMA_DONEs, which take a credit)
+    /// outstanding at once.
+    pub max_outstanding_calls: u32,
+    /// Highest number of RDMA Reads in flight at once.
+    pub max_reads_in_flight: u32,
+}
+
+/// Resources in use, for the leak check: after [`Connection::close`] and
+/// the flush of every posted work request, all of it is zero
+/// ([`Resources::is_idle`]) unless the application still holds a reply it
+/// has not released.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Receive buffers posted (or queued for posting).
+    pub recvs_posted: u32,
+    /// Requester slots not free (including replies not yet released).
+    pub call_slots_busy: u32,
+    /// Responder slots not free.
+    pub serve_slots_busy: u32,
+    /// RDMA_ERROR buffers in flight.
+    pub error_sends_busy: u32,
+    /// RDMA Reads in flight.
+    pub reads_in_flight: u32,
+    /// Buffers exposed to the peer for RDMA.
+    pub buffers_exposed: u32,
+}
+
+impl Resources {
+    /// True when nothing at all is in use.
+    pub fn is_idle(&self) -> bool {
+        *self == Resources::default()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RecvBuf {
+    pub(super) buf: BufId,
+    pub(super) generation: u32,
+    pub(super) posted: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ErrBuf {
+    pub(super) buf: BufId,
+    pub(super) generation: u32,
+    pub(super) busy: bool,
+}
+
+/// One RDMA Read to issue: a peer segment and where its bytes go.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingRead {
+    pub(super) seg: crate::wire::rpcrdma::Segment,
+    pub(super) dest: u32,
+}
+
+/// Whose Reads a read FIFO entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadOwner {
+    /// A responder slot pulling a call's read chunks.
+    Serve(u32),
+    /// A requester slot pulling a reply's read chunk.
+    Call(u32),
+}
+
+/// What became of a received message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Disposition {
+    /// Handled; the receive buffer can be reposted.
+    Done,
+    /// A valid call within the grant found no free responder slot: keep
+    /// the receive buffer and process it again when a slot frees.
+    Park,
+}
+
+/// One RPC-over-RDMA connection, both directions (module docs).
+#[derive(Debug)]
+pub struct Connection {
+    pub(super) config: Config,
+    pub(super) closed: Option<CloseReason>,
+    pub(super) bufs: BufferTable,
+    /// Scratch for the header being parsed; reused, never reallocated.
+    pub(super) rx_hdr: TransportHeader,
+    /// Scratch for the header being built.
+    pub(super) tx_hdr: TransportHeader,
+    pub(super) recvs: Vec<RecvBuf>,
+    pub(super) err_bufs: Vec<ErrBuf>,
+    pub(super) err_free: Vec<u32>,
+    // Requester side.
+    pub(super) calls: Vec<CallSlot>,
+    pub(super) call_free: Vec<u32>,
+    /// Calls encoded and waiting for a credit, in order.
+    pub(super) call_queue: VecDeque<u32>,
+    /// The peer's latest grant (RFC 5666 s3.3); 1 until the first reply.
+    pub(super) granted: u32,
+    /// Our calls sent and not yet answered.
+    pub(super) outstanding: u32,
+    // Responder side.
+    pub(super) serves: Vec<ServeSlot>,
+    pub(super) serve_free: Vec<u32>,
+    /// Slots with RDMA Reads still to issue, oldest first (both halves
+    /// share `max_rdma_read`).
+    pub(super) read_fifo: VecDeque<ReadOwner>,
+    /// RDMA_DONEs to send (XIDs), waiting for a credit or a control buffer.
+    pub(super) done_queue: VecDeque<u32>,
+    /// Replies exposed in read chunks, waiting for RDMA_DONE.
+    pub(super) dones_pending: u32,
+    /// Extensions in use on this connection (both peers advertised them).
+    pub(super) negotiated: Extensions,
+    pub(super) reads_in_flight: u32,
+    /// Peer calls received and not yet answered (counted against the grant).
+    pub(super) active_calls: u32,
+    /// Receives holding calls that wait for a responder slot, oldest first:
+    /// (receive index, length).
+    pub(super) parked: VecDeque<(u32, u32)>,
+    // Outputs.
+    pub(super) tx: VecDeque<WorkRequest>,
+    pub(super) events: VecDeque<Event>,
+    pub(super) timers: TimerTable,
+    pub(super) stats: Stats,
+}
+
+impl Connection {
+    /// Builds a connection: allocates its slab, slots and queues once, and
+    /// queues a [`WorkRequest::PostRecv`] for every receive buffer (poll
+    /// them before connecting, as a verbs consumer pre-posts receives).
+    ///
+    /// Receive buffers: `credits + max_outstanding_calls` (every call the
+    /// peer may send within its grant, plus a reply to each of our calls).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a configuration outside the documented ranges.
+    pub fn new(config: Config) -> Result<Connection, ConfigError> {
+        Self::build(config, None)
+    }
+
+    /// [`Connection::new`] over caller-provided memory (for example a
+    /// registered, shareable region from the worker's arena) of at least
+    /// [`Connection::memory_len`] bytes. Its contents need not be zeroed.
+    ///
+    /// # Errors
+    /// [`ConfigError`], including [`ConfigError::MemoryTooSmall`].
+    pub fn with_memory(
+        config: Config,
+        memory: Box<dyn SlabMemory>,
+    ) -> Result<Connection, ConfigError> {
+        Self::build(config, Some(memory))
+    }
+
+    /// Bytes of memory a connection with `config` cuts its buffers from.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a configuration `new` would refuse.
+    pub fn memory_len(config: &Config) -> Result<usize, ConfigError> {
+        let mut b = BufferTableBuilder::default();
+        Self::layout(config, &mut b)?;
+        Ok(b.total())
+    }
+
+    /// Checks `c` and adds every buffer to `b`, in the one fixed order.
+    #[allow(clippy::type_complexity)]
+    fn layout(
+        c: &Config,
+        b: &mut BufferTableBuilder,
+    ) -> Result<(Vec<RecvBuf>, Vec<ErrBuf>, Vec<CallSlot>, Vec<ServeSlot>), ConfigError> {
+        if [
+            c.inline_recv_size,
+            c.inline_send_size,
+            c.peer_inline_recv_size,
+            c.peer_inline_send_size,
+        ]
+        .iter()
+        .any(|&s| s < 1024)
+        {
+            return Err(ConfigError::InlineTooSmall);
+        }
+        let count_ok = |n: u32| (1..=4096).contains(&n);
+        if !count_ok(c.credits) || !count_ok(c.max_outstanding_calls) || !count_ok(c.error_buffers)
+        {
+            return Err(ConfigError::BadCount);
+        }
+        if c.max_call_size % 4 != 0
+            || c.max_reply_size % 4 != 0
+            || c.max_ddp_size % 4 != 0
+            || c.max_call_size < 32
+            || c.max_reply_size < 32
+        {
+            return Err(ConfigError::BadMessageSize);
+        }
+        // Receives: every call the peer may send within its grant, a reply
+        // to each of our calls, and an RDMA_DONE for each reply we may
+        // have exposed in a read chunk.
+        let n_recv = c.credits
+            + c.max_outstanding_calls
+            + if c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS) {
+                c.max_reply_read_chunks
+            } else {
+                0
+            };
+        let n_serve = 2 * c.credits;
+        let w = u128::from;
+        let total: u128 = w(n_recv) * w(c.inline_recv_size)
+            + w(c.error_buffers) * 64
+            + w(c.max_outstanding_calls)
+                * (w(c.inline_send_size)
+                    + w(c.max_call_size)
+                    + w(c.max_reply_size)
+                    + w(c.max_ddp_size))
+            + w(n_serve) * (w(c.inline_send_size) + w(c.max_call_size) + w(c.max_reply_size));
+        if total > (isize::MAX as u128) / 2 {
+            return Err(ConfigError::TooMuchMemory);
+        }
+
+        let recvs: Vec<RecvBuf> = (0..n_recv)
+            .map(|_| RecvBuf {
+                buf: b.add(BufClass::Recv, c.inline_recv_size),
+                generation: 0,
+                posted: false,
+            })
+            .collect();
+        // An RDMA_ERROR header is at most 16 + 4 + 32 bytes.
+        let err_bufs: Vec<ErrBuf> = (0..c.error_buffers)
+            .map(|_| ErrBuf {
+                buf: b.add(BufClass::Error, 64),
+                generation: 0,
+                busy: false,
+            })
+            .collect();
+        let calls: Vec<CallSlot> = (0..c.max_outstanding_calls)
+            .map(|_| CallSlot::new(b, c))
+            .collect();
+        let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(b, c)).collect();
+        Ok((recvs, err_bufs, calls, serves))
+    }
+
+    fn build(
+        config: Config,
+        memory: Option<Box<dyn SlabMemory>>,
+    ) -> Result<Connection, ConfigError> {
+        let c = &config;
+        let mut b = BufferTableBuilder::default();
+        let (recvs, err_bufs, calls, serves) = Self::layout(c, &mut b)?;
+        let n_serve = serves.len() as u32;
+        let n_recv = recvs.len();
+        let n_calls = calls.len();
+        let bufs = match memory {
+            None => b.build().ok_or(ConfigError::OutOfMemory)?,
+            Some(m) if m.bytes().len() >= b.total() => b.build_in(m),
+            Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
+        };
+
+        let mut tx = VecDeque::with_capacity(
+            recvs.len() + err_bufs.len() + calls.len() + serves.len() * 4 + 64,
+        );
+        let mut conn_recvs = recvs;
+        for (i, r) in conn_recvs.iter_mut().enumerate() {
+            r.posted = true;
+            tx.push_back(WorkRequest::PostRecv {
+                wr_id: WrId {
+                    kind: WrKind::Recv,
+                    index: i as u32,
+                    generation: r.generation,
+                },
+                buf: r.buf,
+            });
+        }
+        let mut call_free: Vec<u32> = (0..c.max_outstanding_calls).collect();
+        call_free.reverse();
+        let mut serve_free: Vec<u32> = (0..n_serve).collect();
+        serve_free.reverse();
+        let mut err_free: Vec<u32> = (0..c.error_buffers).collect();
+        err_free.reverse();
+        Ok(Connection {
+            config,
+            closed: None,
+            bufs,
+            rx_hdr: TransportHeader::with_capacity(&c.limits),
+            tx_hdr: TransportHeader::with_capacity(&c.limits),
+            recvs: conn_recvs,
+            err_bufs,
+            err_free,
+            call_queue: VecDeque::with_capacity(calls.len()),
+            calls,
+            call_free,
+            granted: 1,
+            outstanding: 0,
+            read_fifo: VecDeque::with_capacity(serves.len() + n_calls),
+            done_queue: VecDeque::with_capacity(n_calls),
+            dones_pending: 0,
+            negotiated: if c.reply_read_chunks {
+                Extensions::RESPONDER_READ_CHUNKS
+            } else {
+                Extensions::EMPTY
+            },
+            serves,
+            serve_free,
+            reads_in_flight: 0,
+            active_calls: 0,
+            parked: VecDeque::with_capacity(n_recv),
+            tx,
+            events: VecDeque::with_capacity(
+                2 * (c.max_outstanding_calls as usize + n_serve as usize) + 4,
+            ),
+            timers: TimerTable::default(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration (with the peer limits currently in force).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Updates what we know of the peer (RFC 8797 private data, or a
+    /// CONF_RDMA reply, RFC 5666 s6.2). Applies to messages planned from
+    /// now on. Sizes below 1024 bytes are raised to 1024 (RFC 5666 s6.1:
+    /// every peer receives at least 1 KB).
+    pub fn set_peer_limits(&mut self, peer: PeerLimits) {
+        self.config.peer_inline_recv_size = peer.inline_recv_size.max(1024);
+        self.config.peer_inline_send_size = peer.inline_send_size.max(1024);
+        self.config.max_rdma_read = peer.max_rdma_read;
+    }
+
+    /// The engine's buffers (read access for the worker and tests).
+    pub fn buffers(&self) -> &BufferTable {
+        &self.bufs
+    }
+
+    /// The engine's buffers, writable: the provider side delivers received
+    /// bytes and one-sided RDMA into them (in hardware the NIC does; the
+    /// test harness copies). Also where the worker installs rkeys.
+    pub fn buffers_mut(&mut self) -> &mut BufferTable {
+        &mut self.bufs
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.closed
+    }
+
+    /// Extensions in use on this connection: those both peers advertised
+    /// (CONF_RDMA v2, docs/EXTENSIONS.md), or preset by
+    /// [`Config::reply_read_chunks`].
+    pub fn negotiated(&self) -> Extensions {
+        self.negotiated
+    }
+
+    /// True when replies may travel in responder-provided read chunks.
+    pub(super) fn reply_read_chunks(&self) -> bool {
+        self.negotiated.contains(Extensions::RESPONDER_READ_CHUNKS)
+    }
+
+    /// Credits the peer granted us (RFC 5666 s3.3).
+    pub fn granted_credits(&self) -> u32 {
+        self.granted
+    }
+
+    /// Our calls sent and not yet answered.
+    pub fn outstanding_calls(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// The credit value we put in every reply: our configured grant, which
+    /// `new` backs with as many receive buffers (RFC 5666 s3.3: never zero,
+    /// never more than the receives we keep posted for calls).
+    pub(super) fn grant(&self) -> u32 {
+        self.config.credits
+    }
+
+    /// The next work request to post, in order. Writes of a reply come
+    /// before its Send; the worker must post in this order on one QP.
+    /// After a close, requests queued earlier still come out: post them
+    /// (a queue pair in the error state flushes them) or report them
+    /// `Flushed`, so that their resources return.
+    pub fn poll_transmit(&mut self) -> Option<WorkRequest> {
+        self.tx.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_deadline()
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for t in Timer::ALL {
+            if self.timers.is_expired(t, now) {
+                self.timers.stop(t);
+                match t {
+                    Timer::CallTimeout => self.expire_calls(now),
+                    Timer::DoneReclaim => self.reclaim_exposed_replies(now),
+                }
+            }
+        }
+    }
+
+    /// A receive completed successfully with `byte_len` bytes in the
+    /// buffer of `wr_id`. Unknown or stale ids are counted and ignored.
+    pub fn handle_recv(&mut self, now: Instant, wr_id: WrId, byte_len: u32) {
+        let Some(i) = self.take_recv(wr_id) else {
+            return;
+        };
+        if self.closed.is_some() {
+            return;
+        }
+        let buf = self.recvs[i].buf;
+        if byte_len > self.bufs.buf_len(buf) {
+            self.stats.bad_recv_len += 1;
+        } else if self.process_message(now, buf, byte_len as usize) == Disposition::Park {
+            // A call within the grant but no free slot: keep its receive
+            // buffer (the grant still counts it) until a slot frees.
+            self.stats.calls_parked += 1;
+            self.parked.push_back((i as u32, byte_len));
+            return;
+        }
+        // Every byte we need was copied out: repost at once, ahead of any
+        // reply this message causes (RFC 5666 s3.3: the grant stays backed).
+        if self.closed.is_none() {
+            self.post_recv(i);
+        }
+        self.unpark(now);
+    }
+
+    /// Processes parked calls while responder slots are free (called at the
+    /// end of the entry points that can free a slot, never from inside a
+    /// handler, so the scratch header is not reused under a caller).
+    fn unpark(&mut self, now: Instant) {
+        while self.closed.is_none() && !self.serve_free.is_empty() {
+            let Some((i, len)) = self.parked.pop_front() else {
+                break;
+            };
+            let (i, buf) = (i as usize, self.recvs[i as usize].buf);
+            if self.process_message(now, buf, len as usize) == Disposition::Park {
+                self.parked.push_front((i as u32, len));
+                break;
+            }
+            if self.closed.is_none() {
+                self.post_recv(i);
+            }
+        }
+    }
+
+    /// A work request other than a successful receive completed. A status
+    /// other than [`WcStatus::Success`] means the queue pair failed: the
+    /// connection closes, and the completion still returns its resources.
+    pub fn handle_completion(&mut self, now: Instant, wr_id: WrId, status: WcStatus) {
+        let ok = status == WcStatus::Success;
+        match wr_id.kind {
+            WrKind::Recv => {
+                if let Some(i) = self.take_recv(wr_id) {
+                    if ok {
+                        // A successful receive belongs in handle_recv: count
+                        // it, and keep the grant backed by reposting.
+                        self.stats.stale_completions += 1;
+                        if self.closed.is_none() {
+                            self.post_recv(i);
+                        }
+                    }
+                }
+            }
+            WrKind::ErrorSend | WrKind::DoneSend => {
+                let i = wr_id.index as usize;
+                match self.err_bufs.get_mut(i) {
+                    Some(e) if e.busy && wr_id.same_generation(e.generation) => {
+                        e.busy = false;
+                        e.generation = e.generation.wrapping_add(1);
+                        self.err_free.push(i as u32);
+                        if wr_id.kind == WrKind::DoneSend {
+                            // The DONE's credit (RFC 5666 s3.8) returns.
+                            self.outstanding = self.outstanding.saturating_sub(1);
+                        }
+                        self.transmit_queued_calls();
+                    }
+                    _ => self.stats.stale_completions += 1,
+                }
+            }
+            WrKind::ReplyRead => self.on_reply_read_done(wr_id, ok),
+            WrKind::CallSend => self.on_call_send_done(wr_id),
+            WrKind::ReplySend | WrKind::ChunkWrite => self.on_reply_op_done(wr_id),
+            WrKind::ChunkRead => self.on_read_done(now, wr_id, ok),
+        }
+        if !ok {
+            self.close_with(CloseReason::TransportError(status));
+        }
+        self.unpark(now);
+    }
+
+    /// Closes the connection: outstanding calls fail, calls being served
+    /// are dropped, and no new work is generated. Work requests already
+    /// queued or posted still complete (the provider flushes them) and
+    /// return their resources; [`Connection::resources`] then reports idle.
+    pub fn close(&mut self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Resources in use (the leak check).
+    pub fn resources(&self) -> Resources {
+        let busy_calls = self
+            .calls
+            .iter()
+            .filter(|s| s.state != CallState::Free)
+            .count();
+        let busy_serves = self
+            .serves
+            .iter()
+            .filter(|s| s.state != ServeState::Free)
+            .count();
+        Resources {
+            recvs_posted: self.recvs.iter().filter(|r| r.posted).count() as u32,
+            call_slots_busy: busy_calls as u32,
+            serve_slots_busy: busy_serves as u32,
+            error_sends_busy: self.err_bufs.iter().filter(|e| e.busy).count() as u32,
+            reads_in_flight: self.reads_in_flight,
+            buffers_exposed: self.bufs.exposed_count() as u32,
+        }
+    }
+
+    pub(super) fn close_with(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason);
+        if reason == CloseReason::CreditOverrun {
+            self.stats.credit_overruns += 1;
+        }
+        self.timers = TimerTable::default();
+        self.events.push_back(Event::ConnectionLost { reason });
+        self.close_requester();
+        self.close_responder();
+    }
+
+    fn take_recv(&mut self, wr_id: WrId) -> Option<usize> {
+        let i = wr_id.index as usize;
+        match self.recvs.get_mut(i) {
+            Some(r)
+                if r.posted
+                    && wr_id.kind == WrKind::Recv
+                    && wr_id.same_generation(r.generation) =>
+            {
+                r.posted = false;
+                r.generation = r.generation.wrapping_add(1);
+                Some(i)
+            }
+            _ => {
+                self.stats.stale_completions += 1;
+                None
+            }
+        }
+    }
+
+    fn post_recv(&mut self, i: usize) {
+        let r = &mut self.recvs[i];
+        r.posted = true;
+        self.tx.push_back(WorkRequest::PostRecv {
+            wr_id: WrId {
+                kind: WrKind::Recv,
+                index: i as u32,
+                generation: r.generation,
+            },
+            buf: r.buf,
+        });
+    }
+
+    /// Classifies a received message and hands it to the requester or the
+    /// responder half. Header errors are answered before anything is
+    /// allocated or read (RFC 5666 s4.2).
+    fn process_message(&mut self, now: Instant, buf: BufId, len: usize) -> Disposition {
+        let limits = self.config.limits;
+        let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
+        let parsed = self.rx_hdr.parse_into(bytes, &limits);
+        let view_xid = HeaderView::new_checked(bytes).ok().map(|v| v.xid());
+        let hlen = match parsed {
+            Err(_) => {
+                // Which side does it belong to? A reply to one of our calls
+                // fails that call; anything else is a request we answer.
+                match view_xid {
+                    Some(xid) => match self.find_sent_call(xid) {
+                        Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
+                        None => self.send_error(xid, ErrorBody::Chunk),
+                    },
+                    // Not even an XID to answer.
+                    None => self.stats.runts_dropped += 1,
+                }
+                return Disposition::Done;
+            }
+            Ok(Decoded::UnsupportedVersion { xid, .. }) => {
+                match self.find_sent_call(xid) {
+                    Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
+                    None => self.send_error(
+                        xid,
+                        ErrorBody::Vers {
+                            low: RPCRDMA_VERSION,
+                            high: RPCRDMA_VERSION,
+                        },
+                    ),
+                }
+                return Disposition::Done;
+            }
+            Ok(Decoded::Header { len }) => len,
+        };
+        let xid = self.rx_hdr.xid;
+        match self.rx_hdr.body {
+            MessageBody::Msg => match peek_direction(bytes.get(hlen..).unwrap_or(&[])) {
+                Some(MessageType::Call) => return self.on_call(now, buf, len, hlen),
+                Some(MessageType::Reply) => match self.find_sent_call(xid) {
+                    Some(slot) => self.on_reply(slot, buf, len, hlen),
+                    None => self.stats.unmatched_replies += 1,
+                },
+                None => self.send_error(xid, ErrorBody::Chunk),
+            },
+            // A long reply answers one of our calls: in the reply chunk it
+            // offered (RFC 5666 s5.2), or exposed in a read chunk
+            // (draft-lever s4.1). Anything else is a long call (s5.1).
+            MessageBody::NoMsg => match self
+                .find_sent_call(xid)
+                .filter(|&i| self.offered_reply_chunk(i) || !self.rx_hdr.chunks.reads().is_empty())
+            {
+                Some(slot) => self.on_reply(slot, buf, len, hlen),
+                // A long call (RFC 5666 s5.1).
+                None => return self.on_call(now, buf, len, hlen),
+            },
+            MessageBody::Error(e) => match self.find_sent_call(xid) {
+                Some(slot) => self.on_peer_error(slot, e),
+                None => self.stats.unmatched_replies += 1,
+            },
+            MessageBody::Done => self.on_done(xid),
+            // RDMA_MSGP (retired by RFC 8166, never advertised by us) and
+            // unknown types: ERR_CHUNK, as Linux svcrdma answers.
+            MessageBody::MsgP { .. } | MessageBody::Unknown { .. } => {
+                match self.find_sent_call(xid) {
+                    Some(slot) => self.fail_reply(slot, super::CallFailure::UnsupportedReply),
+                    None => self.send_error(xid, ErrorBody::Chunk),
+                }
+            }
+        }
+        Disposition::Done
+    }
+
+    /// Sends an RDMA_ERROR (RFC 5666 s4.2) for `xid`; no slot is used.
+    ///
+    /// ```text
+    /// error = xid vers=1 credits=grant RDMA_ERROR (ERR_VERS low high / ERR_CHUNK)
+    /// ```
+    pub(super) fn send_error(&mut self, xid: u32, body: ErrorBody) {
+        let Some(i) = self.err_free.pop() else {
+            self.stats.error_replies_dropped += 1;
+            return;
+        };
+        let e = &mut self.err_bufs[i as usize];
+        e.busy = true;
+        let (buf, generation) = (e.buf, e.generation);
+        self.tx_hdr.chunks.clear();
+        self.tx_hdr.xid = xid;
+        self.tx_hdr.vers = RPCRDMA_VERSION;
+        self.tx_hdr.credits = self.config.credits;
+        self.tx_hdr.body = MessageBody::Error(body);
+        let Ok(n) = self.tx_hdr.emit(self.bufs.bytes_mut(buf)) else {
+            // Cannot happen (the buffer holds the largest error header);
+            // give the buffer back rather than panic.
+            self.err_bufs[i as usize].busy = false;
+            self.err_free.push(i);
+            self.stats.error_replies_dropped += 1;
+            return;
+        };
+        match body {
+            ErrorBody::Vers { .. } => self.stats.err_vers_sent += 1,
+            _ => self.stats.err_chunk_sent += 1,
+        }
+        self.tx.push_back(WorkRequest::Send {
+            wr_id: WrId {
+                kind: WrKind::ErrorSend,
+                index: i,
+                generation,
+            },
+            local: super::LocalSlice {
+                buf,
+                offset: 0,
+                len: n as u32,
+            },
+            invalidate_rkey: None,
+        });
+    }
+
+    /// Lets the peer reach `offset..offset + len` of `buf` (the range of
+    /// the segment just advertised).
+    pub(super) fn expose(&mut self, buf: BufId, access: Access, offset: u32, len: u32) {
+        self.bufs.set_access(buf, access, offset, len);
+    }
+}

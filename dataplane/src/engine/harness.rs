@@ -1,0 +1,732 @@
+//! Deterministic two-peer harness (tests only), in the spirit of
+//! quinn-proto's `tests/util.rs`: two [`Connection`]s, virtual time, and
+//! the harness playing the provider of a reliable connection between them.
+//!
+//! What it executes, per side, in the order the engine emits:
+//! * `PostRecv`: appended to that side's receive queue.
+//! * `Send`: the bytes are copied at post time and travel to the peer; on
+//!   arrival they fill the peer's oldest posted receive (no receive: the
+//!   sender completes with `ReceiverNotReady` and the connection breaks;
+//!   too long: `LengthError`, breaks).
+//! * `RdmaWrite` / `RdmaRead`: executed on arrival against the peer's
+//!   [`BufferTable`] through [`BufferTable::resolve`] (rkey, bounds and
+//!   exposure checked; a violation completes with `RemoteAccessError` and
+//!   breaks the connection).
+//!
+//! Operations from one side arrive in post order (reliable-connection
+//! ordering) unless a fault delays one.
+//!
+//! Faults: a hook sees every Send and every completion and may drop,
+//! delay, duplicate or corrupt it. A broken connection flushes every
+//! posted request of both sides with `Flushed` completions, as a queue
+//! pair in the error state does.
+
+use std::collections::VecDeque;
+
+use super::*;
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use crate::wire::rpcrdma::Segment;
+use crate::wire::xdr::Encoder;
+
+/// What the fault hook is looking at.
+#[derive(Debug)]
+pub enum FaultPoint<'a> {
+    /// A Send from side `from`, with its bytes.
+    Send { from: usize, bytes: &'a [u8] },
+    /// A completion about to be reported to side `side`.
+    Completion { side: usize, wr_id: WrId },
+}
+
+/// What the fault hook decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Leave it alone.
+    Deliver,
+    /// Lose it (a Send vanishes; the sender still sees success).
+    Drop,
+    /// Deliver it this much later (later operations may overtake it).
+    Delay(core::time::Duration),
+    /// Deliver it twice.
+    Duplicate,
+    /// Flip bits of byte `offset % len` (Sends only).
+    Corrupt { offset: usize, xor: u8 },
+}
+
+type Hook = Box<dyn FnMut(FaultPoint<'_>) -> Fault>;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send {
+        wr_id: WrId,
+        bytes: Vec<u8>,
+    },
+    Write {
+        wr_id: WrId,
+        bytes: Vec<u8>,
+        remote: Segment,
+    },
+    Read {
+        wr_id: WrId,
+        local: LocalSlice,
+        remote: Segment,
+    },
+}
+
+impl Op {
+    fn wr_id(&self) -> WrId {
+        match self {
+            Op::Send { wr_id, .. } | Op::Write { wr_id, .. } | Op::Read { wr_id, .. } => *wr_id,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct InFlight {
+    at: Instant,
+    seq: u64,
+    from: usize,
+    op: Op,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Done {
+    Recv { wr_id: WrId, len: u32 },
+    Wc { wr_id: WrId, status: WcStatus },
+}
+
+#[derive(Debug)]
+struct PendingDone {
+    at: Instant,
+    seq: u64,
+    side: usize,
+    done: Done,
+    /// The fault hook already decided about this completion (it was
+    /// delayed): report it as it is.
+    decided: bool,
+}
+
+/// One side: its engine and the provider state the harness keeps for it.
+#[derive(Debug)]
+pub struct Peer {
+    pub conn: Connection,
+    rq: VecDeque<(WrId, BufId)>,
+    /// Every event the engine emitted, in order.
+    pub events: Vec<Event>,
+    /// Highest number of receives posted at once.
+    pub max_recvs_posted: usize,
+}
+
+/// The two peers, the "wire" between them and virtual time.
+pub struct Pair {
+    pub now: Instant,
+    pub peers: [Peer; 2],
+    /// One-way latency of every operation.
+    pub latency: core::time::Duration,
+    in_flight: Vec<InFlight>,
+    done: Vec<PendingDone>,
+    seq: u64,
+    hook: Hook,
+    broken: bool,
+    /// Every Send delivered: (from side, bytes).
+    pub sends: Vec<(usize, Vec<u8>)>,
+    /// Counts of operations executed, by kind: sends, reads, writes.
+    pub ops: [u64; 3],
+    /// Receiver-not-ready events (must stay zero when credits work).
+    pub rnr: u64,
+}
+
+impl core::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Pair").field("now", &self.now).finish()
+    }
+}
+
+/// The id of Sends made up by [`Pair::inject`]; their completions are
+/// not reported to any engine.
+const INJECTED: WrId = WrId {
+    kind: WrKind::ErrorSend,
+    index: u32::MAX,
+    generation: 0,
+};
+
+pub const CLIENT: usize = 0;
+pub const SERVER: usize = 1;
+
+impl Pair {
+    pub fn new(client: Config, server: Config) -> Pair {
+        let mk = |c| Peer {
+            conn: Connection::new(c).expect("config"),
+            rq: VecDeque::new(),
+            events: Vec::new(),
+            max_recvs_posted: 0,
+        };
+        let mut p = Pair {
+            now: Instant::ZERO,
+            peers: [mk(client), mk(server)],
+            latency: core::time::Duration::from_micros(1),
+            in_flight: Vec::new(),
+            done: Vec::new(),
+            seq: 0,
+            hook: Box::new(|_| Fault::Deliver),
+            broken: false,
+            sends: Vec::new(),
+            ops: [0; 3],
+            rnr: 0,
+        };
+        // Distinct, non-sequential rkeys per side, as a provider would hand out.
+        for side in 0..2 {
+            let t = p.peers[side].conn.buffers_mut();
+            for i in 0..t.count() as u32 {
+                let key = (i.wrapping_mul(0x9e37_79b9) ^ (side as u32 * 0x5bd1_e995)) | 1;
+                let addr = 0x7f00_0000_0000 + t.slab_offset(BufId(i)) as u64;
+                t.set_remote_key(BufId(i), key, addr);
+            }
+        }
+        p
+    }
+
+    pub fn set_fault_hook(&mut self, hook: impl FnMut(FaultPoint<'_>) -> Fault + 'static) {
+        self.hook = Box::new(hook);
+    }
+
+    pub fn conn(&mut self, side: usize) -> &mut Connection {
+        &mut self.peers[side].conn
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn complete(&mut self, side: usize, done: Done, at: Instant) {
+        let seq = self.next_seq();
+        self.done.push(PendingDone {
+            at,
+            seq,
+            side,
+            done,
+            decided: false,
+        });
+    }
+
+    /// Takes every work request both engines queued and starts it.
+    fn pump(&mut self) -> bool {
+        let mut any = false;
+        for side in 0..2 {
+            while let Some(wr) = self.peers[side].conn.poll_transmit() {
+                any = true;
+                if self.broken {
+                    let now = self.now;
+                    self.complete(
+                        side,
+                        Done::Wc {
+                            wr_id: wr.wr_id(),
+                            status: WcStatus::Flushed,
+                        },
+                        now,
+                    );
+                    continue;
+                }
+                let op = match wr {
+                    WorkRequest::PostRecv { wr_id, buf } => {
+                        let peer = &mut self.peers[side];
+                        peer.rq.push_back((wr_id, buf));
+                        peer.max_recvs_posted = peer.max_recvs_posted.max(peer.rq.len());
+                        continue;
+                    }
+                    WorkRequest::Send { wr_id, local, .. } => {
+                        let bytes = self.peers[side]
+                            .conn
+                            .buffers()
+                            .slice(local)
+                            .expect("send slice")
+                            .to_vec();
+                        Op::Send { wr_id, bytes }
+                    }
+                    WorkRequest::RdmaWrite {
+                        wr_id,
+                        local,
+                        remote,
+                    } => {
+                        assert_eq!(local.len, remote.length, "write lengths");
+                        let bytes = self.peers[side]
+                            .conn
+                            .buffers()
+                            .slice(local)
+                            .expect("write slice")
+                            .to_vec();
+                        Op::Write {
+                            wr_id,
+                            bytes,
+                            remote,
+                        }
+                    }
+                    WorkRequest::RdmaRead {
+                        wr_id,
+                        local,
+                        remote,
+                    } => {
+                        assert_eq!(local.len, remote.length, "read lengths");
+                        Op::Read {
+                            wr_id,
+                            local,
+                            remote,
+                        }
+                    }
+                };
+                let mut at = self.now.saturating_add(self.latency);
+                let mut copies = 1;
+                let mut op = op;
+                if let Op::Send { bytes, .. } = &mut op {
+                    match (self.hook)(FaultPoint::Send { from: side, bytes }) {
+                        Fault::Deliver => {}
+                        Fault::Drop => {
+                            // Lost on the wire: the sender still completes.
+                            let wr_id = op.wr_id();
+                            self.complete(
+                                side,
+                                Done::Wc {
+                                    wr_id,
+                                    status: WcStatus::Success,
+                                },
+                                at,
+                            );
+                            continue;
+                        }
+                        Fault::Delay(d) => at = at.saturating_add(d),
+                        Fault::Duplicate => copies = 2,
+                        Fault::Corrupt { offset, xor } => {
+                            if !bytes.is_empty() {
+                                let i = offset % bytes.len();
+                                bytes[i] ^= xor;
+                            }
+                        }
+                    }
+                }
+                for c in 0..copies {
+                    let seq = self.next_seq();
+                    // The duplicate reuses the id; the sender sees two completions.
+                    let _ = c;
+                    self.in_flight.push(InFlight {
+                        at,
+                        seq,
+                        from: side,
+                        op: op.clone(),
+                    });
+                }
+            }
+        }
+        any
+    }
+
+    /// Executes the earliest operation or completion due at `now`.
+    fn deliver_one(&mut self) -> bool {
+        let now = self.now;
+        let op_i = self
+            .in_flight
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.at <= now)
+            .min_by_key(|(_, f)| (f.at, f.seq))
+            .map(|(i, _)| i);
+        let done_i = self
+            .done
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.at <= now)
+            .min_by_key(|(_, d)| (d.at, d.seq))
+            .map(|(i, _)| i);
+        let take_op = match (op_i, done_i) {
+            (Some(o), Some(d)) => {
+                let (fo, fd) = (&self.in_flight[o], &self.done[d]);
+                (fo.at, fo.seq) < (fd.at, fd.seq)
+            }
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return false,
+        };
+        if take_op {
+            let f = self.in_flight.remove(op_i.unwrap_or_default());
+            self.execute(f);
+        } else {
+            let d = self.done.remove(done_i.unwrap_or_default());
+            self.report(d);
+        }
+        true
+    }
+
+    fn execute(&mut self, f: InFlight) {
+        let (from, to) = (f.from, 1 - f.from);
+        let now = self.now;
+        if self.broken {
+            self.complete(
+                from,
+                Done::Wc {
+                    wr_id: f.op.wr_id(),
+                    status: WcStatus::Flushed,
+                },
+                now,
+            );
+            return;
+        }
+        match f.op {
+            Op::Send { wr_id, bytes } => {
+                self.ops[0] += 1;
+                let Some((rwr, buf)) = self.peers[to].rq.pop_front() else {
+                    self.rnr += 1;
+                    self.complete(
+                        from,
+                        Done::Wc {
+                            wr_id,
+                            status: WcStatus::ReceiverNotReady,
+                        },
+                        now,
+                    );
+                    self.break_connection();
+                    return;
+                };
+                let dst = self.peers[to].conn.buffers_mut().bytes_mut(buf);
+                if bytes.len() > dst.len() {
+                    self.complete(
+                        to,
+                        Done::Wc {
+                            wr_id: rwr,
+                            status: WcStatus::LengthError,
+                        },
+                        now,
+                    );
+                    self.complete(
+                        from,
+                        Done::Wc {
+                            wr_id,
+                            status: WcStatus::Other,
+                        },
+                        now,
+                    );
+                    self.break_connection();
+                    return;
+                }
+                dst[..bytes.len()].copy_from_slice(&bytes);
+                self.sends.push((from, bytes.clone()));
+                self.complete(
+                    to,
+                    Done::Recv {
+                        wr_id: rwr,
+                        len: bytes.len() as u32,
+                    },
+                    now,
+                );
+                self.complete(
+                    from,
+                    Done::Wc {
+                        wr_id,
+                        status: WcStatus::Success,
+                    },
+                    now,
+                );
+            }
+            Op::Write {
+                wr_id,
+                bytes,
+                remote,
+            } => {
+                self.ops[2] += 1;
+                let t = self.peers[to].conn.buffers_mut();
+                match t.resolve(&remote, Access::RemoteWrite) {
+                    Some(s) => {
+                        t.slice_mut(s).expect("resolved").copy_from_slice(&bytes);
+                        self.complete(
+                            from,
+                            Done::Wc {
+                                wr_id,
+                                status: WcStatus::Success,
+                            },
+                            now,
+                        );
+                    }
+                    None => {
+                        self.complete(
+                            from,
+                            Done::Wc {
+                                wr_id,
+                                status: WcStatus::RemoteAccessError,
+                            },
+                            now,
+                        );
+                        self.break_connection();
+                    }
+                }
+            }
+            Op::Read {
+                wr_id,
+                local,
+                remote,
+            } => {
+                self.ops[1] += 1;
+                let t = self.peers[to].conn.buffers();
+                match t.resolve(&remote, Access::RemoteRead) {
+                    Some(s) => {
+                        let data = t.slice(s).expect("resolved").to_vec();
+                        let dst = self.peers[from]
+                            .conn
+                            .buffers_mut()
+                            .slice_mut(local)
+                            .expect("local read slice");
+                        dst.copy_from_slice(&data);
+                        self.complete(
+                            from,
+                            Done::Wc {
+                                wr_id,
+                                status: WcStatus::Success,
+                            },
+                            now,
+                        );
+                    }
+                    None => {
+                        self.complete(
+                            from,
+                            Done::Wc {
+                                wr_id,
+                                status: WcStatus::RemoteAccessError,
+                            },
+                            now,
+                        );
+                        self.break_connection();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The queue pairs enter the error state: every posted receive and
+    /// every operation still travelling completes with `Flushed`.
+    fn break_connection(&mut self) {
+        if self.broken {
+            return;
+        }
+        self.broken = true;
+        let now = self.now;
+        for side in 0..2 {
+            while let Some((wr_id, _)) = self.peers[side].rq.pop_front() {
+                self.complete(
+                    side,
+                    Done::Wc {
+                        wr_id,
+                        status: WcStatus::Flushed,
+                    },
+                    now,
+                );
+            }
+        }
+        for f in core::mem::take(&mut self.in_flight) {
+            self.complete(
+                f.from,
+                Done::Wc {
+                    wr_id: f.op.wr_id(),
+                    status: WcStatus::Flushed,
+                },
+                now,
+            );
+        }
+    }
+
+    fn report(&mut self, d: PendingDone) {
+        let wr_id = match d.done {
+            Done::Recv { wr_id, .. } | Done::Wc { wr_id, .. } => wr_id,
+        };
+        if wr_id == INJECTED {
+            return;
+        }
+        let mut times = 1;
+        let fault = if d.decided {
+            Fault::Deliver
+        } else {
+            (self.hook)(FaultPoint::Completion {
+                side: d.side,
+                wr_id,
+            })
+        };
+        match fault {
+            Fault::Drop => return,
+            Fault::Delay(dl) => {
+                let seq = self.next_seq();
+                self.done.push(PendingDone {
+                    at: self.now.saturating_add(dl),
+                    seq,
+                    decided: true,
+                    ..d
+                });
+                return;
+            }
+            Fault::Duplicate => times = 2,
+            Fault::Deliver | Fault::Corrupt { .. } => {}
+        }
+        let now = self.now;
+        let conn = &mut self.peers[d.side].conn;
+        for _ in 0..times {
+            match d.done {
+                Done::Recv { wr_id, len } => conn.handle_recv(now, wr_id, len),
+                Done::Wc { wr_id, status } => conn.handle_completion(now, wr_id, status),
+            }
+        }
+    }
+
+    /// Runs until nothing is left to do, calling `app` for every event
+    /// (after recording it). Advances virtual time to the next operation,
+    /// completion or engine timer when idle.
+    pub fn drive_with(&mut self, app: &mut dyn FnMut(usize, &mut Connection, Instant, Event)) {
+        for _ in 0..1_000_000 {
+            let mut progressed = self.pump();
+            progressed |= self.deliver_one();
+            for side in 0..2 {
+                while let Some(ev) = self.peers[side].conn.poll_event() {
+                    progressed = true;
+                    self.peers[side].events.push(ev);
+                    app(side, &mut self.peers[side].conn, self.now, ev);
+                }
+                if self.peers[side].conn.close_reason().is_some() && !self.broken {
+                    // The worker tears the queue pair down when its engine closes.
+                    self.break_connection();
+                    progressed = true;
+                }
+            }
+            if progressed {
+                continue;
+            }
+            let next = self
+                .in_flight
+                .iter()
+                .map(|f| f.at)
+                .chain(self.done.iter().map(|d| d.at))
+                .chain(self.peers.iter().filter_map(|p| p.conn.poll_timeout()))
+                .min();
+            let Some(t) = next else {
+                return;
+            };
+            self.now = self.now.max(t);
+            for side in 0..2 {
+                if self.peers[side]
+                    .conn
+                    .poll_timeout()
+                    .is_some_and(|t| t <= self.now)
+                {
+                    self.peers[side].conn.handle_timeout(self.now);
+                }
+            }
+        }
+        panic!("harness did not settle");
+    }
+
+    /// [`Pair::drive_with`] with the echo service on the server.
+    pub fn drive(&mut self) {
+        self.drive_with(&mut echo_service);
+    }
+
+    /// Delivers raw `bytes` as a Send from side `from` (a hand-crafted or
+    /// hostile peer).
+    pub fn inject(&mut self, from: usize, bytes: Vec<u8>) {
+        let wr_id = INJECTED;
+        let seq = self.next_seq();
+        let at = self.now;
+        self.in_flight.push(InFlight {
+            at,
+            seq,
+            from,
+            op: Op::Send { wr_id, bytes },
+        });
+    }
+
+    /// A one-sided RDMA Read of `remote` by side `from` against its peer's
+    /// memory, executed at once outside any engine (a hostile peer probing
+    /// what is exposed). Err is the completion status it would get.
+    pub fn peer_read(&self, from: usize, remote: Segment) -> Result<Vec<u8>, WcStatus> {
+        let t = self.peers[1 - from].conn.buffers();
+        t.resolve(&remote, Access::RemoteRead)
+            .and_then(|s| t.slice(s))
+            .map(<[u8]>::to_vec)
+            .ok_or(WcStatus::RemoteAccessError)
+    }
+
+    /// The Sends side `side` delivered, in order.
+    pub fn sends_from(&self, side: usize) -> impl Iterator<Item = &[u8]> {
+        self.sends
+            .iter()
+            .filter(move |(f, _)| *f == side)
+            .map(|(_, b)| &b[..])
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A tiny RPC program for the tests: proc 1 echoes its opaque argument.
+
+pub const TEST_PROG: u32 = 0x2000_0101;
+pub const TEST_VERS: u32 = 1;
+pub const PROC_ECHO: u32 = 1;
+
+/// An RPC call to the echo procedure with `payload` as `opaque<>`; the
+/// payload is the DDP-eligible item.
+pub fn echo_call(xid: u32, payload: &[u8]) -> (Vec<u8>, DdpItem) {
+    let h = CallHeader::new(
+        xid,
+        TEST_PROG,
+        TEST_VERS,
+        PROC_ECHO,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    );
+    let hl = h.buffer_len();
+    let mut buf = vec![0u8; hl + crate::wire::xdr::opaque_len(payload.len())];
+    let mut e = Encoder::new(&mut buf);
+    h.emit(&mut e).expect("call header");
+    e.put_opaque(payload).expect("payload");
+    let item = DdpItem {
+        offset: (hl + 4) as u32,
+        len: payload.len() as u32,
+    };
+    (buf, item)
+}
+
+/// A successful reply carrying `payload` as `opaque<>` (the DDP item).
+pub fn echo_reply(xid: u32, payload: &[u8]) -> (Vec<u8>, DdpItem) {
+    let h = ReplyHeader::accepted(xid, OpaqueAuth::None, AcceptStatus::Success);
+    let hl = h.buffer_len();
+    let mut buf = vec![0u8; hl + crate::wire::xdr::opaque_len(payload.len())];
+    let mut e = Encoder::new(&mut buf);
+    h.emit(&mut e).expect("reply header");
+    e.put_opaque(payload).expect("payload");
+    (
+        buf,
+        DdpItem {
+            offset: (hl + 4) as u32,
+            len: payload.len() as u32,
+        },
+    )
+}
+
+/// The opaque argument of an echo call.
+pub fn echo_payload(call: &[u8]) -> Option<Vec<u8>> {
+    let (_, hl) = CallHeader::parse(call).ok()?;
+    let mut d = crate::wire::xdr::Decoder::new(&call[hl..]);
+    d.get_opaque(usize::MAX).ok().map(<[u8]>::to_vec)
+}
+
+/// The server side of the tests: answers every echo call with its payload
+/// as a DDP-eligible result.
+pub fn echo_service(side: usize, conn: &mut Connection, now: Instant, ev: Event) {
+    if side != SERVER {
+        return;
+    }
+    if let Event::CallArrived { call, xid, .. } = ev {
+        let payload = echo_payload(conn.call_message(call).expect("call")).expect("echo payload");
+        let (msg, item) = echo_reply(xid, &payload);
+        conn.send_reply(
+            now,
+            call,
+            &OutgoingReply {
+                message: &msg,
+                ddp: Some(item),
+            },
+        )
+        .expect("reply");
+    }
+}

@@ -1,0 +1,452 @@
+//! The sans-IO RPC-over-RDMA Version One engine (RFC 5666, with the
+//! on-the-wire rules of RFC 8166), requester and responder sides of one
+//! connection.
+//!
+//! # Shape (quinn-proto style)
+//! A [`Connection`] is a state machine. Inputs are `handle_*` calls:
+//! [`Connection::handle_recv`] (a receive completed: the bytes are in the
+//! engine's receive buffer), [`Connection::handle_completion`] (any other
+//! completion), [`Connection::handle_timeout`], and the application's
+//! commands [`Connection::send_call`], [`Connection::send_reply`],
+//! [`Connection::release_reply`], [`Connection::close`]. Outputs are
+//! `poll_*` calls: [`Connection::poll_transmit`] yields [`WorkRequest`]s
+//! (plain data) for the worker to post, [`Connection::poll_event`] yields
+//! [`Event`]s for the application, [`Connection::poll_timeout`] the next
+//! deadline. The engine performs no I/O, reads no clock (time is an
+//! [`Instant`] passed in), starts no threads and knows no provider type.
+//!
+//! # Memory
+//! The engine cuts one region ([`BufferTable`]; its own allocation, or the
+//! caller's [`SlabMemory`] via [`Connection::with_memory`]) into receive
+//! buffers, per-slot Send buffers, per-slot message buffers and a few
+//! control buffers (RDMA_ERROR, RDMA_DONE). Request slots are preallocated
+//! too (requester slots: `max_outstanding_calls`; responder slots:
+//! `2 * credits`), as are the scratch transport headers and queues, so an
+//! RPC in steady state allocates nothing. A buffer named in a posted work
+//! request is not reused before the completion for its [`WrId`] arrives.
+//! See `docs/ENGINE.md` for how the worker maps [`BufId`]s to registered
+//! memory.
+//!
+//! # Panic contract
+//! Nothing a peer sends, and nothing a provider reports (unknown,
+//! duplicate or stale work-request ids, error completions, lengths larger
+//! than the buffer) makes the engine panic: bad input is answered
+//! (RDMA_ERROR), counted in [`Stats`] and dropped, or closes the connection
+//! ([`CloseReason`]). Application misuse (stale handles, oversized
+//! messages) returns an error value. No number from a peer or a provider
+//! indexes a table before it is bounds- and generation-checked; byte
+//! ranges go through checked accessors; arithmetic on peer values is
+//! checked or done in `u64`.
+
+mod buffers;
+mod conf;
+mod connection;
+mod fuzz;
+mod requester;
+mod responder;
+mod time;
+mod wr;
+
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod tests;
+
+pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
+pub use conf::{
+    decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
+    encode_conf_rdma_call_v2, ConfRdmaError,
+};
+pub use connection::{Connection, Resources, Stats};
+pub use fuzz::fuzz_recv;
+pub use time::{Instant, Timer, TimerTable};
+pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
+
+pub use crate::wire::conf2::Extensions;
+use crate::wire::rpcrdma::{Limits, PrivateData, DEFAULT_INLINE_SIZE};
+use core::time::Duration;
+
+/// Connection parameters, fixed at construction except the peer's limits
+/// ([`Connection::set_peer_limits`], e.g. after CONF_RDMA).
+///
+/// The reply inline limit a requester plans with is the smaller of our
+/// receive size and the peer's send size; the call inline limit the
+/// smaller of our send size and the peer's receive size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Size of each receive buffer we post: the largest Send we accept
+    /// (our inline receive threshold, advertised in RFC 8797 private data).
+    pub inline_recv_size: u32,
+    /// The largest Send we post (our inline send threshold).
+    pub inline_send_size: u32,
+    /// The peer's inline receive threshold: no Send we post is longer.
+    /// 1024 when the peer sent no private data (RFC 8797).
+    pub peer_inline_recv_size: u32,
+    /// The largest Send the peer posts: a reply that could be longer gets a
+    /// reply chunk even if our receive buffers would hold it. 1024 when
+    /// the peer sent no private data (RFC 8797).
+    pub peer_inline_send_size: u32,
+    /// Credits we grant the peer: calls it may have outstanding with us
+    /// (RFC 5666 s3.3). Never zero.
+    pub credits: u32,
+    /// Calls we keep outstanding at most (requester slots); also the credit
+    /// value we request in every call.
+    pub max_outstanding_calls: u32,
+    /// Largest RPC call message (after reassembly of its chunks).
+    pub max_call_size: u32,
+    /// Largest RPC reply message (after reassembly).
+    pub max_reply_size: u32,
+    /// Largest DDP-eligible reply item we accept into a write chunk.
+    pub max_ddp_size: u32,
+    /// RDMA Reads we keep in flight at most (the peer's IRD; CONF_RDMA
+    /// `maxrdmaread`, RFC 5666 s6.2). Further reads wait in FIFO order.
+    pub max_rdma_read: u32,
+    /// RDMA Reads the peer may keep in flight against us (our IRD), as
+    /// reported in a CONF_RDMA reply or request (`maxrdmaread`).
+    pub inbound_rdma_read: u32,
+    /// Answer CONF_RDMA (program 100417) calls in the engine, from this
+    /// configuration (RFC 5666 s6), instead of delivering them.
+    pub serve_conf_rdma: bool,
+    /// Extensions we advertise in a CONF_RDMA version 2 exchange
+    /// (docs/EXTENSIONS.md). The engine implements
+    /// [`Extensions::RESPONDER_READ_CHUNKS`]; other bits are ignored.
+    /// Default: none (plain Version One).
+    pub extensions: Extensions,
+    /// Responder-provided read chunks are in use from the start, because
+    /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange
+    /// turns them on, see [`Connection::negotiated`]). Then a reply that
+    /// fits neither inline nor in a reply chunk is exposed in a
+    /// position-zero read chunk and released by RDMA_DONE, and replies
+    /// carrying such a chunk are pulled (draft-lever s4).
+    pub reply_read_chunks: bool,
+    /// Replies exposed in read chunks at once at most; each reserves one
+    /// receive buffer for its RDMA_DONE.
+    pub max_reply_read_chunks: u32,
+    /// How long an exposed reply waits for RDMA_DONE before its memory is
+    /// withdrawn (RFC 5666 s3.8, s11).
+    pub done_timeout: Duration,
+    /// Buffers for RDMA_ERROR and RDMA_DONE messages; an error reply finding none free is
+    /// dropped and counted.
+    pub error_buffers: u32,
+    /// Calls not answered this long after [`Connection::send_call`] fail
+    /// with [`CallFailure::Timeout`].
+    pub call_timeout: Option<Duration>,
+    /// Chunk-list limits applied when parsing the peer's headers.
+    pub limits: Limits,
+}
+
+impl Config {
+    /// Takes the peer's inline sizes from its RFC 8797 connection private
+    /// data (use [`PrivateData::parse_or_default`] so that a peer without
+    /// valid private data counts as 1024 bytes each way).
+    pub fn with_peer_private_data(mut self, pd: &PrivateData) -> Config {
+        self.peer_inline_recv_size = pd.max_recv_size;
+        self.peer_inline_send_size = pd.max_send_size;
+        self
+    }
+}
+
+impl Default for Config {
+    /// Linux-like defaults (WIRE-NOTES): 4 KiB inline thresholds, a peer
+    /// assumed at 1024 until it says otherwise, 32 credits, 16 Reads.
+    fn default() -> Self {
+        Config {
+            inline_recv_size: 4096,
+            inline_send_size: 4096,
+            peer_inline_recv_size: DEFAULT_INLINE_SIZE,
+            peer_inline_send_size: DEFAULT_INLINE_SIZE,
+            credits: 32,
+            max_outstanding_calls: 32,
+            max_call_size: 1 << 20,
+            max_reply_size: 1 << 20,
+            max_ddp_size: 1 << 20,
+            max_rdma_read: 16,
+            inbound_rdma_read: 16,
+            serve_conf_rdma: true,
+            extensions: Extensions::EMPTY,
+            reply_read_chunks: false,
+            max_reply_read_chunks: 8,
+            done_timeout: Duration::from_secs(1),
+            error_buffers: 4,
+            call_timeout: None,
+            limits: Limits::DEFAULT,
+        }
+    }
+}
+
+/// Why [`Connection::new`] refused a [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Inline sizes must be at least 1024 bytes (RFC 5666 s6.1, RFC 8797).
+    #[error("inline sizes must be at least 1024 bytes (inline_recv_size, inline_send_size, peer_inline_*_size)")]
+    InlineTooSmall,
+    /// `credits`, `max_outstanding_calls`, `error_buffers` must be at least
+    /// 1 and at most 4096.
+    #[error("credits, max_outstanding_calls and error_buffers must be between 1 and 4096")]
+    BadCount,
+    /// Message sizes must be multiples of 4 (XDR) and at least 32 bytes.
+    #[error("max_call_size, max_reply_size must be multiples of 4 and at least 32; max_ddp_size a multiple of 4")]
+    BadMessageSize,
+    /// [`Connection::with_memory`] got less memory than
+    /// [`Connection::memory_len`].
+    #[error("memory for the connection's buffers too small: {needed} bytes needed")]
+    MemoryTooSmall {
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// The memory for the buffers could not be allocated.
+    #[error("cannot allocate the connection's buffer memory")]
+    OutOfMemory,
+    /// The slab would exceed the address space.
+    #[error("buffer memory for this configuration exceeds the address space")]
+    TooMuchMemory,
+}
+
+/// Handle of one of our outgoing calls (requester side). Stale once the
+/// slot is recycled: accessors then return `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallHandle {
+    index: u32,
+    generation: u32,
+}
+
+/// Handle of a call the peer sent us (responder side), to answer with
+/// [`Connection::send_reply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IncomingCall {
+    index: u32,
+    generation: u32,
+}
+
+/// A DDP-eligible item of an RPC message (RFC 5666 s3.4; which items are
+/// eligible is the upper-layer binding's decision, e.g. RFC 8267): the
+/// data of one variable-length opaque. `offset` is where its data starts
+/// in the message (after its length word, so a multiple of 4); the message
+/// holds the `len` data bytes and their XDR padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DdpItem {
+    /// Offset of the first data byte in the XDR stream (a multiple of 4).
+    pub offset: u32,
+    /// Data length in bytes, without XDR padding.
+    pub len: u32,
+}
+
+/// What the requester expects back, so it can provide chunks (RFC 5666
+/// s3.4, s5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyExpect {
+    /// Upper bound of the whole reply message in bytes (including any DDP
+    /// item). When the reply could exceed our inline receive size, a reply
+    /// chunk of this size is provided.
+    pub max_len: u32,
+    /// Upper bound of a DDP-eligible result: when set, a write chunk of
+    /// this size is provided.
+    pub ddp_max: Option<u32>,
+}
+
+/// An outgoing call.
+#[derive(Debug, Clone, Copy)]
+pub struct OutgoingCall<'a> {
+    /// The whole RPC call message (RFC 5531 header and arguments), XDR.
+    /// Its XID (first word) is the transport header's XID.
+    pub message: &'a [u8],
+    /// A DDP-eligible argument, moved by a read chunk when the call does
+    /// not fit inline.
+    pub ddp: Option<DdpItem>,
+    /// What the reply may look like.
+    pub reply: ReplyExpect,
+}
+
+/// An outgoing reply.
+#[derive(Debug, Clone, Copy)]
+pub struct OutgoingReply<'a> {
+    /// The whole RPC reply message, XDR; its XID must be the call's.
+    pub message: &'a [u8],
+    /// A DDP-eligible result, RDMA-written into the call's first write
+    /// chunk when the call provided one (otherwise returned in place).
+    pub ddp: Option<DdpItem>,
+}
+
+/// Why one call failed. The connection may stay up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFailure {
+    /// The peer answered RDMA_ERROR / ERR_VERS with its supported range.
+    PeerVersionError {
+        /// Lowest version the peer supports.
+        low: u32,
+        /// Highest version the peer supports.
+        high: u32,
+    },
+    /// The peer answered RDMA_ERROR / ERR_CHUNK.
+    PeerChunkError,
+    /// The peer answered RDMA_ERROR with another code.
+    PeerError {
+        /// The code.
+        code: u32,
+    },
+    /// The reply broke a protocol rule (bad header, XID mismatch, a chunk
+    /// we did not offer or longer than offered).
+    MalformedReply,
+    /// The reply used a feature we did not advertise (RDMA_MSGP, a read
+    /// list in a reply).
+    UnsupportedReply,
+    /// The reply is larger than `max_reply_size`.
+    ReplyTooLarge,
+    /// No reply within `call_timeout`. The slot stays reserved (its memory
+    /// may still be written by the peer and the credit is still in use)
+    /// until the reply arrives or the connection closes.
+    Timeout,
+    /// The connection closed before the reply arrived.
+    ConnectionLost,
+}
+
+/// What a peer told us about itself (RFC 8797 private data, CONF_RDMA
+/// reply, RFC 5666 s6.2); see [`Connection::set_peer_limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLimits {
+    /// Largest Send the peer receives (CONF_RDMA `maxcall_sendsize` when
+    /// the peer is the server).
+    pub inline_recv_size: u32,
+    /// Largest Send the peer posts.
+    pub inline_send_size: u32,
+    /// RDMA Reads we may have in flight against the peer.
+    pub max_rdma_read: u32,
+}
+
+/// Why the connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// [`Connection::close`] was called.
+    Local,
+    /// The peer sent more calls than we granted credits (RFC 5666 s3.3).
+    CreditOverrun,
+    /// A work request completed with an error: the queue pair is dead.
+    TransportError(WcStatus),
+}
+
+/// What the engine tells the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A call arrived and is complete (read chunks pulled and spliced):
+    /// read it with [`Connection::call_message`], answer it with
+    /// [`Connection::send_reply`].
+    CallArrived {
+        /// Handle for the answer.
+        call: IncomingCall,
+        /// RPC XID.
+        xid: u32,
+        /// RPC program number.
+        program: u32,
+        /// Program version.
+        version: u32,
+        /// Procedure number.
+        procedure: u32,
+        /// Length of the reassembled call message.
+        len: u32,
+    },
+    /// The reply to one of our calls arrived: read it with
+    /// [`Connection::reply_message`] / [`Connection::reply_ddp`], then
+    /// [`Connection::release_reply`].
+    ReplyArrived {
+        /// The call answered.
+        call: CallHandle,
+        /// RPC XID.
+        xid: u32,
+        /// Length of the reply message (without a DDP item moved by a
+        /// write chunk).
+        len: u32,
+        /// Bytes the responder wrote into our write chunk, if it used it.
+        ddp_len: Option<u32>,
+    },
+    /// One of our calls failed; its handle is no longer valid.
+    CallFailed {
+        /// The call.
+        call: CallHandle,
+        /// RPC XID.
+        xid: u32,
+        /// Why.
+        reason: CallFailure,
+    },
+    /// The connection closed. Outstanding calls fail with
+    /// [`CallFailure::ConnectionLost`]; pending completions still drain.
+    ConnectionLost {
+        /// Why.
+        reason: CloseReason,
+    },
+}
+
+/// Why [`Connection::send_call`] refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendCallError {
+    /// The connection is closed.
+    #[error("connection closed")]
+    Closed,
+    /// Every requester slot is in use (back-pressure: retry after a reply).
+    #[error("no free call slot")]
+    NoSlot,
+    /// The message is not an RPC call (no XID / not direction CALL).
+    #[error("message is not an RPC call")]
+    NotACall,
+    /// The message is larger than `max_call_size`, or even a long call's
+    /// transport header does not fit the peer's inline size.
+    #[error("call larger than max_call_size")]
+    TooLarge,
+    /// The DDP item lies outside the message or is misaligned.
+    #[error("DDP item outside the message or misaligned")]
+    BadDdpItem,
+    /// `reply.max_len` exceeds `max_reply_size` or `reply.ddp_max` exceeds
+    /// `max_ddp_size`.
+    #[error("expected reply larger than the configured maximum")]
+    ReplyTooLarge,
+}
+
+/// Why [`Connection::send_reply`] refused a reply. The call stays
+/// answerable except after [`ReplyError::Closed`] / [`ReplyError::StaleHandle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    /// The connection is closed (the call is gone).
+    #[error("connection closed")]
+    Closed,
+    /// The handle does not name a call waiting for its reply.
+    #[error("stale call handle")]
+    StaleHandle,
+    /// The message is not an RPC reply carrying the call's XID.
+    #[error("message is not the reply to this call")]
+    NotTheReply,
+    /// The reply fits neither inline nor in the call's reply chunk (RFC
+    /// 5666 s3.4: answer with a short error reply instead).
+    #[error("reply fits neither inline nor in the reply chunk")]
+    TooLarge,
+    /// The DDP item is larger than the call's write chunk.
+    #[error("DDP item larger than the write chunk")]
+    DdpTooLarge,
+    /// The DDP item lies outside the message or is misaligned.
+    #[error("DDP item outside the message or misaligned")]
+    BadDdpItem,
+}
+
+/// Checks a DDP item against a message of `msg_len` bytes: aligned, after
+/// at least a length word, data and padding inside the message.
+fn ddp_item_fits(item: &DdpItem, msg_len: usize) -> bool {
+    let end = u64::from(item.offset) + crate::wire::xdr::roundup(item.len as usize) as u64;
+    item.offset % 4 == 0 && item.offset >= 4 && end <= msg_len as u64
+}
+
+/// `len` rounded up to a multiple of 4, in `u64` (no overflow).
+fn roundup4(len: u64) -> u64 {
+    (len + 3) & !3
+}
+
+/// Encoded length of a transport header with chunk lists: fixed words,
+/// `reads` read-list entries, write chunks of the given segment counts and
+/// an optional reply chunk of `reply_segs` segments (RFC 5666 s4.3).
+fn chunked_header_len(
+    reads: usize,
+    write_chunk_segs: &[usize],
+    reply_segs: Option<usize>,
+) -> usize {
+    let read_list = 24 * reads + 4;
+    let write_list: usize = write_chunk_segs.iter().map(|n| 8 + 16 * n).sum::<usize>() + 4;
+    let reply = reply_segs.map_or(4, |n| 8 + 16 * n);
+    16 + read_list + write_list + reply
+}

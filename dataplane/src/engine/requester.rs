@@ -1,0 +1,838 @@
+//! The requester half: our calls, from encoding to the reply.
+//!
+//! Chunk decisions are made first, in [`plan_call`], then the header is
+//! encoded to match (the Linux `rpc_rdma.c` order):
+//! * the reply's resources: a write chunk when the caller names a
+//!   DDP-eligible result, a reply chunk when the reply (less a DDP item
+//!   expected in the write chunk) might not fit our inline receive size;
+//! * the call: inline (RDMA_MSG) if header and message fit the peer's
+//!   inline receive size; else the DDP-eligible argument moves to a read
+//!   chunk at its XDR position if the rest then fits; else the whole
+//!   message becomes a position-zero read chunk of an RDMA_NOMSG (long
+//!   call, RFC 5666 s5.1).
+//!
+//! Credits (RFC 5666 s3.3): every call requests `max_outstanding_calls`;
+//! every reply's grant replaces ours (a grant of 0 counts as 1, as Linux
+//! reads it); calls beyond the grant wait in `call_queue`, in order.
+
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::connection::{PendingRead, ReadOwner};
+use super::time::{Instant, Timer};
+use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
+use super::{
+    chunked_header_len, ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection,
+    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
+};
+use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
+use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION};
+
+/// Where one of our calls is (SPDK-style request state; transitions only
+/// in this module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallState {
+    /// Unused; its buffers are not exposed.
+    Free,
+    /// Encoded into the slot's call buffer and planned; waiting for a
+    /// credit (the peer's grant is used up).
+    Queued,
+    /// Send posted; waiting for the reply. Read-chunk and reply-chunk
+    /// buffers are exposed to the peer. Holds one credit.
+    Sent,
+    /// The reply came as an RDMA_NOMSG with a position-zero read chunk
+    /// (responder-provided, draft-lever s4.1): RDMA Reads pull it into the
+    /// reply buffer; RDMA_DONE follows when they complete.
+    PullingReplyReadChunk,
+    /// The reply is in the slot's buffers and `ReplyArrived` was emitted;
+    /// the application reads it, then releases the slot.
+    ReplyReady,
+    /// Failed with a timeout but the peer may still answer (and write into
+    /// our reply chunk): the slot and its credit stay reserved until the
+    /// reply arrives or the connection closes.
+    Abandoned,
+    /// The exchange is over; waiting only for the Send completion of the
+    /// call (and any reply Reads still in flight) before the slot is free.
+    Draining,
+}
+
+/// How the call itself travels (decided before encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallPlan {
+    /// RDMA_MSG, whole message inline (RFC 5666 s3.1 / s4).
+    Inline,
+    /// RDMA_MSG, the DDP item in a read chunk at its XDR position, the rest
+    /// inline without the item's data and padding (RFC 5666 s3.4, s3.7).
+    ReadChunk { position: u32, len: u32 },
+    /// RDMA_NOMSG, the whole message in a position-zero read chunk (RFC
+    /// 5666 s5.1).
+    Long,
+}
+
+/// A requester slot: state plus the four buffers it owns for its lifetime.
+#[derive(Debug)]
+pub(super) struct CallSlot {
+    pub(super) state: CallState,
+    pub(super) generation: u32,
+    pub(super) xid: u32,
+    /// Transport header plus inline message.
+    send_buf: BufId,
+    /// The whole call message (read chunk source).
+    call_buf: BufId,
+    /// The reply message (reply chunk target).
+    reply_buf: BufId,
+    /// The DDP-eligible result (write chunk target).
+    ddp_buf: BufId,
+    msg_len: u32,
+    plan: CallPlan,
+    write_chunk: Option<u32>,
+    reply_chunk: Option<u32>,
+    /// The call's Send has not completed yet.
+    send_pending: bool,
+    deadline: Option<Instant>,
+    reply_len: u32,
+    ddp_len: Option<u32>,
+    /// Reads of a responder-provided reply read chunk (capacity
+    /// `limits.max_read_segments`, reserved at construction).
+    reads: Vec<PendingRead>,
+    reads_issued: usize,
+    reads_done: usize,
+}
+
+impl CallSlot {
+    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> CallSlot {
+        CallSlot {
+            state: CallState::Free,
+            generation: 0,
+            xid: 0,
+            send_buf: b.add(BufClass::Send, c.inline_send_size),
+            call_buf: b.add(BufClass::Message, c.max_call_size),
+            reply_buf: b.add(BufClass::Message, c.max_reply_size),
+            ddp_buf: b.add(BufClass::Ddp, c.max_ddp_size),
+            msg_len: 0,
+            plan: CallPlan::Inline,
+            write_chunk: None,
+            reply_chunk: None,
+            send_pending: false,
+            deadline: None,
+            reply_len: 0,
+            ddp_len: None,
+            reads: Vec::with_capacity(c.limits.max_read_segments),
+            reads_issued: 0,
+            reads_done: 0,
+        }
+    }
+
+    /// Reads posted and not completed.
+    fn reads_in_flight(&self) -> bool {
+        self.reads_done < self.reads_issued
+    }
+}
+
+/// The chunk decision for a call (see the module documentation).
+/// `send_limit`: the largest Send the peer accepts and we may post;
+/// `recv_limit`: the largest Send we receive and the peer may post. Returns the call plan, the
+/// write chunk length and the reply chunk length.
+pub(super) fn plan_call(
+    send_limit: usize,
+    recv_limit: usize,
+    msg_len: usize,
+    ddp: Option<DdpItem>,
+    reply: ReplyExpect,
+) -> Result<(CallPlan, Option<u32>, Option<u32>), SendCallError> {
+    // Reply resources first: they appear in the call header in every shape.
+    let write_chunk = reply.ddp_max;
+    let wsegs: &[usize] = if write_chunk.is_some() { &[1] } else { &[] };
+    let inline_reply =
+        u64::from(reply.max_len) - u64::from(write_chunk.unwrap_or(0).min(reply.max_len));
+    let reply_hdr = chunked_header_len(0, wsegs, None) as u64;
+    let reply_chunk = (reply_hdr + inline_reply > recv_limit as u64).then_some(reply.max_len);
+    let rsegs = reply_chunk.map(|_| 1);
+
+    let inline_hdr = chunked_header_len(0, wsegs, rsegs);
+    let chunk_hdr = chunked_header_len(1, wsegs, rsegs);
+    let plan = if inline_hdr + msg_len <= send_limit {
+        CallPlan::Inline
+    } else if let Some(d) = ddp.filter(|d| {
+        chunk_hdr as u64 + msg_len as u64 - roundup4(u64::from(d.len)) <= send_limit as u64
+    }) {
+        CallPlan::ReadChunk {
+            position: d.offset,
+            len: d.len,
+        }
+    } else if chunk_hdr <= send_limit {
+        CallPlan::Long
+    } else {
+        return Err(SendCallError::TooLarge);
+    };
+    Ok((plan, write_chunk, reply_chunk))
+}
+
+impl Connection {
+    /// Queues a call; it is sent as soon as the peer's grant allows.
+    /// The message is copied into the slot (one copy; the slot's buffer
+    /// is what the peer reads for a read chunk).
+    ///
+    /// # Errors
+    /// [`SendCallError`]: closed, no free slot, not a call, too large, a
+    /// bad DDP item or an expected reply above the configured maxima.
+    pub fn send_call(
+        &mut self,
+        now: Instant,
+        call: &OutgoingCall<'_>,
+    ) -> Result<CallHandle, SendCallError> {
+        if self.closed.is_some() {
+            return Err(SendCallError::Closed);
+        }
+        let msg = call.message;
+        let xid = peek_xid(msg).ok_or(SendCallError::NotACall)?;
+        if peek_direction(msg) != Some(MessageType::Call) {
+            return Err(SendCallError::NotACall);
+        }
+        if msg.len() > self.config.max_call_size as usize {
+            return Err(SendCallError::TooLarge);
+        }
+        if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
+            return Err(SendCallError::BadDdpItem);
+        }
+        if call.reply.max_len > self.config.max_reply_size
+            || call
+                .reply
+                .ddp_max
+                .is_some_and(|d| d > self.config.max_ddp_size)
+        {
+            return Err(SendCallError::ReplyTooLarge);
+        }
+        let send_limit = self
+            .config
+            .inline_send_size
+            .min(self.config.peer_inline_recv_size);
+        let (plan, write_chunk, reply_chunk) = plan_call(
+            send_limit as usize,
+            self.config
+                .inline_recv_size
+                .min(self.config.peer_inline_send_size) as usize,
+            msg.len(),
+            call.ddp,
+            call.reply,
+        )?;
+        let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
+        let deadline = self.config.call_timeout.map(|t| now.saturating_add(t));
+        let s = &mut self.calls[idx as usize];
+        s.state = CallState::Queued;
+        s.xid = xid;
+        s.msg_len = msg.len() as u32;
+        s.plan = plan;
+        s.write_chunk = write_chunk;
+        s.reply_chunk = reply_chunk;
+        s.deadline = deadline;
+        s.reply_len = 0;
+        s.ddp_len = None;
+        let (call_buf, generation) = (s.call_buf, s.generation);
+        match self.bufs.bytes_mut(call_buf).get_mut(..msg.len()) {
+            Some(dst) => dst.copy_from_slice(msg),
+            // The call buffer is max_call_size long: unreachable.
+            None => {
+                self.free_call(idx as usize);
+                return Err(SendCallError::TooLarge);
+            }
+        }
+        if let Some(d) = deadline {
+            let at = self.timers.get(Timer::CallTimeout).map_or(d, |t| t.min(d));
+            self.timers.set(Timer::CallTimeout, at);
+        }
+        self.call_queue.push_back(idx);
+        self.transmit_queued_calls();
+        Ok(CallHandle {
+            index: idx,
+            generation,
+        })
+    }
+
+    /// The reply to `call` (after `ReplyArrived`, until released): the RPC
+    /// reply message, without a DDP item the responder wrote into our
+    /// write chunk.
+    pub fn reply_message(&self, call: CallHandle) -> Option<&[u8]> {
+        let s = self.ready_slot(call)?;
+        self.bufs.bytes(s.reply_buf).get(..s.reply_len as usize)
+    }
+
+    /// The DDP-eligible result the responder wrote into our write chunk.
+    pub fn reply_ddp(&self, call: CallHandle) -> Option<&[u8]> {
+        let s = self.ready_slot(call)?;
+        self.bufs.bytes(s.ddp_buf).get(..s.ddp_len? as usize)
+    }
+
+    /// Gives the slot of an answered call back. False for a stale handle.
+    pub fn release_reply(&mut self, call: CallHandle) -> bool {
+        if self.ready_slot(call).is_none() {
+            return false;
+        }
+        self.finish_call(call.index as usize);
+        true
+    }
+
+    fn ready_slot(&self, call: CallHandle) -> Option<&CallSlot> {
+        self.calls
+            .get(call.index as usize)
+            .filter(|s| s.state == CallState::ReplyReady && s.generation == call.generation)
+    }
+
+    /// Sends queued calls while the grant allows (RFC 5666 s3.3: never
+    /// more unanswered calls than the peer's latest grant).
+    pub(super) fn transmit_queued_calls(&mut self) {
+        // Pull completion first: the responder holds memory until it comes.
+        self.transmit_dones();
+        while self.closed.is_none() && self.outstanding < self.granted {
+            let Some(idx) = self.call_queue.pop_front() else {
+                break;
+            };
+            self.encode_call(idx as usize);
+        }
+    }
+
+    /// Encodes and posts the Send of a planned call.
+    ///
+    /// ```text
+    /// call = xid vers=1 credits=requested RDMA_MSG   read_list write_list reply_chunk rpc_call
+    ///      ; read_list empty (inline, s3.1) or one chunk at the DDP item's position (s3.4)
+    ///      / xid vers=1 credits=requested RDMA_NOMSG read_list(position 0) write_list reply_chunk
+    ///      ; long call, s5.1
+    /// write_list  = one chunk, one segment over the slot's DDP buffer   (s3.6)
+    /// reply_chunk = one segment over the slot's reply buffer            (s5.2)
+    /// ```
+    fn encode_call(&mut self, idx: usize) {
+        let s = &self.calls[idx];
+        let (xid, plan, msg_len, wc, rc) = (s.xid, s.plan, s.msg_len, s.write_chunk, s.reply_chunk);
+        let (send_buf, call_buf, reply_buf, ddp_buf, generation) =
+            (s.send_buf, s.call_buf, s.reply_buf, s.ddp_buf, s.generation);
+        let h = &mut self.tx_hdr;
+        h.chunks.clear();
+        h.xid = xid;
+        h.vers = RPCRDMA_VERSION;
+        h.credits = self.config.max_outstanding_calls;
+        h.body = MessageBody::Msg;
+        match plan {
+            CallPlan::Inline => {}
+            CallPlan::ReadChunk { position, len } => h.chunks.push_read(ReadSegment {
+                position,
+                segment: self.bufs.segment(call_buf, position, len),
+            }),
+            CallPlan::Long => {
+                h.body = MessageBody::NoMsg;
+                h.chunks.push_read(ReadSegment {
+                    position: 0,
+                    segment: self.bufs.segment(call_buf, 0, msg_len),
+                });
+            }
+        }
+        let mut ok = true;
+        if let Some(w) = wc {
+            ok &= h
+                .chunks
+                .push_write_chunk(&[self.bufs.segment(ddp_buf, 0, w)])
+                .is_ok();
+        }
+        if let Some(r) = rc {
+            h.chunks.set_reply(&[self.bufs.segment(reply_buf, 0, r)]);
+        }
+        let hlen = match self.tx_hdr.emit(self.bufs.bytes_mut(send_buf)) {
+            Ok(n) if ok => n,
+            // plan_call sized the header against this buffer: unreachable,
+            // but a failure fails the call, never the engine.
+            _ => {
+                self.fail_call(idx, CallFailure::MalformedReply);
+                return;
+            }
+        };
+        // Inline part after the header: all of it, or all but the read
+        // chunk's data and its XDR padding (RFC 5666 s3.7), or nothing.
+        let total = match plan {
+            CallPlan::Inline => {
+                let src = LocalSlice {
+                    buf: call_buf,
+                    offset: 0,
+                    len: msg_len,
+                };
+                self.bufs.copy(src, send_buf, hlen);
+                hlen + msg_len as usize
+            }
+            CallPlan::ReadChunk { position, len } => {
+                let after = position + roundup4(u64::from(len)) as u32;
+                let head = LocalSlice {
+                    buf: call_buf,
+                    offset: 0,
+                    len: position,
+                };
+                let tail = LocalSlice {
+                    buf: call_buf,
+                    offset: after,
+                    len: msg_len - after,
+                };
+                self.bufs.copy(head, send_buf, hlen);
+                self.bufs.copy(tail, send_buf, hlen + position as usize);
+                hlen + (position + msg_len - after) as usize
+            }
+            CallPlan::Long => hlen,
+        };
+        match plan {
+            CallPlan::Inline => {}
+            CallPlan::ReadChunk { position, len } => {
+                self.expose(call_buf, Access::RemoteRead, position, len)
+            }
+            CallPlan::Long => self.expose(call_buf, Access::RemoteRead, 0, msg_len),
+        }
+        if let Some(w) = wc {
+            self.expose(ddp_buf, Access::RemoteWrite, 0, w);
+        }
+        if let Some(r) = rc {
+            self.expose(reply_buf, Access::RemoteWrite, 0, r);
+        }
+        let s = &mut self.calls[idx];
+        s.state = CallState::Sent;
+        s.send_pending = true;
+        self.outstanding += 1;
+        self.stats.calls_sent += 1;
+        self.stats.max_outstanding_calls = self.stats.max_outstanding_calls.max(self.outstanding);
+        self.tx.push_back(WorkRequest::Send {
+            wr_id: WrId {
+                kind: WrKind::CallSend,
+                index: idx as u32,
+                generation,
+            },
+            local: LocalSlice {
+                buf: send_buf,
+                offset: 0,
+                len: total as u32,
+            },
+            invalidate_rkey: None,
+        });
+    }
+
+    /// The slot of a sent (or abandoned) call with this XID.
+    pub(super) fn find_sent_call(&self, xid: u32) -> Option<usize> {
+        self.calls
+            .iter()
+            .position(|s| matches!(s.state, CallState::Sent | CallState::Abandoned) && s.xid == xid)
+    }
+
+    /// Whether call `idx` offered the peer a reply chunk (only then can an
+    /// RDMA_NOMSG with its XID be its reply).
+    pub(super) fn offered_reply_chunk(&self, idx: usize) -> bool {
+        self.calls.get(idx).is_some_and(|s| s.reply_chunk.is_some())
+    }
+
+    /// Accounts for the answer to slot `idx` (any answer: reply, error,
+    /// garbage): the credit returns, the peer's grant (if trusted) is
+    /// taken, the slot's memory is no longer exposed. False when the call
+    /// had been abandoned (the answer is then dropped here).
+    fn take_answer(&mut self, idx: usize, grant: Option<u32>) -> bool {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        if let Some(g) = grant {
+            self.granted = g.clamp(1, self.config.max_outstanding_calls);
+        }
+        let s = &self.calls[idx];
+        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+        for buf in [a, b, c] {
+            self.bufs.unexpose(buf);
+        }
+        if self.calls[idx].state == CallState::Abandoned {
+            self.stats.late_replies += 1;
+            self.finish_call(idx);
+            return false;
+        }
+        true
+    }
+
+    /// A reply header for slot `idx` parsed in `rx_hdr`; the message is
+    /// `len` bytes of receive buffer `buf`, the header `hlen` of them.
+    pub(super) fn on_reply(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize) {
+        let xid = self.rx_hdr.xid;
+        let has_reads = !self.rx_hdr.chunks.reads().is_empty();
+        if self.take_answer(idx, Some(self.rx_hdr.credits)) {
+            let placed = if has_reads {
+                self.start_reply_pull(idx)
+            } else {
+                self.place_reply(idx, buf, len, hlen).map(Some)
+            };
+            match placed {
+                Ok(Some((reply_len, ddp_len))) => self.reply_ready(idx, reply_len, ddp_len),
+                // Pulling; RDMA_DONE follows the Reads.
+                Ok(None) => {}
+                Err(reason) => {
+                    if has_reads {
+                        // Pull completion is due even for a reply we do
+                        // not pull (draft-lever s4.1.3).
+                        self.queue_done(xid);
+                    }
+                    self.fail_call(idx, reason);
+                }
+            }
+        } else if has_reads {
+            self.queue_done(xid);
+        }
+        self.transmit_queued_calls();
+    }
+
+    fn reply_ready(&mut self, idx: usize, reply_len: u32, ddp_len: Option<u32>) {
+        let s = &mut self.calls[idx];
+        s.state = CallState::ReplyReady;
+        s.reply_len = reply_len;
+        s.ddp_len = ddp_len;
+        self.stats.replies_received += 1;
+        self.events.push_back(Event::ReplyArrived {
+            call: CallHandle {
+                index: idx as u32,
+                generation: s.generation,
+            },
+            xid: s.xid,
+            len: reply_len,
+            ddp_len,
+        });
+    }
+
+    /// The write list of a reply against the one write chunk we offered
+    /// (RFC 5666 s3.6): the bytes the responder wrote into it.
+    fn returned_write_chunk(&self, idx: usize) -> Result<Option<u32>, CallFailure> {
+        let chunks = &self.rx_hdr.chunks;
+        match (chunks.write_chunk_count(), self.calls[idx].write_chunk) {
+            (0, _) => Ok(None),
+            (1, Some(offered)) => {
+                let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+                if used > u64::from(offered) {
+                    return Err(CallFailure::MalformedReply);
+                }
+                Ok(Some(used as u32))
+            }
+            _ => Err(CallFailure::MalformedReply),
+        }
+    }
+
+    /// A reply exposed by the responder in a position-zero read chunk of an
+    /// RDMA_NOMSG (draft-lever s4.1.2): plan the Reads into the slot's
+    /// reply buffer and queue them. Refused unless both peers support it.
+    fn start_reply_pull(&mut self, idx: usize) -> Result<Option<(u32, Option<u32>)>, CallFailure> {
+        if !self.reply_read_chunks() {
+            return Err(CallFailure::UnsupportedReply);
+        }
+        if self.rx_hdr.body != MessageBody::NoMsg {
+            return Err(CallFailure::MalformedReply);
+        }
+        let ddp_len = self.returned_write_chunk(idx)?;
+        let mut chunks = self.rx_hdr.chunks.read_chunks();
+        let (Some(chunk), None) = (chunks.next(), chunks.next()) else {
+            return Err(CallFailure::MalformedReply);
+        };
+        let total = chunk.len_bytes();
+        let s = &mut self.calls[idx];
+        if chunk.position != 0 || total < 8 {
+            return Err(CallFailure::MalformedReply);
+        }
+        if total > u64::from(self.bufs.buf_len(s.reply_buf)) {
+            return Err(CallFailure::ReplyTooLarge);
+        }
+        s.reads.clear();
+        s.reads_issued = 0;
+        s.reads_done = 0;
+        let mut dest = 0u32;
+        for r in chunk.segments.iter().filter(|r| r.segment.length > 0) {
+            s.reads.push(PendingRead {
+                seg: r.segment,
+                dest,
+            });
+            dest += r.segment.length;
+        }
+        s.reply_len = total as u32;
+        s.ddp_len = ddp_len;
+        s.state = CallState::PullingReplyReadChunk;
+        self.read_fifo.push_back(ReadOwner::Call(idx as u32));
+        self.pump_reads();
+        Ok(None)
+    }
+
+    /// The next Read of requester slot `idx` (see `pump_reads`).
+    pub(super) fn next_reply_read(&mut self, idx: u32) -> Option<(PendingRead, BufId, WrId, bool)> {
+        let s = self.calls.get_mut(idx as usize)?;
+        if s.state != CallState::PullingReplyReadChunk {
+            return None;
+        }
+        let r = *s.reads.get(s.reads_issued)?;
+        s.reads_issued += 1;
+        let id = WrId {
+            kind: WrKind::ReplyRead,
+            index: idx,
+            generation: s.generation,
+        };
+        Some((r, s.reply_buf, id, s.reads_issued == s.reads.len()))
+    }
+
+    pub(super) fn on_reply_read_done(&mut self, wr_id: WrId, ok: bool) {
+        let i = wr_id.index as usize;
+        let Some(s) = self.calls.get_mut(i).filter(|s| {
+            matches!(
+                s.state,
+                CallState::PullingReplyReadChunk | CallState::Draining
+            ) && wr_id.same_generation(s.generation)
+                && s.reads_in_flight()
+        }) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        s.reads_done += 1;
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        let (state, done, xid) = (s.state, s.reads_done == s.reads.len(), s.xid);
+        let idle = !s.reads_in_flight() && !s.send_pending;
+        let (reply_buf, reply_len, ddp_len) = (s.reply_buf, s.reply_len, s.ddp_len);
+        if state == CallState::Draining {
+            if idle {
+                self.free_call(i);
+            }
+        } else if done && ok {
+            // Pull completion notification (RFC 5666 s3.8).
+            self.queue_done(xid);
+            if peek_xid(self.bufs.bytes(reply_buf)) == Some(xid) {
+                self.stats.replies_pulled += 1;
+                self.reply_ready(i, reply_len, ddp_len);
+            } else {
+                self.fail_call(i, CallFailure::MalformedReply);
+            }
+            self.transmit_queued_calls();
+        }
+        self.pump_reads();
+    }
+
+    /// Queues an RDMA_DONE for `xid`; `transmit_queued_calls` sends it.
+    fn queue_done(&mut self, xid: u32) {
+        if self.closed.is_none() {
+            self.done_queue.push_back(xid);
+        }
+    }
+
+    /// Sends queued RDMA_DONEs while a credit and a control buffer are
+    /// free. RFC 5666 s3.8: a DONE consumes a credit; it is counted as
+    /// outstanding until its Send completes.
+    ///
+    /// ```text
+    /// done = xid vers=1 credits=requested RDMA_DONE
+    /// ```
+    fn transmit_dones(&mut self) {
+        while self.closed.is_none() && self.outstanding < self.granted {
+            let Some(&xid) = self.done_queue.front() else {
+                break;
+            };
+            let Some(i) = self.err_free.pop() else {
+                break;
+            };
+            self.done_queue.pop_front();
+            let e = &mut self.err_bufs[i as usize];
+            e.busy = true;
+            let (buf, generation) = (e.buf, e.generation);
+            let h = TransportHeader::new(xid, self.config.max_outstanding_calls, MessageBody::Done);
+            let Ok(n) = h.emit(self.bufs.bytes_mut(buf)) else {
+                self.err_bufs[i as usize].busy = false;
+                self.err_free.push(i);
+                continue;
+            };
+            self.outstanding += 1;
+            self.stats.max_outstanding_calls =
+                self.stats.max_outstanding_calls.max(self.outstanding);
+            self.stats.done_sent += 1;
+            self.tx.push_back(WorkRequest::Send {
+                wr_id: WrId {
+                    kind: WrKind::DoneSend,
+                    index: i,
+                    generation,
+                },
+                local: LocalSlice {
+                    buf,
+                    offset: 0,
+                    len: n as u32,
+                },
+                invalidate_rkey: None,
+            });
+        }
+    }
+
+    /// Checks the reply's chunk lists against what we offered and puts the
+    /// reply message in the slot's reply buffer (RFC 5666 s3.6, s5.2).
+    /// Data the responder RDMA-wrote is already in place (its Writes were
+    /// ordered before the reply Send).
+    fn place_reply(
+        &mut self,
+        idx: usize,
+        buf: BufId,
+        len: usize,
+        hlen: usize,
+    ) -> Result<(u32, Option<u32>), CallFailure> {
+        let ddp_len = self.returned_write_chunk(idx)?;
+        let s = &self.calls[idx];
+        let chunks = &self.rx_hdr.chunks;
+        match self.rx_hdr.body {
+            MessageBody::Msg => {
+                let recv_bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
+                if self.rx_hdr.check_rpc_xid(recv_bytes, hlen).is_err() {
+                    return Err(CallFailure::MalformedReply);
+                }
+                let inline = len - hlen;
+                if inline > self.bufs.buf_len(s.reply_buf) as usize {
+                    return Err(CallFailure::ReplyTooLarge);
+                }
+                let src = LocalSlice {
+                    buf,
+                    offset: hlen as u32,
+                    len: inline as u32,
+                };
+                let reply_buf = s.reply_buf;
+                self.bufs.copy(src, reply_buf, 0);
+                Ok((inline as u32, ddp_len))
+            }
+            MessageBody::NoMsg => {
+                let (Some(rc), Some(offered)) = (chunks.reply(), s.reply_chunk) else {
+                    return Err(CallFailure::MalformedReply);
+                };
+                let used = rc.len_bytes();
+                if used > u64::from(offered) || used < 8 {
+                    return Err(CallFailure::MalformedReply);
+                }
+                if peek_xid(self.bufs.bytes(s.reply_buf)) != Some(s.xid) {
+                    return Err(CallFailure::MalformedReply);
+                }
+                Ok((used as u32, ddp_len))
+            }
+            _ => Err(CallFailure::UnsupportedReply),
+        }
+    }
+
+    /// An RDMA_ERROR answered call `idx` (RFC 5666 s4.2): that call fails,
+    /// the connection stays.
+    pub(super) fn on_peer_error(&mut self, idx: usize, e: ErrorBody) {
+        if self.take_answer(idx, Some(self.rx_hdr.credits)) {
+            let reason = match e {
+                ErrorBody::Vers { low, high } => CallFailure::PeerVersionError { low, high },
+                ErrorBody::Chunk => CallFailure::PeerChunkError,
+                ErrorBody::Other { code, .. } => CallFailure::PeerError { code },
+            };
+            self.fail_call(idx, reason);
+        }
+        self.transmit_queued_calls();
+    }
+
+    /// An answer to call `idx` that we cannot decode: the call fails.
+    pub(super) fn fail_reply(&mut self, idx: usize, reason: CallFailure) {
+        if self.take_answer(idx, None) {
+            self.fail_call(idx, reason);
+        }
+        self.transmit_queued_calls();
+    }
+
+    fn fail_call(&mut self, idx: usize, reason: CallFailure) {
+        let s = &self.calls[idx];
+        self.events.push_back(Event::CallFailed {
+            call: CallHandle {
+                index: idx as u32,
+                generation: s.generation,
+            },
+            xid: s.xid,
+            reason,
+        });
+        self.finish_call(idx);
+    }
+
+    /// The exchange of slot `idx` is over: free it, or wait for its Send
+    /// completion.
+    fn finish_call(&mut self, idx: usize) {
+        if self.calls[idx].send_pending || self.calls[idx].reads_in_flight() {
+            self.calls[idx].state = CallState::Draining;
+        } else {
+            self.free_call(idx);
+        }
+    }
+
+    fn free_call(&mut self, idx: usize) {
+        let s = &mut self.calls[idx];
+        s.state = CallState::Free;
+        s.generation = s.generation.wrapping_add(1);
+        s.deadline = None;
+        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+        for buf in [a, b, c] {
+            self.bufs.unexpose(buf);
+        }
+        self.call_free.push(idx as u32);
+    }
+
+    pub(super) fn on_call_send_done(&mut self, wr_id: WrId) {
+        let i = wr_id.index as usize;
+        match self.calls.get_mut(i) {
+            Some(s)
+                if s.send_pending
+                    && s.state != CallState::Free
+                    && wr_id.same_generation(s.generation) =>
+            {
+                s.send_pending = false;
+                if s.state == CallState::Draining && !s.reads_in_flight() {
+                    self.free_call(i);
+                }
+            }
+            _ => self.stats.stale_completions += 1,
+        }
+    }
+
+    /// `Timer::CallTimeout` fired: fail every queued or sent call whose
+    /// deadline passed, then re-arm for the earliest remaining one.
+    pub(super) fn expire_calls(&mut self, now: Instant) {
+        for idx in 0..self.calls.len() {
+            let s = &self.calls[idx];
+            if s.deadline.is_none_or(|d| d > now) {
+                continue;
+            }
+            match s.state {
+                CallState::Queued => {
+                    self.call_queue.retain(|&q| q as usize != idx);
+                    self.fail_call(idx, CallFailure::Timeout);
+                }
+                CallState::Sent => {
+                    let s = &mut self.calls[idx];
+                    s.state = CallState::Abandoned;
+                    s.deadline = None;
+                    self.events.push_back(Event::CallFailed {
+                        call: CallHandle {
+                            index: idx as u32,
+                            generation: s.generation,
+                        },
+                        xid: s.xid,
+                        reason: CallFailure::Timeout,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let next = self
+            .calls
+            .iter()
+            .filter(|s| matches!(s.state, CallState::Queued | CallState::Sent))
+            .filter_map(|s| s.deadline)
+            .min();
+        if let Some(t) = next {
+            self.timers.set(Timer::CallTimeout, t);
+        }
+    }
+
+    /// Connection closed: every call not yet answered fails.
+    pub(super) fn close_requester(&mut self) {
+        self.call_queue.clear();
+        self.done_queue.clear();
+        self.outstanding = 0;
+        for idx in 0..self.calls.len() {
+            match self.calls[idx].state {
+                CallState::Queued | CallState::Sent | CallState::PullingReplyReadChunk => {
+                    self.fail_call(idx, CallFailure::ConnectionLost)
+                }
+                CallState::Abandoned => self.finish_call(idx),
+                _ => {}
+            }
+            let s = &self.calls[idx];
+            let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
+            for buf in [a, b, c] {
+                self.bufs.unexpose(buf);
+            }
+        }
+    }
+}

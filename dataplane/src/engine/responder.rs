@@ -1,0 +1,819 @@
+//! The responder half: calls the peer sends us, from the header to the
+//! completion of our reply.
+//!
+//! Order of checks for an arriving call (RFC 5666 s3.3, s4.2): credit
+//! overrun closes the connection; a header or chunk layout we cannot use
+//! is answered with ERR_CHUNK; only then is a slot taken and an RDMA Read
+//! issued. Read chunks are pulled with at most `max_rdma_read` Reads in
+//! flight per connection, the rest waiting in FIFO order (s3.3 last
+//! paragraph, s6.2 `maxrdmaread`); their data lands at its XDR position in
+//! the slot's call buffer, with elided XDR roundup zero-filled (s3.7).
+//!
+//! The reply: a DDP-eligible item goes by RDMA Write into the call's first
+//! write chunk (s3.6) and the write list comes back with the lengths
+//! written; what remains goes inline (RDMA_MSG) when it fits the peer's
+//! inline receive size, else by RDMA Write into the call's reply chunk
+//! with an RDMA_NOMSG (s5.2), never past the chunk's end. Writes are
+//! queued before the Send that announces them. When both peers support
+//! it (negotiated, see `Connection::negotiated`), a reply too large for every
+//! requester-provided resource is exposed in a position-zero read chunk
+//! instead, until RDMA_DONE or the reclaim timer (s3.8, draft-lever s4.1).
+
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::connection::{Disposition, PendingRead, ReadOwner};
+use super::time::{Instant, Timer};
+use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
+use super::{
+    ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
+    OutgoingReply, ReplyError,
+};
+use crate::wire::conf::CONFIG_RDMA_PROG;
+use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
+use crate::wire::rpcrdma::{
+    ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
+};
+
+/// Where a call from the peer is (SPDK-style request state; transitions
+/// only in this module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ServeState {
+    /// Unused.
+    Free,
+    /// The header was valid and the inline parts are in the call buffer;
+    /// RDMA Reads of the read chunks are queued or in flight.
+    PullingReadChunks,
+    /// `CallArrived` was emitted; the application owns the call until it
+    /// calls `send_reply`.
+    Executing,
+    /// The reply's Writes and Send are posted; waiting for their
+    /// completions before the slot (and its reply buffer, the Writes'
+    /// source) is reused. A reply exposed in a read chunk may also be
+    /// released by RDMA_DONE meanwhile.
+    AwaitingCompletions,
+    /// Every work request completed, but the reply is exposed in a read
+    /// chunk: waiting for the requester's RDMA_DONE (RFC 5666 s3.8) or the
+    /// reclaim timer.
+    AwaitingDone,
+    /// The connection closed; waiting for the flush of work requests still
+    /// posted.
+    Draining,
+}
+
+/// A responder slot: state plus the three buffers it owns.
+#[derive(Debug)]
+pub(super) struct ServeSlot {
+    pub(super) state: ServeState,
+    pub(super) generation: u32,
+    xid: u32,
+    send_buf: BufId,
+    /// The reassembled call.
+    call_buf: BufId,
+    /// The reply: inline part first, then the DDP item (Writes' source).
+    reply_buf: BufId,
+    call_len: u32,
+    /// Capacity `limits.max_read_segments`, reserved at construction.
+    reads: Vec<PendingRead>,
+    reads_issued: usize,
+    reads_done: usize,
+    /// The call's write list and reply chunk, kept for the reply.
+    peer_chunks: ChunkLists,
+    /// Reads, Writes and Sends posted and not completed.
+    ops_in_flight: u32,
+    /// The reply is exposed in a read chunk until RDMA_DONE or
+    /// `done_deadline`.
+    done_pending: bool,
+    done_deadline: Instant,
+}
+
+impl ServeSlot {
+    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> ServeSlot {
+        ServeSlot {
+            state: ServeState::Free,
+            generation: 0,
+            xid: 0,
+            send_buf: b.add(BufClass::Send, c.inline_send_size),
+            call_buf: b.add(BufClass::Message, c.max_call_size),
+            reply_buf: b.add(BufClass::Message, c.max_reply_size),
+            call_len: 0,
+            reads: Vec::with_capacity(c.limits.max_read_segments),
+            reads_issued: 0,
+            reads_done: 0,
+            peer_chunks: ChunkLists::with_capacity(&c.limits),
+            ops_in_flight: 0,
+            done_pending: false,
+            done_deadline: Instant::ZERO,
+        }
+    }
+}
+
+/// How a reply travels (decided by `plan_reply` before anything moves).
+#[derive(Debug, Clone, Copy)]
+struct ReplyPlan {
+    /// The DDP item going into the first write chunk, if any.
+    ddp: Option<DdpItem>,
+    /// Bytes of the reply outside the write chunk.
+    inline_len: usize,
+    /// The inline part goes into the reply chunk (RDMA_NOMSG).
+    use_reply_chunk: bool,
+    /// The inline part is exposed in a position-zero read chunk
+    /// (RDMA_NOMSG, responder-provided read chunk, draft-lever s4.1).
+    use_read_chunk: bool,
+}
+
+/// Sets the segment lengths of a chunk to the bytes actually placed when
+/// `n` bytes fill its segments in order (RFC 5666 s3.6: lengths rewritten
+/// to match the transfer).
+fn fill_lengths(segments: &mut [Segment], mut n: u64) {
+    for s in segments {
+        let take = n.min(u64::from(s.length));
+        s.length = take as u32;
+        n -= take;
+    }
+}
+
+impl Connection {
+    /// A call header (RDMA_MSG with a CALL body, or RDMA_NOMSG) parsed in
+    /// `rx_hdr`; the message is `len` bytes of receive buffer `buf`.
+    pub(super) fn on_call(
+        &mut self,
+        now: Instant,
+        buf: BufId,
+        len: usize,
+        hlen: usize,
+    ) -> Disposition {
+        let xid = self.rx_hdr.xid;
+        // RFC 5666 s3.3: more calls than granted end the connection (calls
+        // waiting for a slot count: the peer sent them).
+        if self.active_calls + self.parked.len() as u32 >= self.grant() {
+            self.close_with(CloseReason::CreditOverrun);
+            return Disposition::Done;
+        }
+        // RFC 5666 s4.2: bad chunks are answered before any resource use.
+        let Some(total) = self.check_call_layout(buf, len, hlen) else {
+            self.send_error(xid, ErrorBody::Chunk);
+            return Disposition::Done;
+        };
+        // All slots busy within the grant: replies whose completions are
+        // still due hold them. Wait for one instead of failing the peer.
+        let Some(idx) = self.serve_free.pop() else {
+            return Disposition::Park;
+        };
+        self.active_calls += 1;
+        self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        let idx = idx as usize;
+        self.assemble_call(idx, buf, len, hlen, total);
+        if self.serves[idx].reads.is_empty() {
+            self.deliver_call(now, idx);
+        } else {
+            self.serves[idx].state = ServeState::PullingReadChunks;
+            self.read_fifo.push_back(ReadOwner::Serve(idx as u32));
+            self.pump_reads();
+        }
+        Disposition::Done
+    }
+
+    /// The length of the reassembled call, if the read list describes a
+    /// usable layout (RFC 5666 s3.4, s3.7, s5.1): positions at or past the
+    /// end of the previous chunk (with its roundup), inline bytes enough
+    /// to reach each position, a long call's single position-zero chunk,
+    /// the total within `max_call_size`, and Reads allowed at all.
+    fn check_call_layout(&self, buf: BufId, len: usize, hlen: usize) -> Option<u32> {
+        let chunks = &self.rx_hdr.chunks;
+        if !chunks.reads().is_empty() && self.config.max_rdma_read == 0 {
+            return None;
+        }
+        let total = match self.rx_hdr.body {
+            MessageBody::Msg => {
+                let bytes = self.bufs.bytes(buf).get(..len)?;
+                self.rx_hdr.check_rpc_xid(bytes, hlen).ok()?;
+                let inline = (len - hlen) as u64;
+                let (mut full, mut consumed) = (0u64, 0u64);
+                for chunk in chunks.read_chunks() {
+                    let pos = u64::from(chunk.position);
+                    let gap = pos.checked_sub(full)?;
+                    if consumed + gap > inline {
+                        return None;
+                    }
+                    consumed += gap;
+                    full = pos + roundup4(chunk.len_bytes());
+                }
+                full + (inline - consumed)
+            }
+            MessageBody::NoMsg => {
+                let mut it = chunks.read_chunks();
+                let first = it.next()?;
+                if first.position != 0 || it.next().is_some() {
+                    return None;
+                }
+                roundup4(first.len_bytes())
+            }
+            _ => return None,
+        };
+        if total > u64::from(self.config.max_call_size) || total < 8 {
+            return None;
+        }
+        Some(total as u32)
+    }
+
+    /// Copies the inline parts of the call to their XDR positions in the
+    /// slot's call buffer, zero-fills elided roundup, and lists the Reads
+    /// that fill the gaps. The layout was checked by `check_call_layout`.
+    fn assemble_call(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize, total: u32) {
+        let s = &mut self.serves[idx];
+        s.xid = self.rx_hdr.xid;
+        s.call_len = total;
+        s.reads.clear();
+        s.reads_issued = 0;
+        s.reads_done = 0;
+        s.ops_in_flight = 0;
+        s.peer_chunks.clear();
+        for c in self.rx_hdr.chunks.write_chunks() {
+            // Cannot fail: the count came from a 32-bit word.
+            let _ = s.peer_chunks.push_write_chunk(c.segments);
+        }
+        if let Some(r) = self.rx_hdr.chunks.reply() {
+            s.peer_chunks.set_reply(r.segments);
+        }
+        let call_buf = s.call_buf;
+        let mut src = hlen as u64; // next inline byte in the receive buffer
+        let mut dst = 0u64; // position in the reassembled XDR stream
+        for chunk in self.rx_hdr.chunks.read_chunks() {
+            if self.rx_hdr.body == MessageBody::Msg {
+                let gap = u64::from(chunk.position) - dst;
+                let piece = LocalSlice {
+                    buf,
+                    offset: src as u32,
+                    len: gap as u32,
+                };
+                self.bufs.copy(piece, call_buf, dst as usize);
+                src += gap;
+                dst += gap;
+            }
+            for r in chunk.segments.iter().filter(|r| r.segment.length > 0) {
+                s.reads.push(PendingRead {
+                    seg: r.segment,
+                    dest: dst as u32,
+                });
+                dst += u64::from(r.segment.length);
+            }
+            let pad = roundup4(chunk.len_bytes()) - chunk.len_bytes();
+            self.bufs.zero(call_buf, dst as usize, pad as usize);
+            dst += pad;
+        }
+        if self.rx_hdr.body == MessageBody::Msg {
+            let rest = len as u64 - src;
+            let piece = LocalSlice {
+                buf,
+                offset: src as u32,
+                len: rest as u32,
+            };
+            self.bufs.copy(piece, call_buf, dst as usize);
+        }
+    }
+
+    /// Issues queued Reads while fewer than `max_rdma_read` are in flight,
+    /// oldest owner first (calls being pulled and replies being pulled
+    /// share the peer's IRD).
+    pub(super) fn pump_reads(&mut self) {
+        while self.closed.is_none() && self.reads_in_flight < self.config.max_rdma_read {
+            let Some(&owner) = self.read_fifo.front() else {
+                break;
+            };
+            let Some((read, local_buf, wr_id, last)) = self.next_read(owner) else {
+                self.read_fifo.pop_front();
+                continue;
+            };
+            if last {
+                self.read_fifo.pop_front();
+            }
+            self.reads_in_flight += 1;
+            self.stats.max_reads_in_flight =
+                self.stats.max_reads_in_flight.max(self.reads_in_flight);
+            self.tx.push_back(WorkRequest::RdmaRead {
+                wr_id,
+                local: LocalSlice {
+                    buf: local_buf,
+                    offset: read.dest,
+                    len: read.seg.length,
+                },
+                remote: read.seg,
+            });
+        }
+    }
+
+    /// Takes the next Read of `owner`: the read, its destination buffer,
+    /// its id, and whether it was the owner's last.
+    fn next_read(&mut self, owner: ReadOwner) -> Option<(PendingRead, BufId, WrId, bool)> {
+        match owner {
+            ReadOwner::Serve(idx) => {
+                let s = self.serves.get_mut(idx as usize)?;
+                let r = *s.reads.get(s.reads_issued)?;
+                s.reads_issued += 1;
+                s.ops_in_flight += 1;
+                let id = WrId {
+                    kind: WrKind::ChunkRead,
+                    index: idx,
+                    generation: s.generation,
+                };
+                Some((r, s.call_buf, id, s.reads_issued == s.reads.len()))
+            }
+            ReadOwner::Call(idx) => self.next_reply_read(idx),
+        }
+    }
+
+    pub(super) fn on_read_done(&mut self, now: Instant, wr_id: WrId, ok: bool) {
+        let i = wr_id.index as usize;
+        let Some(s) = self.serves.get_mut(i).filter(|s| {
+            matches!(
+                s.state,
+                ServeState::PullingReadChunks | ServeState::Draining
+            ) && wr_id.same_generation(s.generation)
+                && s.reads_done < s.reads_issued
+        }) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        s.reads_done += 1;
+        s.ops_in_flight -= 1;
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        if s.state == ServeState::Draining {
+            if s.ops_in_flight == 0 {
+                self.free_serve(i);
+            }
+        } else if ok && s.reads_done == s.reads.len() {
+            self.deliver_call(now, i);
+        }
+        self.pump_reads();
+    }
+
+    /// The call in slot `idx` is complete: parse its RPC header and hand
+    /// it to the application, or answer ERR_CHUNK if it is not a call
+    /// carrying the transport header's XID.
+    fn deliver_call(&mut self, now: Instant, idx: usize) {
+        let s = &self.serves[idx];
+        let msg = self
+            .bufs
+            .bytes(s.call_buf)
+            .get(..s.call_len as usize)
+            .unwrap_or(&[]);
+        let parsed = match CallHeader::parse(msg) {
+            Ok((h, hl)) if h.xid == s.xid => Some((h.program, h.version, h.procedure, hl)),
+            _ => None,
+        };
+        let (xid, generation, len) = (s.xid, s.generation, s.call_len);
+        let Some((program, version, procedure, hl)) = parsed else {
+            self.drop_call(idx, xid);
+            return;
+        };
+        self.serves[idx].state = ServeState::Executing;
+        self.stats.calls_received += 1;
+        if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
+            // Answered in-band by the engine itself (RFC 5666 s6).
+            if !self.answer_conf_rdma(now, idx, version, procedure, hl) {
+                self.drop_call(idx, xid);
+            }
+            return;
+        }
+        self.events.push_back(Event::CallArrived {
+            call: IncomingCall {
+                index: idx as u32,
+                generation,
+            },
+            xid,
+            program,
+            version,
+            procedure,
+            len,
+        });
+    }
+
+    /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot
+    /// and the peer's credit back.
+    fn drop_call(&mut self, idx: usize, xid: u32) {
+        self.send_error(xid, ErrorBody::Chunk);
+        self.active_calls = self.active_calls.saturating_sub(1);
+        self.free_serve(idx);
+    }
+
+    /// (xid, call buffer, call length, reply buffer) of responder slot `idx`.
+    pub(super) fn responder_slot_buffers(&self, idx: usize) -> (u32, BufId, u32, BufId) {
+        let s = &self.serves[idx];
+        (s.xid, s.call_buf, s.call_len, s.reply_buf)
+    }
+
+    /// Sends the reply the engine itself encoded at the start of slot
+    /// `idx`'s reply buffer (`len` bytes, no DDP item).
+    pub(super) fn post_encoded_reply(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        len: usize,
+    ) -> Result<(), ReplyError> {
+        let plan = self.plan_reply(idx, len, None)?;
+        self.post_reply(now, idx, plan)
+    }
+
+    /// The reassembled call message of `call` (while it waits for its
+    /// reply).
+    pub fn call_message(&self, call: IncomingCall) -> Option<&[u8]> {
+        let s = self.executing(call)?;
+        self.bufs.bytes(s.call_buf).get(..s.call_len as usize)
+    }
+
+    fn executing(&self, call: IncomingCall) -> Option<&ServeSlot> {
+        self.serves
+            .get(call.index as usize)
+            .filter(|s| s.state == ServeState::Executing && s.generation == call.generation)
+    }
+
+    /// Answers `call`. The message is copied into the slot's reply buffer
+    /// (the source of any RDMA Write), then the Writes and the Send are
+    /// queued.
+    ///
+    /// # Errors
+    /// [`ReplyError`]; after `TooLarge`, `DdpTooLarge`, `BadDdpItem` and
+    /// `NotTheReply` the call is still waiting for a (smaller) reply.
+    ///
+    /// ```text
+    /// reply = xid vers=1 credits=grant RDMA_MSG   read_list=0 write_list reply_chunk=0 rpc_reply
+    ///       / xid vers=1 credits=grant RDMA_NOMSG read_list=0 write_list reply_chunk
+    /// write_list  = the call's write chunks; the first holds the DDP item
+    ///               (lengths = bytes written, roundup not written), the
+    ///               others come back with zero lengths        -- s3.6
+    /// reply_chunk = the call's reply chunk, lengths = bytes written -- s5.2
+    /// ```
+    pub fn send_reply(
+        &mut self,
+        now: Instant,
+        call: IncomingCall,
+        reply: &OutgoingReply<'_>,
+    ) -> Result<(), ReplyError> {
+        if self.closed.is_some() {
+            return Err(ReplyError::Closed);
+        }
+        let s = self.executing(call).ok_or(ReplyError::StaleHandle)?;
+        let msg = reply.message;
+        if peek_xid(msg) != Some(s.xid) || peek_direction(msg) != Some(MessageType::Reply) {
+            return Err(ReplyError::NotTheReply);
+        }
+        if msg.len() > self.bufs.buf_len(s.reply_buf) as usize {
+            return Err(ReplyError::TooLarge);
+        }
+        if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
+            return Err(ReplyError::BadDdpItem);
+        }
+        let idx = call.index as usize;
+        let plan = self.plan_reply(idx, msg.len(), reply.ddp)?;
+        let (ddp, inline_len) = (plan.ddp, plan.inline_len);
+        let elided = msg.len() - inline_len;
+        let reply_buf = self.serves[idx].reply_buf;
+        // Place the reply: inline part (message without the DDP data and
+        // its padding) at 0, the DDP data right after it.
+        let out = self.bufs.bytes_mut(reply_buf);
+        let placed = (|| -> Option<()> {
+            match ddp {
+                Some(d) => {
+                    let (off, dlen) = (d.offset as usize, d.len as usize);
+                    out.get_mut(..off)?.copy_from_slice(msg.get(..off)?);
+                    out.get_mut(off..inline_len)?
+                        .copy_from_slice(msg.get(off + elided..)?);
+                    out.get_mut(inline_len..inline_len + dlen)?
+                        .copy_from_slice(msg.get(off..off + dlen)?);
+                }
+                None => out.get_mut(..msg.len())?.copy_from_slice(msg),
+            }
+            Some(())
+        })();
+        // The checks above make a miss impossible; refuse rather than panic.
+        if placed.is_none() {
+            return Err(ReplyError::TooLarge);
+        }
+
+        self.post_reply(now, idx, plan)
+    }
+
+    /// Queues the Writes and the Send of the reply laid out in slot
+    /// `idx`'s reply buffer per `plan` (inline part at 0, DDP data after
+    /// it), and moves the slot to `AwaitingCompletions`.
+    ///
+    /// # Errors
+    /// `TooLarge` if the header does not fit the Send buffer, which
+    /// `plan_reply` rules out; nothing is queued then.
+    fn post_reply(&mut self, now: Instant, idx: usize, plan: ReplyPlan) -> Result<(), ReplyError> {
+        let ReplyPlan {
+            ddp,
+            inline_len,
+            use_reply_chunk,
+            use_read_chunk,
+        } = plan;
+        let s = &self.serves[idx];
+        let (reply_buf, send_buf, generation) = (s.reply_buf, s.send_buf, s.generation);
+        // Header chunk lists, lengths rewritten to what is written.
+        let h = &mut self.tx_hdr;
+        h.chunks.clear();
+        let peer = &self.serves[idx].peer_chunks;
+        for c in peer.write_chunks() {
+            let _ = h.chunks.push_write_chunk(c.segments);
+        }
+        for i in 0..h.chunks.write_chunk_count() {
+            let n = if i == 0 {
+                ddp.map_or(0, |d| u64::from(d.len))
+            } else {
+                0
+            };
+            if let Some(segs) = h.chunks.write_chunk_mut(i) {
+                fill_lengths(segs, n);
+            }
+        }
+        if use_reply_chunk {
+            if let Some(rc) = peer.reply() {
+                h.chunks.set_reply(rc.segments);
+            }
+            if let Some(segs) = h.chunks.reply_mut() {
+                fill_lengths(segs, inline_len as u64);
+            }
+        }
+        if use_read_chunk {
+            // read_list = one position-zero chunk over the reply (s5.1
+            // shape, draft-lever s4.1)
+            h.chunks.push_read(ReadSegment {
+                position: 0,
+                segment: self.bufs.segment(reply_buf, 0, inline_len as u32),
+            });
+        }
+        h.xid = self.serves[idx].xid;
+        h.vers = RPCRDMA_VERSION;
+        h.credits = self.config.credits;
+        h.body = if use_reply_chunk || use_read_chunk {
+            MessageBody::NoMsg
+        } else {
+            MessageBody::Msg
+        };
+
+        // RDMA Writes first (RFC 5666 s3.8: placed before the reply is
+        // processed), sourced from the reply buffer.
+        let mut ops = 0u32;
+        let mut src = inline_len as u32;
+        if let Some(segs) = self.tx_hdr.chunks.write_chunks().next() {
+            for seg in segs.segments.iter().filter(|s| s.length > 0) {
+                self.tx.push_back(WorkRequest::RdmaWrite {
+                    wr_id: WrId {
+                        kind: WrKind::ChunkWrite,
+                        index: idx as u32,
+                        generation,
+                    },
+                    local: LocalSlice {
+                        buf: reply_buf,
+                        offset: src,
+                        len: seg.length,
+                    },
+                    remote: *seg,
+                });
+                src += seg.length;
+                ops += 1;
+            }
+        }
+        if let Some(rc) = self.tx_hdr.chunks.reply() {
+            let mut src = 0u32;
+            for seg in rc.segments.iter().filter(|s| s.length > 0) {
+                self.tx.push_back(WorkRequest::RdmaWrite {
+                    wr_id: WrId {
+                        kind: WrKind::ChunkWrite,
+                        index: idx as u32,
+                        generation,
+                    },
+                    local: LocalSlice {
+                        buf: reply_buf,
+                        offset: src,
+                        len: seg.length,
+                    },
+                    remote: *seg,
+                });
+                src += seg.length;
+                ops += 1;
+            }
+        }
+        let hlen = match self.tx_hdr.emit(self.bufs.bytes_mut(send_buf)) {
+            Ok(n) => n,
+            Err(_) => {
+                // The size check above makes this unreachable; undo the
+                // queued Writes rather than panic.
+                for _ in 0..ops {
+                    self.tx.pop_back();
+                }
+                return Err(ReplyError::TooLarge);
+            }
+        };
+        let mut total = hlen;
+        if !use_reply_chunk && !use_read_chunk {
+            let src = LocalSlice {
+                buf: reply_buf,
+                offset: 0,
+                len: inline_len as u32,
+            };
+            self.bufs.copy(src, send_buf, hlen);
+            total += inline_len;
+        }
+        self.tx.push_back(WorkRequest::Send {
+            wr_id: WrId {
+                kind: WrKind::ReplySend,
+                index: idx as u32,
+                generation,
+            },
+            local: LocalSlice {
+                buf: send_buf,
+                offset: 0,
+                len: total as u32,
+            },
+            invalidate_rkey: None,
+        });
+        let s = &mut self.serves[idx];
+        s.ops_in_flight = ops + 1;
+        s.state = ServeState::AwaitingCompletions;
+        if use_read_chunk {
+            s.done_pending = true;
+            s.done_deadline = now.saturating_add(self.config.done_timeout);
+            self.dones_pending += 1;
+            self.stats.replies_exposed += 1;
+            self.bufs
+                .set_access(reply_buf, Access::RemoteRead, 0, inline_len as u32);
+            self.arm_done_reclaim();
+        }
+        self.active_calls = self.active_calls.saturating_sub(1);
+        self.stats.replies_sent += 1;
+        Ok(())
+    }
+
+    /// Decides how a reply of `msg_len` bytes with an optional DDP item
+    /// travels (before anything is copied or queued): write chunk for the
+    /// DDP item (an empty first write chunk is RFC 8267's "return it
+    /// inline"), then inline vs reply chunk for the rest.
+    fn plan_reply(
+        &self,
+        idx: usize,
+        msg_len: usize,
+        ddp: Option<DdpItem>,
+    ) -> Result<ReplyPlan, ReplyError> {
+        let s = &self.serves[idx];
+        let wc_cap = s.peer_chunks.write_chunks().next().map(|c| c.len_bytes());
+        let ddp = match (ddp, wc_cap) {
+            (Some(d), Some(cap)) if cap > 0 => {
+                if u64::from(d.len) > cap {
+                    return Err(ReplyError::DdpTooLarge);
+                }
+                Some(d)
+            }
+            _ => None,
+        };
+        let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
+        let inline_len = msg_len - elided;
+        let write_list_len: usize = s
+            .peer_chunks
+            .write_chunks()
+            .map(|c| 8 + 16 * c.segments.len())
+            .sum::<usize>()
+            + 4;
+        let send_limit = self
+            .config
+            .inline_send_size
+            .min(self.config.peer_inline_recv_size) as usize;
+        let base = 16 + 4 + write_list_len;
+        let (mut use_reply_chunk, mut use_read_chunk) = (false, false);
+        if base + 4 + inline_len > send_limit {
+            match s.peer_chunks.reply() {
+                Some(rc)
+                    if inline_len as u64 <= rc.len_bytes()
+                        && base + 8 + 16 * rc.segments.len() <= send_limit =>
+                {
+                    use_reply_chunk = true;
+                }
+                // Every requester-provided resource is too small: expose
+                // the reply in a position-zero read chunk, if both peers
+                // support it (draft-lever s4.1.1).
+                _ if self.reply_read_chunks()
+                    && self.dones_pending < self.config.max_reply_read_chunks
+                    && base + 24 + 4 <= send_limit =>
+                {
+                    use_read_chunk = true;
+                }
+                _ => return Err(ReplyError::TooLarge),
+            }
+        }
+        Ok(ReplyPlan {
+            ddp,
+            inline_len,
+            use_reply_chunk,
+            use_read_chunk,
+        })
+    }
+
+    pub(super) fn on_reply_op_done(&mut self, wr_id: WrId) {
+        let i = wr_id.index as usize;
+        match self.serves.get_mut(i) {
+            Some(s)
+                if matches!(
+                    s.state,
+                    ServeState::AwaitingCompletions | ServeState::Draining
+                ) && wr_id.same_generation(s.generation)
+                    && s.ops_in_flight > 0 =>
+            {
+                s.ops_in_flight -= 1;
+                if s.ops_in_flight == 0 {
+                    if s.done_pending {
+                        s.state = ServeState::AwaitingDone;
+                    } else {
+                        self.free_serve(i);
+                    }
+                }
+            }
+            _ => self.stats.stale_completions += 1,
+        }
+    }
+
+    /// RDMA_DONE for `xid` (RFC 5666 s3.8): the requester pulled the reply
+    /// we exposed; withdraw it. A DONE matching nothing is dropped
+    /// silently (draft-lever s4.1.3).
+    pub(super) fn on_done(&mut self, xid: u32) {
+        let Some(i) = self
+            .serves
+            .iter()
+            .position(|s| s.done_pending && s.xid == xid)
+        else {
+            self.stats.done_ignored += 1;
+            return;
+        };
+        self.stats.done_received += 1;
+        self.withdraw_exposed_reply(i);
+    }
+
+    /// The exposure of slot `i`'s reply ends (DONE, timer or close).
+    fn withdraw_exposed_reply(&mut self, i: usize) {
+        let s = &mut self.serves[i];
+        s.done_pending = false;
+        let (buf, state) = (s.reply_buf, s.state);
+        self.dones_pending = self.dones_pending.saturating_sub(1);
+        self.bufs.unexpose(buf);
+        if state == ServeState::AwaitingDone {
+            self.free_serve(i);
+        }
+    }
+
+    /// `Timer::DoneReclaim` fired: withdraw every exposed reply whose
+    /// deadline passed (RFC 5666 s3.8, s11: a requester that never sends
+    /// RDMA_DONE does not pin our memory), then re-arm.
+    pub(super) fn reclaim_exposed_replies(&mut self, now: Instant) {
+        for i in 0..self.serves.len() {
+            let s = &self.serves[i];
+            if s.done_pending && s.done_deadline <= now {
+                self.stats.done_timeouts += 1;
+                self.withdraw_exposed_reply(i);
+            }
+        }
+        self.arm_done_reclaim();
+    }
+
+    fn arm_done_reclaim(&mut self) {
+        let next = self
+            .serves
+            .iter()
+            .filter(|s| s.done_pending)
+            .map(|s| s.done_deadline)
+            .min();
+        match next {
+            Some(t) => self.timers.set(Timer::DoneReclaim, t),
+            None => self.timers.stop(Timer::DoneReclaim),
+        }
+    }
+
+    fn free_serve(&mut self, idx: usize) {
+        let s = &mut self.serves[idx];
+        s.state = ServeState::Free;
+        s.generation = s.generation.wrapping_add(1);
+        s.reads.clear();
+        self.serve_free.push(idx as u32);
+    }
+
+    /// Connection closed: calls being served are dropped; slots with work
+    /// still posted wait for its flush.
+    pub(super) fn close_responder(&mut self) {
+        self.read_fifo.clear();
+        // Parked receives are simply not reposted: the queue pair is gone.
+        self.parked.clear();
+        self.active_calls = 0;
+        self.dones_pending = 0;
+        for idx in 0..self.serves.len() {
+            let s = &mut self.serves[idx];
+            if s.done_pending {
+                s.done_pending = false;
+                let buf = s.reply_buf;
+                self.bufs.unexpose(buf);
+            }
+            let s = &mut self.serves[idx];
+            match s.state {
+                ServeState::Free | ServeState::Draining => {}
+                _ if s.ops_in_flight == 0 => self.free_serve(idx),
+                _ => s.state = ServeState::Draining,
+            }
+        }
+    }
+}

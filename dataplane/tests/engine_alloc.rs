@@ -1,0 +1,297 @@
+//! DESIGN s4: no heap allocation per RPC in steady state. Two engines are
+//! driven through the public API by a minimal in-line provider that itself
+//! allocates nothing after set-up, under a counting global allocator;
+//! after a warm-up, RPCs over every path (inline, read chunk, long call,
+//! write chunk, reply chunk, reply exposed in a read chunk + RDMA_DONE)
+//! must allocate zero times.
+
+mod support;
+
+use std::collections::VecDeque;
+
+use dataplane::engine::{
+    Access, BufId, Config, Connection, DdpItem, Event, Instant, OutgoingCall, OutgoingReply,
+    ReplyExpect, WcStatus, WorkRequest, WrId,
+};
+use dataplane::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use dataplane::wire::xdr::{Decoder, Encoder};
+use support::alloc_counter::{measure, CountingAllocator};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+enum Done {
+    Recv(WrId, u32),
+    Wc(WrId, WcStatus),
+}
+
+/// Two connections and a provider that executes work requests at once.
+struct Wire {
+    conns: [Connection; 2],
+    rq: [VecDeque<(WrId, BufId)>; 2],
+    done: VecDeque<(usize, Done)>,
+    reply_scratch: Vec<u8>,
+    /// Sends, Reads, Writes executed.
+    ops: [u64; 3],
+}
+
+impl Wire {
+    fn new(cfg: Config) -> Wire {
+        let mut w = Wire {
+            conns: [Connection::new(cfg).unwrap(), Connection::new(cfg).unwrap()],
+            rq: [VecDeque::with_capacity(64), VecDeque::with_capacity(64)],
+            done: VecDeque::with_capacity(256),
+            reply_scratch: vec![0u8; 300 * 1024],
+            ops: [0; 3],
+        };
+        // Receives are posted before the connection is established.
+        for side in 0..2 {
+            while let Some(wr) = w.conns[side].poll_transmit() {
+                w.execute(side, wr);
+            }
+        }
+        w
+    }
+
+    fn execute(&mut self, side: usize, wr: WorkRequest) {
+        let peer = 1 - side;
+        let [a, b] = &mut self.conns;
+        let (me, other) = if side == 0 { (a, b) } else { (b, a) };
+        match wr {
+            WorkRequest::PostRecv { wr_id, buf } => self.rq[side].push_back((wr_id, buf)),
+            WorkRequest::Send { wr_id, local, .. } => {
+                self.ops[0] += 1;
+                let (rwr, rbuf) = self.rq[peer].pop_front().expect("receiver not ready");
+                let src = me.buffers().slice(local).unwrap();
+                other.buffers_mut().bytes_mut(rbuf)[..src.len()].copy_from_slice(src);
+                self.done.push_back((peer, Done::Recv(rwr, local.len)));
+                self.done
+                    .push_back((side, Done::Wc(wr_id, WcStatus::Success)));
+            }
+            WorkRequest::RdmaWrite {
+                wr_id,
+                local,
+                remote,
+            } => {
+                self.ops[2] += 1;
+                let dst = other
+                    .buffers()
+                    .resolve(&remote, Access::RemoteWrite)
+                    .unwrap();
+                let src = me.buffers().slice(local).unwrap();
+                other
+                    .buffers_mut()
+                    .slice_mut(dst)
+                    .unwrap()
+                    .copy_from_slice(src);
+                self.done
+                    .push_back((side, Done::Wc(wr_id, WcStatus::Success)));
+            }
+            WorkRequest::RdmaRead {
+                wr_id,
+                local,
+                remote,
+            } => {
+                self.ops[1] += 1;
+                let src = other
+                    .buffers()
+                    .resolve(&remote, Access::RemoteRead)
+                    .unwrap();
+                let data = other.buffers().slice(src).unwrap();
+                me.buffers_mut()
+                    .slice_mut(local)
+                    .unwrap()
+                    .copy_from_slice(data);
+                self.done
+                    .push_back((side, Done::Wc(wr_id, WcStatus::Success)));
+            }
+        }
+    }
+
+    /// Runs until quiet; the server echoes, the client releases replies.
+    /// Returns the number of replies the client saw.
+    fn run(&mut self, now: Instant) -> usize {
+        let mut replies = 0;
+        loop {
+            let mut busy = false;
+            for side in 0..2 {
+                while let Some(wr) = self.conns[side].poll_transmit() {
+                    busy = true;
+                    self.execute(side, wr);
+                }
+            }
+            while let Some((side, d)) = self.done.pop_front() {
+                busy = true;
+                match d {
+                    Done::Recv(id, len) => self.conns[side].handle_recv(now, id, len),
+                    Done::Wc(id, st) => self.conns[side].handle_completion(now, id, st),
+                }
+            }
+            while let Some(ev) = self.conns[1].poll_event() {
+                busy = true;
+                if let Event::CallArrived { call, xid, .. } = ev {
+                    let n = echo_reply_into(
+                        &mut self.reply_scratch,
+                        xid,
+                        self.conns[1].call_message(call).unwrap(),
+                    );
+                    let len = u32::from_be_bytes(self.reply_scratch[24..28].try_into().unwrap());
+                    let item = DdpItem { offset: 28, len };
+                    let reply = OutgoingReply {
+                        message: &self.reply_scratch[..n],
+                        ddp: Some(item),
+                    };
+                    self.conns[1].send_reply(now, call, &reply).unwrap();
+                }
+            }
+            while let Some(ev) = self.conns[0].poll_event() {
+                busy = true;
+                match ev {
+                    Event::ReplyArrived { call, .. } => {
+                        replies += 1;
+                        assert!(self.conns[0].release_reply(call));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            if !busy {
+                return replies;
+            }
+        }
+    }
+}
+
+/// Encodes the echo reply for `call` into `out`; returns its length. The
+/// reply header with AUTH_NONE is 24 bytes, so the payload's data starts
+/// at 28.
+fn echo_reply_into(out: &mut [u8], xid: u32, call: &[u8]) -> usize {
+    let (_, hl) = CallHeader::parse(call).unwrap();
+    let payload = Decoder::new(&call[hl..]).get_opaque(usize::MAX).unwrap();
+    let mut e = Encoder::new(out);
+    ReplyHeader::accepted(xid, OpaqueAuth::None, AcceptStatus::Success)
+        .emit(&mut e)
+        .unwrap();
+    e.put_opaque(payload).unwrap();
+    e.position()
+}
+
+fn echo_call(xid: u32, len: usize) -> (Vec<u8>, DdpItem) {
+    let h = CallHeader::new(xid, 0x2000_0101, 1, 1, OpaqueAuth::None, OpaqueAuth::None);
+    let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+    let mut buf = vec![0u8; h.buffer_len() + 4 + len.next_multiple_of(4)];
+    let mut e = Encoder::new(&mut buf);
+    h.emit(&mut e).unwrap();
+    e.put_opaque(&payload).unwrap();
+    let item = DdpItem {
+        offset: h.buffer_len() as u32 + 4,
+        len: len as u32,
+    };
+    (buf, item)
+}
+
+#[test]
+fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
+    let cfg = Config {
+        peer_inline_recv_size: 4096,
+        peer_inline_send_size: 4096,
+        credits: 4,
+        max_outstanding_calls: 4,
+        max_call_size: 256 * 1024,
+        max_reply_size: 256 * 1024,
+        max_ddp_size: 256 * 1024,
+        reply_read_chunks: true,
+        ..Config::default()
+    };
+    let mut w = Wire::new(cfg);
+    // (payload length, DDP argument, expected reply): every path.
+    let shapes: [(usize, bool, ReplyExpect); 6] = [
+        (
+            100,
+            true,
+            ReplyExpect {
+                max_len: 1024,
+                ddp_max: None,
+            },
+        ), // inline both ways
+        (
+            100_000,
+            true,
+            ReplyExpect {
+                max_len: 512,
+                ddp_max: Some(128 * 1024),
+            },
+        ), // read + write chunk
+        (
+            50_000,
+            false,
+            ReplyExpect {
+                max_len: 64 * 1024,
+                ddp_max: None,
+            },
+        ), // long call + reply chunk
+        (
+            3000,
+            true,
+            ReplyExpect {
+                max_len: 8192,
+                ddp_max: None,
+            },
+        ), // inline call, reply chunk
+        (
+            9000,
+            true,
+            ReplyExpect {
+                max_len: 16 * 1024,
+                ddp_max: Some(16 * 1024),
+            },
+        ), // read + write
+        (
+            30_000,
+            true,
+            ReplyExpect {
+                max_len: 512,
+                ddp_max: None,
+            },
+        ), // read chunk, reply exposed in a read chunk + RDMA_DONE
+    ];
+    let calls: Vec<_> = (0..48u32)
+        .map(|i| {
+            let (len, ddp, reply) = shapes[i as usize % shapes.len()];
+            let (msg, item) = echo_call(i, len);
+            (msg, ddp.then_some(item), reply)
+        })
+        .collect();
+    let round = |w: &mut Wire, range: std::ops::Range<usize>| {
+        let mut sent = 0;
+        for chunk in calls[range].chunks(4) {
+            for (msg, ddp, reply) in chunk {
+                let call = OutgoingCall {
+                    message: msg,
+                    ddp: *ddp,
+                    reply: *reply,
+                };
+                w.conns[0].send_call(Instant(0), &call).unwrap();
+                sent += 1;
+            }
+            assert!(w.run(Instant(0)) > 0);
+        }
+        sent
+    };
+    round(&mut w, 0..24); // warm-up
+    let before = w.ops;
+    let (sent, allocated) = measure(|| round(&mut w, 24..48));
+    assert_eq!(sent, 24);
+    // Every kind of operation happened in the measured part.
+    assert!(
+        (0..3).all(|i| w.ops[i] > before[i]),
+        "{before:?} -> {:?}",
+        w.ops
+    );
+    assert_eq!(
+        allocated.count, 0,
+        "heap activity in steady state: {allocated:?}"
+    );
+    assert_eq!(w.conns[0].stats().replies_received, 48);
+    assert_eq!(w.conns[1].stats().replies_sent, 48);
+    assert_eq!(w.conns[1].stats().done_received, 8);
+}
