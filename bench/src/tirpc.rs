@@ -14,7 +14,7 @@
 //! in `docs/BENCHMARKS.md`.
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -440,17 +440,18 @@ impl TirpcServer {
                 path: server,
                 source,
             })?;
+        // Collected line by line, so that it can be shown while it runs.
         let stderr = Arc::new(Mutex::new(String::new()));
-        if let Some(mut pipe) = child.stderr.take() {
+        let reader = child.stderr.take().map(|pipe| {
             let sink = Arc::clone(&stderr);
             thread::spawn(move || {
-                let mut text = String::new();
-                let _ = pipe.read_to_string(&mut text);
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_str(&text);
-            });
-        }
+                for line in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
+                    let mut text = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            })
+        });
         let mut line = String::new();
         let read = child
             .stdout
@@ -469,6 +470,10 @@ impl TirpcServer {
                 .map(|s| s.to_string())
                 .unwrap_or_else(|e| e.to_string());
             server.stopped = true;
+            // The child is gone, so its stderr is at end of file.
+            if let Some(reader) = reader {
+                let _ = reader.join();
+            }
             return Err(TirpcError::ServerNotReady {
                 status,
                 stderr: server.stderr_text(),
