@@ -1,6 +1,6 @@
 //! InfiniBand Communication Management MADs as Linux rdma_cm sends them
-//! over RoCEv2 to QP1 (IBTA Vol. 1 ch. 12 s12.6 message formats, ch. 13
-//! s13.4 MAD header; Linux `include/rdma/ibta_vol1_c12.h`, `cm_msgs.h`,
+//! over RoCEv2 to QP1 (IBTA Vol. 1 ch. 12 CM message formats, Tables 106-113 as
+//! the kernel numbers them; ch. 13 MAD header; Linux `include/rdma/ibta_vol1_c12.h`, `cm_msgs.h`,
 //! `cma_priv.h`/`cma.c` for the rdma_cm header; ROCE-NOTES s4).
 //!
 //! A CM MAD is the 256-byte payload of a UD Send (BTH opcode 0x64, dest QP
@@ -65,7 +65,7 @@ pub const RDMA_CM_TCP_SERVICE_ID: u64 = 0x0000_0000_0106_0000;
 /// Length of the rdma_cm header at the start of REQ private data.
 pub const RDMA_CM_HEADER_LEN: usize = 36;
 
-/// Private data sizes (IBTA s12.6).
+/// Private data sizes (ibta_vol1_c12.h).
 pub mod private_len {
     /// REQ.
     pub const REQ: usize = 92;
@@ -83,7 +83,7 @@ pub mod private_len {
     pub const MRA: usize = 222;
 }
 
-/// CM attribute IDs (IBTA Table 101).
+/// CM attribute IDs (ib_cm.h / ROCE-NOTES s4).
 pub mod attr {
     /// Connection request.
     pub const REQ: u16 = 0x0010;
@@ -101,7 +101,7 @@ pub mod attr {
     pub const DREP: u16 = 0x0016;
 }
 
-/// REJ reason codes rdma_cm peers use (IBTA Table 112).
+/// REJ reason codes rdma_cm peers use (Linux `enum ib_cm_rej_reason`, ROCE-NOTES s4).
 pub mod rej_reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;
@@ -204,7 +204,7 @@ fn private(area: &mut [u8], at: usize, max: usize, data: &[u8]) -> Result<()> {
 // ---------------------------------------------------------------------------
 // MAD header
 
-/// The common MAD header (IBTA s13.4.2), unvalidated.
+/// The common MAD header (IBTA Vol. 1 ch. 13; ib_mad.h), unvalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MadHeader {
     /// Base version (1).
@@ -375,7 +375,7 @@ impl CmPath {
 // ---------------------------------------------------------------------------
 // Messages
 
-/// ConnectRequest (IBTA s12.6.5). Offsets from MAD byte 24:
+/// ConnectRequest (IBTA Table 106). Offsets from MAD byte 24:
 ///
 /// | off | field |
 /// |---|---|
@@ -449,7 +449,7 @@ pub struct Req<'a> {
     pub private_data: &'a [u8],
 }
 
-/// ConnectReply (IBTA s12.6.8). Offsets from MAD byte 24:
+/// ConnectReply (IBTA Table 110). Offsets from MAD byte 24:
 ///
 /// | off | field |
 /// |---|---|
@@ -499,7 +499,7 @@ pub struct Rep<'a> {
     pub private_data: &'a [u8],
 }
 
-/// ConnectReject (IBTA s12.6.7). Offsets from MAD byte 24:
+/// ConnectReject (IBTA Table 108). Offsets from MAD byte 24:
 ///
 /// | off | field |
 /// |---|---|
@@ -528,7 +528,7 @@ pub struct Rej<'a> {
     pub private_data: &'a [u8],
 }
 
-/// MessageReceiptAcknowledgement (IBTA s12.6.6). Offsets from MAD byte 24:
+/// MessageReceiptAcknowledgement (IBTA Table 107). Offsets from MAD byte 24:
 ///
 /// | off | field |
 /// |---|---|
@@ -552,8 +552,8 @@ pub struct Mra<'a> {
 }
 
 /// Messages with two communication IDs and private data only: RTU (IBTA
-/// s12.6.9, private data 224 at offset 8) and DREP (s12.6.11, the same
-/// layout). DREQ (s12.6.10) adds the remote QPN at offset 8 (3 bytes, 1
+/// Table 111, private data 224 at offset 8) and DREP (Table 113, the same
+/// layout). DREQ (Table 112) adds the remote QPN at offset 8 (3 bytes, 1
 /// reserved) and has private data 220 at offset 12.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CommIds<'a> {
@@ -565,7 +565,7 @@ pub struct CommIds<'a> {
     pub private_data: &'a [u8],
 }
 
-/// DisconnectRequest (IBTA s12.6.10).
+/// DisconnectRequest (IBTA Table 112).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Dreq<'a> {
     /// Sender's communication ID.
@@ -792,7 +792,7 @@ impl<'a> CmMad<'a> {
     /// `buf` is shorter than 256 bytes. Nothing is written on error.
     //
     // mad = header(24) cm_message(232, zero-padded private data)
-    //                                   -- IBTA Vol. 1 s13.4.2, s12.6
+    //                                   -- IBTA Vol. 1 ch. 13, Tables 106-113
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let mut mad = [0u8; MAD_LEN];
         self.header().emit(&mut mad)?;

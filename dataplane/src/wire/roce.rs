@@ -3,9 +3,9 @@
 //! the extension headers an RC/UD packet carries (RETH, AETH, IETH,
 //! ImmDt, DETH), payload, pad and the 4-byte invariant CRC (ICRC).
 //!
-//! Sources: IBTA Vol. 1 ch. 9 (s9.2 BTH, s9.3 extension headers, s9.7.5.2
-//! AETH syndromes), Annex A17 (RoCEv2 encapsulation, ICRC over the IP/UDP
-//! pseudo-header), and Linux `drivers/infiniband/sw/rxe/rxe_hdr.h`,
+//! Sources: IBTA Vol. 1 ch. 9 (transport layer: BTH, extension headers,
+//! ACK/NAK syndromes), Annex A17 (RoCEv2 encapsulation, ICRC over the
+//! IP/UDP pseudo-header), and Linux `drivers/infiniband/sw/rxe/rxe_hdr.h`,
 //! `rxe_opcode.c`, `rxe_icrc.c` as summarised in ROCE-NOTES s1-s2.
 //!
 //! ```text
@@ -78,7 +78,7 @@ pub const MAX_24: u32 = 0x00FF_FFFF;
 // Opcodes
 
 /// The extension headers an opcode carries, in wire order: RETH or DETH,
-/// then AETH, then ImmDt or IETH (IBTA Vol. 1 s9.2, Table 38).
+/// then AETH, then ImmDt or IETH (IBTA Vol. 1 ch. 9; rxe_opcode.c).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExtHeaders {
     /// Datagram ETH (UD).
@@ -247,7 +247,7 @@ impl Opcode {
 // PSN
 
 /// A 24-bit packet sequence number. Arithmetic wraps modulo 2^24; order is
-/// defined only within half the space (IBTA Vol. 1 s9.7.1: a PSN is
+/// defined only within half the space (IBTA Vol. 1 ch. 9: a PSN is
 /// "ahead" when it is less than 2^23 after the other), which is what rxe's
 /// `psn_compare` computes with `(s32)((a - b) << 8)`.
 ///
@@ -295,7 +295,7 @@ impl Psn {
         self.add(1)
     }
 
-    /// Signed distance `self - earlier` in (-2^23, 2^23]: positive when
+    /// Signed distance `self - earlier` in [-2^23, 2^23): positive when
     /// `self` is ahead of `earlier`. Exactly half a window apart reads as
     /// behind (-2^23), as rxe's compare does.
     pub const fn distance(self, earlier: Psn) -> i32 {
@@ -320,7 +320,7 @@ impl Psn {
 // ---------------------------------------------------------------------------
 // Extension headers
 
-/// RDMA Extended Transport Header (IBTA s9.3.3): remote VA, R_Key, DMA
+/// RDMA Extended Transport Header (IBTA Vol. 1 ch. 9; rxe_hdr.h): remote VA, R_Key, DMA
 /// length. 16 bytes: VA u64 | R_Key u32 | DMA length u32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Reth {
@@ -348,7 +348,7 @@ impl Reth {
     }
 }
 
-/// NAK codes of an AETH with syndrome type NAK (IBTA s9.7.5.2.4).
+/// NAK codes of an AETH with syndrome type NAK (IBTA Vol. 1 ch. 9; rxe `enum aeth_syndrome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum NakCode {
@@ -365,7 +365,7 @@ pub enum NakCode {
     InvalidRdRequest = 4,
 }
 
-/// The AETH syndrome, typed (IBTA s9.7.5.2; ROCE-NOTES s1):
+/// The AETH syndrome, typed (IBTA Vol. 1 ch. 9; ROCE-NOTES s1):
 /// bits 7-5 type (0 ACK, 1 RNR NAK, 3 NAK; 2 reserved), bits 4-0 value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Syndrome {
@@ -430,7 +430,7 @@ impl Syndrome {
     }
 }
 
-/// RNR NAK timer code to microseconds (IBTA Table 45; rxe `rnrnak_usec`).
+/// RNR NAK timer code to microseconds (rxe_comp.c `rnrnak_usec`, ROCE-NOTES s1).
 pub const fn rnr_timer_usec(code: u8) -> u32 {
     const T: [u32; 32] = [
         655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
@@ -440,7 +440,7 @@ pub const fn rnr_timer_usec(code: u8) -> u32 {
     T[(code & 0x1F) as usize]
 }
 
-/// ACK Extended Transport Header (IBTA s9.3.5): syndrome u8 | MSN u24.
+/// ACK Extended Transport Header (IBTA Vol. 1 ch. 9; rxe_hdr.h): syndrome u8 | MSN u24.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Aeth {
     /// What is being acknowledged.
@@ -470,7 +470,7 @@ impl Aeth {
     }
 }
 
-/// Datagram Extended Transport Header (IBTA s9.3.2): Q_Key u32 | resv u8 |
+/// Datagram Extended Transport Header (IBTA Vol. 1 ch. 9; rxe_hdr.h): Q_Key u32 | resv u8 |
 /// source QPN u24.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Deth {
@@ -875,7 +875,7 @@ impl<'a> RocePacket<'a> {
     /// on error.
     //
     // packet = BTH [DETH] [RETH] [AETH] [ImmDt | IETH] payload pad ICRC
-    //                                  -- IBTA Vol. 1 s9.2, Table 38
+    //                                  -- IBTA Vol. 1 ch. 9, rxe_opcode.c
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let syn = self.validate()?;
         let len = self.buffer_len();

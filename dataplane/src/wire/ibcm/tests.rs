@@ -1,4 +1,4 @@
-//! Golden MADs hand-assembled from the IBTA Vol. 1 s12.6 layouts (Linux
+//! Golden MADs hand-assembled from the IBTA Vol. 1 ch. 12 layouts (Linux
 //! `include/rdma/ibta_vol1_c12.h` offsets as ROCE-NOTES s4 gives them),
 //! with the values an rdma_cm client/server pair uses; round trips,
 //! truncation at every offset, hostile values and property tests.

@@ -1,4 +1,4 @@
-//! Path-MTU segmentation of RC messages (IBTA Vol. 1 s9.4; rxe_req.c and
+//! Path-MTU segmentation of RC messages (IBTA Vol. 1 ch. 9; rxe_req.c and
 //! the responder length rules of rxe_resp.c, ROCE-NOTES s1 "Padding").
 //!
 //! A message of `len` bytes travels in `max(1, ceil(len / mtu))` packets,
