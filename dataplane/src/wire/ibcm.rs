@@ -299,11 +299,11 @@ impl MadHeader {
 /// | 2 | remote LID (2; 0xFFFF on RoCE) |
 /// | 4 | local GID (16) |
 /// | 20 | remote GID (16) |
-/// | 36 | flow label [31:12], reserved [11:6], packet rate [5:0] |
+/// | 36 | flow label `[31:12]`, reserved `[11:6]`, packet rate `[5:0]` |
 /// | 40 | traffic class |
 /// | 41 | hop limit |
-/// | 42 | SL [7:4], subnet local [3] |
-/// | 43 | local ACK timeout [7:3] |
+/// | 42 | SL `[7:4]`, subnet local `[3]` |
+/// | 43 | local ACK timeout `[7:3]` |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CmPath {
     /// Local LID.
@@ -387,11 +387,11 @@ impl CmPath {
 /// | 28 | local Q_Key (4) |
 /// | 32 | local QPN (3), responder resources (1) |
 /// | 36 | local EECN (3), initiator depth (1) |
-/// | 40 | remote EECN (3); 43: remote CM response timeout [7:3], transport service type [2:1], end-to-end flow control [0] |
-/// | 44 | starting PSN (3); 47: local CM response timeout [7:3], retry count [2:0] |
+/// | 40 | remote EECN (3); 43: remote CM response timeout `[7:3]`, transport service type `[2:1]`, end-to-end flow control `[0]` |
+/// | 44 | starting PSN (3); 47: local CM response timeout `[7:3]`, retry count `[2:0]` |
 /// | 48 | P_Key (2) |
-/// | 50 | path MTU [7:4], RDC exists [3], RNR retry count [2:0] |
-/// | 51 | max CM retries [7:4], SRQ [3], extended transport type [2:0] |
+/// | 50 | path MTU `[7:4]`, RDC exists `[3]`, RNR retry count `[2:0]` |
+/// | 51 | max CM retries `[7:4]`, SRQ `[3]`, extended transport type `[2:0]` |
 /// | 52 | primary path (44) |
 /// | 96 | alternate path (44) |
 /// | 140 | private data (92) |
@@ -461,8 +461,8 @@ pub struct Req<'a> {
 /// | 20 | starting PSN (3), ECE (1, ignored) |
 /// | 24 | responder resources |
 /// | 25 | initiator depth |
-/// | 26 | target ACK delay [7:3], failover accepted [2:1], end-to-end flow control [0] |
-/// | 27 | RNR retry count [7:5], SRQ [4] |
+/// | 26 | target ACK delay `[7:3]`, failover accepted `[2:1]`, end-to-end flow control `[0]` |
+/// | 27 | RNR retry count `[7:5]`, SRQ `[4]` |
 /// | 28 | local CA GUID (8) |
 /// | 36 | private data (196) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -505,8 +505,8 @@ pub struct Rep<'a> {
 /// |---|---|
 /// | 0 | local comm ID (4) |
 /// | 4 | remote comm ID (4) |
-/// | 8 | message rejected [7:6] (0 REQ, 1 REP, 2 other) |
-/// | 9 | reject info length [7:1] |
+/// | 8 | message rejected `[7:6]` (0 REQ, 1 REP, 2 other) |
+/// | 9 | reject info length `[7:1]` |
 /// | 10 | reason (2) |
 /// | 12 | additional reject information (72) |
 /// | 84 | private data (148) |
@@ -534,8 +534,8 @@ pub struct Rej<'a> {
 /// |---|---|
 /// | 0 | local comm ID (4) |
 /// | 4 | remote comm ID (4) |
-/// | 8 | message MRAed [7:6] (0 REQ, 1 REP, 2 LAP) |
-/// | 9 | service timeout [7:3] |
+/// | 8 | message MRAed `[7:6]` (0 REQ, 1 REP, 2 LAP) |
+/// | 9 | service timeout `[7:3]` |
 /// | 10 | private data (222) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Mra<'a> {
@@ -908,7 +908,7 @@ fn emit_req(m: &Req<'_>, d: &mut [u8]) -> Result<()> {
 /// | off | field |
 /// |---|---|
 /// | 0 | cma version (0x00) |
-/// | 1 | IP version [7:4] (4 or 6) |
+/// | 1 | IP version `[7:4]` (4 or 6) |
 /// | 2 | port (2): the active side's source port |
 /// | 4 | source address (16; IPv4: 12 zero bytes then the address) |
 /// | 20 | destination address (16) |
