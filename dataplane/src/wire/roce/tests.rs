@@ -722,3 +722,67 @@ fn fuzz_seeds_parse() {
     }
     assert!(n >= 5, "{}: too few seeds", dir.display());
 }
+
+#[test]
+fn golden_remaining_opcodes() {
+    let reth = Reth {
+        va: 0x10,
+        rkey: 0x20,
+        dma_len: 0x30,
+    };
+    let reth_hex = "0000000000000010 00000020 00000030";
+    let ack = Aeth {
+        syndrome: Syndrome::ACK,
+        msn: 0x0A0B0C,
+    };
+    // (opcode, extension header hex, setter) with payload "abcd".
+    type Fill = fn(&mut RocePacket<'_>, Reth, Aeth);
+    let cases: &[(Opcode, String, Fill)] = &[
+        (Opcode::RcSendFirst, String::new(), |_, _, _| {}),
+        (Opcode::RcSendMiddle, String::new(), |_, _, _| {}),
+        (Opcode::RcSendLast, String::new(), |_, _, _| {}),
+        (Opcode::RcSendOnlyImm, "01020304".into(), |p, _, _| {
+            p.immdt = Some(0x0102_0304)
+        }),
+        (Opcode::RcSendLastInv, "01020304".into(), |p, _, _| {
+            p.ieth = Some(0x0102_0304)
+        }),
+        (Opcode::RcWriteFirst, reth_hex.into(), |p, r, _| {
+            p.reth = Some(r)
+        }),
+        (Opcode::RcWriteMiddle, String::new(), |_, _, _| {}),
+        (Opcode::RcWriteLast, String::new(), |_, _, _| {}),
+        (Opcode::RcWriteLastImm, "01020304".into(), |p, _, _| {
+            p.immdt = Some(0x0102_0304)
+        }),
+        (Opcode::RcWriteOnly, reth_hex.into(), |p, r, _| {
+            p.reth = Some(r)
+        }),
+        (Opcode::RcReadResponseLast, "1f0a0b0c".into(), |p, _, a| {
+            p.aeth = Some(a)
+        }),
+        (Opcode::RcReadResponseOnly, "1f0a0b0c".into(), |p, _, a| {
+            p.aeth = Some(a)
+        }),
+        (
+            Opcode::UdSendOnlyImm,
+            "11111111 00 000abc 01020304".into(),
+            |p, _, _| {
+                p.deth = Some(Deth {
+                    qkey: 0x1111_1111,
+                    src_qpn: 0xABC,
+                });
+                p.immdt = Some(0x0102_0304);
+            },
+        ),
+    ];
+    for (op, ext, fill) in cases {
+        let bytes = hex(&format!(
+            "{:02x} 00 ffff 00 000042 00 000007 {ext} 61626364 00000000",
+            op.to_u8()
+        ));
+        let mut p = RocePacket::new(Bth::new(*op, 0x42, psn(7)), b"abcd");
+        fill(&mut p, reth, ack);
+        check_golden(&bytes, &p);
+    }
+}
