@@ -109,3 +109,13 @@ fn replay_engine_recv_corpus() {
         engine::fuzz_recv(&input);
     }
 }
+
+#[test]
+fn replay_roce_packet_corpus() {
+    for (_, input) in seeds("roce_packet")
+        .into_iter()
+        .chain(corpus("roce_packet"))
+    {
+        dataplane::wire::roce::fuzz_parse(&input);
+    }
+}

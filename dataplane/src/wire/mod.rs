@@ -15,6 +15,8 @@
 
 pub mod conf;
 pub mod conf2;
+pub mod ibcm;
+pub mod roce;
 pub mod rpc;
 pub mod rpcrdma;
 pub mod rtrext;
