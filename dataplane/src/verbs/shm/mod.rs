@@ -452,6 +452,9 @@ struct OutRegion {
 struct Conn {
     sock: OwnedFd,
     mine: Arena,
+    /// Sizes of our outbox, as validated at creation. Never read back from
+    /// the outbox: shared memory is not trusted, even our own.
+    layout: Layout,
     peer: Mapping,
     peer_layout: Layout,
     /// Descriptors we produced.
@@ -591,7 +594,7 @@ impl Conn {
 
     /// Publishes one descriptor (space was checked by the caller).
     fn publish(&mut self, kind: u64, byte_len: u32, imm: u32, seq: u64) {
-        let cap = self.mine_layout().desc_cap as u64;
+        let cap = self.layout.desc_cap as u64;
         let base = HEADER_WORDS + ((self.desc_head % cap) as usize) * DESC_WORDS;
         let head = self.desc_head + 1;
         let w = self.my_words();
@@ -602,17 +605,8 @@ impl Conn {
         self.desc_head = head;
     }
 
-    fn mine_layout(&self) -> Layout {
-        let w = self.my_words();
-        Layout {
-            desc_cap: w[1].load(Ordering::Relaxed) as u32,
-            rq_cap: w[2].load(Ordering::Relaxed) as u32,
-            key_cap: w[3].load(Ordering::Relaxed) as u32,
-        }
-    }
-
     fn desc_space(&self) -> bool {
-        let cap = self.mine_layout().desc_cap as u64;
+        let cap = self.layout.desc_cap as u64;
         let peer_tail = self.peer_word(W_PEER_DESC_TAIL);
         self.desc_head.wrapping_sub(peer_tail) < cap
     }
@@ -830,7 +824,7 @@ fn set_placed(sgl: &mut SgeList, mut placed: u64) {
 impl Conn {
     /// Invalidates one of our rkeys on this connection.
     fn invalidate(&mut self, rkey: u32) -> bool {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let slot = (rkey & (layout.key_cap - 1)) as usize;
         if rkey == 0
             || self
@@ -850,7 +844,7 @@ impl Conn {
 
     /// Publishes a posted receive in our recv ring.
     fn publish_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError> {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let base =
             layout.recv_base() + (self.recv_head % layout.rq_cap as u64) as usize * RECV_WORDS;
         let mut words = [0u64; RECV_WORDS];
@@ -873,7 +867,7 @@ impl Conn {
 
     /// Grants the peer access to a registration; returns its rkey.
     fn expose(&mut self, mr: &MrInfo) -> Result<RemoteKey, VerbsError> {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let slot = self
             .keys
             .iter()
@@ -1273,6 +1267,7 @@ impl ShmPreparedQp {
             let mut conn = Conn {
                 sock,
                 mine,
+                layout: inner.layout,
                 peer,
                 peer_layout,
                 desc_head: 0,

@@ -90,7 +90,7 @@ fn pair() -> (Side, Side) {
 fn corrupt(s: &Side, f: impl FnOnce(&[AtomicU64], Layout, &Conn)) {
     let inner = lock(&s.qp.shared.inner);
     let conn = inner.conn.as_ref().unwrap();
-    f(conn.my_words(), conn.mine_layout(), conn);
+    f(conn.my_words(), conn.layout, conn);
 }
 
 /// Polls `s` until its QP is in error; returns the completions seen.
@@ -464,5 +464,46 @@ fn read_only_descriptor_refuses_writable_mapping() {
         unsafe { munmap(readable, len.get()) }.unwrap();
         // And the original descriptor is still the writable one.
         assert!(Mapping::map_peer(arena.fd(), true).is_ok());
+    }
+}
+
+/// Sizes of our own rings are never read back from shared memory: garbage
+/// in our outbox header (a peer able to write it, or a stray write) cannot
+/// make posting panic (it used to: `% rq_cap` with rq_cap = 0).
+#[test]
+fn corrupt_own_layout_words_do_not_panic() {
+    for v in [0u64, 1 << 40, u64::MAX, 3] {
+        let (mut a, mut b) = pair();
+        corrupt(&a, |w, _, _| {
+            for word in &w[1..4] {
+                word.store(v, Ordering::Relaxed);
+            }
+        });
+        for _ in 0..3 {
+            let buf = a.recv.alloc().unwrap();
+            a.qp.post_recv(RecvWr {
+                wr_id: buf.wr_id(),
+                sgl: SgeList::one(Sge::whole(buf)),
+            })
+            .unwrap();
+        }
+        let key = a.qp.expose(&a.ro_mr).unwrap();
+        a.qp.post_send(SendWr::new(
+            WrId::default(),
+            SendOp::LocalInv(key.rkey),
+            SgeList::new(),
+        ))
+        .unwrap();
+        send(&mut a, SendOp::Send); // b has 4 receives posted
+        send(&mut b, SendOp::Send);
+        let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+        let deadline = Instant::now() + T;
+        let (mut na, mut nb) = (0, 0);
+        while na < 3 || nb < 2 {
+            na += a.cq.poll(&mut out[..]);
+            nb += b.cq.poll(&mut out[..]);
+            assert!(Instant::now() < deadline, "value {v:#x}: {na} {nb}");
+        }
+        assert_eq!(a.qp.state(), QpState::Rts, "value {v:#x}");
     }
 }
