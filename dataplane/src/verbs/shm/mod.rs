@@ -8,7 +8,8 @@
 //!   and protection) and hang-up detection.
 //! * The data path is shared memory only: each side publishes descriptors,
 //!   posted receives and its rkey table in its own outbox (see
-//!   [`shared`]), which the peer maps read-only. RDMA Write and Read are
+//!   [`shared`]), which the peer can map only read-only (the memfd is
+//!   sealed `F_SEAL_FUTURE_WRITE` after our own mapping exists). RDMA Write and Read are
 //!   one-sided copies by the initiator into or out of the peer's mapped
 //!   memory, after validating rkey, bounds and access. A Send is one copy
 //!   into the peer's next posted receive buffer, then a descriptor publish
@@ -27,9 +28,14 @@
 //! size-sealed memfd), writes go only to mappings we created writable. A
 //! peer that breaks the rules moves its own connection to the error state;
 //! it cannot make this process panic or touch memory outside what it
-//! shared with us. What a peer cannot be prevented from doing is writing
-//! garbage into memory we exposed to it (receive buffers, REMOTE_WRITE
-//! regions): consumers treat those bytes as untrusted input.
+//! shared with us. Memory we expose read-only (REMOTE_READ regions, our
+//! outbox) is sealed against writes through any descriptor
+//! ([`Arena::share_read_only`]); an arena's role toward peers (writable or
+//! read-only) is fixed by its first exposure. What a peer cannot be
+//! prevented from doing is writing garbage into memory we exposed writable
+//! to it (receive buffers, REMOTE_WRITE regions): consumers treat those
+//! bytes as untrusted input; nor punching holes in it (a SIGBUS risk on
+//! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -44,7 +50,7 @@ use nix::sys::socket::{
 
 use self::shared::*;
 use super::*;
-use crate::mem::{Arena, Backing};
+use crate::mem::{Arena, Backing, PeerAccess};
 
 pub(crate) mod shared;
 #[cfg(test)]
@@ -532,13 +538,14 @@ impl Conn {
         let id = self.out_regions.len() as u32;
         let msg = Msg::new(M_REGION, [id, writable as u32, 0, 0], &[])?;
         if writable {
-            msg.send(self.sock.as_fd(), Some(arena.fd()))?;
+            arena.share_writable()?;
         } else {
-            // REMOTE_READ only: the peer gets a descriptor it cannot map
-            // writable, whatever it asks mmap for.
-            let read_only = reopen_read_only(arena.fd())?;
-            msg.send(self.sock.as_fd(), Some(read_only.as_fd()))?;
+            // REMOTE_READ only: seal the memfd against any new writable
+            // mapping or write, whatever descriptor the peer opens (ours
+            // was made at creation and keeps working).
+            arena.share_read_only()?;
         }
+        msg.send(self.sock.as_fd(), Some(arena.fd()))?;
         self.out_regions.push(OutRegion {
             arena: arena.id(),
             writable,
@@ -627,6 +634,10 @@ fn new_outbox(layout: Layout) -> Result<Arena, VerbsError> {
     w[1].store(layout.desc_cap as u64, Ordering::Relaxed);
     w[2].store(layout.rq_cap as u64, Ordering::Relaxed);
     w[3].store(layout.key_cap as u64, Ordering::Relaxed);
+    // The peer reads our outbox and must not write it: after this no new
+    // writable mapping (and no write(2)) of the memfd is possible through
+    // any descriptor; ours, made above, keeps working.
+    arena.share_read_only()?;
     Ok(arena)
 }
 
@@ -1128,6 +1139,18 @@ impl QpInner {
                 wr,
             });
         }
+        // A receive buffer is the peer's Send target (shared writable); an
+        // arena sealed read-only for peers can never be that.
+        if wr
+            .sgl
+            .iter()
+            .any(|s| s.buf.arena().peer_access() == PeerAccess::ReadOnly)
+        {
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
         if self.state == QpState::Error {
             self.flush_recv(wr, WcStatus::WrFlushErr, self.qpn);
             return Ok(());
@@ -1336,8 +1359,8 @@ impl PreparedQp<Shm> for ShmPreparedQp {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        // The peer reads our outbox and must not write it.
-        .send(sock.as_fd(), Some(reopen_read_only(mine.fd())?.as_fd()))?;
+        // Sealed read-only for peers by `new_outbox`.
+        .send(sock.as_fd(), Some(mine.fd()))?;
         let reply = Msg::recv_timeout(
             sock.as_fd(),
             deadline.saturating_duration_since(Instant::now()),
@@ -1461,11 +1484,8 @@ impl Incoming<Shm> for ShmIncoming {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        // The peer reads our outbox and must not write it.
-        .send(
-            self.sock.as_fd(),
-            Some(reopen_read_only(mine.fd())?.as_fd()),
-        )?;
+        // Sealed read-only for peers by `new_outbox`.
+        .send(self.sock.as_fd(), Some(mine.fd()))?;
         Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
     }
 
