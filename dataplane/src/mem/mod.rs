@@ -1,8 +1,8 @@
 //! Registered memory: arenas, fixed-size slabs, owned buffer handles and
 //! typed work-request ids.
 //!
-//! * [`Arena`]: one shareable block of memory (a sealed memfd mapped
-//!   `MAP_SHARED`), backed by 2 MiB hugepages when the host has them
+//! * [`Arena`]: one shareable block of memory (a size-sealed memfd mapped
+//!   `MAP_SHARED`, write-sealed for peers when exposed read-only), backed by 2 MiB hugepages when the host has them
 //!   reserved, by 4 KiB pages otherwise (one warning line per process says
 //!   how to reserve hugepages). Providers register ranges of an arena.
 //! * [`Slab`]: fixed-size buffers carved from a registered arena range
@@ -17,8 +17,8 @@
 //! This module does not import `wire` or any provider.
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
 
 use crossbeam_queue::ArrayQueue;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
@@ -63,6 +63,32 @@ pub enum MemError {
     /// Slab geometry does not fit the arena or the id space.
     #[error("slab does not fit: {0}")]
     Geometry(&'static str),
+    /// The arena is already shared with peers in the other role (see
+    /// [`PeerAccess`]).
+    #[error("arena sharing refused: {0}")]
+    Sharing(&'static str),
+    /// Adding the seals a sharing role needs failed (kernel < 5.1 for
+    /// `F_SEAL_FUTURE_WRITE`, or a backing without seal support).
+    #[error("cannot seal arena for peers: {0}")]
+    Seal(nix::Error),
+}
+
+/// What peers may do with an arena whose memfd we pass them. Decided by the
+/// first exposure and fixed from then on (see [`Arena::share_writable`] and
+/// [`Arena::share_read_only`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PeerAccess {
+    /// Never passed to a peer (seals: `SHRINK | GROW`).
+    Private = 0,
+    /// Passed writable (receive buffers, `REMOTE_WRITE`); seals
+    /// `SHRINK | GROW | SEAL`.
+    Writable = 1,
+    /// Passed read-only (`REMOTE_READ`, outboxes); seals
+    /// `SHRINK | GROW | FUTURE_WRITE | SEAL`: nobody can create a writable
+    /// mapping or `write(2)` to it any more, through any descriptor, while
+    /// our own read-write mapping keeps working.
+    ReadOnly = 2,
 }
 
 /// Which pages back an arena.
@@ -77,7 +103,8 @@ pub enum Backing {
 }
 
 /// A block of shareable memory: a sealed memfd (size cannot change, so a
-/// peer that maps it can never take a SIGBUS) mapped read-write here.
+/// peer that maps it can never take a SIGBUS from a truncation) mapped
+/// read-write here.
 #[derive(Debug)]
 pub struct Arena {
     ptr: NonNull<u8>,
@@ -85,6 +112,9 @@ pub struct Arena {
     fd: OwnedFd,
     huge: bool,
     id: u64,
+    /// A [`PeerAccess`]; changed only under `share_lock`.
+    peers: AtomicU8,
+    share_lock: Mutex<()>,
 }
 
 // SAFETY: the arena is plain memory plus an fd; all access to its bytes goes
@@ -151,11 +181,11 @@ impl Arena {
         let fd = memfd_create(c"rpcrdma-arena", flags).map_err(err)?;
         nix::unistd::ftruncate(&fd, len as libc::off_t).map_err(err)?;
         // Seal the size: a peer mapping this fd must never see it shrink.
+        // Not F_SEAL_SEAL yet: a read-only exposure adds F_SEAL_FUTURE_WRITE
+        // later (after our read-write mapping exists), see `share_read_only`.
         fcntl(
             &fd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
         )
         .map_err(err)?;
         let nz = std::num::NonZeroUsize::new(len).ok_or(MemError::Geometry("empty"))?;
@@ -180,7 +210,68 @@ impl Arena {
             fd,
             huge,
             id: ARENA_IDS.fetch_add(1, Ordering::Relaxed) as u64,
+            peers: AtomicU8::new(PeerAccess::Private as u8),
+            share_lock: Mutex::new(()),
         })
+    }
+
+    /// What peers may do with this arena so far.
+    pub fn peer_access(&self) -> PeerAccess {
+        match self.peers.load(Ordering::Acquire) {
+            0 => PeerAccess::Private,
+            1 => PeerAccess::Writable,
+            _ => PeerAccess::ReadOnly,
+        }
+    }
+
+    /// Call before passing the memfd to a peer that may write it. The first
+    /// call adds `F_SEAL_SEAL`, so a peer holding the fd cannot add seals
+    /// either (e.g. `F_SEAL_FUTURE_WRITE`, which would break other peers'
+    /// writable mappings).
+    ///
+    /// # Errors
+    /// [`MemError::Sharing`] if the arena was sealed read-only for peers;
+    /// [`MemError::Seal`] if sealing fails.
+    pub fn share_writable(&self) -> Result<(), MemError> {
+        self.share(PeerAccess::Writable)
+    }
+
+    /// Call before passing the memfd to a peer that may only read it. The
+    /// first call adds `F_SEAL_FUTURE_WRITE | F_SEAL_SEAL` (Linux >= 5.1,
+    /// shmem and hugetlbfs): from then on nobody, through any descriptor or
+    /// a reopen of `/proc/<pid>/fd/N`, can map the memfd writable,
+    /// `mprotect` a mapping writable, `write(2)` it or punch holes in it;
+    /// our own read-write mapping (made at creation) keeps working.
+    ///
+    /// # Errors
+    /// [`MemError::Sharing`] if the arena was already passed to a peer
+    /// writable (its mappings cannot be revoked); [`MemError::Seal`] if the
+    /// kernel or the backing cannot seal (then do not expose it at all).
+    pub fn share_read_only(&self) -> Result<(), MemError> {
+        self.share(PeerAccess::ReadOnly)
+    }
+
+    fn share(&self, want: PeerAccess) -> Result<(), MemError> {
+        let _guard = self.share_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.peer_access();
+        if now == want {
+            return Ok(());
+        }
+        if now != PeerAccess::Private {
+            return Err(MemError::Sharing(match want {
+                PeerAccess::ReadOnly => {
+                    "arena already shared writable with a peer; expose read-only memory from another arena"
+                }
+                _ => "arena is sealed read-only for peers; it cannot be shared writable (receive buffers, REMOTE_WRITE)",
+            }));
+        }
+        let seals = match want {
+            PeerAccess::ReadOnly => SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_SEAL,
+            _ => SealFlag::F_SEAL_SEAL,
+        };
+        fcntl(&self.fd, FcntlArg::F_ADD_SEALS(seals)).map_err(MemError::Seal)?;
+        self.peers.store(want as u8, Ordering::Release);
+        Ok(())
     }
 
     /// First byte of the mapping.

@@ -8,7 +8,8 @@
 //!   and protection) and hang-up detection.
 //! * The data path is shared memory only: each side publishes descriptors,
 //!   posted receives and its rkey table in its own outbox (see
-//!   [`shared`]), which the peer maps read-only. RDMA Write and Read are
+//!   [`shared`]), which the peer can map only read-only (the memfd is
+//!   sealed `F_SEAL_FUTURE_WRITE` after our own mapping exists). RDMA Write and Read are
 //!   one-sided copies by the initiator into or out of the peer's mapped
 //!   memory, after validating rkey, bounds and access. A Send is one copy
 //!   into the peer's next posted receive buffer, then a descriptor publish
@@ -27,9 +28,14 @@
 //! size-sealed memfd), writes go only to mappings we created writable. A
 //! peer that breaks the rules moves its own connection to the error state;
 //! it cannot make this process panic or touch memory outside what it
-//! shared with us. What a peer cannot be prevented from doing is writing
-//! garbage into memory we exposed to it (receive buffers, REMOTE_WRITE
-//! regions): consumers treat those bytes as untrusted input.
+//! shared with us. Memory we expose read-only (REMOTE_READ regions, our
+//! outbox) is sealed against writes through any descriptor
+//! ([`Arena::share_read_only`]); an arena's role toward peers (writable or
+//! read-only) is fixed by its first exposure. What a peer cannot be
+//! prevented from doing is writing garbage into memory we exposed writable
+//! to it (receive buffers, REMOTE_WRITE regions): consumers treat those
+//! bytes as untrusted input; nor punching holes in it (a SIGBUS risk on
+//! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -44,7 +50,7 @@ use nix::sys::socket::{
 
 use self::shared::*;
 use super::*;
-use crate::mem::{Arena, Backing};
+use crate::mem::{Arena, Backing, PeerAccess};
 
 pub(crate) mod shared;
 #[cfg(test)]
@@ -452,6 +458,9 @@ struct OutRegion {
 struct Conn {
     sock: OwnedFd,
     mine: Arena,
+    /// Sizes of our outbox, as validated at creation. Never read back from
+    /// the outbox: shared memory is not trusted, even our own.
+    layout: Layout,
     peer: Mapping,
     peer_layout: Layout,
     /// Descriptors we produced.
@@ -529,13 +538,14 @@ impl Conn {
         let id = self.out_regions.len() as u32;
         let msg = Msg::new(M_REGION, [id, writable as u32, 0, 0], &[])?;
         if writable {
-            msg.send(self.sock.as_fd(), Some(arena.fd()))?;
+            arena.share_writable()?;
         } else {
-            // REMOTE_READ only: the peer gets a descriptor it cannot map
-            // writable, whatever it asks mmap for.
-            let read_only = reopen_read_only(arena.fd())?;
-            msg.send(self.sock.as_fd(), Some(read_only.as_fd()))?;
+            // REMOTE_READ only: seal the memfd against any new writable
+            // mapping or write, whatever descriptor the peer opens (ours
+            // was made at creation and keeps working).
+            arena.share_read_only()?;
         }
+        msg.send(self.sock.as_fd(), Some(arena.fd()))?;
         self.out_regions.push(OutRegion {
             arena: arena.id(),
             writable,
@@ -591,7 +601,7 @@ impl Conn {
 
     /// Publishes one descriptor (space was checked by the caller).
     fn publish(&mut self, kind: u64, byte_len: u32, imm: u32, seq: u64) {
-        let cap = self.mine_layout().desc_cap as u64;
+        let cap = self.layout.desc_cap as u64;
         let base = HEADER_WORDS + ((self.desc_head % cap) as usize) * DESC_WORDS;
         let head = self.desc_head + 1;
         let w = self.my_words();
@@ -602,17 +612,8 @@ impl Conn {
         self.desc_head = head;
     }
 
-    fn mine_layout(&self) -> Layout {
-        let w = self.my_words();
-        Layout {
-            desc_cap: w[1].load(Ordering::Relaxed) as u32,
-            rq_cap: w[2].load(Ordering::Relaxed) as u32,
-            key_cap: w[3].load(Ordering::Relaxed) as u32,
-        }
-    }
-
     fn desc_space(&self) -> bool {
-        let cap = self.mine_layout().desc_cap as u64;
+        let cap = self.layout.desc_cap as u64;
         let peer_tail = self.peer_word(W_PEER_DESC_TAIL);
         self.desc_head.wrapping_sub(peer_tail) < cap
     }
@@ -633,6 +634,10 @@ fn new_outbox(layout: Layout) -> Result<Arena, VerbsError> {
     w[1].store(layout.desc_cap as u64, Ordering::Relaxed);
     w[2].store(layout.rq_cap as u64, Ordering::Relaxed);
     w[3].store(layout.key_cap as u64, Ordering::Relaxed);
+    // The peer reads our outbox and must not write it: after this no new
+    // writable mapping (and no write(2)) of the memfd is possible through
+    // any descriptor; ours, made above, keeps working.
+    arena.share_read_only()?;
     Ok(arena)
 }
 
@@ -830,7 +835,7 @@ fn set_placed(sgl: &mut SgeList, mut placed: u64) {
 impl Conn {
     /// Invalidates one of our rkeys on this connection.
     fn invalidate(&mut self, rkey: u32) -> bool {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let slot = (rkey & (layout.key_cap - 1)) as usize;
         if rkey == 0
             || self
@@ -850,7 +855,7 @@ impl Conn {
 
     /// Publishes a posted receive in our recv ring.
     fn publish_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError> {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let base =
             layout.recv_base() + (self.recv_head % layout.rq_cap as u64) as usize * RECV_WORDS;
         let mut words = [0u64; RECV_WORDS];
@@ -873,7 +878,7 @@ impl Conn {
 
     /// Grants the peer access to a registration; returns its rkey.
     fn expose(&mut self, mr: &MrInfo) -> Result<RemoteKey, VerbsError> {
-        let layout = self.mine_layout();
+        let layout = self.layout;
         let slot = self
             .keys
             .iter()
@@ -1134,6 +1139,18 @@ impl QpInner {
                 wr,
             });
         }
+        // A receive buffer is the peer's Send target (shared writable); an
+        // arena sealed read-only for peers can never be that.
+        if wr
+            .sgl
+            .iter()
+            .any(|s| s.buf.arena().peer_access() == PeerAccess::ReadOnly)
+        {
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
         if self.state == QpState::Error {
             self.flush_recv(wr, WcStatus::WrFlushErr, self.qpn);
             return Ok(());
@@ -1273,6 +1290,7 @@ impl ShmPreparedQp {
             let mut conn = Conn {
                 sock,
                 mine,
+                layout: inner.layout,
                 peer,
                 peer_layout,
                 desc_head: 0,
@@ -1341,8 +1359,8 @@ impl PreparedQp<Shm> for ShmPreparedQp {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        // The peer reads our outbox and must not write it.
-        .send(sock.as_fd(), Some(reopen_read_only(mine.fd())?.as_fd()))?;
+        // Sealed read-only for peers by `new_outbox`.
+        .send(sock.as_fd(), Some(mine.fd()))?;
         let reply = Msg::recv_timeout(
             sock.as_fd(),
             deadline.saturating_duration_since(Instant::now()),
@@ -1466,11 +1484,8 @@ impl Incoming<Shm> for ShmIncoming {
             [VERSION, layout.desc_cap, layout.rq_cap, layout.key_cap],
             private_data,
         )?
-        // The peer reads our outbox and must not write it.
-        .send(
-            self.sock.as_fd(),
-            Some(reopen_read_only(mine.fd())?.as_fd()),
-        )?;
+        // Sealed read-only for peers by `new_outbox`.
+        .send(self.sock.as_fd(), Some(mine.fd()))?;
         Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
     }
 

@@ -2,8 +2,10 @@
 //! memory mappings, and the setup messages carried over the Unix socket.
 //!
 //! Every connection side owns one outbox memfd. The owner maps it
-//! read-write; the peer maps it read-only, so a peer can never corrupt what
-//! we publish. Layout, in 64-bit words (all accessed as atomics):
+//! read-write, then seals it `F_SEAL_FUTURE_WRITE | F_SEAL_SEAL`
+//! ([`Arena::share_read_only`](crate::mem::Arena::share_read_only)) before
+//! passing it: the peer can only map it read-only (whatever descriptor it
+//! opens), so it can never corrupt what we publish. Layout, in 64-bit words (all accessed as atomics):
 //!
 //! ```text
 //! word 0        MAGIC
@@ -99,29 +101,6 @@ impl Layout {
     }
 }
 
-/// A read-only descriptor of the same memory as `fd`, for handing to a peer
-/// that may only read it.
-///
-/// Why not pass `fd` itself: a memfd is opened read-write, and whoever holds
-/// a read-write descriptor can `mmap` it `PROT_WRITE | MAP_SHARED`, so
-/// mapping it read-only on the peer's side would rest on the peer's good
-/// manners. Reopening through `/proc/self/fd` gives a new open file
-/// description with `O_RDONLY`, and the kernel refuses a shared writable
-/// mapping of that (`EACCES`): the MMU protection then holds against a
-/// hostile peer too.
-pub fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd, VerbsError> {
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    nix::fcntl::open(
-        path.as_str(),
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|source| VerbsError::Os {
-        what: "reopen memfd read-only",
-        source,
-    })
-}
-
 /// A mapping of a memfd (ours or the peer's). Unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -136,14 +115,24 @@ pub(crate) struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    /// Maps a whole memfd received from a peer, after checking that its size
-    /// is sealed (so it cannot shrink under us and SIGBUS this process).
+    /// Maps a whole memfd received from a peer, after checking its seals:
+    /// always `F_SEAL_SHRINK` (it cannot shrink under us and SIGBUS this
+    /// process); for a read-only mapping also `F_SEAL_FUTURE_WRITE` or
+    /// `F_SEAL_WRITE`, which block hole punching too (a punched hugetlbfs
+    /// page faults back in only if the pool has a free page, else SIGBUS).
+    /// Memory a peer hands us writable cannot be protected that way: see
+    /// "Known gaps" in docs/VERBS.md.
     pub fn map_peer(fd: BorrowedFd<'_>, writable: bool) -> Result<Mapping, VerbsError> {
         let os = |what| move |source| VerbsError::Os { what, source };
         let seals = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(os("F_GET_SEALS"))?;
-        if SealFlag::from_bits_truncate(seals) & SealFlag::F_SEAL_SHRINK != SealFlag::F_SEAL_SHRINK
-        {
+        let seals = SealFlag::from_bits_truncate(seals);
+        if !seals.contains(SealFlag::F_SEAL_SHRINK) {
             return Err(VerbsError::Protocol("peer memory is not size-sealed"));
+        }
+        if !writable && !seals.intersects(SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_WRITE) {
+            return Err(VerbsError::Protocol(
+                "peer read-only memory is not write-sealed",
+            ));
         }
         let st = nix::sys::stat::fstat(fd).map_err(os("fstat"))?;
         let len = u64::try_from(st.st_size).map_err(|_| VerbsError::Protocol("negative size"))?;

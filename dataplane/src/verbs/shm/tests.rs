@@ -3,6 +3,8 @@
 //! that connection: an error state, never a panic or a stray access.
 use super::*;
 use crate::mem::{Slab, WrKind};
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use std::os::fd::BorrowedFd;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -90,7 +92,7 @@ fn pair() -> (Side, Side) {
 fn corrupt(s: &Side, f: impl FnOnce(&[AtomicU64], Layout, &Conn)) {
     let inner = lock(&s.qp.shared.inner);
     let conn = inner.conn.as_ref().unwrap();
-    f(conn.my_words(), conn.mine_layout(), conn);
+    f(conn.my_words(), conn.layout, conn);
 }
 
 /// Polls `s` until its QP is in error; returns the completions seen.
@@ -420,49 +422,234 @@ fn read_only_exposure_is_mapped_read_only() {
     assert_eq!(perms(conn.peer.addr()), "r--s");
 }
 
-/// A hostile peer does not have to map what we hand it the way we would:
-/// the descriptor it gets for read-only memory (a REMOTE_READ exposure, our
-/// outbox) must refuse a shared writable mapping outright.
-#[test]
-fn read_only_descriptor_refuses_writable_mapping() {
-    use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+/// Passes `fd` over a socket pair, as the setup socket does: what comes
+/// out is exactly what a peer receives.
+fn as_received(fd: BorrowedFd<'_>) -> OwnedFd {
+    let (x, y) = nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    Msg::new(M_REGION, [0; 4], b"")
+        .unwrap()
+        .send(x.as_fd(), Some(fd))
+        .unwrap();
+    Msg::recv(y.as_fd()).unwrap().unwrap().fd.unwrap()
+}
+
+/// Behaves like a hostile peer holding `fd` (what we sent for read-only
+/// memory): every way to write must fail, reading must work and see
+/// `marker` at offset 0.
+fn hostile_peer_cannot_write(fd: BorrowedFd<'_>, what: &str, marker: u64) {
+    use nix::sys::mman::{mmap, mprotect, munmap, MapFlags, ProtFlags};
     use std::num::NonZeroUsize;
 
-    for backing in [Backing::Small, Backing::Huge] {
-        let Ok(arena) = Arena::with_backing(2 << 20, backing) else {
-            // No hugepages reserved on this host: the Small case still ran.
-            continue;
-        };
-        let read_only = reopen_read_only(arena.fd()).unwrap();
-        let len = NonZeroUsize::new(2 << 20).unwrap();
-        // SAFETY: a fresh mapping at an address the kernel picks; nothing
-        // else refers to it, and it is unmapped below.
-        let writable = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                read_only.as_fd(),
-                0,
-            )
-        };
-        assert_eq!(writable.err(), Some(nix::Error::EACCES), "{backing:?}");
-        // SAFETY: as above.
-        let readable = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ,
-                MapFlags::MAP_SHARED,
-                read_only.as_fd(),
-                0,
-            )
+    let len = usize::try_from(nix::sys::stat::fstat(fd).unwrap().st_size).unwrap();
+    let nz = NonZeroUsize::new(len).unwrap();
+    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+    let map_rw = |fd: BorrowedFd<'_>| {
+        // SAFETY: a fresh mapping at a kernel-chosen address; expected to
+        // fail, and unmapped at once otherwise.
+        let r = unsafe { mmap(None, nz, rw, MapFlags::MAP_SHARED, fd, 0) };
+        if let Ok(p) = r {
+            // SAFETY: the mapping just made, of `len` bytes.
+            unsafe { munmap(p, len) }.unwrap();
         }
-        .expect("a read-only mapping of a read-only descriptor");
-        // SAFETY: `readable` is the mapping of `len` bytes made just above.
-        unsafe { munmap(readable, len.get()) }.unwrap();
-        // And the original descriptor is still the writable one.
-        assert!(Mapping::map_peer(arena.fd(), true).is_ok());
+        r.err()
+    };
+    // (a) A shared writable mapping of the descriptor as received.
+    assert!(map_rw(fd).is_some(), "{what}: mmap(PROT_WRITE) allowed");
+    // (b) Reopen through /proc/self/fd read-write (a memfd is mode 0777, so
+    // this open itself may succeed), then map that writable.
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let rdwr = nix::fcntl::open(
+        path.as_str(),
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    );
+    let fds: Vec<BorrowedFd<'_>> = std::iter::once(fd)
+        .chain(rdwr.as_ref().ok().map(|f| f.as_fd()))
+        .collect();
+    if let Ok(f) = &rdwr {
+        assert!(
+            map_rw(f.as_fd()).is_some(),
+            "{what}: reopened O_RDWR mmap(PROT_WRITE) allowed"
+        );
+    }
+    for f in &fds {
+        // (c) write(2) / pwrite(2), hole punching, resizing.
+        assert!(
+            nix::sys::uio::pwrite(f, &[0xff; 8], 0).is_err(),
+            "{what}: pwrite"
+        );
+        assert!(nix::unistd::write(f, &[0xff; 8]).is_err(), "{what}: write");
+        assert!(
+            nix::fcntl::fallocate(
+                f,
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                0,
+                len as libc::off_t,
+            )
+            .is_err(),
+            "{what}: punch hole"
+        );
+        assert!(nix::unistd::ftruncate(f, 0).is_err(), "{what}: ftruncate");
+        // Nor can the peer add seals that would hurt us.
+        assert!(
+            fcntl(f, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_WRITE)).is_err(),
+            "{what}: add seal"
+        );
+    }
+    // Reading works, and a read-only mapping cannot be made writable.
+    // SAFETY: a fresh read-only mapping, unmapped below.
+    let p = unsafe { mmap(None, nz, ProtFlags::PROT_READ, MapFlags::MAP_SHARED, fd, 0) }
+        .expect("read-only mapping");
+    // SAFETY: `p` maps at least 8 bytes (page-aligned, readable).
+    let first = unsafe { (p.as_ptr() as *const AtomicU64).as_ref().unwrap() };
+    assert_eq!(first.load(Ordering::Acquire), marker, "{what}: read");
+    // SAFETY: the mapping made above; expected to fail.
+    assert!(
+        unsafe { mprotect(p, len, rw) }.is_err(),
+        "{what}: mprotect(PROT_WRITE) allowed"
+    );
+    // SAFETY: the mapping made above, of `len` bytes.
+    unsafe { munmap(p, len) }.unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(nix::sys::uio::pread(fd, &mut b, 0).unwrap(), 8);
+    assert_eq!(u64::from_ne_bytes(b), marker, "{what}: pread");
+}
+
+/// What we hand a peer for read-only memory (a REMOTE_READ exposure, our
+/// outbox) must refuse every way of writing, through any descriptor; our
+/// own mapping keeps working. Small and (if reserved) Huge backings.
+#[test]
+fn hostile_peer_cannot_write_read_only_memory() {
+    let (mut a, _b) = pair();
+    // Our outbox, exactly as sent at setup.
+    {
+        let inner = lock(&a.qp.shared.inner);
+        let conn = inner.conn.as_ref().unwrap();
+        assert_eq!(conn.mine.peer_access(), PeerAccess::ReadOnly);
+        hostile_peer_cannot_write(as_received(conn.mine.fd()).as_fd(), "outbox", MAGIC);
+        // Our own mapping still writes.
+        conn.set_flag(0);
+    }
+    // A REMOTE_READ exposure of a Small arena, through the real path.
+    a.qp.expose(&a.ro_mr).unwrap();
+    let ro_arena = a.ro_mr.info.arena.clone();
+    assert_eq!(ro_arena.peer_access(), PeerAccess::ReadOnly);
+    let word = |ar: &Arena| {
+        // SAFETY: the arena's first 8 bytes, page-aligned, mapped read-write
+        // for as long as `ar` lives.
+        unsafe { (ar.as_ptr() as *const AtomicU64).as_ref().unwrap() }
+    };
+    word(&ro_arena).store(0x5eed, Ordering::Release);
+    hostile_peer_cannot_write(as_received(ro_arena.fd()).as_fd(), "small region", 0x5eed);
+
+    // Huge: the same sealing call `expose` makes (if hugepages are free).
+    match Arena::with_backing(2 << 20, Backing::Huge) {
+        Ok(huge) => {
+            word(&huge).store(7, Ordering::Release);
+            huge.share_read_only().unwrap();
+            word(&huge).store(0x4a6e, Ordering::Release); // still ours to write
+            hostile_peer_cannot_write(as_received(huge.fd()).as_fd(), "huge region", 0x4a6e);
+        }
+        Err(e) => eprintln!("no hugepages reserved ({e}): Huge case skipped"),
+    }
+}
+
+/// An arena's role toward peers is fixed by its first exposure, with a
+/// clear error for the other one.
+#[test]
+fn read_only_and_writable_sharing_do_not_mix() {
+    let (mut a, _b) = pair();
+    // a's receive arena is shared writable (the Send target) ...
+    let buf = a.recv.alloc().unwrap();
+    a.qp.post_recv(RecvWr {
+        wr_id: buf.wr_id(),
+        sgl: SgeList::one(Sge::whole(buf)),
+    })
+    .unwrap();
+    assert_eq!(a.recv.arena().peer_access(), PeerAccess::Writable);
+    // ... so a REMOTE_READ-only exposure of it is refused ...
+    let mr = a
+        ._pd
+        .register(
+            a.recv.arena(),
+            0,
+            4096,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    assert!(matches!(
+        a.qp.expose(&mr),
+        Err(VerbsError::Mem(crate::mem::MemError::Sharing(_)))
+    ));
+    // ... and a read-only arena can be neither a receive buffer nor a
+    // REMOTE_WRITE target.
+    a.qp.expose(&a.ro_mr).unwrap();
+    let ro = a.ro_mr.info.arena.clone();
+    let slab = Slab::new(ro.clone(), 0, 4096, 4, a.ro_mr.lkey(), WrKind::Recv).unwrap();
+    let b = slab.alloc().unwrap();
+    let refused =
+        a.qp.post_recv(RecvWr {
+            wr_id: b.wr_id(),
+            sgl: SgeList::one(Sge::whole(b)),
+        })
+        .unwrap_err();
+    assert_eq!(refused.error, PostError::Invalid);
+    drop(refused);
+    let wmr = a
+        ._pd
+        .register(&ro, 0, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    assert!(matches!(
+        a.qp.expose(&wmr),
+        Err(VerbsError::Mem(crate::mem::MemError::Sharing(_)))
+    ));
+    assert_eq!(a.qp.state(), QpState::Rts, "refusals do not break the QP");
+}
+
+/// Sizes of our own rings are never read back from shared memory: garbage
+/// in our outbox header (a peer able to write it, or a stray write) cannot
+/// make posting panic (it used to: `% rq_cap` with rq_cap = 0).
+#[test]
+fn corrupt_own_layout_words_do_not_panic() {
+    for v in [0u64, 1 << 40, u64::MAX, 3] {
+        let (mut a, mut b) = pair();
+        corrupt(&a, |w, _, _| {
+            for word in &w[1..4] {
+                word.store(v, Ordering::Relaxed);
+            }
+        });
+        for _ in 0..3 {
+            let buf = a.recv.alloc().unwrap();
+            a.qp.post_recv(RecvWr {
+                wr_id: buf.wr_id(),
+                sgl: SgeList::one(Sge::whole(buf)),
+            })
+            .unwrap();
+        }
+        let key = a.qp.expose(&a.ro_mr).unwrap();
+        a.qp.post_send(SendWr::new(
+            WrId::default(),
+            SendOp::LocalInv(key.rkey),
+            SgeList::new(),
+        ))
+        .unwrap();
+        send(&mut a, SendOp::Send); // b has 4 receives posted
+        send(&mut b, SendOp::Send);
+        let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+        let deadline = Instant::now() + T;
+        let (mut na, mut nb) = (0, 0);
+        while na < 3 || nb < 2 {
+            na += a.cq.poll(&mut out[..]);
+            nb += b.cq.poll(&mut out[..]);
+            assert!(Instant::now() < deadline, "value {v:#x}: {na} {nb}");
+        }
+        assert_eq!(a.qp.state(), QpState::Rts, "value {v:#x}");
     }
 }
