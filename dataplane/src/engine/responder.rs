@@ -83,6 +83,12 @@ pub(super) struct ServeSlot {
     /// `done_deadline`.
     done_pending: bool,
     done_deadline: Instant,
+    /// Pulled while it may still be a reply to one of our calls (RDMA_NOMSG
+    /// with a read list, responder read chunks negotiated): not counted
+    /// against the grant until its RPC direction says CALL.
+    maybe_reply: bool,
+    /// The transport header's credit word (a grant, if it is a reply).
+    hdr_credits: u32,
 }
 
 impl ServeSlot {
@@ -102,6 +108,8 @@ impl ServeSlot {
             ops_in_flight: 0,
             done_pending: false,
             done_deadline: Instant::ZERO,
+            maybe_reply: false,
+            hdr_credits: 0,
         }
     }
 }
@@ -134,22 +142,34 @@ fn fill_lengths(segments: &mut [Segment], mut n: u64) {
 impl Connection {
     /// A call header (RDMA_MSG with a CALL body, or RDMA_NOMSG) parsed in
     /// `rx_hdr`; the message is `len` bytes of receive buffer `buf`.
+    /// `reply_to`: an RDMA_NOMSG with a read list that may also be the
+    /// reply to our call in that requester slot (responder read chunks
+    /// negotiated): it is pulled as a call unless it cannot be one (the
+    /// grant is full, or its layout is not a call's), and routed by its
+    /// RPC direction once pulled (`deliver_call`).
     pub(super) fn on_call(
         &mut self,
         now: Instant,
         buf: BufId,
         len: usize,
         hlen: usize,
+        reply_to: Option<usize>,
     ) -> Disposition {
         let xid = self.rx_hdr.xid;
         // RFC 5666 s3.3: more calls than granted end the connection (calls
         // waiting for a slot count: the peer sent them).
-        if self.active_calls + self.parked.len() as u32 >= self.grant() {
+        let full = self.active_calls + self.parked.len() as u32 >= self.grant();
+        let layout = self.check_call_layout(buf, len, hlen);
+        if let (Some(slot), true) = (reply_to, full || layout.is_none()) {
+            self.on_reply(slot, buf, len, hlen);
+            return Disposition::Done;
+        }
+        if full {
             self.close_with(CloseReason::CreditOverrun);
             return Disposition::Done;
         }
         // RFC 5666 s4.2: bad chunks are answered before any resource use.
-        let Some(total) = self.check_call_layout(buf, len, hlen) else {
+        let Some(total) = layout else {
             self.send_error(xid, ErrorBody::Chunk);
             return Disposition::Done;
         };
@@ -158,10 +178,15 @@ impl Connection {
         let Some(idx) = self.serve_free.pop() else {
             return Disposition::Park;
         };
-        self.active_calls += 1;
-        self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        let maybe_reply = reply_to.is_some();
+        if !maybe_reply {
+            self.active_calls += 1;
+            self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        }
         let idx = idx as usize;
         self.assemble_call(idx, buf, len, hlen, total);
+        self.serves[idx].maybe_reply = maybe_reply;
+        self.serves[idx].hdr_credits = self.rx_hdr.credits;
         if self.serves[idx].reads.is_empty() {
             self.deliver_call(now, idx);
         } else {
@@ -348,8 +373,29 @@ impl Connection {
 
     /// The call in slot `idx` is complete: parse its RPC header and hand
     /// it to the application, or answer ERR_CHUNK if it is not a call
-    /// carrying the transport header's XID.
+    /// carrying the transport header's XID. A pulled REPLY goes to the
+    /// requester half (`on_pulled_reply`).
     fn deliver_call(&mut self, now: Instant, idx: usize) {
+        let s = &self.serves[idx];
+        let msg = self
+            .bufs
+            .bytes(s.call_buf)
+            .get(..s.call_len as usize)
+            .unwrap_or(&[]);
+        if peek_direction(msg) == Some(MessageType::Reply) {
+            self.pulled_reply(idx);
+            return;
+        }
+        if s.maybe_reply {
+            // A call after all: it counts against the grant from now on.
+            self.serves[idx].maybe_reply = false;
+            if self.active_calls + self.parked.len() as u32 >= self.grant() {
+                self.close_with(CloseReason::CreditOverrun);
+                return;
+            }
+            self.active_calls += 1;
+            self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        }
         let s = &self.serves[idx];
         let msg = self
             .bufs
@@ -385,6 +431,24 @@ impl Connection {
             procedure,
             len,
         });
+    }
+
+    /// Slot `idx` pulled a REPLY (an RDMA_NOMSG with a read list is only
+    /// known to be one after the pull): hand it to the requester half and
+    /// free the slot, without ERR_CHUNK and without counting a call.
+    fn pulled_reply(&mut self, idx: usize) {
+        let s = &self.serves[idx];
+        let chunks = &s.peer_chunks;
+        let written = (
+            chunks.write_chunk_count(),
+            chunks.write_chunks().next().map_or(0, |c| c.len_bytes()),
+        );
+        let (xid, call_buf, call_len, credits) = (s.xid, s.call_buf, s.call_len, s.hdr_credits);
+        if !s.maybe_reply {
+            self.active_calls = self.active_calls.saturating_sub(1);
+        }
+        self.on_pulled_reply(xid, call_buf, call_len, credits, written);
+        self.free_serve(idx);
     }
 
     /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot
@@ -790,6 +854,7 @@ impl Connection {
         s.state = ServeState::Free;
         s.generation = s.generation.wrapping_add(1);
         s.reads.clear();
+        s.maybe_reply = false;
         self.serve_free.push(idx as u32);
     }
 

@@ -1543,22 +1543,69 @@ fn rfc5666_s3_8_missing_done_is_reclaimed_by_the_timer() {
 }
 
 #[test]
-fn draft_lever_s4_1_3_requester_without_support_fails_call_but_sends_done() {
+fn design_s6_unnegotiated_reply_read_list_fails_call_without_done() {
+    // The server (preset) exposes the reply in a read chunk to a plain
+    // Version One client: to the client an RDMA_NOMSG with a read list is
+    // a long call, pulled, found to be a REPLY to its call, and that call
+    // fails. No RDMA_DONE (retired by RFC 8166) and no ERR_CHUNK go back;
+    // the server reclaims the exposure by its timer.
     let mut p = Pair::new(cfg(), rrc(cfg()));
     send(&mut p, 23, &payload(20_000, 33), true, expect(512, None));
     p.drive();
     assert_eq!(failures(&p), vec![(23, CallFailure::UnsupportedReply)]);
-    assert_eq!(p.ops[1], 1, "only the server's Read of the call's chunk");
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(
+        (
+            c.done_sent,
+            c.err_chunk_sent,
+            c.unnegotiated_read_list_replies
+        ),
+        (0, 0, 1)
+    );
+    assert!(!p.sends_from(CLIENT).any(is_done));
     let s = p.peers[SERVER].conn.stats();
-    assert_eq!((s.done_received, s.done_timeouts), (1, 0));
+    assert_eq!((s.done_received, s.done_timeouts), (0, 1));
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    assert_eq!(p.peers[CLIENT].conn.close_reason(), None);
+    // The connection still carries calls.
+    let h = send(&mut p, 24, b"small", true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"small");
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s5_2_nomsg_reply_without_offered_reply_chunk_fails_the_call() {
+    // An RDMA_NOMSG without a read list is not a call (s5.1); answering a
+    // call that offered no reply chunk it has nowhere to come from: the
+    // call fails and gives its slot and credit back, no ERR_CHUNK.
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: CLIENT, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 7, b"short", false, expect(512, None));
+    p.drive();
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 1);
+    let h = TransportHeader::new(7, 4, MessageBody::NoMsg);
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut v).unwrap();
+    p.inject(SERVER, v);
+    p.drive();
+    assert_eq!(failures(&p), vec![(7, CallFailure::MalformedReply)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(c.err_chunk_sent, 0);
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
     close_and_check_leaks(&mut p);
 }
 
 #[test]
 fn rfc5666_s3_8_done_consumes_a_credit() {
     // Grant 1: a DONE counts like a call, so DONEs and calls never travel
-    // together (the second call goes while the first reply is pulled, the
-    // first DONE after the second reply).
+    // together. An RDMA_NOMSG with a read list is only known to be a reply
+    // once pulled, so its credit returns then: the first DONE goes before
+    // the second call, the second DONE after the second reply.
     let server = rrc(Config {
         credits: 1,
         ..cfg()
@@ -1572,7 +1619,7 @@ fn rfc5666_s3_8_done_consumes_a_credit() {
     assert_eq!(p.peers[CLIENT].conn.stats().max_outstanding_calls, 1);
     assert_eq!(p.peers[CLIENT].conn.stats().done_sent, 2);
     let kinds: Vec<bool> = p.sends_from(CLIENT).map(is_done).collect();
-    assert_eq!(kinds, vec![false, false, true, true]);
+    assert_eq!(kinds, vec![false, true, false, true]);
     assert_eq!(p.rnr, 0);
     close_and_check_leaks(&mut p);
 }
@@ -1631,6 +1678,99 @@ fn engine_calls_in_both_directions_share_one_connection() {
         assert!(got.iter().any(|(s, c, d)| s == side && c == h && d == data));
     }
     assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
+}
+
+/// One long call each way with the same XID (XIDs are per direction),
+/// echoed back; `reply` is what each call expects.
+fn long_calls_same_xid_both_ways(mut p: Pair, reply: ReplyExpect) -> Pair {
+    let data = payload(20_000, 50);
+    let (msg, _) = echo_call(500, &data);
+    for side in [CLIENT, SERVER] {
+        let now = p.now;
+        p.conn(side)
+            .send_call(
+                now,
+                &OutgoingCall {
+                    message: &msg,
+                    ddp: None,
+                    reply,
+                },
+            )
+            .unwrap();
+    }
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let g2 = got.clone();
+    p.drive_with(&mut move |side, conn, now, ev| match ev {
+        Event::CallArrived { call, xid, .. } => {
+            let body = echo_payload(conn.call_message(call).unwrap()).unwrap();
+            let (msg, _) = echo_reply(xid, &body);
+            conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &msg,
+                    ddp: None,
+                },
+            )
+            .unwrap();
+        }
+        Event::ReplyArrived { call, xid, .. } => {
+            let m = conn.reply_message(call).unwrap().to_vec();
+            g2.borrow_mut().push((side, xid, m));
+            conn.release_reply(call);
+        }
+        other => panic!("side {side}: {other:?}"),
+    });
+    let full = echo_reply(500, &data).0;
+    let got = got.borrow();
+    assert_eq!(got.len(), 2);
+    for side in [CLIENT, SERVER] {
+        assert!(got
+            .iter()
+            .any(|(s, x, m)| *s == side && *x == 500 && *m == full));
+        let st = p.peers[side].conn.stats();
+        assert_eq!((st.calls_received, st.err_chunk_sent), (1, 0));
+        let first = p.sends_from(side).next().map(header).unwrap();
+        assert_eq!((first.xid, first.body), (500, MessageBody::NoMsg));
+        assert_eq!(first.chunks.reads().len(), 1, "a long call (s5.1)");
+    }
+    assert_eq!(p.rnr, 0);
+    p
+}
+
+#[test]
+fn engine_calls_in_both_directions_share_one_connection_long_calls_same_xid() {
+    // Plain Version One: an RDMA_NOMSG with a read list is always a call,
+    // even when its XID is that of one of our own calls. Replies come in
+    // the reply chunks; no RDMA_DONE.
+    let mut p = long_calls_same_xid_both_ways(pair(), expect(32 * KIB, None));
+    for side in [CLIENT, SERVER] {
+        assert_eq!(p.peers[side].conn.stats().done_sent, 0);
+    }
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn engine_calls_in_both_directions_share_one_connection_long_calls_same_xid_read_chunk_replies() {
+    // Responder-provided read chunks negotiated, no reply chunk offered:
+    // both the peer's call and its reply to our call arrive as RDMA_NOMSG
+    // with a position-zero read chunk and XID 500. Each is pulled, then
+    // routed by its RPC direction.
+    let mut p = long_calls_same_xid_both_ways(Pair::new(rrc(cfg()), rrc(cfg())), expect(512, None));
+    for side in [CLIENT, SERVER] {
+        let st = p.peers[side].conn.stats();
+        assert_eq!(
+            (
+                st.replies_exposed,
+                st.replies_pulled,
+                st.done_sent,
+                st.done_received
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(st.done_timeouts, 0);
+    }
     close_and_check_leaks(&mut p);
 }
 
