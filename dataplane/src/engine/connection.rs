@@ -61,6 +61,9 @@ pub struct Stats {
     /// chunks were not negotiated (RFC 8166 forbids them): the call
     /// failed, no RDMA_DONE was sent.
     pub unnegotiated_read_list_replies: u64,
+    /// CONF_RDMA calls refused (PROC_UNAVAIL) because another call came
+    /// first on the connection.
+    pub conf_rdma_refused: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
     /// Messages shorter than the four fixed header words: dropped (there
@@ -178,6 +181,9 @@ pub struct Connection {
     pub(super) dones_pending: u32,
     /// Extensions in use on this connection (both peers advertised them).
     pub(super) negotiated: Extensions,
+    /// A call from the peer was delivered: CONF_RDMA is no longer accepted
+    /// (RFC 5666 s6.1: it is the first call on a connection).
+    pub(super) first_call_delivered: bool,
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
@@ -358,6 +364,7 @@ impl Connection {
             read_fifo: VecDeque::with_capacity(serves.len() + n_calls),
             done_queue: VecDeque::with_capacity(n_calls),
             dones_pending: 0,
+            first_call_delivered: false,
             negotiated: if c.reply_read_chunks {
                 Extensions::RESPONDER_READ_CHUNKS
             } else {

@@ -413,9 +413,11 @@ impl Connection {
         };
         self.serves[idx].state = ServeState::Executing;
         self.stats.calls_received += 1;
+        let first = !self.first_call_delivered;
+        self.first_call_delivered = true;
         if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
             // Answered in-band by the engine itself (RFC 5666 s6).
-            if !self.answer_conf_rdma(now, idx, version, procedure, hl) {
+            if !self.answer_conf_rdma(now, idx, version, procedure, hl, first) {
                 self.drop_call(idx, xid);
             }
             return;

@@ -1021,6 +1021,88 @@ fn rfc5666_s6_2_conf_rdma_answered_in_band_and_applied_both_ways() {
 }
 
 #[test]
+fn rfc5666_s6_1_conf_rdma_accepted_only_as_the_first_call() {
+    // After another call, CONF_RDMA (v1 or v2) changes nothing and is
+    // answered PROC_UNAVAIL: limits, Reads and extensions stay as they
+    // were while calls and replies use them.
+    let mut p = Pair::new(cfg(), rrc(cfg()));
+    let h = send(&mut p, 1, b"first", false, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"first");
+    release_all(&mut p);
+    let before = *p.peers[SERVER].conn.config();
+    let req = crate::wire::conf::ConfigRdmaReq {
+        maxcall_sendsize: KIB,
+        maxreply_sendsize: KIB,
+        maxrdmaread: 0,
+    };
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
+    let h = conf_call(&mut p, &buf[..n]);
+    p.drive();
+    let msg = p.peers[CLIENT].conn.reply_message(h).unwrap();
+    assert_eq!(
+        decode_conf_rdma_reply(msg),
+        Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
+    );
+    p.conn(CLIENT).release_reply(h);
+    assert_eq!(
+        conf_v2_exchange(&mut p),
+        Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
+    );
+    let after = *p.peers[SERVER].conn.config();
+    assert_eq!(
+        (
+            after.peer_inline_recv_size,
+            after.peer_inline_send_size,
+            after.max_rdma_read
+        ),
+        (
+            before.peer_inline_recv_size,
+            before.peer_inline_send_size,
+            before.max_rdma_read
+        )
+    );
+    assert_eq!(
+        p.peers[SERVER].conn.negotiated(),
+        Extensions::RESPONDER_READ_CHUNKS
+    );
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.conf_rdma_refused, s.conf_rdma_answered), (2, 2));
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s6_2_conf_rdma_maxrdmaread_zero_is_clamped_to_one() {
+    let mut p = pair();
+    let req = crate::wire::conf::ConfigRdmaReq {
+        maxcall_sendsize: 4 * KIB,
+        maxreply_sendsize: 4 * KIB,
+        maxrdmaread: 0,
+    };
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
+    let h = conf_call(&mut p, &buf[..n]);
+    p.drive();
+    let reply = decode_conf_rdma_reply(p.peers[CLIENT].conn.reply_message(h).unwrap()).unwrap();
+    assert_eq!(p.peers[SERVER].conn.config().max_rdma_read, 1);
+    // The client side clamps a server's 0 the same way.
+    p.conn(CLIENT)
+        .apply_conf_rdma_reply(&crate::wire::conf::ConfigRdmaReply {
+            maxrdmaread: 0,
+            ..reply
+        });
+    assert_eq!(p.peers[CLIENT].conn.config().max_rdma_read, 1);
+    release_all(&mut p);
+    // Long calls are still pulled, one Read at a time.
+    let data = payload(20_000, 9);
+    let h = send(&mut p, 2, &data, false, expect(32 * KIB, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
     use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
     use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
@@ -1039,17 +1121,19 @@ fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
         v.extend_from_slice(args);
         v
     };
+    // Garbage arguments first: CONF_RDMA is only applied as the first
+    // call (s6.1).
     let cases = [
+        (
+            call(4, 1, CONF_RDMA_PROC, &[0; 8]),
+            Some(AcceptStatus::GarbageArgs),
+        ),
         (call(1, 1, 0, &[]), None),
         (
             call(2, 3, CONF_RDMA_PROC, &[0; 12]),
             Some(AcceptStatus::ProgMismatch { low: 1, high: 2 }),
         ),
         (call(3, 1, 9, &[]), Some(AcceptStatus::ProcUnavail)),
-        (
-            call(4, 1, CONF_RDMA_PROC, &[0; 8]),
-            Some(AcceptStatus::GarbageArgs),
-        ),
     ];
     let hs: Vec<_> = cases.iter().map(|(m, _)| conf_call(&mut p, m)).collect();
     p.drive();
