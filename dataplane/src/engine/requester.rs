@@ -20,11 +20,13 @@ use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
-    chunked_header_len, ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection,
-    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
+    ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection, DdpItem, Event,
+    OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
-use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION};
+use crate::wire::rpcrdma::{
+    chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
+};
 
 /// Where one of our calls is (SPDK-style request state; transitions only
 /// in this module).
@@ -140,15 +142,16 @@ pub(super) fn plan_call(
 ) -> Result<(CallPlan, Option<u32>, Option<u32>), SendCallError> {
     // Reply resources first: they appear in the call header in every shape.
     let write_chunk = reply.ddp_max;
-    let wsegs: &[usize] = if write_chunk.is_some() { &[1] } else { &[] };
+    // One write chunk of one segment, or none.
+    let wsegs = usize::from(write_chunk.is_some());
     let inline_reply =
         u64::from(reply.max_len) - u64::from(write_chunk.unwrap_or(0).min(reply.max_len));
-    let reply_hdr = chunked_header_len(0, wsegs, None) as u64;
+    let reply_hdr = chunked_header_len(0, wsegs, wsegs, None) as u64;
     let reply_chunk = (reply_hdr + inline_reply > recv_limit as u64).then_some(reply.max_len);
     let rsegs = reply_chunk.map(|_| 1);
 
-    let inline_hdr = chunked_header_len(0, wsegs, rsegs);
-    let chunk_hdr = chunked_header_len(1, wsegs, rsegs);
+    let inline_hdr = chunked_header_len(0, wsegs, wsegs, rsegs);
+    let chunk_hdr = chunked_header_len(1, wsegs, wsegs, rsegs);
     let plan = if inline_hdr + msg_len <= send_limit {
         CallPlan::Inline
     } else if let Some(d) = ddp.filter(|d| {

@@ -30,7 +30,7 @@ use super::{
 use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
 use crate::wire::rpcrdma::{
-    ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
+    chunked_header_len, ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
 };
 
 /// Where a call from the peer is (SPDK-style request state; transitions
@@ -733,23 +733,20 @@ impl Connection {
         };
         let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
         let inline_len = msg_len - elided;
-        let write_list_len: usize = s
-            .peer_chunks
-            .write_chunks()
-            .map(|c| 8 + 16 * c.segments.len())
-            .sum::<usize>()
-            + 4;
+        // The reply header returns the call's write list (RFC 5666 s3.6).
+        let wchunks = s.peer_chunks.write_chunk_count();
+        let wsegs: usize = s.peer_chunks.write_chunks().map(|c| c.segments.len()).sum();
+        let hdr = |reads, reply| chunked_header_len(reads, wchunks, wsegs, reply);
         let send_limit = self
             .config
             .inline_send_size
             .min(self.config.peer_inline_recv_size) as usize;
-        let base = 16 + 4 + write_list_len;
         let (mut use_reply_chunk, mut use_read_chunk) = (false, false);
-        if base + 4 + inline_len > send_limit {
+        if hdr(0, None) + inline_len > send_limit {
             match s.peer_chunks.reply() {
                 Some(rc)
                     if inline_len as u64 <= rc.len_bytes()
-                        && base + 8 + 16 * rc.segments.len() <= send_limit =>
+                        && hdr(0, Some(rc.segments.len())) <= send_limit =>
                 {
                     use_reply_chunk = true;
                 }
@@ -758,7 +755,7 @@ impl Connection {
                 // support it (draft-lever s4.1.1).
                 _ if self.reply_read_chunks()
                     && self.dones_pending < self.config.max_reply_read_chunks
-                    && base + 24 + 4 <= send_limit =>
+                    && hdr(1, None) <= send_limit =>
                 {
                     use_read_chunk = true;
                 }
