@@ -449,8 +449,10 @@ impl Connection {
         if !s.maybe_reply {
             self.active_calls = self.active_calls.saturating_sub(1);
         }
-        self.on_pulled_reply(xid, call_buf, call_len, credits, written);
+        // Freed first: nothing reuses the call buffer before the copy in
+        // `on_pulled_reply`, and a close on that path finds the slot free.
         self.free_serve(idx);
+        self.on_pulled_reply(xid, call_buf, call_len, credits, written);
     }
 
     /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot

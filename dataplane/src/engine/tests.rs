@@ -1685,6 +1685,37 @@ fn rfc5666_s5_2_nomsg_reply_without_offered_reply_chunk_fails_the_call() {
 }
 
 #[test]
+fn draft_lever_s4_1_3_abandoned_call_still_sends_done_when_negotiated() {
+    // The reply (exposed in a read chunk) arrives after the call timed
+    // out: with the extension negotiated the requester still pulls and
+    // sends RDMA_DONE, so the responder withdraws it without its timer.
+    let client = rrc(Config {
+        call_timeout: Some(core::time::Duration::from_millis(5)),
+        ..cfg()
+    });
+    let server = Config {
+        done_timeout: core::time::Duration::from_secs(10),
+        ..rrc(cfg())
+    };
+    let mut p = Pair::new(client, server);
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: SERVER, .. } => {
+            Fault::Delay(core::time::Duration::from_millis(20))
+        }
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 31, &payload(20_000, 31), false, expect(512, None));
+    p.drive();
+    assert_eq!(failures(&p), vec![(31, CallFailure::Timeout)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!((c.done_sent, c.late_replies), (1, 1));
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.done_received, s.done_timeouts), (1, 0));
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s3_8_done_consumes_a_credit() {
     // Grant 1: a DONE counts like a call, so DONEs and calls never travel
     // together. An RDMA_NOMSG with a read list is only known to be a reply
