@@ -1659,6 +1659,46 @@ fn design_s6_unnegotiated_reply_read_list_fails_call_without_done() {
 }
 
 #[test]
+fn design_s6_unnegotiated_rdma_msg_reply_with_read_list_fails_call_without_done() {
+    // RDMA_MSG whose RPC direction is REPLY, carrying a read list, from a
+    // peer that did not negotiate responder read chunks: the call fails,
+    // nothing is read, no RDMA_DONE and no ERR_CHUNK go back.
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: CLIENT, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 9, b"short", false, expect(512, None));
+    p.drive();
+    let mut h = TransportHeader::new(9, 4, MessageBody::Msg);
+    h.chunks.push_read(crate::wire::rpcrdma::ReadSegment {
+        position: 4,
+        segment: Segment {
+            handle: 1,
+            length: 4,
+            offset: 0,
+        },
+    });
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut v).unwrap();
+    v.extend_from_slice(&be(&[9, 1, 0, 0, 0, 0]));
+    p.inject(SERVER, v);
+    p.drive();
+    assert_eq!(failures(&p), vec![(9, CallFailure::UnsupportedReply)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(
+        (
+            c.done_sent,
+            c.err_chunk_sent,
+            c.unnegotiated_read_list_replies
+        ),
+        (0, 0, 1)
+    );
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s5_2_nomsg_reply_without_offered_reply_chunk_fails_the_call() {
     // An RDMA_NOMSG without a read list is not a call (s5.1); answering a
     // call that offered no reply chunk it has nowhere to come from: the
