@@ -128,13 +128,20 @@ impl Connection {
         self.set_peer_limits(PeerLimits {
             inline_recv_size: reply.maxcall_sendsize,
             inline_send_size: self.config.peer_inline_send_size,
-            max_rdma_read: self.config.max_rdma_read.min(reply.maxrdmaread),
+            // A peer's 0 would stop every Read for good: at least 1.
+            max_rdma_read: self.config.max_rdma_read.min(reply.maxrdmaread.max(1)),
         });
     }
 
     /// Answers a CONF_RDMA program call held in responder slot `idx`
     /// (call header `hl` bytes long), in-band. False if the reply could
     /// not be planned (the caller then answers ERR_CHUNK).
+    ///
+    /// CONF_RDMA (v1 or v2) is applied only as the `first` call delivered
+    /// on the connection (RFC 5666 s6.1). Later, limits and extensions are
+    /// in use by calls and exposed replies: it changes nothing and is
+    /// answered PROC_UNAVAIL (RFC 5531: the procedure is not available;
+    /// SYSTEM_ERR would suggest a transient fault worth retrying).
     pub(super) fn answer_conf_rdma(
         &mut self,
         now: Instant,
@@ -142,6 +149,7 @@ impl Connection {
         version: u32,
         procedure: u32,
         hl: usize,
+        first: bool,
     ) -> bool {
         let (xid, call_buf, call_len, reply_buf) = self.responder_slot_buffers(idx);
         let args = self
@@ -152,6 +160,10 @@ impl Connection {
         let (status, result) = match (version, procedure) {
             (CONFIG_RDMA_VERS | CONFIG_RDMA_VERS2, CONFIG_RDMA_PROC_NULL) => {
                 (AcceptStatus::Success, ConfResult::None)
+            }
+            (CONFIG_RDMA_VERS | CONFIG_RDMA_VERS2, CONF_RDMA_PROC) if !first => {
+                self.stats.conf_rdma_refused += 1;
+                (AcceptStatus::ProcUnavail, ConfResult::None)
             }
             (CONFIG_RDMA_VERS, CONF_RDMA_PROC) => match ConfigRdmaReq::parse(args) {
                 Ok(req) => {
@@ -218,7 +230,8 @@ impl Connection {
         self.set_peer_limits(PeerLimits {
             inline_recv_size: req.maxreply_sendsize,
             inline_send_size: req.maxcall_sendsize,
-            max_rdma_read: self.config.max_rdma_read.min(req.maxrdmaread),
+            // A peer's 0 would stop every Read for good: at least 1.
+            max_rdma_read: self.config.max_rdma_read.min(req.maxrdmaread.max(1)),
         });
     }
 

@@ -57,6 +57,13 @@ pub struct Stats {
     pub replies_exposed: u64,
     /// Replies we pulled from a read chunk (requester side).
     pub replies_pulled: u64,
+    /// Replies carrying a read list although responder-provided read
+    /// chunks were not negotiated (RFC 8166 forbids them): the call
+    /// failed, no RDMA_DONE was sent.
+    pub unnegotiated_read_list_replies: u64,
+    /// CONF_RDMA calls refused (PROC_UNAVAIL) because another call came
+    /// first on the connection.
+    pub conf_rdma_refused: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
     /// Messages shorter than the four fixed header words: dropped (there
@@ -174,6 +181,9 @@ pub struct Connection {
     pub(super) dones_pending: u32,
     /// Extensions in use on this connection (both peers advertised them).
     pub(super) negotiated: Extensions,
+    /// A call from the peer was delivered: CONF_RDMA is no longer accepted
+    /// (RFC 5666 s6.1: it is the first call on a connection).
+    pub(super) first_call_delivered: bool,
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
@@ -354,6 +364,7 @@ impl Connection {
             read_fifo: VecDeque::with_capacity(serves.len() + n_calls),
             done_queue: VecDeque::with_capacity(n_calls),
             dones_pending: 0,
+            first_call_delivered: false,
             negotiated: if c.reply_read_chunks {
                 Extensions::RESPONDER_READ_CHUNKS
             } else {
@@ -678,24 +689,37 @@ impl Connection {
         let xid = self.rx_hdr.xid;
         match self.rx_hdr.body {
             MessageBody::Msg => match peek_direction(bytes.get(hlen..).unwrap_or(&[])) {
-                Some(MessageType::Call) => return self.on_call(now, buf, len, hlen),
+                Some(MessageType::Call) => return self.on_call(now, buf, len, hlen, None),
                 Some(MessageType::Reply) => match self.find_sent_call(xid) {
                     Some(slot) => self.on_reply(slot, buf, len, hlen),
                     None => self.stats.unmatched_replies += 1,
                 },
                 None => self.send_error(xid, ErrorBody::Chunk),
             },
-            // A long reply answers one of our calls: in the reply chunk it
-            // offered (RFC 5666 s5.2), or exposed in a read chunk
-            // (draft-lever s4.1). Anything else is a long call (s5.1).
-            MessageBody::NoMsg => match self
-                .find_sent_call(xid)
-                .filter(|&i| self.offered_reply_chunk(i) || !self.rx_hdr.chunks.reads().is_empty())
-            {
-                Some(slot) => self.on_reply(slot, buf, len, hlen),
-                // A long call (RFC 5666 s5.1).
-                None => return self.on_call(now, buf, len, hlen),
-            },
+            // RDMA_NOMSG. XIDs are per direction: the peer's call may carry
+            // the XID of one of ours, so the XID alone never makes a
+            // message a reply (docs/ENGINE.md, "Routing RDMA_NOMSG").
+            MessageBody::NoMsg => {
+                let sent = self.find_sent_call(xid);
+                if self.rx_hdr.chunks.reads().is_empty() {
+                    // Not a call (RFC 5666 s5.1 needs the position-zero
+                    // read chunk): the reply in the reply chunk our call
+                    // offered (s5.2), or a reply with nowhere to be.
+                    match sent {
+                        Some(slot) if self.offered_reply_chunk(slot) => {
+                            self.on_reply(slot, buf, len, hlen)
+                        }
+                        Some(slot) => self.fail_reply(slot, super::CallFailure::MalformedReply),
+                        None => return self.on_call(now, buf, len, hlen, None),
+                    }
+                } else {
+                    // A long call (s5.1). Only with responder-provided read
+                    // chunks can it also be a reply (draft-lever s4.1): then
+                    // it is pulled first and routed by its RPC direction.
+                    let reply_to = sent.filter(|_| self.reply_read_chunks());
+                    return self.on_call(now, buf, len, hlen, reply_to);
+                }
+            }
             MessageBody::Error(e) => match self.find_sent_call(xid) {
                 Some(slot) => self.on_peer_error(slot, e),
                 None => self.stats.unmatched_replies += 1,

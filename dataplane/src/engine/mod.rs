@@ -432,21 +432,8 @@ fn ddp_item_fits(item: &DdpItem, msg_len: usize) -> bool {
     item.offset % 4 == 0 && item.offset >= 4 && end <= msg_len as u64
 }
 
-/// `len` rounded up to a multiple of 4, in `u64` (no overflow).
+/// `len` rounded up to a multiple of 4 (`wire::xdr::roundup`), in `u64`
+/// for peer-supplied chunk lengths (saturating, never overflows).
 fn roundup4(len: u64) -> u64 {
-    (len + 3) & !3
-}
-
-/// Encoded length of a transport header with chunk lists: fixed words,
-/// `reads` read-list entries, write chunks of the given segment counts and
-/// an optional reply chunk of `reply_segs` segments (RFC 5666 s4.3).
-fn chunked_header_len(
-    reads: usize,
-    write_chunk_segs: &[usize],
-    reply_segs: Option<usize>,
-) -> usize {
-    let read_list = 24 * reads + 4;
-    let write_list: usize = write_chunk_segs.iter().map(|n| 8 + 16 * n).sum::<usize>() + 4;
-    let reply = reply_segs.map_or(4, |n| 8 + 16 * n);
-    16 + read_list + write_list + reply
+    crate::wire::xdr::roundup(usize::try_from(len).unwrap_or(usize::MAX)) as u64
 }

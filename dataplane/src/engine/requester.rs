@@ -20,11 +20,13 @@ use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
-    chunked_header_len, ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection,
-    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
+    ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection, DdpItem, Event,
+    OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
-use crate::wire::rpcrdma::{ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION};
+use crate::wire::rpcrdma::{
+    chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
+};
 
 /// Where one of our calls is (SPDK-style request state; transitions only
 /// in this module).
@@ -140,15 +142,16 @@ pub(super) fn plan_call(
 ) -> Result<(CallPlan, Option<u32>, Option<u32>), SendCallError> {
     // Reply resources first: they appear in the call header in every shape.
     let write_chunk = reply.ddp_max;
-    let wsegs: &[usize] = if write_chunk.is_some() { &[1] } else { &[] };
+    // One write chunk of one segment, or none.
+    let wsegs = usize::from(write_chunk.is_some());
     let inline_reply =
         u64::from(reply.max_len) - u64::from(write_chunk.unwrap_or(0).min(reply.max_len));
-    let reply_hdr = chunked_header_len(0, wsegs, None) as u64;
+    let reply_hdr = chunked_header_len(0, wsegs, wsegs, None) as u64;
     let reply_chunk = (reply_hdr + inline_reply > recv_limit as u64).then_some(reply.max_len);
     let rsegs = reply_chunk.map(|_| 1);
 
-    let inline_hdr = chunked_header_len(0, wsegs, rsegs);
-    let chunk_hdr = chunked_header_len(1, wsegs, rsegs);
+    let inline_hdr = chunked_header_len(0, wsegs, wsegs, rsegs);
+    let chunk_hdr = chunked_header_len(1, wsegs, wsegs, rsegs);
     let plan = if inline_hdr + msg_len <= send_limit {
         CallPlan::Inline
     } else if let Some(d) = ddp.filter(|d| {
@@ -447,6 +450,13 @@ impl Connection {
     pub(super) fn on_reply(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize) {
         let xid = self.rx_hdr.xid;
         let has_reads = !self.rx_hdr.chunks.reads().is_empty();
+        // RDMA_DONE exists only between peers that negotiated
+        // responder-provided read chunks (RFC 8166 retired it): a plain
+        // Version One peer never receives one (DESIGN s6).
+        let done_due = has_reads && self.reply_read_chunks();
+        if has_reads && !done_due {
+            self.stats.unnegotiated_read_list_replies += 1;
+        }
         if self.take_answer(idx, Some(self.rx_hdr.credits)) {
             let placed = if has_reads {
                 self.start_reply_pull(idx)
@@ -458,7 +468,7 @@ impl Connection {
                 // Pulling; RDMA_DONE follows the Reads.
                 Ok(None) => {}
                 Err(reason) => {
-                    if has_reads {
+                    if done_due {
                         // Pull completion is due even for a reply we do
                         // not pull (draft-lever s4.1.3).
                         self.queue_done(xid);
@@ -466,8 +476,67 @@ impl Connection {
                     self.fail_call(idx, reason);
                 }
             }
-        } else if has_reads {
+        } else if done_due {
             self.queue_done(xid);
+        }
+        self.transmit_queued_calls();
+    }
+
+    /// A REPLY pulled by the responder half from an RDMA_NOMSG read list
+    /// (`len` bytes of `src`; `credits` the header's grant; `written` the
+    /// header's write chunk count and the first one's length). Negotiated:
+    /// the pull completed, so RDMA_DONE is due whether or not the XID
+    /// still names a call (draft-lever s4.1.3). Not negotiated: a reply
+    /// with a read list is the peer's protocol error (RFC 8166): the call
+    /// fails, no DONE is sent.
+    pub(super) fn on_pulled_reply(
+        &mut self,
+        xid: u32,
+        src: BufId,
+        len: u32,
+        credits: u32,
+        written: (usize, u64),
+    ) {
+        let negotiated = self.reply_read_chunks();
+        if negotiated {
+            self.queue_done(xid);
+        } else {
+            self.stats.unnegotiated_read_list_replies += 1;
+        }
+        match self.find_sent_call(xid) {
+            None => self.stats.unmatched_replies += 1,
+            Some(idx) if !negotiated => {
+                if self.take_answer(idx, None) {
+                    self.fail_call(idx, CallFailure::UnsupportedReply);
+                }
+            }
+            Some(idx) => {
+                if self.take_answer(idx, Some(credits)) {
+                    let reply_buf = self.calls[idx].reply_buf;
+                    let placed = self.check_write_chunk(idx, written).and_then(|ddp_len| {
+                        if peek_xid(self.bufs.bytes(src)) != Some(xid) {
+                            return Err(CallFailure::MalformedReply);
+                        }
+                        if len > self.bufs.buf_len(reply_buf) {
+                            return Err(CallFailure::ReplyTooLarge);
+                        }
+                        let whole = LocalSlice {
+                            buf: src,
+                            offset: 0,
+                            len,
+                        };
+                        self.bufs.copy(whole, reply_buf, 0);
+                        Ok(ddp_len)
+                    });
+                    match placed {
+                        Ok(ddp_len) => {
+                            self.stats.replies_pulled += 1;
+                            self.reply_ready(idx, len, ddp_len);
+                        }
+                        Err(reason) => self.fail_call(idx, reason),
+                    }
+                }
+            }
         }
         self.transmit_queued_calls();
     }
@@ -493,10 +562,21 @@ impl Connection {
     /// (RFC 5666 s3.6): the bytes the responder wrote into it.
     fn returned_write_chunk(&self, idx: usize) -> Result<Option<u32>, CallFailure> {
         let chunks = &self.rx_hdr.chunks;
-        match (chunks.write_chunk_count(), self.calls[idx].write_chunk) {
+        let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+        self.check_write_chunk(idx, (chunks.write_chunk_count(), used))
+    }
+
+    /// `returned_write_chunk` for a write list already taken apart:
+    /// (count, bytes in the first chunk).
+    fn check_write_chunk(
+        &self,
+        idx: usize,
+        written: (usize, u64),
+    ) -> Result<Option<u32>, CallFailure> {
+        let (count, used) = written;
+        match (count, self.calls[idx].write_chunk) {
             (0, _) => Ok(None),
             (1, Some(offered)) => {
-                let used = chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
                 if used > u64::from(offered) {
                     return Err(CallFailure::MalformedReply);
                 }

@@ -30,7 +30,7 @@ use super::{
 use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
 use crate::wire::rpcrdma::{
-    ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
+    chunked_header_len, ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
 };
 
 /// Where a call from the peer is (SPDK-style request state; transitions
@@ -83,6 +83,12 @@ pub(super) struct ServeSlot {
     /// `done_deadline`.
     done_pending: bool,
     done_deadline: Instant,
+    /// Pulled while it may still be a reply to one of our calls (RDMA_NOMSG
+    /// with a read list, responder read chunks negotiated): not counted
+    /// against the grant until its RPC direction says CALL.
+    maybe_reply: bool,
+    /// The transport header's credit word (a grant, if it is a reply).
+    hdr_credits: u32,
 }
 
 impl ServeSlot {
@@ -102,6 +108,8 @@ impl ServeSlot {
             ops_in_flight: 0,
             done_pending: false,
             done_deadline: Instant::ZERO,
+            maybe_reply: false,
+            hdr_credits: 0,
         }
     }
 }
@@ -134,22 +142,34 @@ fn fill_lengths(segments: &mut [Segment], mut n: u64) {
 impl Connection {
     /// A call header (RDMA_MSG with a CALL body, or RDMA_NOMSG) parsed in
     /// `rx_hdr`; the message is `len` bytes of receive buffer `buf`.
+    /// `reply_to`: an RDMA_NOMSG with a read list that may also be the
+    /// reply to our call in that requester slot (responder read chunks
+    /// negotiated): it is pulled as a call unless it cannot be one (the
+    /// grant is full, or its layout is not a call's), and routed by its
+    /// RPC direction once pulled (`deliver_call`).
     pub(super) fn on_call(
         &mut self,
         now: Instant,
         buf: BufId,
         len: usize,
         hlen: usize,
+        reply_to: Option<usize>,
     ) -> Disposition {
         let xid = self.rx_hdr.xid;
         // RFC 5666 s3.3: more calls than granted end the connection (calls
         // waiting for a slot count: the peer sent them).
-        if self.active_calls + self.parked.len() as u32 >= self.grant() {
+        let full = self.active_calls + self.parked.len() as u32 >= self.grant();
+        let layout = self.check_call_layout(buf, len, hlen);
+        if let (Some(slot), true) = (reply_to, full || layout.is_none()) {
+            self.on_reply(slot, buf, len, hlen);
+            return Disposition::Done;
+        }
+        if full {
             self.close_with(CloseReason::CreditOverrun);
             return Disposition::Done;
         }
         // RFC 5666 s4.2: bad chunks are answered before any resource use.
-        let Some(total) = self.check_call_layout(buf, len, hlen) else {
+        let Some(total) = layout else {
             self.send_error(xid, ErrorBody::Chunk);
             return Disposition::Done;
         };
@@ -158,10 +178,15 @@ impl Connection {
         let Some(idx) = self.serve_free.pop() else {
             return Disposition::Park;
         };
-        self.active_calls += 1;
-        self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        let maybe_reply = reply_to.is_some();
+        if !maybe_reply {
+            self.active_calls += 1;
+            self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        }
         let idx = idx as usize;
         self.assemble_call(idx, buf, len, hlen, total);
+        self.serves[idx].maybe_reply = maybe_reply;
+        self.serves[idx].hdr_credits = self.rx_hdr.credits;
         if self.serves[idx].reads.is_empty() {
             self.deliver_call(now, idx);
         } else {
@@ -348,8 +373,29 @@ impl Connection {
 
     /// The call in slot `idx` is complete: parse its RPC header and hand
     /// it to the application, or answer ERR_CHUNK if it is not a call
-    /// carrying the transport header's XID.
+    /// carrying the transport header's XID. A pulled REPLY goes to the
+    /// requester half (`on_pulled_reply`).
     fn deliver_call(&mut self, now: Instant, idx: usize) {
+        let s = &self.serves[idx];
+        let msg = self
+            .bufs
+            .bytes(s.call_buf)
+            .get(..s.call_len as usize)
+            .unwrap_or(&[]);
+        if peek_direction(msg) == Some(MessageType::Reply) {
+            self.pulled_reply(idx);
+            return;
+        }
+        if s.maybe_reply {
+            // A call after all: it counts against the grant from now on.
+            self.serves[idx].maybe_reply = false;
+            if self.active_calls + self.parked.len() as u32 >= self.grant() {
+                self.close_with(CloseReason::CreditOverrun);
+                return;
+            }
+            self.active_calls += 1;
+            self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        }
         let s = &self.serves[idx];
         let msg = self
             .bufs
@@ -367,9 +413,11 @@ impl Connection {
         };
         self.serves[idx].state = ServeState::Executing;
         self.stats.calls_received += 1;
+        let first = !self.first_call_delivered;
+        self.first_call_delivered = true;
         if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
             // Answered in-band by the engine itself (RFC 5666 s6).
-            if !self.answer_conf_rdma(now, idx, version, procedure, hl) {
+            if !self.answer_conf_rdma(now, idx, version, procedure, hl, first) {
                 self.drop_call(idx, xid);
             }
             return;
@@ -385,6 +433,26 @@ impl Connection {
             procedure,
             len,
         });
+    }
+
+    /// Slot `idx` pulled a REPLY (an RDMA_NOMSG with a read list is only
+    /// known to be one after the pull): hand it to the requester half and
+    /// free the slot, without ERR_CHUNK and without counting a call.
+    fn pulled_reply(&mut self, idx: usize) {
+        let s = &self.serves[idx];
+        let chunks = &s.peer_chunks;
+        let written = (
+            chunks.write_chunk_count(),
+            chunks.write_chunks().next().map_or(0, |c| c.len_bytes()),
+        );
+        let (xid, call_buf, call_len, credits) = (s.xid, s.call_buf, s.call_len, s.hdr_credits);
+        if !s.maybe_reply {
+            self.active_calls = self.active_calls.saturating_sub(1);
+        }
+        // Freed first: nothing reuses the call buffer before the copy in
+        // `on_pulled_reply`, and a close on that path finds the slot free.
+        self.free_serve(idx);
+        self.on_pulled_reply(xid, call_buf, call_len, credits, written);
     }
 
     /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot
@@ -667,23 +735,20 @@ impl Connection {
         };
         let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
         let inline_len = msg_len - elided;
-        let write_list_len: usize = s
-            .peer_chunks
-            .write_chunks()
-            .map(|c| 8 + 16 * c.segments.len())
-            .sum::<usize>()
-            + 4;
+        // The reply header returns the call's write list (RFC 5666 s3.6).
+        let wchunks = s.peer_chunks.write_chunk_count();
+        let wsegs: usize = s.peer_chunks.write_chunks().map(|c| c.segments.len()).sum();
+        let hdr = |reads, reply| chunked_header_len(reads, wchunks, wsegs, reply);
         let send_limit = self
             .config
             .inline_send_size
             .min(self.config.peer_inline_recv_size) as usize;
-        let base = 16 + 4 + write_list_len;
         let (mut use_reply_chunk, mut use_read_chunk) = (false, false);
-        if base + 4 + inline_len > send_limit {
+        if hdr(0, None) + inline_len > send_limit {
             match s.peer_chunks.reply() {
                 Some(rc)
                     if inline_len as u64 <= rc.len_bytes()
-                        && base + 8 + 16 * rc.segments.len() <= send_limit =>
+                        && hdr(0, Some(rc.segments.len())) <= send_limit =>
                 {
                     use_reply_chunk = true;
                 }
@@ -692,7 +757,7 @@ impl Connection {
                 // support it (draft-lever s4.1.1).
                 _ if self.reply_read_chunks()
                     && self.dones_pending < self.config.max_reply_read_chunks
-                    && base + 24 + 4 <= send_limit =>
+                    && hdr(1, None) <= send_limit =>
                 {
                     use_read_chunk = true;
                 }
@@ -790,6 +855,7 @@ impl Connection {
         s.state = ServeState::Free;
         s.generation = s.generation.wrapping_add(1);
         s.reads.clear();
+        s.maybe_reply = false;
         self.serve_free.push(idx as u32);
     }
 

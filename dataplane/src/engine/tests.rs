@@ -1021,6 +1021,88 @@ fn rfc5666_s6_2_conf_rdma_answered_in_band_and_applied_both_ways() {
 }
 
 #[test]
+fn rfc5666_s6_1_conf_rdma_accepted_only_as_the_first_call() {
+    // After another call, CONF_RDMA (v1 or v2) changes nothing and is
+    // answered PROC_UNAVAIL: limits, Reads and extensions stay as they
+    // were while calls and replies use them.
+    let mut p = Pair::new(cfg(), rrc(cfg()));
+    let h = send(&mut p, 1, b"first", false, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"first");
+    release_all(&mut p);
+    let before = *p.peers[SERVER].conn.config();
+    let req = crate::wire::conf::ConfigRdmaReq {
+        maxcall_sendsize: KIB,
+        maxreply_sendsize: KIB,
+        maxrdmaread: 0,
+    };
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
+    let h = conf_call(&mut p, &buf[..n]);
+    p.drive();
+    let msg = p.peers[CLIENT].conn.reply_message(h).unwrap();
+    assert_eq!(
+        decode_conf_rdma_reply(msg),
+        Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
+    );
+    p.conn(CLIENT).release_reply(h);
+    assert_eq!(
+        conf_v2_exchange(&mut p),
+        Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
+    );
+    let after = *p.peers[SERVER].conn.config();
+    assert_eq!(
+        (
+            after.peer_inline_recv_size,
+            after.peer_inline_send_size,
+            after.max_rdma_read
+        ),
+        (
+            before.peer_inline_recv_size,
+            before.peer_inline_send_size,
+            before.max_rdma_read
+        )
+    );
+    assert_eq!(
+        p.peers[SERVER].conn.negotiated(),
+        Extensions::RESPONDER_READ_CHUNKS
+    );
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.conf_rdma_refused, s.conf_rdma_answered), (2, 2));
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s6_2_conf_rdma_maxrdmaread_zero_is_clamped_to_one() {
+    let mut p = pair();
+    let req = crate::wire::conf::ConfigRdmaReq {
+        maxcall_sendsize: 4 * KIB,
+        maxreply_sendsize: 4 * KIB,
+        maxrdmaread: 0,
+    };
+    let mut buf = [0u8; 64];
+    let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
+    let h = conf_call(&mut p, &buf[..n]);
+    p.drive();
+    let reply = decode_conf_rdma_reply(p.peers[CLIENT].conn.reply_message(h).unwrap()).unwrap();
+    assert_eq!(p.peers[SERVER].conn.config().max_rdma_read, 1);
+    // The client side clamps a server's 0 the same way.
+    p.conn(CLIENT)
+        .apply_conf_rdma_reply(&crate::wire::conf::ConfigRdmaReply {
+            maxrdmaread: 0,
+            ..reply
+        });
+    assert_eq!(p.peers[CLIENT].conn.config().max_rdma_read, 1);
+    release_all(&mut p);
+    // Long calls are still pulled, one Read at a time.
+    let data = payload(20_000, 9);
+    let h = send(&mut p, 2, &data, false, expect(32 * KIB, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
     use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
     use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
@@ -1039,17 +1121,19 @@ fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
         v.extend_from_slice(args);
         v
     };
+    // Garbage arguments first: CONF_RDMA is only applied as the first
+    // call (s6.1).
     let cases = [
+        (
+            call(4, 1, CONF_RDMA_PROC, &[0; 8]),
+            Some(AcceptStatus::GarbageArgs),
+        ),
         (call(1, 1, 0, &[]), None),
         (
             call(2, 3, CONF_RDMA_PROC, &[0; 12]),
             Some(AcceptStatus::ProgMismatch { low: 1, high: 2 }),
         ),
         (call(3, 1, 9, &[]), Some(AcceptStatus::ProcUnavail)),
-        (
-            call(4, 1, CONF_RDMA_PROC, &[0; 8]),
-            Some(AcceptStatus::GarbageArgs),
-        ),
     ];
     let hs: Vec<_> = cases.iter().map(|(m, _)| conf_call(&mut p, m)).collect();
     p.drive();
@@ -1543,22 +1627,140 @@ fn rfc5666_s3_8_missing_done_is_reclaimed_by_the_timer() {
 }
 
 #[test]
-fn draft_lever_s4_1_3_requester_without_support_fails_call_but_sends_done() {
+fn design_s6_unnegotiated_reply_read_list_fails_call_without_done() {
+    // The server (preset) exposes the reply in a read chunk to a plain
+    // Version One client: to the client an RDMA_NOMSG with a read list is
+    // a long call, pulled, found to be a REPLY to its call, and that call
+    // fails. No RDMA_DONE (retired by RFC 8166) and no ERR_CHUNK go back;
+    // the server reclaims the exposure by its timer.
     let mut p = Pair::new(cfg(), rrc(cfg()));
     send(&mut p, 23, &payload(20_000, 33), true, expect(512, None));
     p.drive();
     assert_eq!(failures(&p), vec![(23, CallFailure::UnsupportedReply)]);
-    assert_eq!(p.ops[1], 1, "only the server's Read of the call's chunk");
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(
+        (
+            c.done_sent,
+            c.err_chunk_sent,
+            c.unnegotiated_read_list_replies
+        ),
+        (0, 0, 1)
+    );
+    assert!(!p.sends_from(CLIENT).any(is_done));
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.done_received, s.done_timeouts), (0, 1));
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    assert_eq!(p.peers[CLIENT].conn.close_reason(), None);
+    // The connection still carries calls.
+    let h = send(&mut p, 24, b"small", true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"small");
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn design_s6_unnegotiated_rdma_msg_reply_with_read_list_fails_call_without_done() {
+    // RDMA_MSG whose RPC direction is REPLY, carrying a read list, from a
+    // peer that did not negotiate responder read chunks: the call fails,
+    // nothing is read, no RDMA_DONE and no ERR_CHUNK go back.
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: CLIENT, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 9, b"short", false, expect(512, None));
+    p.drive();
+    let mut h = TransportHeader::new(9, 4, MessageBody::Msg);
+    h.chunks.push_read(crate::wire::rpcrdma::ReadSegment {
+        position: 4,
+        segment: Segment {
+            handle: 1,
+            length: 4,
+            offset: 0,
+        },
+    });
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut v).unwrap();
+    v.extend_from_slice(&be(&[9, 1, 0, 0, 0, 0]));
+    p.inject(SERVER, v);
+    p.drive();
+    assert_eq!(failures(&p), vec![(9, CallFailure::UnsupportedReply)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(
+        (
+            c.done_sent,
+            c.err_chunk_sent,
+            c.unnegotiated_read_list_replies
+        ),
+        (0, 0, 1)
+    );
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s5_2_nomsg_reply_without_offered_reply_chunk_fails_the_call() {
+    // An RDMA_NOMSG without a read list is not a call (s5.1); answering a
+    // call that offered no reply chunk it has nowhere to come from: the
+    // call fails and gives its slot and credit back, no ERR_CHUNK.
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: CLIENT, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 7, b"short", false, expect(512, None));
+    p.drive();
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 1);
+    let h = TransportHeader::new(7, 4, MessageBody::NoMsg);
+    let mut v = vec![0u8; h.buffer_len()];
+    h.emit(&mut v).unwrap();
+    p.inject(SERVER, v);
+    p.drive();
+    assert_eq!(failures(&p), vec![(7, CallFailure::MalformedReply)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!(c.err_chunk_sent, 0);
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn draft_lever_s4_1_3_abandoned_call_still_sends_done_when_negotiated() {
+    // The reply (exposed in a read chunk) arrives after the call timed
+    // out: with the extension negotiated the requester still pulls and
+    // sends RDMA_DONE, so the responder withdraws it without its timer.
+    let client = rrc(Config {
+        call_timeout: Some(core::time::Duration::from_millis(5)),
+        ..cfg()
+    });
+    let server = Config {
+        done_timeout: core::time::Duration::from_secs(10),
+        ..rrc(cfg())
+    };
+    let mut p = Pair::new(client, server);
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: SERVER, .. } => {
+            Fault::Delay(core::time::Duration::from_millis(20))
+        }
+        _ => Fault::Deliver,
+    });
+    send(&mut p, 31, &payload(20_000, 31), false, expect(512, None));
+    p.drive();
+    assert_eq!(failures(&p), vec![(31, CallFailure::Timeout)]);
+    let c = p.peers[CLIENT].conn.stats();
+    assert_eq!((c.done_sent, c.late_replies), (1, 1));
     let s = p.peers[SERVER].conn.stats();
     assert_eq!((s.done_received, s.done_timeouts), (1, 0));
+    assert_eq!(p.peers[CLIENT].conn.outstanding_calls(), 0);
     close_and_check_leaks(&mut p);
 }
 
 #[test]
 fn rfc5666_s3_8_done_consumes_a_credit() {
     // Grant 1: a DONE counts like a call, so DONEs and calls never travel
-    // together (the second call goes while the first reply is pulled, the
-    // first DONE after the second reply).
+    // together. An RDMA_NOMSG with a read list is only known to be a reply
+    // once pulled, so its credit returns then: the first DONE goes before
+    // the second call, the second DONE after the second reply.
     let server = rrc(Config {
         credits: 1,
         ..cfg()
@@ -1572,7 +1774,7 @@ fn rfc5666_s3_8_done_consumes_a_credit() {
     assert_eq!(p.peers[CLIENT].conn.stats().max_outstanding_calls, 1);
     assert_eq!(p.peers[CLIENT].conn.stats().done_sent, 2);
     let kinds: Vec<bool> = p.sends_from(CLIENT).map(is_done).collect();
-    assert_eq!(kinds, vec![false, false, true, true]);
+    assert_eq!(kinds, vec![false, true, false, true]);
     assert_eq!(p.rnr, 0);
     close_and_check_leaks(&mut p);
 }
@@ -1631,6 +1833,99 @@ fn engine_calls_in_both_directions_share_one_connection() {
         assert!(got.iter().any(|(s, c, d)| s == side && c == h && d == data));
     }
     assert_eq!(p.rnr, 0);
+    close_and_check_leaks(&mut p);
+}
+
+/// One long call each way with the same XID (XIDs are per direction),
+/// echoed back; `reply` is what each call expects.
+fn long_calls_same_xid_both_ways(mut p: Pair, reply: ReplyExpect) -> Pair {
+    let data = payload(20_000, 50);
+    let (msg, _) = echo_call(500, &data);
+    for side in [CLIENT, SERVER] {
+        let now = p.now;
+        p.conn(side)
+            .send_call(
+                now,
+                &OutgoingCall {
+                    message: &msg,
+                    ddp: None,
+                    reply,
+                },
+            )
+            .unwrap();
+    }
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let g2 = got.clone();
+    p.drive_with(&mut move |side, conn, now, ev| match ev {
+        Event::CallArrived { call, xid, .. } => {
+            let body = echo_payload(conn.call_message(call).unwrap()).unwrap();
+            let (msg, _) = echo_reply(xid, &body);
+            conn.send_reply(
+                now,
+                call,
+                &OutgoingReply {
+                    message: &msg,
+                    ddp: None,
+                },
+            )
+            .unwrap();
+        }
+        Event::ReplyArrived { call, xid, .. } => {
+            let m = conn.reply_message(call).unwrap().to_vec();
+            g2.borrow_mut().push((side, xid, m));
+            conn.release_reply(call);
+        }
+        other => panic!("side {side}: {other:?}"),
+    });
+    let full = echo_reply(500, &data).0;
+    let got = got.borrow();
+    assert_eq!(got.len(), 2);
+    for side in [CLIENT, SERVER] {
+        assert!(got
+            .iter()
+            .any(|(s, x, m)| *s == side && *x == 500 && *m == full));
+        let st = p.peers[side].conn.stats();
+        assert_eq!((st.calls_received, st.err_chunk_sent), (1, 0));
+        let first = p.sends_from(side).next().map(header).unwrap();
+        assert_eq!((first.xid, first.body), (500, MessageBody::NoMsg));
+        assert_eq!(first.chunks.reads().len(), 1, "a long call (s5.1)");
+    }
+    assert_eq!(p.rnr, 0);
+    p
+}
+
+#[test]
+fn engine_calls_in_both_directions_share_one_connection_long_calls_same_xid() {
+    // Plain Version One: an RDMA_NOMSG with a read list is always a call,
+    // even when its XID is that of one of our own calls. Replies come in
+    // the reply chunks; no RDMA_DONE.
+    let mut p = long_calls_same_xid_both_ways(pair(), expect(32 * KIB, None));
+    for side in [CLIENT, SERVER] {
+        assert_eq!(p.peers[side].conn.stats().done_sent, 0);
+    }
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn engine_calls_in_both_directions_share_one_connection_long_calls_same_xid_read_chunk_replies() {
+    // Responder-provided read chunks negotiated, no reply chunk offered:
+    // both the peer's call and its reply to our call arrive as RDMA_NOMSG
+    // with a position-zero read chunk and XID 500. Each is pulled, then
+    // routed by its RPC direction.
+    let mut p = long_calls_same_xid_both_ways(Pair::new(rrc(cfg()), rrc(cfg())), expect(512, None));
+    for side in [CLIENT, SERVER] {
+        let st = p.peers[side].conn.stats();
+        assert_eq!(
+            (
+                st.replies_exposed,
+                st.replies_pulled,
+                st.done_sent,
+                st.done_received
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(st.done_timeouts, 0);
+    }
     close_and_check_leaks(&mut p);
 }
 

@@ -79,6 +79,36 @@ pub const FIXED_HEADER_LEN: usize = 16;
 /// Smallest RDMA_MSG / RDMA_NOMSG header: fixed words plus three empty lists.
 pub const MIN_CHUNKED_HEADER_LEN: usize = FIXED_HEADER_LEN + 12;
 
+/// Encoded length of an RDMA_MSG or RDMA_NOMSG transport header whose read
+/// list has `read_segments` entries, whose write list has `write_chunks`
+/// chunks of `write_segments` segments in all, and whose reply chunk, if
+/// any, has `reply_segments` segments (RFC 5666 s4.3). The same arithmetic
+/// as [`TransportHeader::buffer_len`], for planning before a header exists.
+pub const fn chunked_header_len(
+    read_segments: usize,
+    write_chunks: usize,
+    write_segments: usize,
+    reply_segments: Option<usize>,
+) -> usize {
+    FIXED_HEADER_LEN + chunk_lists_len(read_segments, write_chunks, write_segments, reply_segments)
+}
+
+/// Encoded length of the three chunk lists (see [`chunked_header_len`]).
+const fn chunk_lists_len(
+    read_segments: usize,
+    write_chunks: usize,
+    write_segments: usize,
+    reply_segments: Option<usize>,
+) -> usize {
+    let reads = read_segments * READ_ENTRY_LEN + 4;
+    let writes = write_chunks * 8 + write_segments * SEGMENT_LEN + 4;
+    let reply = match reply_segments {
+        Some(n) => 8 + n * SEGMENT_LEN,
+        None => 4,
+    };
+    reads + writes + reply
+}
+
 /// Message type numbers (RFC 5666 s4.3 `enum rdma_proc`).
 pub mod proc_type {
     /// An RPC message follows the chunk lists.
@@ -408,14 +438,12 @@ impl ChunkLists {
 
     /// Encoded size of the three lists.
     fn buffer_len(&self) -> usize {
-        let reads = self.reads.len() * READ_ENTRY_LEN + 4;
-        let writes = self.write_counts.len() * 8 + self.write_segments.len() * SEGMENT_LEN + 4;
-        let reply = if self.has_reply {
-            8 + self.reply.len() * SEGMENT_LEN
-        } else {
-            4
-        };
-        reads + writes + reply
+        chunk_lists_len(
+            self.reads.len(),
+            self.write_counts.len(),
+            self.write_segments.len(),
+            self.has_reply.then_some(self.reply.len()),
+        )
     }
 
     /// The rules of the module documentation, minus the limits; shared by

@@ -969,3 +969,30 @@ proptest! {
         prop_assert_eq!(PrivateData::parse(&buf), Some(pd));
     }
 }
+
+#[test]
+fn rfc5666_s4_3_chunked_header_len_matches_emitted_headers() {
+    for (reads, writes, reply) in [
+        (0usize, &[][..], None),
+        (1, &[1usize][..], None),
+        (2, &[2, 1][..], Some(1usize)),
+        (0, &[1][..], Some(3)),
+    ] {
+        let mut h = TransportHeader::new(7, 1, MessageBody::NoMsg);
+        for i in 0..reads {
+            h.chunks.push_read(rseg(0, 1, 4, 8 * i as u64));
+        }
+        for &n in writes {
+            let segs: Vec<Segment> = (0..n).map(|i| seg(2, 4, i as u64)).collect();
+            h.chunks.push_write_chunk(&segs).unwrap();
+        }
+        if let Some(n) = reply {
+            let segs: Vec<Segment> = (0..n).map(|i| seg(3, 4, i as u64)).collect();
+            h.chunks.set_reply(&segs);
+        }
+        let want = chunked_header_len(reads, writes.len(), writes.iter().sum(), reply);
+        assert_eq!(h.buffer_len(), want);
+        let mut buf = vec![0u8; want];
+        assert_eq!(h.emit(&mut buf).unwrap(), want);
+    }
+}
