@@ -42,6 +42,7 @@ mod buffers;
 mod conf;
 mod connection;
 mod fuzz;
+mod msgp;
 mod requester;
 mod responder;
 mod time;
@@ -59,6 +60,7 @@ pub use conf::{
 };
 pub use connection::{Connection, Resources, Stats};
 pub use fuzz::fuzz_recv;
+pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 
