@@ -187,6 +187,8 @@ pub struct Connection {
     pub(super) stats: Stats,
     /// Padding of messages received in RDMA_MSGP (`msgp.rs`).
     pub(super) msgp: super::msgp::MsgpState,
+    /// Rkeys for RDMA_DONE as Send With Invalidate (`inval.rs`).
+    pub(super) inval: super::inval::DoneInvalidate,
 }
 
 impl Connection {
@@ -373,6 +375,7 @@ impl Connection {
             timers: TimerTable::default(),
             stats: Stats::default(),
             msgp: super::msgp::MsgpState::new(n_serve as usize, n_calls),
+            inval: super::inval::DoneInvalidate::new(n_calls),
         })
     }
 

@@ -1761,24 +1761,16 @@ fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_adverti
     // Both advertise: negotiated on both sides, then used.
     let mut p = Pair::new(rrc_adv(cfg()), rrc_adv(cfg()));
     let reply = conf_v2_exchange(&mut p).unwrap();
-    assert_eq!(
-        reply.properties.extensions(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
-    assert_eq!(
-        p.peers[SERVER].conn.negotiated(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
+    let implemented = Extensions::RESPONDER_READ_CHUNKS.union(Extensions::REMOTE_INVALIDATE);
+    assert_eq!(reply.properties.extensions(), implemented);
+    assert_eq!(p.peers[SERVER].conn.negotiated(), implemented);
     assert_eq!(
         p.peers[CLIENT].conn.negotiated(),
         Extensions::EMPTY,
         "not applied yet"
     );
     p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
-    assert_eq!(
-        p.peers[CLIENT].conn.negotiated(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
+    assert_eq!(p.peers[CLIENT].conn.negotiated(), implemented);
     let data = payload(20_000, 41);
     let h = send(&mut p, 2, &data, true, expect(512, None));
     p.drive();

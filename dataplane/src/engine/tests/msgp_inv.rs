@@ -321,3 +321,102 @@ fn rfc5666_s3_9_msgp_reply_delivered_with_its_padding() {
     p.conn(CLIENT).release_reply(h);
     assert_eq!(p.peers[CLIENT].conn.reply_padding(h), None);
 }
+
+// ---------------------------------------------------------------------------
+// draft-lever s4.1.4: RDMA_DONE as Send With Invalidate
+
+/// Responder-provided read chunks, plus `extra`, advertised by both and
+/// negotiated in a CONF_RDMA v2 exchange.
+fn negotiated_pair(extra: Extensions) -> Pair {
+    let c = |c: Config| Config {
+        extensions: Extensions::RESPONDER_READ_CHUNKS.union(extra),
+        done_timeout: core::time::Duration::from_millis(10),
+        ..c
+    };
+    let mut p = Pair::new(c(cfg()), c(cfg()));
+    let reply = conf_v2_exchange(&mut p).unwrap();
+    p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
+    p
+}
+
+/// A call whose reply only fits a responder-provided read chunk; returns
+/// the read chunk segment the server exposed it in.
+fn exposed_reply(p: &mut Pair, xid: u32, seed: u8) -> Segment {
+    let data = payload(50_000, seed);
+    let before = p.sends_from(SERVER).count();
+    let h = send(p, xid, &data, true, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(p, h), data);
+    p.conn(CLIENT).release_reply(h);
+    let sends: Vec<Vec<u8>> = p
+        .sends_from(SERVER)
+        .skip(before)
+        .map(<[u8]>::to_vec)
+        .collect();
+    let hd = sends
+        .iter()
+        .map(|b| header(b))
+        .find(|h| h.xid == xid && h.body == MessageBody::NoMsg)
+        .expect("reply exposed in a read chunk");
+    hd.chunks.reads()[0].segment
+}
+
+fn rkey_installed(p: &Pair, side: usize, rkey: u32) -> bool {
+    let t = p.peers[side].conn.buffers();
+    (0..t.count() as u32).any(|b| t.remote_key(BufId(b)).0 == rkey)
+}
+
+#[test]
+fn draft_lever_s4_1_4_done_is_send_with_invalidate_when_negotiated() {
+    let mut p = negotiated_pair(Extensions::REMOTE_INVALIDATE);
+    for side in [CLIENT, SERVER] {
+        assert!(p.peers[side]
+            .conn
+            .negotiated()
+            .contains(Extensions::REMOTE_INVALIDATE));
+    }
+    let seg = exposed_reply(&mut p, 31, 1);
+    // The DONE went as Send With Invalidate of exactly the read chunk's
+    // rkey, and the provider (harness) invalidated it.
+    assert_eq!(p.invalidations, vec![(CLIENT, seg.handle)]);
+    assert!(!rkey_installed(&p, SERVER, seg.handle), "rkey dead");
+    assert_eq!(p.peer_read(CLIENT, seg), Err(WcStatus::RemoteAccessError));
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.done_received, s.done_timeouts), (1, 0));
+    // The next exposure uses the buffer's fresh rkey and works as well.
+    let seg2 = exposed_reply(&mut p, 32, 2);
+    assert_ne!(seg2.handle, seg.handle);
+    assert_eq!(
+        p.invalidations,
+        vec![(CLIENT, seg.handle), (CLIENT, seg2.handle)]
+    );
+    assert_eq!(p.peers[SERVER].conn.stats().done_received, 2);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn draft_lever_s4_1_4_done_is_plain_send_without_remote_invalidation() {
+    // Responder-provided read chunks negotiated, remote invalidation
+    // advertised by neither; then preset without any CONF_RDMA.
+    let mut p = negotiated_pair(Extensions::EMPTY);
+    assert!(!p.peers[CLIENT]
+        .conn
+        .negotiated()
+        .contains(Extensions::REMOTE_INVALIDATE));
+    let seg = exposed_reply(&mut p, 41, 3);
+    assert!(p.invalidations.is_empty(), "plain Send");
+    assert!(
+        rkey_installed(&p, SERVER, seg.handle),
+        "rkey not invalidated"
+    );
+    // Withdrawn by the responder's own bookkeeping on DONE all the same.
+    assert_eq!(p.peer_read(CLIENT, seg), Err(WcStatus::RemoteAccessError));
+    assert_eq!(p.peers[SERVER].conn.stats().done_received, 1);
+    close_and_check_leaks(&mut p);
+
+    let mut p = Pair::new(rrc(cfg()), rrc(cfg()));
+    exposed_reply(&mut p, 42, 4);
+    assert!(p.invalidations.is_empty());
+    assert_eq!(p.peers[CLIENT].conn.stats().done_sent, 1);
+    close_and_check_leaks(&mut p);
+}
