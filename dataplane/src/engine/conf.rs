@@ -259,12 +259,12 @@ impl Connection {
     }
 
     /// What we advertise: the configured extensions the engine implements
-    /// (only responder-provided read chunks so far), never a promise it
-    /// cannot keep.
+    /// (responder-provided read chunks and remote invalidation so far),
+    /// never a promise it cannot keep.
     pub fn advertised_extensions(&self) -> Extensions {
         self.config
             .extensions
-            .intersection(Extensions::RESPONDER_READ_CHUNKS)
+            .intersection(Extensions::RESPONDER_READ_CHUNKS.union(Extensions::REMOTE_INVALIDATE))
     }
 }
 

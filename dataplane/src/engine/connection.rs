@@ -195,6 +195,10 @@ pub struct Connection {
     pub(super) events: VecDeque<Event>,
     pub(super) timers: TimerTable,
     pub(super) stats: Stats,
+    /// Padding of messages received in RDMA_MSGP (`msgp.rs`).
+    pub(super) msgp: super::msgp::MsgpState,
+    /// Rkeys for RDMA_DONE as Send With Invalidate (`inval.rs`).
+    pub(super) inval: super::inval::DoneInvalidate,
 }
 
 impl Connection {
@@ -381,6 +385,8 @@ impl Connection {
             ),
             timers: TimerTable::default(),
             stats: Stats::default(),
+            msgp: super::msgp::MsgpState::new(n_serve as usize, n_calls),
+            inval: super::inval::DoneInvalidate::new(n_calls),
         })
     }
 
@@ -725,14 +731,16 @@ impl Connection {
                 None => self.stats.unmatched_replies += 1,
             },
             MessageBody::Done => self.on_done(xid),
-            // RDMA_MSGP (retired by RFC 8166, never advertised by us) and
-            // unknown types: ERR_CHUNK, as Linux svcrdma answers.
-            MessageBody::MsgP { .. } | MessageBody::Unknown { .. } => {
-                match self.find_sent_call(xid) {
-                    Some(slot) => self.fail_reply(slot, super::CallFailure::UnsupportedReply),
-                    None => self.send_error(xid, ErrorBody::Chunk),
-                }
+            // RDMA_MSGP (retired by RFC 8166): see msgp.rs.
+            MessageBody::MsgP { align, thresh } => {
+                let padding = crate::wire::rpcrdma::Padding { align, thresh };
+                return self.on_msgp(now, buf, len, hlen, padding);
             }
+            // Unknown types: ERR_CHUNK, as Linux svcrdma answers.
+            MessageBody::Unknown { .. } => match self.find_sent_call(xid) {
+                Some(slot) => self.fail_reply(slot, super::CallFailure::UnsupportedReply),
+                None => self.send_error(xid, ErrorBody::Chunk),
+            },
         }
         Disposition::Done
     }

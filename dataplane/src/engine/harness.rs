@@ -59,6 +59,8 @@ enum Op {
     Send {
         wr_id: WrId,
         bytes: Vec<u8>,
+        /// Send With Invalidate of this rkey of the receiver.
+        invalidate: Option<u32>,
     },
     Write {
         wr_id: WrId,
@@ -133,6 +135,8 @@ pub struct Pair {
     pub ops: [u64; 3],
     /// Receiver-not-ready events (must stay zero when credits work).
     pub rnr: u64,
+    /// Rkeys invalidated by Send With Invalidate: (from side, rkey).
+    pub invalidations: Vec<(usize, u32)>,
 }
 
 impl core::fmt::Debug for Pair {
@@ -172,6 +176,7 @@ impl Pair {
             sends: Vec::new(),
             ops: [0; 3],
             rnr: 0,
+            invalidations: Vec::new(),
         };
         // Distinct, non-sequential rkeys per side, as a provider would hand out.
         for side in 0..2 {
@@ -234,14 +239,22 @@ impl Pair {
                         peer.max_recvs_posted = peer.max_recvs_posted.max(peer.rq.len());
                         continue;
                     }
-                    WorkRequest::Send { wr_id, local, .. } => {
+                    WorkRequest::Send {
+                        wr_id,
+                        local,
+                        invalidate_rkey,
+                    } => {
                         let bytes = self.peers[side]
                             .conn
                             .buffers()
                             .slice(local)
                             .expect("send slice")
                             .to_vec();
-                        Op::Send { wr_id, bytes }
+                        Op::Send {
+                            wr_id,
+                            bytes,
+                            invalidate: invalidate_rkey,
+                        }
                     }
                     WorkRequest::RdmaWrite {
                         wr_id,
@@ -370,7 +383,11 @@ impl Pair {
             return;
         }
         match f.op {
-            Op::Send { wr_id, bytes } => {
+            Op::Send {
+                wr_id,
+                bytes,
+                invalidate,
+            } => {
                 self.ops[0] += 1;
                 let Some((rwr, buf)) = self.peers[to].rq.pop_front() else {
                     self.rnr += 1;
@@ -407,6 +424,23 @@ impl Pair {
                     return;
                 }
                 dst[..bytes.len()].copy_from_slice(&bytes);
+                if let Some(rkey) = invalidate {
+                    if !self.invalidate(to, rkey) {
+                        // Invalid rkey: the receiver's QP fails (IB: remote
+                        // invalid request).
+                        self.complete(
+                            from,
+                            Done::Wc {
+                                wr_id,
+                                status: WcStatus::RemoteAccessError,
+                            },
+                            now,
+                        );
+                        self.break_connection();
+                        return;
+                    }
+                    self.invalidations.push((from, rkey));
+                }
                 self.sends.push((from, bytes.clone()));
                 self.complete(
                     to,
@@ -632,8 +666,36 @@ impl Pair {
             at,
             seq,
             from,
-            op: Op::Send { wr_id, bytes },
+            op: Op::Send {
+                wr_id,
+                bytes,
+                invalidate: None,
+            },
         });
+    }
+
+    /// Send With Invalidate as a provider executes it at side `side`: the
+    /// buffer registered under `rkey` gets a fresh rkey (as FRWR would
+    /// re-register it), so the old one no longer resolves. False when no
+    /// buffer has that rkey.
+    fn invalidate(&mut self, side: usize, rkey: u32) -> bool {
+        let t = self.peers[side].conn.buffers_mut();
+        let Some(id) = (0..t.count() as u32)
+            .map(BufId)
+            .find(|&b| t.remote_key(b).0 == rkey)
+        else {
+            return false;
+        };
+        let mut fresh = rkey;
+        loop {
+            fresh = fresh.wrapping_add(0x0100_0002);
+            if (0..t.count() as u32).all(|b| t.remote_key(BufId(b)).0 != fresh) {
+                break;
+            }
+        }
+        let addr = t.remote_key(id).1;
+        t.set_remote_key(id, fresh, addr);
+        true
     }
 
     /// A one-sided RDMA Read of `remote` by side `from` against its peer's

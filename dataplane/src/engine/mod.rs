@@ -42,6 +42,8 @@ mod buffers;
 mod conf;
 mod connection;
 mod fuzz;
+mod inval;
+mod msgp;
 mod requester;
 mod responder;
 mod time;
@@ -59,6 +61,7 @@ pub use conf::{
 };
 pub use connection::{Connection, Resources, Stats};
 pub use fuzz::fuzz_recv;
+pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 
@@ -109,7 +112,8 @@ pub struct Config {
     pub serve_conf_rdma: bool,
     /// Extensions we advertise in a CONF_RDMA version 2 exchange
     /// (docs/EXTENSIONS.md). The engine implements
-    /// [`Extensions::RESPONDER_READ_CHUNKS`]; other bits are ignored.
+    /// [`Extensions::RESPONDER_READ_CHUNKS`] and
+    /// [`Extensions::REMOTE_INVALIDATE`]; other bits are ignored.
     /// Default: none (plain Version One).
     pub extensions: Extensions,
     /// Responder-provided read chunks are in use from the start, because

@@ -94,7 +94,7 @@ pub(super) struct CallSlot {
     ddp_len: Option<u32>,
     /// Reads of a responder-provided reply read chunk (capacity
     /// `limits.max_read_segments`, reserved at construction).
-    reads: Vec<PendingRead>,
+    pub(super) reads: Vec<PendingRead>,
     reads_issued: usize,
     reads_done: usize,
 }
@@ -682,6 +682,7 @@ impl Connection {
     /// Queues an RDMA_DONE for `xid`; `transmit_queued_calls` sends it.
     fn queue_done(&mut self, xid: u32) {
         if self.closed.is_none() {
+            self.note_done_rkey(xid);
             self.done_queue.push_back(xid);
         }
     }
@@ -726,7 +727,7 @@ impl Connection {
                     offset: 0,
                     len: n as u32,
                 },
-                invalidate_rkey: None,
+                invalidate_rkey: self.inval.take(xid),
             });
         }
     }

@@ -446,12 +446,14 @@ impl Connection {
             chunks.write_chunks().next().map_or(0, |c| c.len_bytes()),
         );
         let (xid, call_buf, call_len, credits) = (s.xid, s.call_buf, s.call_len, s.hdr_credits);
+        let rkey = super::inval::single_handle(s.reads.iter().map(|r| r.seg.handle));
         if !s.maybe_reply {
             self.active_calls = self.active_calls.saturating_sub(1);
         }
         // Freed first: nothing reuses the call buffer before the copy in
         // `on_pulled_reply`, and a close on that path finds the slot free.
         self.free_serve(idx);
+        self.note_pulled_reply_rkey(xid, rkey);
         self.on_pulled_reply(xid, call_buf, call_len, credits, written);
     }
 

@@ -10,6 +10,8 @@ use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
 use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHeader};
 
+mod msgp_inv;
+
 const KIB: u32 = 1024;
 
 fn cfg() -> Config {
@@ -320,8 +322,8 @@ fn rfc5666_s4_2_bad_chunk_lists_answered_with_err_chunk_before_any_read() {
     // Read chunk positioned past the inline part (layout check).
     let mut past_end = be(&[9, 1, 1, 0, 1, 4096, 0x1234, 64, 0, 0x1000, 0, 0, 0]);
     past_end.extend_from_slice(&rpc);
-    // RDMA_MSGP (retired by RFC 8166) and an unknown type.
-    let mut msgp = be(&[9, 1, 1, 2, 0, 0, 0, 0, 0]);
+    // RDMA_MSGP whose align is not a multiple of 4 (s3.9), an unknown type.
+    let mut msgp = be(&[9, 1, 1, 2, 6, 0, 0, 0, 0]);
     msgp.extend_from_slice(&rpc);
     let unknown = be(&[9, 1, 1, 7]);
     // Truncated inside the read list.
@@ -2054,24 +2056,16 @@ fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_adverti
     // Both advertise: negotiated on both sides, then used.
     let mut p = Pair::new(rrc_adv(cfg()), rrc_adv(cfg()));
     let reply = conf_v2_exchange(&mut p).unwrap();
-    assert_eq!(
-        reply.properties.extensions(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
-    assert_eq!(
-        p.peers[SERVER].conn.negotiated(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
+    let implemented = Extensions::RESPONDER_READ_CHUNKS.union(Extensions::REMOTE_INVALIDATE);
+    assert_eq!(reply.properties.extensions(), implemented);
+    assert_eq!(p.peers[SERVER].conn.negotiated(), implemented);
     assert_eq!(
         p.peers[CLIENT].conn.negotiated(),
         Extensions::EMPTY,
         "not applied yet"
     );
     p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
-    assert_eq!(
-        p.peers[CLIENT].conn.negotiated(),
-        Extensions::RESPONDER_READ_CHUNKS
-    );
+    assert_eq!(p.peers[CLIENT].conn.negotiated(), implemented);
     let data = payload(20_000, 41);
     let h = send(&mut p, 2, &data, true, expect(512, None));
     p.drive();

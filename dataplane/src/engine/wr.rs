@@ -128,8 +128,9 @@ pub enum WorkRequest {
         wr_id: WrId,
         /// The bytes to send.
         local: LocalSlice,
-        /// Send With Invalidate of this rkey (only after the peer said it
-        /// accepts it, RFC 8797); the core engine always passes `None`.
+        /// Send With Invalidate of this rkey of the peer: set only on an
+        /// RDMA_DONE, to the reply read chunk's rkey, when both peers
+        /// negotiated `Extensions::REMOTE_INVALIDATE` (draft-lever s4.1.4).
         invalidate_rkey: Option<u32>,
     },
     /// RDMA Read `remote` (a peer's read chunk segment) into `local`.

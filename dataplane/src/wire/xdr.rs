@@ -15,6 +15,7 @@
 //! # Panic contract
 //! No method panics on any input; errors are [`Error`] values.
 
+use super::rpcrdma::Padding;
 use super::{Error, Result};
 
 /// Number of zero bytes that pad `len` bytes to the next XDR unit (RFC 4506
@@ -293,6 +294,43 @@ impl<'a> Decoder<'a> {
         r
     }
 
+    /// Variable-length opaque of at most `max` bytes in a message that
+    /// arrived in RDMA_MSGP (RFC 5666 s3.9): when the length is at or above
+    /// `padding.thresh`, the pad bytes between the length word and the
+    /// data are skipped ([`Padding::pad_len`]). `base` is the offset of
+    /// this decoder's first byte from the start of the Send (the transport
+    /// header length, when the decoder starts at the RPC message), because
+    /// the sender aligned the data relative to the Send.
+    ///
+    /// # Errors
+    /// As [`Decoder::get_opaque`]; [`Error::Malformed`] when padding
+    /// applies and `padding.align` is not a multiple of 4. On error the
+    /// position is left where it was.
+    pub fn get_opaque_padded(
+        &mut self,
+        max: usize,
+        padding: &Padding,
+        base: usize,
+    ) -> Result<&'a [u8]> {
+        let save = self.pos;
+        let r = self.opaque_padded(max, padding, base);
+        if r.is_err() {
+            self.pos = save;
+        }
+        r
+    }
+
+    fn opaque_padded(&mut self, max: usize, padding: &Padding, base: usize) -> Result<&'a [u8]> {
+        let len = self.get_u32()?;
+        if len as usize > max {
+            return Err(Error::LimitExceeded);
+        }
+        let at = base.checked_add(self.pos).ok_or(Error::LimitExceeded)?;
+        let pad = padding.pad_len(at, len)?;
+        self.skip(pad)?;
+        self.get_opaque_fixed(len as usize)
+    }
+
     /// `string` (RFC 4506 s4.11) of at most `max` bytes. The bytes are
     /// returned as they are: ONC RPC strings are ASCII by convention but not
     /// by rule, so checking UTF-8 is the caller's choice.
@@ -440,6 +478,65 @@ mod tests {
             assert_eq!(e.put_opaque(b"abcde"), Err(Error::BufferTooShort));
             assert_eq!(e.position(), 0);
         }
+    }
+
+    #[test]
+    fn rfc5666_s3_9_padded_opaque_skips_padding_relative_to_the_send() {
+        // An opaque of 8 bytes whose data would start at Send offset 44 + 4
+        // = 48; align 32 puts it at 64 (16 pad bytes).
+        let p = Padding {
+            align: 32,
+            thresh: 8,
+        };
+        let mut bytes = vec![0, 0, 0, 8];
+        bytes.extend_from_slice(&[0; 16]);
+        bytes.extend_from_slice(b"abcdefgh");
+        bytes.extend_from_slice(&[0, 0, 0, 3, b'x', b'y', b'z', 0]);
+        let mut d = Decoder::new(&bytes);
+        assert_eq!(d.get_opaque_padded(64, &p, 44), Ok(&b"abcdefgh"[..]));
+        // Below the threshold: no padding.
+        assert_eq!(d.get_opaque_padded(64, &p, 44), Ok(&b"xyz"[..]));
+        assert_eq!(d.finish(), Ok(()));
+        // Already aligned: no padding; align 0 or 1: never padding.
+        let plain = [0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        for (p, base) in [
+            (p, 28),
+            (
+                Padding {
+                    align: 1,
+                    thresh: 0,
+                },
+                3,
+            ),
+        ] {
+            let mut d = Decoder::new(&plain);
+            assert_eq!(d.get_opaque_padded(64, &p, base), Ok(&plain[4..]));
+        }
+        // Misaligned `align`, over `max`, padding past the input, base
+        // overflow: errors, position unchanged.
+        let bad = Padding {
+            align: 6,
+            thresh: 0,
+        };
+        let mut d = Decoder::new(&bytes);
+        assert_eq!(d.get_opaque_padded(64, &bad, 44), Err(Error::Malformed));
+        assert_eq!(d.get_opaque_padded(7, &p, 44), Err(Error::LimitExceeded));
+        assert_eq!(
+            d.get_opaque_padded(
+                64,
+                &Padding {
+                    align: 4096,
+                    thresh: 0
+                },
+                44
+            ),
+            Err(Error::Truncated)
+        );
+        assert_eq!(
+            d.get_opaque_padded(64, &p, usize::MAX),
+            Err(Error::LimitExceeded)
+        );
+        assert_eq!(d.position(), 0);
     }
 
     #[test]
