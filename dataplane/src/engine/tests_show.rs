@@ -141,3 +141,88 @@ fn rfc5666_s3_7_read_chunk_length_with_or_without_roundup_is_accepted() {
     assert_accepted(4096, None);
     assert_accepted(4100, Some(4100));
 }
+
+// ---------------------------------------------------------------------------
+// s3.3: a credit overrun ends only its own connection
+
+/// Moves every pair to the latest virtual time among them, so they run in
+/// one timeline.
+fn sync(ps: &mut [&mut Pair]) {
+    let t = ps.iter().map(|p| p.now).max().expect("pairs");
+    for p in ps.iter_mut() {
+        p.now = t;
+    }
+}
+
+#[test]
+fn rfc5666_s3_3_credit_overrun_closes_only_that_connection() {
+    let server = Config {
+        credits: 2,
+        ..cfg()
+    };
+    // `bad` gets overrun; `good` runs RPCs alongside it; `alone` runs the
+    // same RPCs with nothing else going on, as the reference.
+    let mut bad = Pair::new(cfg(), server);
+    let mut good = Pair::new(cfg(), server);
+    let mut alone = Pair::new(cfg(), server);
+    for p in [&mut bad, &mut good, &mut alone] {
+        p.drive();
+    }
+    let sizes = [10usize, 5_000, 70_000, 0, 300_000, 4_097];
+    for (round, &len) in sizes.iter().enumerate() {
+        let xid = round as u32 + 100;
+        sync(&mut [&mut bad, &mut good, &mut alone]);
+        match round {
+            // An ordinary RPC on `bad` first.
+            0 | 1 => {
+                let data = payload(len, 7);
+                let h = send(&mut bad, xid, &data, true, expect(len as u32 + 512, None));
+                bad.drive();
+                assert_eq!(returned_payload(&bad, h), data);
+            }
+            // Three calls on a grant of two, none answered: overrun.
+            2 => {
+                for x in 1..=3 {
+                    bad.inject(CLIENT, raw_call(x, 2, &echo_call(x, b"x").0));
+                }
+                bad.drive_with(&mut |_, _, _, _| {});
+                assert_eq!(
+                    bad.peers[SERVER].conn.close_reason(),
+                    Some(CloseReason::CreditOverrun)
+                );
+            }
+            _ => {}
+        }
+        sync(&mut [&mut bad, &mut good, &mut alone]);
+        for p in [&mut good, &mut alone] {
+            let data = payload(len, round as u8);
+            let reply = expect(
+                len as u32 + 512,
+                (round % 2 == 1).then_some(len as u32 + 512),
+            );
+            let h = send(p, xid, &data, true, reply);
+            p.drive();
+            assert_eq!(returned_payload(p, h), data, "round {round} byte-exact");
+            p.conn(CLIENT).release_reply(h);
+        }
+    }
+    let b = &bad.peers[SERVER].conn;
+    assert_eq!(b.stats().credit_overruns, 1);
+    for side in [CLIENT, SERVER] {
+        let (g, a) = (&good.peers[side].conn, &alone.peers[side].conn);
+        assert_eq!(g.close_reason(), None);
+        assert_eq!(g.stats(), a.stats(), "side {side} stats unaffected");
+        assert_eq!(g.stats().credit_overruns, 0);
+        assert_eq!(g.granted_credits(), a.granted_credits());
+        assert_eq!(g.resources(), a.resources());
+    }
+    assert_eq!(
+        good.peers[SERVER].conn.stats().calls_received,
+        sizes.len() as u64
+    );
+    assert_eq!(good.peers[CLIENT].conn.granted_credits(), 2);
+    assert_eq!(good.rnr, 0);
+    for p in [&mut bad, &mut good, &mut alone] {
+        close_and_check_leaks(p);
+    }
+}
