@@ -53,6 +53,8 @@ mod wr;
 mod harness;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_show;
 
 pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
 pub use conf::{
@@ -395,8 +397,9 @@ pub enum SendCallError {
     /// transport header does not fit the peer's inline size.
     #[error("call larger than max_call_size")]
     TooLarge,
-    /// The DDP item lies outside the message or is misaligned.
-    #[error("DDP item outside the message or misaligned")]
+    /// The DDP item lies outside the message, is misaligned, or its XDR
+    /// length word does not hold `len`.
+    #[error("DDP item outside the message, misaligned or not matching its length word")]
     BadDdpItem,
     /// `reply.max_len` exceeds `max_reply_size` or `reply.ddp_max` exceeds
     /// `max_ddp_size`.
@@ -424,16 +427,21 @@ pub enum ReplyError {
     /// The DDP item is larger than the call's write chunk.
     #[error("DDP item larger than the write chunk")]
     DdpTooLarge,
-    /// The DDP item lies outside the message or is misaligned.
-    #[error("DDP item outside the message or misaligned")]
+    /// The DDP item lies outside the message, is misaligned, or its XDR
+    /// length word does not hold `len`.
+    #[error("DDP item outside the message, misaligned or not matching its length word")]
     BadDdpItem,
 }
 
-/// Checks a DDP item against a message of `msg_len` bytes: aligned, after
-/// at least a length word, data and padding inside the message.
-fn ddp_item_fits(item: &DdpItem, msg_len: usize) -> bool {
+/// Checks a DDP item against its message: aligned, after at least a
+/// length word that holds `len` (the XDR count the peer cross-checks the
+/// chunk length against, RFC 5666 s3.4), data and padding inside it.
+fn ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
     let end = u64::from(item.offset) + crate::wire::xdr::roundup(item.len as usize) as u64;
-    item.offset % 4 == 0 && item.offset >= 4 && end <= msg_len as u64
+    item.offset % 4 == 0
+        && item.offset >= 4
+        && end <= msg.len() as u64
+        && msg[item.offset as usize - 4..item.offset as usize] == item.len.to_be_bytes()
 }
 
 /// `len` rounded up to a multiple of 4 (`wire::xdr::roundup`), in `u64`

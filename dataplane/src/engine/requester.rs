@@ -193,7 +193,7 @@ impl Connection {
         if msg.len() > self.config.max_call_size as usize {
             return Err(SendCallError::TooLarge);
         }
-        if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
+        if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
             return Err(SendCallError::BadDdpItem);
         }
         if call.reply.max_len > self.config.max_reply_size

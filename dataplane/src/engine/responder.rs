@@ -200,7 +200,9 @@ impl Connection {
     /// The length of the reassembled call, if the read list describes a
     /// usable layout (RFC 5666 s3.4, s3.7, s5.1): positions at or past the
     /// end of the previous chunk (with its roundup), inline bytes enough
-    /// to reach each position, a long call's single position-zero chunk,
+    /// to reach each position, each chunk past position zero as long as
+    /// the XDR count inline right before it (or its roundup), a long
+    /// call's single position-zero chunk,
     /// the total within `max_call_size`, and Reads allowed at all.
     fn check_call_layout(&self, buf: BufId, len: usize, hlen: usize) -> Option<u32> {
         let chunks = &self.rx_hdr.chunks;
@@ -220,6 +222,22 @@ impl Connection {
                         return None;
                     }
                     consumed += gap;
+                    // s3.4, s3.7: past position zero the chunk replaces an
+                    // opaque's data; its XDR count is the inline word just
+                    // before the position, and the chunk holds that many
+                    // bytes, with or without the roundup.
+                    if pos > 0 {
+                        if gap < 4 {
+                            return None;
+                        }
+                        let at = hlen + consumed as usize;
+                        let word: [u8; 4] = bytes.get(at - 4..at)?.try_into().ok()?;
+                        let count = u64::from(u32::from_be_bytes(word));
+                        let n = chunk.len_bytes();
+                        if n != count && n != roundup4(count) {
+                            return None;
+                        }
+                    }
                     full = pos + roundup4(chunk.len_bytes());
                 }
                 full + (inline - consumed)
@@ -529,7 +547,7 @@ impl Connection {
         if msg.len() > self.bufs.buf_len(s.reply_buf) as usize {
             return Err(ReplyError::TooLarge);
         }
-        if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg.len())) {
+        if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
             return Err(ReplyError::BadDdpItem);
         }
         let idx = call.index as usize;

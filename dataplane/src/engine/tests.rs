@@ -12,9 +12,9 @@ use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHea
 
 mod msgp_inv;
 
-const KIB: u32 = 1024;
+pub(super) const KIB: u32 = 1024;
 
-fn cfg() -> Config {
+pub(super) fn cfg() -> Config {
     Config {
         inline_recv_size: 4 * KIB,
         inline_send_size: 4 * KIB,
@@ -29,27 +29,33 @@ fn cfg() -> Config {
     }
 }
 
-fn pair() -> Pair {
+pub(super) fn pair() -> Pair {
     Pair::new(cfg(), cfg())
 }
 
-fn header(bytes: &[u8]) -> TransportHeader {
+pub(super) fn header(bytes: &[u8]) -> TransportHeader {
     TransportHeader::parse(bytes, &Limits::DEFAULT)
         .expect("engine emitted a bad header")
         .0
 }
 
-fn payload(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn payload(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
-fn expect(max_len: u32, ddp_max: Option<u32>) -> ReplyExpect {
+pub(super) fn expect(max_len: u32, ddp_max: Option<u32>) -> ReplyExpect {
     ReplyExpect { max_len, ddp_max }
 }
 
-fn send(p: &mut Pair, xid: u32, data: &[u8], ddp: bool, reply: ReplyExpect) -> CallHandle {
+pub(super) fn send(
+    p: &mut Pair,
+    xid: u32,
+    data: &[u8],
+    ddp: bool,
+    reply: ReplyExpect,
+) -> CallHandle {
     let (msg, item) = echo_call(xid, data);
     let now = p.now;
     p.conn(CLIENT)
@@ -65,7 +71,7 @@ fn send(p: &mut Pair, xid: u32, data: &[u8], ddp: bool, reply: ReplyExpect) -> C
 }
 
 /// Replies that arrived at the client: (xid, handle, len, ddp_len).
-fn replies(p: &Pair) -> Vec<(u32, CallHandle, u32, Option<u32>)> {
+pub(super) fn replies(p: &Pair) -> Vec<(u32, CallHandle, u32, Option<u32>)> {
     p.peers[CLIENT]
         .events
         .iter()
@@ -81,7 +87,7 @@ fn replies(p: &Pair) -> Vec<(u32, CallHandle, u32, Option<u32>)> {
         .collect()
 }
 
-fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
+pub(super) fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
     p.peers[CLIENT]
         .events
         .iter()
@@ -94,7 +100,7 @@ fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
 
 /// The full echo payload the client got back: from the write chunk if the
 /// responder used it, else from the inline/reply-chunk message.
-fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
+pub(super) fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
     let c = &p.peers[CLIENT].conn;
     match c.reply_ddp(h) {
         Some(d) => d.to_vec(),
@@ -109,14 +115,14 @@ fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
     }
 }
 
-fn release_all(p: &mut Pair) {
+pub(super) fn release_all(p: &mut Pair) {
     for (_, h, _, _) in replies(p) {
         p.conn(CLIENT).release_reply(h);
     }
 }
 
 /// Close, let every posted request flush, and check nothing leaked.
-fn close_and_check_leaks(p: &mut Pair) {
+pub(super) fn close_and_check_leaks(p: &mut Pair) {
     release_all(p);
     p.conn(CLIENT).close();
     p.drive();
@@ -127,7 +133,7 @@ fn close_and_check_leaks(p: &mut Pair) {
 }
 
 /// A raw RDMA_MSG call as a hand-crafted peer would send it.
-fn raw_call(xid: u32, credits: u32, rpc: &[u8]) -> Vec<u8> {
+pub(super) fn raw_call(xid: u32, credits: u32, rpc: &[u8]) -> Vec<u8> {
     let h = TransportHeader::new(xid, credits, MessageBody::Msg);
     let mut v = vec![0u8; h.buffer_len()];
     h.emit(&mut v).unwrap();
@@ -139,7 +145,7 @@ fn be(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_be_bytes()).collect()
 }
 
-fn last_error_from_server(p: &Pair) -> (u32, ErrorBody) {
+pub(super) fn last_error_from_server(p: &Pair) -> (u32, ErrorBody) {
     let bytes = p.sends_from(SERVER).last().expect("server sent nothing");
     let h = header(bytes);
     match h.body {
@@ -379,7 +385,7 @@ fn rfc5666_s4_2_rdma_error_fails_only_that_call() {
 
 /// Runs `calls` through the echo service, recording each call message the
 /// server application saw.
-fn run_recording(p: &mut Pair) -> Vec<Vec<u8>> {
+pub(super) fn run_recording(p: &mut Pair) -> Vec<Vec<u8>> {
     let seen = Rc::new(RefCell::new(Vec::new()));
     let s2 = seen.clone();
     p.drive_with(&mut move |side, conn, now, ev| {
