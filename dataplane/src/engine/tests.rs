@@ -141,7 +141,7 @@ pub(super) fn raw_call(xid: u32, credits: u32, rpc: &[u8]) -> Vec<u8> {
     v
 }
 
-fn be(words: &[u32]) -> Vec<u8> {
+pub(super) fn be(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_be_bytes()).collect()
 }
 

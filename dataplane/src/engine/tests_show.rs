@@ -1,6 +1,7 @@
 //! Engine tests for the issue 4 "Show" items: the read-chunk length vs XDR
 //! count cross-check, a credit overrun isolated to its connection, and
-//! multi-megabyte calls and replies. Named after the RFC 5666 section
+//! multi-megabyte calls and replies, an RDMA_DONE for an unknown XID.
+//! Named after the RFC 5666 section
 //! whose rule each checks; helpers come from `tests.rs`.
 
 use std::cell::RefCell;
@@ -332,4 +333,32 @@ mod prop_large {
             close_and_check_leaks(&mut p);
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// s3.8: RDMA_DONE for an XID with no exposed reply
+
+#[test]
+fn rfc5666_s3_8_done_for_unknown_xid_is_dropped_silently() {
+    let mut p = pair();
+    p.drive();
+    let sent_before = p.sends_from(SERVER).count();
+    // xid, vers 1, credits 1, RDMA_DONE: for a reply the server never exposed.
+    p.inject(CLIENT, be(&[0xdead, 1, 1, 3]));
+    p.drive();
+    let s = &p.peers[SERVER].conn;
+    assert_eq!(s.stats().done_ignored, 1);
+    assert_eq!(s.stats().done_received, 0);
+    assert_eq!(s.close_reason(), None);
+    assert_eq!(
+        p.sends_from(SERVER).count(),
+        sent_before,
+        "no answer, not even an RDMA_ERROR"
+    );
+    // The connection still serves.
+    let data = payload(3000, 9);
+    let h = send(&mut p, 8, &data, true, expect(8192, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
 }
