@@ -806,6 +806,15 @@ mod field {
     pub const PROC: Range<usize> = 12..16;
 }
 
+/// The big-endian word at `r` (four bytes) of `bytes`, for the zero-copy
+/// views. Callers check the length first; a short buffer reads as zero
+/// rather than panicking.
+pub(crate) fn word_at(bytes: &[u8], r: core::ops::Range<usize>) -> u32 {
+    bytes
+        .get(r)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 impl<T: AsRef<[u8]>> HeaderView<T> {
     /// Wraps `buffer` without checking its length.
     pub const fn new_unchecked(buffer: T) -> Self {
@@ -835,12 +844,7 @@ impl<T: AsRef<[u8]>> HeaderView<T> {
     }
 
     fn word(&self, r: core::ops::Range<usize>) -> u32 {
-        // Callers check the length first; a short buffer reads as zero
-        // rather than panicking.
-        self.buffer
-            .as_ref()
-            .get(r)
-            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        word_at(self.buffer.as_ref(), r)
     }
 
     /// The XID (`rdma_xid`).

@@ -76,7 +76,7 @@
 
 use super::conf2::Extensions;
 use super::rpc::MessageType;
-use super::rpcrdma::{Segment, FIXED_HEADER_LEN, RPCRDMA_VERSION};
+use super::rpcrdma::{word_at, HeaderView, Segment, FIXED_HEADER_LEN, RPCRDMA_VERSION};
 use super::xdr::{roundup, Decoder, Encoder};
 use super::{Error, Result};
 
@@ -1327,10 +1327,7 @@ pub struct OptionalView<T: AsRef<[u8]>> {
 
 mod field {
     use core::ops::Range;
-    pub const XID: Range<usize> = 0..4;
-    pub const VERS: Range<usize> = 4..8;
-    pub const CREDITS: Range<usize> = 8..12;
-    pub const PROC: Range<usize> = 12..16;
+    // Words 0-3 are the Version One words (`rpcrdma::HeaderView`).
     pub const OPTTYPE: Range<usize> = 16..20;
     pub const OPTINFO_LEN: Range<usize> = 20..24;
 }
@@ -1363,42 +1360,39 @@ impl<T: AsRef<[u8]>> OptionalView<T> {
         }
     }
 
-    fn word(&self, r: core::ops::Range<usize>) -> u32 {
-        // A short buffer reads as zero rather than panicking.
-        self.buffer
-            .as_ref()
-            .get(r)
-            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    /// The four Version One words, which an optional header shares.
+    pub fn fixed(&self) -> HeaderView<&[u8]> {
+        HeaderView::new_unchecked(self.buffer.as_ref())
     }
 
     /// The XID.
     pub fn xid(&self) -> u32 {
-        self.word(field::XID)
+        self.fixed().xid()
     }
 
     /// The protocol version (1).
     pub fn vers(&self) -> u32 {
-        self.word(field::VERS)
+        self.fixed().vers()
     }
 
     /// Credits requested or granted.
     pub fn credits(&self) -> u32 {
-        self.word(field::CREDITS)
+        self.fixed().credits()
     }
 
     /// The message type ([`RDMA_OPTIONAL`] for a header of this module).
     pub fn proc_type(&self) -> u32 {
-        self.word(field::PROC)
+        self.fixed().proc_type()
     }
 
     /// The operation type.
     pub fn op_type(&self) -> u32 {
-        self.word(field::OPTTYPE)
+        word_at(self.buffer.as_ref(), field::OPTTYPE)
     }
 
     /// The length of the operation structure in bytes.
     pub fn optinfo_len(&self) -> u32 {
-        self.word(field::OPTINFO_LEN)
+        word_at(self.buffer.as_ref(), field::OPTINFO_LEN)
     }
 }
 
