@@ -840,12 +840,13 @@ fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
 // ---------------------------------------------------------------------------
 // Property: any mix of sizes and thresholds delivers exactly what was sent.
 
-mod prop {
+pub(super) mod prop {
     use super::*;
     use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     #[derive(Debug, Clone)]
-    struct Rpc {
+    pub(in crate::engine) struct Rpc {
         len: usize,
         ddp_arg: bool,
         write_chunk: bool,
@@ -853,19 +854,88 @@ mod prop {
         tight_reply: bool,
     }
 
-    fn rpc() -> impl Strategy<Value = Rpc> {
-        (
-            prop_oneof![0usize..2048, 2048usize..20_000, 20_000usize..300_000],
-            any::<bool>(),
-            any::<bool>(),
-            any::<bool>(),
-        )
-            .prop_map(|(len, ddp_arg, write_chunk, tight_reply)| Rpc {
+    /// RPCs whose call length is drawn from `sizes`.
+    pub(in crate::engine) fn rpc_sized(
+        sizes: impl Strategy<Value = usize>,
+    ) -> impl Strategy<Value = Rpc> {
+        (sizes, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(len, ddp_arg, write_chunk, tight_reply)| Rpc {
                 len,
                 ddp_arg,
                 write_chunk,
                 tight_reply,
-            })
+            },
+        )
+    }
+
+    /// The body both size ranges share: a client and a server on `base`
+    /// with inline sizes `ci`/`si` KiB-multiples and the server granting
+    /// `credits`, every RPC of `rpcs` echoed; checks that the bytes
+    /// delivered equal the bytes sent, no receiver-not-ready, calls within
+    /// the grant, Reads within `max_rdma_read`, receives within credits +
+    /// own calls + the DONE allowance, every exposed reply DONE'd. Returns
+    /// the pair, not yet closed, for test-specific checks.
+    pub(in crate::engine) fn echo_and_check(
+        base: Config,
+        (ci, si): (u32, u32),
+        credits: u32,
+        rpcs: &[Rpc],
+    ) -> Result<Pair, TestCaseError> {
+        let (max_rdma_read, reply_read_chunks) = (base.max_rdma_read, base.reply_read_chunks);
+        let client = Config {
+            inline_recv_size: ci,
+            inline_send_size: ci,
+            peer_inline_recv_size: si,
+            peer_inline_send_size: si,
+            ..base
+        };
+        let server = Config {
+            inline_recv_size: si,
+            inline_send_size: si,
+            peer_inline_recv_size: ci,
+            peer_inline_send_size: ci,
+            credits,
+            ..base
+        };
+        let mut p = Pair::new(client, server);
+        let mut sent = Vec::new();
+        for (i, r) in rpcs.iter().enumerate() {
+            let data = payload(r.len, i as u8);
+            let reply_len = r.len as u32 + 64;
+            let max_len = if reply_read_chunks && r.tight_reply {
+                512
+            } else {
+                reply_len
+            };
+            let reply = expect(max_len, r.write_chunk.then_some(reply_len));
+            let h = send(&mut p, i as u32, &data, r.ddp_arg, reply);
+            sent.push((h, data));
+        }
+        let seen = run_recording(&mut p);
+        prop_assert_eq!(p.rnr, 0);
+        prop_assert_eq!(seen.len(), rpcs.len());
+        for (i, m) in seen.iter().enumerate() {
+            let xid = crate::wire::rpc::peek_xid(m).unwrap() as usize;
+            prop_assert!(*m == echo_call(xid as u32, &sent[xid].1).0, "call {}", i);
+        }
+        prop_assert!(failures(&p).is_empty(), "{:?}", failures(&p));
+        for (h, data) in &sent {
+            prop_assert!(returned_payload(&p, *h) == *data);
+        }
+        let s = p.peers[SERVER].conn.stats();
+        prop_assert!(s.max_active_calls <= credits);
+        prop_assert!(s.max_reads_in_flight <= max_rdma_read);
+        let reserved_for_done = if reply_read_chunks {
+            cfg().max_reply_read_chunks
+        } else {
+            0
+        };
+        prop_assert!(
+            p.peers[SERVER].max_recvs_posted
+                <= (credits + cfg().max_outstanding_calls + reserved_for_done) as usize
+        );
+        prop_assert_eq!(s.replies_exposed, s.done_received);
+        Ok(p)
     }
 
     proptest! {
@@ -878,60 +948,16 @@ mod prop {
             credits in 1u32..=4,
             max_rdma_read in 1u32..=4,
             reply_read_chunks in any::<bool>(),
-            rpcs in proptest::collection::vec(rpc(), 1..=4),
+            rpcs in proptest::collection::vec(
+                rpc_sized(prop_oneof![0usize..2048, 2048usize..20_000, 20_000usize..300_000]),
+                1..=4,
+            ),
         ) {
-            let (ci, si) = (client_inline * KIB, server_inline * KIB);
-            let client = Config {
-                inline_recv_size: ci,
-                inline_send_size: ci,
-                peer_inline_recv_size: si,
-                peer_inline_send_size: si,
-                reply_read_chunks,
-                max_rdma_read,
-                ..cfg()
-            };
-            let server = Config {
-                inline_recv_size: si,
-                inline_send_size: si,
-                peer_inline_recv_size: ci,
-                peer_inline_send_size: ci,
-                credits,
-                max_rdma_read,
-                reply_read_chunks,
-                ..cfg()
-            };
-            let mut p = Pair::new(client, server);
-            let mut sent = Vec::new();
-            for (i, r) in rpcs.iter().enumerate() {
-                let data = payload(r.len, i as u8);
-                let reply_len = r.len as u32 + 64;
-                let max_len = if reply_read_chunks && r.tight_reply { 512 } else { reply_len };
-                let reply = expect(max_len, r.write_chunk.then_some(reply_len));
-                let h = send(&mut p, i as u32, &data, r.ddp_arg, reply);
-                sent.push((h, data));
-            }
-            let seen = run_recording(&mut p);
-            prop_assert_eq!(p.rnr, 0);
-            prop_assert_eq!(seen.len(), rpcs.len());
-            for (i, m) in seen.iter().enumerate() {
-                let xid = crate::wire::rpc::peek_xid(m).unwrap() as usize;
-                prop_assert_eq!(m, &echo_call(xid as u32, &sent[xid].1).0, "call {}", i);
-            }
-            prop_assert!(failures(&p).is_empty(), "{:?}", failures(&p));
-            for (h, data) in &sent {
-                prop_assert_eq!(&returned_payload(&p, *h), data);
-            }
-            let s = p.peers[SERVER].conn.stats();
-            prop_assert!(s.max_active_calls <= credits);
-            prop_assert!(s.max_reads_in_flight <= max_rdma_read);
+            let base = Config { reply_read_chunks, max_rdma_read, ..cfg() };
+            let inline = (client_inline * KIB, server_inline * KIB);
+            let mut p = echo_and_check(base, inline, credits, &rpcs)?;
             prop_assert!(p.peers[CLIENT].conn.stats().max_reads_in_flight <= max_rdma_read);
-            let reserved_for_done = if reply_read_chunks { cfg().max_reply_read_chunks } else { 0 };
-            prop_assert!(
-                p.peers[SERVER].max_recvs_posted
-                    <= (credits + cfg().max_outstanding_calls + reserved_for_done) as usize
-            );
-            prop_assert_eq!(s.done_timeouts, 0);
-            prop_assert_eq!(s.replies_exposed, s.done_received);
+            prop_assert_eq!(p.peers[SERVER].conn.stats().done_timeouts, 0);
             close_and_check_leaks(&mut p);
         }
     }

@@ -232,37 +232,11 @@ fn rfc5666_s3_3_credit_overrun_closes_only_that_connection() {
 // s3 - s5: calls and replies up to 4 MiB
 
 mod prop_large {
+    use super::super::tests::prop::{echo_and_check, rpc_sized};
     use super::*;
     use proptest::prelude::*;
 
     const MAX: u32 = (4 << 20) + 64 * KIB;
-
-    #[derive(Debug, Clone)]
-    struct Rpc {
-        len: usize,
-        ddp_arg: bool,
-        write_chunk: bool,
-        tight_reply: bool,
-    }
-
-    fn rpc() -> impl Strategy<Value = Rpc> {
-        (
-            prop_oneof![
-                1 => 0usize..2048,
-                1 => 2048usize..300_000,
-                2 => 300_000usize..=4 << 20,
-            ],
-            any::<bool>(),
-            any::<bool>(),
-            any::<bool>(),
-        )
-            .prop_map(|(len, ddp_arg, write_chunk, tight_reply)| Rpc {
-                len,
-                ddp_arg,
-                write_chunk,
-                tight_reply,
-            })
-    }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
@@ -274,10 +248,16 @@ mod prop_large {
             credits in 1u32..=4,
             max_rdma_read in 1u32..=4,
             reply_read_chunks in any::<bool>(),
-            rpcs in proptest::collection::vec(rpc(), 1..=3),
+            rpcs in proptest::collection::vec(
+                rpc_sized(prop_oneof![
+                    1 => 0usize..2048,
+                    1 => 2048usize..300_000,
+                    2 => 300_000usize..=4 << 20,
+                ]),
+                1..=3,
+            ),
         ) {
-            let (ci, si) = (client_inline * KIB, server_inline * KIB);
-            let big = Config {
+            let base = Config {
                 max_call_size: MAX,
                 max_reply_size: MAX,
                 max_ddp_size: MAX,
@@ -285,51 +265,8 @@ mod prop_large {
                 reply_read_chunks,
                 ..cfg()
             };
-            let client = Config {
-                inline_recv_size: ci,
-                inline_send_size: ci,
-                peer_inline_recv_size: si,
-                peer_inline_send_size: si,
-                ..big
-            };
-            let server = Config {
-                inline_recv_size: si,
-                inline_send_size: si,
-                peer_inline_recv_size: ci,
-                peer_inline_send_size: ci,
-                credits,
-                ..big
-            };
-            let mut p = Pair::new(client, server);
-            let mut sent = Vec::new();
-            for (i, r) in rpcs.iter().enumerate() {
-                let data = payload(r.len, i as u8);
-                let reply_len = r.len as u32 + 64;
-                let max_len = if reply_read_chunks && r.tight_reply { 512 } else { reply_len };
-                let reply = expect(max_len, r.write_chunk.then_some(reply_len));
-                let h = send(&mut p, i as u32, &data, r.ddp_arg, reply);
-                sent.push((h, data));
-            }
-            let seen = run_recording(&mut p);
-            prop_assert_eq!(p.rnr, 0);
-            prop_assert_eq!(seen.len(), rpcs.len());
-            for m in &seen {
-                let xid = crate::wire::rpc::peek_xid(m).unwrap();
-                prop_assert!(*m == echo_call(xid, &sent[xid as usize].1).0, "call {}", xid);
-            }
-            prop_assert!(failures(&p).is_empty(), "{:?}", failures(&p));
-            for (h, data) in &sent {
-                prop_assert!(returned_payload(&p, *h) == *data);
-            }
-            let s = p.peers[SERVER].conn.stats();
-            prop_assert!(s.max_active_calls <= credits);
-            prop_assert!(s.max_reads_in_flight <= max_rdma_read);
-            let reserved_for_done = if reply_read_chunks { cfg().max_reply_read_chunks } else { 0 };
-            prop_assert!(
-                p.peers[SERVER].max_recvs_posted
-                    <= (credits + cfg().max_outstanding_calls + reserved_for_done) as usize
-            );
-            prop_assert_eq!(s.replies_exposed, s.done_received);
+            let inline = (client_inline * KIB, server_inline * KIB);
+            let mut p = echo_and_check(base, inline, credits, &rpcs)?;
             close_and_check_leaks(&mut p);
         }
     }
