@@ -13,7 +13,9 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod client;
 pub mod engine;
 pub mod mem;
 pub mod verbs;
 pub mod wire;
+pub mod worker;

@@ -337,6 +337,10 @@ pub enum WrKind {
     Chunk = 3,
     /// Work requests without a buffer (e.g. local invalidate).
     Control = 4,
+    /// A transport engine's work request (`dataplane::engine::WrId`
+    /// folded into the index and generation fields; see `docs/ENGINE.md`,
+    /// "Glue").
+    Engine = 5,
 }
 
 impl WrKind {
@@ -346,6 +350,7 @@ impl WrKind {
             2 => WrKind::Send,
             3 => WrKind::Chunk,
             4 => WrKind::Control,
+            5 => WrKind::Engine,
             _ => return None,
         })
     }
@@ -409,6 +414,10 @@ struct SlabShared {
     kind: WrKind,
     free: ArrayQueue<u32>,
     generations: Box<[AtomicU32]>,
+    /// Every handle names the same `buf_size` bytes at `base` (region
+    /// leases, [`Slab::region_leases`]): no handle may give out a Rust
+    /// slice of them.
+    aliased: bool,
 }
 
 // SAFETY: `base` points into `arena` (kept alive by the Arc); disjoint
@@ -465,8 +474,71 @@ impl Slab {
                 kind,
                 free,
                 generations: (0..count).map(|_| AtomicU32::new(0)).collect(),
+                aliased: false,
             }),
         })
+    }
+
+    /// Up to `max_leases` non-exclusive handles ("region leases") over one
+    /// registered range: `len` bytes at `offset` in `arena`, under `lkey`.
+    ///
+    /// Why: a transport engine names its memory by ranges of one slab and
+    /// may have several work requests on the same bytes at once (several
+    /// RDMA Reads into one message buffer, several Writes from one), while
+    /// a verbs work request must own a [`Buf`] per scatter/gather element.
+    /// A lease is such a `Buf` whose address and capacity are the whole
+    /// range (the SGE's offset and length select the bytes). Leases alias
+    /// each other, so they never hand out Rust slices: [`Buf::as_slice`],
+    /// [`Buf::as_mut_slice`] and [`Buf::data`] are empty and [`Buf::fill`]
+    /// refuses; providers use [`Buf::as_ptr`]. The owner of the range
+    /// (the engine) decides which bytes are in flight. The count is
+    /// bounded and accounted like a slab (`available() == total()` when
+    /// nothing is posted).
+    ///
+    /// # Errors
+    /// [`MemError::Geometry`] if the range is outside the arena or
+    /// `max_leases` is 0 or beyond the 24-bit index space.
+    pub fn region_leases(
+        arena: Arc<Arena>,
+        offset: usize,
+        len: u32,
+        max_leases: u32,
+        lkey: u32,
+        kind: WrKind,
+    ) -> Result<Slab, MemError> {
+        if max_leases == 0 || max_leases > MAX_SLAB_INDEX + 1 {
+            return Err(MemError::Geometry("lease count out of range"));
+        }
+        if offset
+            .checked_add(len as usize)
+            .is_none_or(|end| end > arena.len())
+        {
+            return Err(MemError::Geometry("region exceeds the arena"));
+        }
+        let free = ArrayQueue::new(max_leases as usize);
+        for i in 0..max_leases {
+            let _ = free.push(i);
+        }
+        // SAFETY: offset + len <= arena.len(), checked above.
+        let base = unsafe { arena.as_ptr().add(offset) };
+        Ok(Slab {
+            shared: Arc::new(SlabShared {
+                arena,
+                base,
+                buf_size: len,
+                count: max_leases,
+                lkey,
+                kind,
+                free,
+                generations: (0..max_leases).map(|_| AtomicU32::new(0)).collect(),
+                aliased: true,
+            }),
+        })
+    }
+
+    /// Whether this slab hands out region leases ([`Slab::region_leases`]).
+    pub fn is_region(&self) -> bool {
+        self.shared.aliased
     }
 
     /// Takes a free buffer (length 0), or `None` when all are in use.
@@ -554,7 +626,22 @@ impl Buf {
     pub fn arena(&self) -> &Arc<Arena> {
         &self.shared.arena
     }
+    /// Whether this is a region lease ([`Slab::region_leases`]): the bytes
+    /// are shared with other leases and have no slice view.
+    pub fn is_lease(&self) -> bool {
+        self.shared.aliased
+    }
+    fn view_len(&self) -> usize {
+        if self.shared.aliased {
+            0
+        } else {
+            self.shared.buf_size as usize
+        }
+    }
     fn base_ptr(&self) -> *mut u8 {
+        if self.shared.aliased {
+            return self.shared.base;
+        }
         // SAFETY: index < count and the slab geometry was checked to fit the
         // arena in `Slab::new`.
         unsafe {
@@ -567,27 +654,28 @@ impl Buf {
     pub fn as_ptr(&self) -> *mut u8 {
         self.base_ptr()
     }
-    /// The whole capacity as bytes.
+    /// The whole capacity as bytes (empty for a region lease).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the range is inside the live arena and this handle is its
         // only owner (free-list exclusivity); memory exposed to a peer may
         // still be written by a misbehaving peer, which only changes bytes.
-        unsafe { std::slice::from_raw_parts(self.base_ptr(), self.shared.buf_size as usize) }
+        unsafe { std::slice::from_raw_parts(self.base_ptr(), self.view_len()) }
     }
-    /// The whole capacity as mutable bytes.
+    /// The whole capacity as mutable bytes (empty for a region lease).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, plus `&mut self` gives exclusivity among
         // users of this process.
-        unsafe { std::slice::from_raw_parts_mut(self.base_ptr(), self.shared.buf_size as usize) }
+        unsafe { std::slice::from_raw_parts_mut(self.base_ptr(), self.view_len()) }
     }
-    /// The valid bytes.
+    /// The valid bytes (empty for a region lease).
     pub fn data(&self) -> &[u8] {
-        &self.as_slice()[..self.len as usize]
+        self.as_slice().get(..self.len as usize).unwrap_or(&[])
     }
     /// Copies `src` to the start of the buffer and sets the length.
-    /// Returns false (and copies nothing) if it does not fit.
+    /// Returns false (and copies nothing) if it does not fit (always for
+    /// a non-empty `src` into a region lease).
     pub fn fill(&mut self, src: &[u8]) -> bool {
-        if src.len() > self.shared.buf_size as usize {
+        if src.len() > self.view_len() {
             return false;
         }
         self.as_mut_slice()[..src.len()].copy_from_slice(src);
@@ -638,6 +726,32 @@ mod tests {
         drop(again);
         drop(bufs);
         assert_eq!(slab.available(), slab.total());
+    }
+
+    #[test]
+    fn region_leases_alias_one_range_and_are_accounted() {
+        let arena = Arena::with_backing(64 * 1024, Backing::Small).unwrap();
+        let leases = Slab::region_leases(arena.clone(), 4096, 8192, 3, 9, WrKind::Engine).unwrap();
+        assert!(leases.is_region());
+        let a = leases.alloc().unwrap();
+        let mut b = leases.alloc().unwrap();
+        let c = leases.alloc().unwrap();
+        assert!(leases.alloc().is_none(), "bounded count");
+        assert_eq!(a.addr(), arena.as_ptr() as u64 + 4096);
+        assert_eq!(a.addr(), b.addr());
+        assert_eq!(c.capacity(), 8192);
+        assert_eq!(c.lkey(), 9);
+        assert!(a.is_lease());
+        // No slice views on aliased memory.
+        b.set_len(100);
+        assert!(b.as_slice().is_empty() && b.data().is_empty());
+        assert!(b.as_mut_slice().is_empty());
+        assert!(!b.fill(b"x"));
+        assert!(b.fill(b""));
+        drop((a, b, c));
+        assert_eq!(leases.available(), leases.total());
+        assert!(Slab::region_leases(arena.clone(), 60 * 1024, 8192, 1, 1, WrKind::Engine).is_err());
+        assert!(Slab::region_leases(arena, 0, 4096, 0, 1, WrKind::Engine).is_err());
     }
 
     #[test]

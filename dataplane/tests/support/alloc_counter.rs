@@ -78,3 +78,9 @@ pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Allocated) {
         },
     )
 }
+
+/// Allocations made on the calling thread so far (for measuring a thread
+/// the test does not run on, e.g. from inside a callback on a worker).
+pub fn thread_allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}

@@ -1,0 +1,761 @@
+//! One RPC-over-RDMA connection on a verbs provider: the engine's
+//! [`Connection`] glued to a connected queue pair, its completion queue and
+//! its registered memory.
+//!
+//! Buffer model (docs/ENGINE.md, "Glue"): each endpoint owns one
+//! [`Arena`] (memfd, hugepage-backed when available) sized by
+//! [`Connection::memory_len`]. The engine cuts its buffers from it through
+//! [`ArenaSlab`] (a [`SlabMemory`]); the whole arena is registered as one
+//! memory region and exposed once to this connection's queue pair, and that
+//! key is installed for every engine buffer (`set_remote_key`). A verbs
+//! work request must own a [`Buf`] per scatter/gather element, while the
+//! engine may have several requests on one buffer at once, so each SGE
+//! carries a region lease ([`Slab::region_leases`]) over the whole arena
+//! with the engine's byte range as offset and length. Leases are bounded
+//! (send queue + receive queue + slack) and all come back when every posted
+//! request has completed, which is the endpoint's drain test.
+//!
+//! Why one arena per connection: with the `shm` provider a peer maps the
+//! whole arena behind a key it was given (docs/VERBS.md), so memory a peer
+//! may touch must not be shared with another connection.
+//!
+//! Work-request ids: the verbs layer carries [`mem::WrId`] with kind
+//! [`mem::WrKind::Engine`]; the engine's id (kind 4 bits, generation 28
+//! bits, index) folds into it losslessly as long as the index fits 24 bits,
+//! which every engine configuration guarantees (counts are at most 4096).
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{
+    self, BufferTable, CloseReason, Connection, Event, PeerLimits, Resources, SlabMemory, Stats,
+    WorkRequest,
+};
+use crate::mem::{self, Arena, Slab};
+use crate::verbs::{
+    Access, Completion, CompletionQueue, Context, Incoming, MemoryRegion, PostError, PreparedQp,
+    ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, Sge,
+    SgeList, VerbsError, WcOpcode, WcStatus,
+};
+use crate::wire::rpcrdma::{PrivateData, PRIVATE_DATA_LEN};
+
+/// Completions taken from a completion queue per poll (DESIGN s5).
+pub const POLL_BURST: usize = 32;
+
+/// Packs an engine work-request id into the id the verbs layer carries:
+/// kind [`mem::WrKind::Engine`], the engine index as the 24-bit index, the
+/// engine kind (4 bits) and generation (28 bits) as the 32-bit generation.
+pub fn to_verbs_wr_id(id: engine::WrId) -> mem::WrId {
+    let generation = ((id.kind as u32) << 28) | (id.generation & ((1 << 28) - 1));
+    mem::WrId::new(mem::WrKind::Engine, id.index, generation)
+}
+
+/// Unpacks [`to_verbs_wr_id`]; `None` for an id of another kind or an
+/// unknown engine kind.
+pub fn from_verbs_wr_id(id: mem::WrId) -> Option<engine::WrId> {
+    if id.kind() != Some(mem::WrKind::Engine) {
+        return None;
+    }
+    let g = id.generation();
+    engine::WrId::from_u64(
+        (u64::from(g >> 28) << 60) | (u64::from(g & ((1 << 28) - 1)) << 32) | u64::from(id.index()),
+    )
+}
+
+/// The engine's view of a provider completion status.
+pub fn engine_status(status: WcStatus) -> engine::WcStatus {
+    match status {
+        WcStatus::Success => engine::WcStatus::Success,
+        WcStatus::WrFlushErr => engine::WcStatus::Flushed,
+        WcStatus::RemAccessErr => engine::WcStatus::RemoteAccessError,
+        WcStatus::RnrRetryExcErr => engine::WcStatus::ReceiverNotReady,
+        WcStatus::LocLenErr => engine::WcStatus::LengthError,
+        WcStatus::LocProtErr
+        | WcStatus::LocQpOpErr
+        | WcStatus::RemInvReqErr
+        | WcStatus::RetryExcErr => engine::WcStatus::Other,
+    }
+}
+
+/// The engine's slab, living in a registered [`Arena`].
+///
+/// The engine reads and writes its buffers through these slices; the
+/// provider reaches the same bytes through raw pointers of region leases
+/// while a work request is posted, on bytes the engine does not touch
+/// until the completion (its slot state machines guarantee it). With the
+/// `shm` provider a peer also writes exposed buffers one-sidedly from its
+/// own thread, exactly like an HCA's DMA: only bytes change.
+pub struct ArenaSlab {
+    arena: Arc<Arena>,
+    len: usize,
+}
+
+impl ArenaSlab {
+    /// The first `len` bytes of `arena` (clamped to its length).
+    pub fn new(arena: Arc<Arena>, len: usize) -> ArenaSlab {
+        let len = len.min(arena.len());
+        ArenaSlab { arena, len }
+    }
+}
+
+impl core::fmt::Debug for ArenaSlab {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ArenaSlab")
+            .field("arena", &self.arena.id())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SlabMemory for ArenaSlab {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` is within the live mapping (kept alive by the Arc);
+        // see the type documentation for who else touches these bytes.
+        unsafe { std::slice::from_raw_parts(self.arena.as_ptr(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` is the engine's exclusive view.
+        unsafe { std::slice::from_raw_parts_mut(self.arena.as_ptr(), self.len) }
+    }
+}
+
+/// How endpoints are built.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointConfig {
+    /// The engine's configuration (limits, credits, sizes).
+    pub engine: engine::Config,
+    /// Send-queue depth. The engine does not track it and may emit many
+    /// work requests for one reply (Writes of a long reply chunk); what
+    /// does not fit waits in the endpoint's backlog.
+    pub max_send_wr: u32,
+    /// Work requests the backlog holds without growing (it grows, rarely,
+    /// beyond that: the engine's output is never dropped).
+    pub backlog: usize,
+    /// Timeout of connection setup (connect side).
+    pub connect_timeout: Duration,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            engine: engine::Config::default(),
+            max_send_wr: 256,
+            backlog: 512,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EndpointConfig {
+    /// Receive-queue depth: every receive the engine may post.
+    fn max_recv_wr(&self) -> u32 {
+        let c = &self.engine;
+        c.credits + c.max_outstanding_calls + c.max_reply_read_chunks + 1
+    }
+
+    /// Our RFC 8797 private data (inline sizes, no remote invalidation).
+    pub fn private_data(&self) -> [u8; PRIVATE_DATA_LEN] {
+        let mut out = [0u8; PRIVATE_DATA_LEN];
+        let pd = PrivateData {
+            remote_invalidate: false,
+            max_send_size: self.engine.inline_send_size,
+            max_recv_size: self.engine.inline_recv_size,
+        };
+        // Cannot fail: the buffer is exactly PRIVATE_DATA_LEN long.
+        let _ = pd.emit(&mut out);
+        out
+    }
+}
+
+/// Why an endpoint could not be built or connected.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The engine refused the configuration.
+    #[error("engine configuration: {0}")]
+    Config(#[from] engine::ConfigError),
+    /// Memory, registration, queue creation or connection setup failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The engine's memory is larger than one registration can name
+    /// (4 GiB: SGE offsets are 32-bit).
+    #[error("connection memory of {0} bytes exceeds 4 GiB; lower sizes or credits")]
+    TooLarge(usize),
+    /// Pre-posting the engine's receives failed.
+    #[error("pre-posting receives failed: {0}")]
+    PrePost(PostError),
+}
+
+/// Registered memory of one endpoint.
+struct Registered<P: Provider> {
+    mr: P::Mr,
+    leases: Slab,
+    arena: Arc<Arena>,
+}
+
+/// Builds a scatter/gather list of one region lease over `len` bytes at
+/// `offset` of engine buffer `buf`; `None` when no lease is free.
+fn lease_sge(
+    leases: &Slab,
+    bufs: &BufferTable,
+    buf: engine::BufId,
+    offset: u32,
+    len: u32,
+) -> Option<SgeList> {
+    let lease = leases.alloc()?;
+    let at = bufs.slab_offset(buf) as u64 + u64::from(offset);
+    Some(SgeList::one(Sge {
+        buf: lease,
+        offset: at as u32,
+        len,
+    }))
+}
+
+/// An endpoint whose queue pair exists and whose receives are posted, not
+/// yet connected (typestate, like [`PreparedQp`]).
+pub struct PreparedEndpoint<P: Provider> {
+    qp: P::PreparedQp,
+    cq: P::Cq,
+    conn: Connection,
+    mem: Registered<P>,
+    config: EndpointConfig,
+}
+
+impl<P: Provider> core::fmt::Debug for PreparedEndpoint<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PreparedEndpoint")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<P: Provider> PreparedEndpoint<P> {
+    /// Allocates the connection's arena, registers it, builds the engine
+    /// over it, creates a completion queue and a queue pair, and posts the
+    /// engine's initial receives (so a peer may send the moment the
+    /// connection exists).
+    ///
+    /// # Errors
+    /// [`EndpointError`]: engine configuration, memory, registration, queue
+    /// creation, or a refused pre-post.
+    pub fn new(
+        ctx: &P::Context,
+        pd: &P::Pd,
+        config: &EndpointConfig,
+    ) -> Result<PreparedEndpoint<P>, EndpointError> {
+        let len = Connection::memory_len(&config.engine)?;
+        if len > u32::MAX as usize {
+            return Err(EndpointError::TooLarge(len));
+        }
+        let arena = Arena::new(len).map_err(VerbsError::from)?;
+        let mr = pd.register(
+            &arena,
+            0,
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )?;
+        let max_recv_wr = config.max_recv_wr();
+        let leases = Slab::region_leases(
+            arena.clone(),
+            0,
+            len as u32,
+            config.max_send_wr + max_recv_wr + 8,
+            mr.lkey(),
+            mem::WrKind::Engine,
+        )
+        .map_err(VerbsError::from)?;
+        let mut conn =
+            Connection::with_memory(config.engine, Box::new(ArenaSlab::new(arena.clone(), len)))?;
+        let depth = (config.max_send_wr + max_recv_wr) as usize;
+        let cq = ctx.create_cq(depth)?;
+        let mut qp = pd.create_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr,
+                ..QpCaps::default()
+            },
+        )?;
+        // Drain the engine's initial output: its receives, nothing else
+        // (it has no call to send yet).
+        while let Some(wr) = conn.poll_transmit() {
+            if let WorkRequest::PostRecv { wr_id, buf } = wr {
+                let len = conn.buffers().buf_len(buf);
+                let sgl = lease_sge(&leases, conn.buffers(), buf, 0, len)
+                    .ok_or(EndpointError::PrePost(PostError::QueueFull))?;
+                qp.post_recv(RecvWr {
+                    wr_id: to_verbs_wr_id(wr_id),
+                    sgl,
+                })
+                .map_err(|f| EndpointError::PrePost(f.error))?;
+            }
+        }
+        Ok(PreparedEndpoint {
+            qp,
+            cq,
+            conn,
+            mem: Registered { mr, leases, arena },
+            config: *config,
+        })
+    }
+
+    /// Our RFC 8797 private data, to send with connect/accept.
+    pub fn private_data(&self) -> [u8; PRIVATE_DATA_LEN] {
+        self.config.private_data()
+    }
+
+    /// Applies the peer's RFC 8797 private data (absent or invalid: 1024
+    /// bytes each way).
+    pub fn apply_peer_private_data(&mut self, bytes: &[u8]) {
+        apply_private_data(&mut self.conn, bytes);
+    }
+
+    /// Connects to `url` (active side), applying the peer's private data.
+    ///
+    /// # Errors
+    /// Connection setup and exposure errors ([`VerbsError`]).
+    pub fn connect(self, url: &str) -> Result<Endpoint<P>, EndpointError> {
+        let ours = self.private_data();
+        let PreparedEndpoint {
+            qp,
+            cq,
+            mut conn,
+            mem,
+            config,
+        } = self;
+        let (qp, theirs) = qp.connect(url, &ours, config.connect_timeout)?;
+        apply_private_data(&mut conn, &theirs);
+        Endpoint::build(qp, cq, conn, mem, config)
+    }
+
+    /// Accepts `incoming` (passive side), applying its private data.
+    ///
+    /// # Errors
+    /// Accept and exposure errors ([`VerbsError`]).
+    pub fn accept(self, incoming: P::Incoming) -> Result<Endpoint<P>, EndpointError> {
+        let ours = self.private_data();
+        let PreparedEndpoint {
+            qp,
+            cq,
+            mut conn,
+            mem,
+            config,
+        } = self;
+        apply_private_data(&mut conn, incoming.private_data());
+        let qp = incoming.accept(qp, &ours)?;
+        Endpoint::build(qp, cq, conn, mem, config)
+    }
+}
+
+fn apply_private_data(conn: &mut Connection, bytes: &[u8]) {
+    let pd = PrivateData::parse_or_default(bytes);
+    let max_rdma_read = conn.config().max_rdma_read;
+    conn.set_peer_limits(PeerLimits {
+        inline_recv_size: pd.max_recv_size,
+        inline_send_size: pd.max_send_size,
+        max_rdma_read,
+    });
+}
+
+/// Per-endpoint counters (plain integers: an endpoint lives on one thread;
+/// the worker folds them into its shared counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    /// Completions handled.
+    pub completions: u64,
+    /// Bytes received by Sends and pulled by RDMA Reads.
+    pub bytes_in: u64,
+    /// Bytes sent by Sends and RDMA Writes.
+    pub bytes_out: u64,
+    /// Receives completed.
+    pub recvs: u64,
+    /// Sends completed.
+    pub sends: u64,
+    /// RDMA Reads completed (read chunks pulled).
+    pub rdma_reads: u64,
+    /// RDMA Writes completed (write and reply chunks filled).
+    pub rdma_writes: u64,
+    /// Completions with an error status (flushes included).
+    pub error_completions: u64,
+    /// Completions whose id was not one of ours: dropped.
+    pub foreign_completions: u64,
+    /// Work requests the provider refused as malformed (closes).
+    pub post_invalid: u64,
+    /// Times the send or receive queue was full (work waited in the
+    /// backlog).
+    pub queue_full: u64,
+}
+
+/// A connected endpoint: the engine, its queue pair, completion queue and
+/// registered memory. Driven by one thread (a worker or a client).
+pub struct Endpoint<P: Provider> {
+    // Field order is drop order: the queue pair and its completion queue go
+    // first (their flushed buffers return to the lease slab), then the
+    // engine, then the registration and the arena.
+    qp: P::Qp,
+    cq: P::Cq,
+    conn: Connection,
+    mem: Registered<P>,
+    /// Engine output not yet accepted by the provider, in engine order.
+    pending: VecDeque<WorkRequest>,
+    lost: Option<CloseReason>,
+    counters: EndpointCounters,
+}
+
+impl<P: Provider> core::fmt::Debug for Endpoint<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("qp_num", &self.qp.qp_num())
+            .field("lost", &self.lost)
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+impl<P: Provider> Endpoint<P> {
+    fn build(
+        mut qp: P::Qp,
+        cq: P::Cq,
+        mut conn: Connection,
+        mem: Registered<P>,
+        config: EndpointConfig,
+    ) -> Result<Endpoint<P>, EndpointError> {
+        // One key for the whole arena, valid on this connection only; the
+        // engine advertises exact windows of it (docs/ENGINE.md).
+        let key = qp.expose(&mem.mr)?;
+        let base = key.addr;
+        let bufs = conn.buffers_mut();
+        for i in 0..bufs.count() {
+            let id = engine::BufId(i as u32);
+            let addr = base + bufs.slab_offset(id) as u64;
+            bufs.set_remote_key(id, key.rkey, addr);
+        }
+        Ok(Endpoint {
+            qp,
+            cq,
+            conn,
+            mem,
+            pending: VecDeque::with_capacity(config.backlog),
+            lost: None,
+            counters: EndpointCounters::default(),
+        })
+    }
+
+    /// The queue pair's number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// The engine.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The engine, mutably (send calls and replies, read messages).
+    pub fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> &Stats {
+        self.conn.stats()
+    }
+
+    /// The endpoint's counters.
+    pub fn counters(&self) -> &EndpointCounters {
+        &self.counters
+    }
+
+    /// The engine's resources in use.
+    pub fn resources(&self) -> Resources {
+        self.conn.resources()
+    }
+
+    /// Region leases held by posted work requests (and their unpolled
+    /// completions).
+    pub fn leases_in_use(&self) -> usize {
+        self.mem.leases.total() - self.mem.leases.available()
+    }
+
+    /// Whether 2 MiB hugepages back this endpoint's memory.
+    pub fn is_hugepage_backed(&self) -> bool {
+        self.mem.arena.is_hugepage_backed()
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.lost.or(self.conn.close_reason())
+    }
+
+    /// Polls up to `wcs.len()` completions and feeds them to the engine.
+    /// Returns how many there were.
+    pub fn poll_completions(&mut self, now: engine::Instant, wcs: &mut [Completion]) -> usize {
+        let n = self.cq.poll(wcs);
+        for wc in wcs[..n].iter_mut() {
+            self.handle_completion(now, wc);
+        }
+        n
+    }
+
+    fn handle_completion(&mut self, now: engine::Instant, wc: &mut Completion) {
+        self.counters.completions += 1;
+        // Give the leases back first: the engine's slot state, not the
+        // lease, says when bytes may be reused.
+        for lease in wc.sgl.take_all() {
+            drop(lease);
+        }
+        let Some(id) = from_verbs_wr_id(wc.wr_id) else {
+            self.counters.foreign_completions += 1;
+            return;
+        };
+        if wc.status != WcStatus::Success {
+            self.counters.error_completions += 1;
+            self.conn
+                .handle_completion(now, id, engine_status(wc.status));
+            return;
+        }
+        match wc.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                self.counters.recvs += 1;
+                self.counters.bytes_in += u64::from(wc.byte_len);
+                self.conn.handle_recv(now, id, wc.byte_len);
+            }
+            op => {
+                let c = &mut self.counters;
+                match op {
+                    WcOpcode::RdmaRead => {
+                        c.rdma_reads += 1;
+                        c.bytes_in += u64::from(wc.byte_len);
+                    }
+                    WcOpcode::Send => {
+                        c.sends += 1;
+                        c.bytes_out += u64::from(wc.byte_len);
+                    }
+                    WcOpcode::RdmaWrite => {
+                        c.rdma_writes += 1;
+                        c.bytes_out += u64::from(wc.byte_len);
+                    }
+                    _ => {}
+                }
+                self.conn
+                    .handle_completion(now, id, engine::WcStatus::Success);
+            }
+        }
+    }
+
+    /// Runs the engine's timers if one is due.
+    pub fn handle_timeouts(&mut self, now: engine::Instant) {
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+    }
+
+    /// The engine's next deadline.
+    pub fn poll_timeout(&self) -> Option<engine::Instant> {
+        self.conn.poll_timeout()
+    }
+
+    /// The engine's next event. A lost connection also moves the queue
+    /// pair to the error state, so everything posted flushes back.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let ev = self.conn.poll_event()?;
+        if let Event::ConnectionLost { reason } = ev {
+            self.lost = Some(reason);
+            self.qp.disconnect();
+        }
+        Some(ev)
+    }
+
+    /// Closes the connection: the engine drops its calls, the queue pair
+    /// goes to the error state and everything posted flushes back.
+    pub fn close(&mut self) {
+        self.conn.close();
+        self.qp.disconnect();
+    }
+
+    /// Whether the connection is closed and every posted work request has
+    /// come back (then the endpoint may be dropped; [`Endpoint::resources`]
+    /// is the leak check).
+    pub fn is_drained(&self) -> bool {
+        self.close_reason().is_some()
+            && self.pending.is_empty()
+            && self.mem.leases.available() == self.mem.leases.total()
+    }
+
+    /// Moves the engine's output to the provider: receives one by one,
+    /// runs of send-queue work as one linked list (one doorbell). What the
+    /// provider cannot take yet (queue full) waits, in order, for the next
+    /// call. Returns the number of work requests posted.
+    pub fn flush(&mut self) -> usize {
+        while let Some(wr) = self.conn.poll_transmit() {
+            self.pending.push_back(wr);
+        }
+        let mut posted = 0;
+        loop {
+            match self.pending.front().copied() {
+                None => return posted,
+                Some(WorkRequest::PostRecv { wr_id, buf }) => {
+                    let len = self.conn.buffers().buf_len(buf);
+                    let Some(sgl) = lease_sge(&self.mem.leases, self.conn.buffers(), buf, 0, len)
+                    else {
+                        return posted;
+                    };
+                    let wr = RecvWr {
+                        wr_id: to_verbs_wr_id(wr_id),
+                        sgl,
+                    };
+                    match self.qp.post_recv(wr) {
+                        Ok(()) => {
+                            self.pending.pop_front();
+                            posted += 1;
+                        }
+                        Err(f) => return posted + self.refused(f.error),
+                    }
+                }
+                Some(_) => {
+                    let mut batch = SendBatch {
+                        pending: &mut self.pending,
+                        bufs: self.conn.buffers(),
+                        leases: &self.mem.leases,
+                        last: None,
+                        starved: false,
+                    };
+                    let result = self.qp.post_send_list(&mut batch);
+                    let (last, starved) = (batch.last, batch.starved);
+                    match result {
+                        Ok(n) => {
+                            posted += n;
+                            if starved {
+                                return posted;
+                            }
+                        }
+                        Err(f) => {
+                            // The refused request is the last one taken:
+                            // put it back in front, its lease goes home.
+                            drop(f.wr);
+                            if let Some(wr) = last {
+                                self.pending.push_front(wr);
+                            }
+                            return posted + self.refused(f.error);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn refused(&mut self, error: PostError) -> usize {
+        match error {
+            PostError::QueueFull => self.counters.queue_full += 1,
+            PostError::Invalid => {
+                // A malformed request is our bug or a provider limit: this
+                // connection cannot continue, the others are unaffected.
+                self.counters.post_invalid += 1;
+                self.pending.clear();
+                self.close();
+            }
+        }
+        0
+    }
+
+    /// Work requests waiting for room in a queue.
+    pub fn backlog(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+/// The run of send-queue work at the front of the backlog, converted to
+/// verbs work requests on the fly (no allocation).
+struct SendBatch<'a> {
+    pending: &'a mut VecDeque<WorkRequest>,
+    bufs: &'a BufferTable,
+    leases: &'a Slab,
+    last: Option<WorkRequest>,
+    starved: bool,
+}
+
+impl Iterator for SendBatch<'_> {
+    type Item = SendWr;
+    fn next(&mut self) -> Option<SendWr> {
+        let wr = *self.pending.front()?;
+        let (wr_id, local, op) = match wr {
+            WorkRequest::PostRecv { .. } => return None,
+            WorkRequest::Send {
+                wr_id,
+                local,
+                invalidate_rkey,
+            } => (
+                wr_id,
+                local,
+                invalidate_rkey.map_or(SendOp::Send, SendOp::SendWithInv),
+            ),
+            WorkRequest::RdmaRead {
+                wr_id,
+                local,
+                remote,
+            } => (
+                wr_id,
+                local,
+                SendOp::Read(RemoteAddr {
+                    addr: remote.offset,
+                    rkey: remote.handle,
+                }),
+            ),
+            WorkRequest::RdmaWrite {
+                wr_id,
+                local,
+                remote,
+            } => (
+                wr_id,
+                local,
+                SendOp::Write(RemoteAddr {
+                    addr: remote.offset,
+                    rkey: remote.handle,
+                }),
+            ),
+        };
+        let Some(sgl) = lease_sge(self.leases, self.bufs, local.buf, local.offset, local.len)
+        else {
+            self.starved = true;
+            return None;
+        };
+        self.pending.pop_front();
+        self.last = Some(wr);
+        Some(SendWr::new(to_verbs_wr_id(wr_id), op, sgl))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_wr_ids_fold_into_verbs_ids_losslessly() {
+        for kind in [
+            engine::WrKind::Recv,
+            engine::WrKind::CallSend,
+            engine::WrKind::ReplySend,
+            engine::WrKind::ChunkRead,
+            engine::WrKind::ChunkWrite,
+            engine::WrKind::ErrorSend,
+            engine::WrKind::ReplyRead,
+            engine::WrKind::DoneSend,
+        ] {
+            for (index, generation) in [(0, 0), (4095, (1 << 28) - 1), ((1 << 24) - 1, 12345)] {
+                let id = engine::WrId {
+                    kind,
+                    index,
+                    generation,
+                };
+                let v = to_verbs_wr_id(id);
+                assert_eq!(v.kind(), Some(mem::WrKind::Engine));
+                assert_eq!(mem::WrId::from_raw(v.to_raw()), Some(v));
+                assert_eq!(from_verbs_wr_id(v), Some(id));
+            }
+        }
+        let foreign = mem::WrId::new(mem::WrKind::Recv, 1, 1);
+        assert_eq!(from_verbs_wr_id(foreign), None);
+        let bad_kind = mem::WrId::new(mem::WrKind::Engine, 1, 15 << 28);
+        assert_eq!(from_verbs_wr_id(bad_kind), None);
+    }
+}

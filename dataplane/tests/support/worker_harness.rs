@@ -1,0 +1,331 @@
+//! A worker pool on the `shm` provider with an acceptor thread, the bench
+//! program as a local test service, and client helpers (shared by
+//! `worker_shm.rs` and `worker_alloc.rs`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
+use dataplane::engine::{self, DdpItem};
+use dataplane::verbs::shm::Shm;
+use dataplane::verbs::{Context, Provider};
+use dataplane::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use dataplane::wire::xdr::{Decoder, Encoder};
+use dataplane::worker::{
+    Dispatched, Dispatcher, EndpointConfig, IdleStrategy, ShutdownReport, WorkerConfig, WorkerPool,
+};
+
+pub const BENCH_PROGRAM: u32 = 0x2052_444D;
+pub const NULL: u32 = 0;
+pub const ECHO: u32 = 1;
+pub const SINK: u32 = 2;
+pub const SOURCE: u32 = 3;
+
+/// The bench program (NULL, ECHO, SINK, SOURCE), written here so this test
+/// does not depend on the service layer's encoders.
+pub struct BenchService;
+
+impl Dispatcher for BenchService {
+    fn dispatch(&self, call: &[u8], out: &mut [u8]) -> Dispatched {
+        let Ok((h, hl)) = CallHeader::parse(call) else {
+            return Dispatched::Drop;
+        };
+        let mut e = Encoder::new(out);
+        if ReplyHeader::accepted(h.xid, OpaqueAuth::None, AcceptStatus::Success)
+            .emit(&mut e)
+            .is_err()
+        {
+            return Dispatched::Drop;
+        }
+        let head = e.position();
+        let mut d = Decoder::new(&call[hl..]);
+        let ddp = match h.procedure {
+            NULL => None,
+            ECHO => {
+                let Ok(p) = d.get_opaque(16 << 20) else {
+                    return Dispatched::Drop;
+                };
+                if e.put_opaque(p).is_err() {
+                    return Dispatched::Drop;
+                }
+                Some(DdpItem {
+                    offset: head as u32 + 4,
+                    len: p.len() as u32,
+                })
+            }
+            SINK => {
+                let Ok(p) = d.get_opaque(16 << 20) else {
+                    return Dispatched::Drop;
+                };
+                let _ = e.put_u32(p.len() as u32);
+                None
+            }
+            SOURCE => {
+                let Ok(n) = d.get_u32() else {
+                    return Dispatched::Drop;
+                };
+                let n = n as usize;
+                if e.put_u32(n as u32).is_err() || e.remaining() < n.next_multiple_of(4) {
+                    return Dispatched::Drop;
+                }
+                let pos = e.position();
+                for (i, b) in out[pos..pos + n].iter_mut().enumerate() {
+                    *b = (i.wrapping_mul(31).wrapping_add(7)) as u8;
+                }
+                out[pos + n..pos + n.next_multiple_of(4)].fill(0);
+                return Dispatched::Reply {
+                    len: pos + n.next_multiple_of(4),
+                    ddp: Some(DdpItem {
+                        offset: pos as u32,
+                        len: n as u32,
+                    }),
+                };
+            }
+            _ => return Dispatched::Drop,
+        };
+        Dispatched::Reply {
+            len: e.position(),
+            ddp,
+        }
+    }
+}
+
+pub fn encode_call(
+    xid: u32,
+    proc_: u32,
+    arg: Arg<'_>,
+    buf: &mut [u8],
+) -> Option<(usize, Option<DdpItem>)> {
+    let h = CallHeader::new(
+        xid,
+        BENCH_PROGRAM,
+        1,
+        proc_,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    );
+    let mut e = Encoder::new(buf);
+    h.emit(&mut e).ok()?;
+    let ddp = match arg {
+        Arg::None => None,
+        Arg::Opaque(p, ddp) => {
+            let off = e.position() as u32 + 4;
+            e.put_opaque(p).ok()?;
+            ddp.then_some(DdpItem {
+                offset: off,
+                len: p.len() as u32,
+            })
+        }
+        Arg::U32(v) => {
+            e.put_u32(v).ok()?;
+            None
+        }
+    };
+    Some((e.position(), ddp))
+}
+
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
+    None,
+    /// Payload, and whether it is marked DDP-eligible.
+    Opaque(&'a [u8], bool),
+    U32(u32),
+}
+
+pub fn decode_opaque_reply(reply: &[u8]) -> Vec<u8> {
+    let (_, hl) = ReplyHeader::parse(reply).expect("reply header");
+    Decoder::new(&reply[hl..])
+        .get_opaque(usize::MAX)
+        .expect("opaque result")
+        .to_vec()
+}
+
+static NEXT_SOCK: AtomicUsize = AtomicUsize::new(0);
+
+pub fn sock_url() -> String {
+    let n = NEXT_SOCK.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "rpcrdma-worker-test-{}-{n}.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    format!("shm://{}", path.display())
+}
+
+pub fn adaptive() -> IdleStrategy {
+    IdleStrategy::Adaptive {
+        park_max: Duration::from_micros(200),
+    }
+}
+
+/// Engine limits shared by server and client.
+pub fn engine_config(max_msg: u32, credits: u32) -> engine::Config {
+    engine::Config {
+        inline_recv_size: 4096,
+        inline_send_size: 4096,
+        credits,
+        max_outstanding_calls: credits,
+        max_call_size: max_msg + 1024,
+        max_reply_size: max_msg + 1024,
+        max_ddp_size: max_msg,
+        ..engine::Config::default()
+    }
+}
+
+pub fn client_config(engine: engine::Config) -> ClientConfig {
+    ClientConfig {
+        endpoint: EndpointConfig {
+            engine,
+            ..EndpointConfig::default()
+        },
+        conf_rdma: false,
+        idle: adaptive(),
+        wait_timeout: Duration::from_secs(60),
+    }
+}
+
+/// A worker pool and an acceptor thread on a fresh socket.
+pub struct Server {
+    pub url: String,
+    pool: Option<Arc<WorkerPool<Shm>>>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn start(workers: usize, engine: engine::Config) -> Server {
+        Server::with_dispatcher(workers, engine, Arc::new(BenchService))
+    }
+
+    pub fn with_dispatcher(
+        workers: usize,
+        engine: engine::Config,
+        dispatcher: Arc<dyn Dispatcher>,
+    ) -> Server {
+        let url = sock_url();
+        let ctx = Arc::new(Shm::open(&url).unwrap());
+        let listener = ctx.listen(&url).unwrap();
+        let config = WorkerConfig {
+            endpoint: EndpointConfig {
+                engine,
+                ..EndpointConfig::default()
+            },
+            idle: adaptive(),
+            ..WorkerConfig::default()
+        };
+        // Pin to cores this process may use (the pinning path is tested
+        // too); fall back to unpinned when the mask is unknown.
+        let allowed: Vec<usize> = core_affinity_ids();
+        let cores: Vec<Option<usize>> = (0..workers)
+            .map(|i| allowed.get(i % allowed.len().max(1)).copied())
+            .collect();
+        let pool = Arc::new(WorkerPool::<Shm>::spawn(ctx, &cores, config, dispatcher).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match pool.accept(&listener, Duration::from_millis(20)) {
+                        Ok(_) => {}
+                        Err(dataplane::worker::WorkerError::Verbs(
+                            dataplane::verbs::VerbsError::Timeout,
+                        )) => {}
+                        Err(e) => eprintln!("accept: {e}"),
+                    }
+                }
+            })
+        };
+        Server {
+            url,
+            pool: Some(pool),
+            stop,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    pub fn pool(&self) -> &WorkerPool<Shm> {
+        self.pool.as_ref().unwrap()
+    }
+
+    pub fn stop(mut self, grace: Duration) -> ShutdownReport {
+        self.stop.store(true, Ordering::Relaxed);
+        self.acceptor.take().unwrap().join().unwrap();
+        let pool = Arc::try_unwrap(self.pool.take().unwrap()).expect("pool still shared");
+        pool.stop(grace)
+    }
+}
+
+pub fn core_affinity_ids() -> Vec<usize> {
+    // The same view the pool checks against.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Cpus_allowed_list:"))
+                .map(|l| parse_cpu_list(l.split(':').nth(1).unwrap_or("").trim()))
+        })
+        .unwrap_or_default()
+}
+
+pub fn parse_cpu_list(s: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let mut it = part.split('-');
+        let (Some(a), b) = (it.next(), it.next()) else {
+            continue;
+        };
+        let Ok(a) = a.trim().parse::<usize>() else {
+            continue;
+        };
+        let b = b.and_then(|b| b.trim().parse().ok()).unwrap_or(a);
+        out.extend(a..=b);
+    }
+    out
+}
+
+pub fn assert_clean(report: &ShutdownReport) {
+    assert!(report.is_clean(), "leaks or panics at shutdown: {report:?}");
+}
+
+/// Echoes `payload` and returns (reply payload, ddp_len).
+pub fn echo(
+    client: &mut Client,
+    payload: &[u8],
+    ddp_arg: bool,
+    target: ReplyTarget,
+) -> (Vec<u8>, Option<u32>) {
+    let call = client
+        .call(target, |xid, buf| {
+            encode_call(xid, ECHO, Arg::Opaque(payload, ddp_arg), buf)
+        })
+        .unwrap();
+    match client.wait(call).unwrap() {
+        CallOutcome::Reply { ddp_len, .. } => {
+            let reply = client.reply(call).unwrap();
+            let out = match ddp_len {
+                // The DDP result moved by the write chunk: the inline
+                // reply keeps its length word, the data is in the chunk.
+                Some(n) => {
+                    let data = client.ddp(call).unwrap();
+                    assert_eq!(data.len(), n as usize);
+                    let (_, hl) = ReplyHeader::parse(reply).unwrap();
+                    let len = Decoder::new(&reply[hl..]).get_u32().unwrap();
+                    assert_eq!(len, n);
+                    data.to_vec()
+                }
+                None => decode_opaque_reply(reply),
+            };
+            assert!(client.release(call));
+            (out, ddp_len)
+        }
+        CallOutcome::Failed(f) => panic!("echo of {} bytes failed: {f:?}", payload.len()),
+    }
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
