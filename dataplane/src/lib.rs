@@ -15,5 +15,6 @@
 
 pub mod engine;
 pub mod mem;
+pub mod service;
 pub mod verbs;
 pub mod wire;
