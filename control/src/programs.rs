@@ -1,18 +1,17 @@
 //! The RPC programs the daemon serves, as rpcbind sees them.
 //!
-//! Until the data path exists nothing answers them; they are registered so
-//! that the registration path is exercised against the real rpcbind. The
-//! service layer (`dataplane::service`, later) will own these numbers; the
-//! bench program's number is defined here until then.
+//! The numbers belong to the service layer (`dataplane::service`); this
+//! list is what the daemon registers with rpcbind.
 
 use dataplane::wire::conf::{CONFIG_RDMA_PROG, CONFIG_RDMA_VERS};
 
-/// The bench program (echo, sink, source of N bytes; DESIGN s7): program
-/// number 0x2052444D ("RDM" in its low bytes), in the range RFC 5531
-/// appendix B leaves to users (0x20000000-0x3FFFFFFF).
-pub const BENCH_PROG: u32 = 0x2052_444D;
+/// The bench program (echo, sink, source of N bytes; DESIGN s7), served by
+/// `dataplane::service::bench`: program number 0x2052444D ("RDM" in its
+/// low bytes), in the range RFC 5531 appendix B leaves to users
+/// (0x20000000-0x3FFFFFFF).
+pub const BENCH_PROG: u32 = dataplane::service::bench::PROGRAM;
 /// The bench program's only version.
-pub const BENCH_VERS: u32 = 1;
+pub const BENCH_VERS: u32 = dataplane::service::bench::VERSION;
 
 /// A served program and version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

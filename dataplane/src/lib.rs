@@ -16,6 +16,7 @@
 pub mod client;
 pub mod engine;
 pub mod mem;
+pub mod service;
 pub mod verbs;
 pub mod wire;
 pub mod worker;

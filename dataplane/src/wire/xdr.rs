@@ -149,6 +149,25 @@ impl<'a> Encoder<'a> {
         self.put_opaque_fixed(data)
     }
 
+    /// Variable-length opaque whose bytes the caller writes in place: the
+    /// length word and zero padding are written, the `len` data bytes are
+    /// returned to fill (e.g. a generated payload, without a staging copy).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] if `len` does not fit the length word,
+    /// [`Error::BufferTooShort`] (nothing written) if it does not fit.
+    pub fn put_opaque_in_place(&mut self, len: usize) -> Result<&mut [u8]> {
+        let word = u32::try_from(len).map_err(|_| Error::LimitExceeded)?;
+        if self.remaining() < opaque_len(len) {
+            return Err(Error::BufferTooShort);
+        }
+        self.put_u32(word)?;
+        let out = self.take(roundup(len))?;
+        let (data, pad) = out.split_at_mut(len);
+        pad.fill(0);
+        Ok(data)
+    }
+
     /// `string` (RFC 4506 s4.11): encoded exactly like variable opaque.
     pub fn put_string(&mut self, s: &str) -> Result<()> {
         self.put_opaque(s.as_bytes())
@@ -401,6 +420,26 @@ mod tests {
         assert_eq!(d.get_bool(), Ok(true));
         assert_eq!(d.get_enum(), Ok(7));
         assert_eq!(d.finish(), Ok(()));
+    }
+
+    #[test]
+    fn opaque_in_place_matches_put_opaque() {
+        for len in 0..9usize {
+            let data: Vec<u8> = (0..len as u8).map(|i| i + 1).collect();
+            let mut a = [0xAAu8; 16];
+            let mut b = [0xAAu8; 16];
+            let mut ea = Encoder::new(&mut a);
+            ea.put_opaque(&data).unwrap();
+            let na = ea.position();
+            let mut eb = Encoder::new(&mut b);
+            eb.put_opaque_in_place(len).unwrap().copy_from_slice(&data);
+            assert_eq!(eb.position(), na);
+            assert_eq!(a[..na], b[..na], "len {len}");
+        }
+        let mut small = [0u8; 8];
+        let mut e = Encoder::new(&mut small);
+        assert_eq!(e.put_opaque_in_place(5).err(), Some(Error::BufferTooShort));
+        assert_eq!(e.position(), 0);
     }
 
     #[test]
