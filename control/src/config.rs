@@ -288,7 +288,14 @@ pub struct Transport {
     /// RDMA Reads the responder keeps in flight per connection (CONF_RDMA
     /// `maxrdmaread`).
     pub max_rdma_read: u32,
+    /// Largest RPC call or reply message in bytes, bulk data included
+    /// (what a read chunk may bring in, what a reply may carry out).
+    /// Every credit reserves this much (sparse) memory per connection.
+    pub max_message: u32,
 }
+
+/// Default `transport.max_message`: 1 MiB of data plus 4 KiB of headers.
+pub const DEFAULT_MAX_MESSAGE: u32 = (1 << 20) + 4096;
 
 impl Default for Transport {
     fn default() -> Self {
@@ -297,6 +304,7 @@ impl Default for Transport {
             inline_receive: 4096,
             inline_send: 4096,
             max_rdma_read: 16,
+            max_message: DEFAULT_MAX_MESSAGE,
         }
     }
 }
@@ -649,6 +657,22 @@ impl Config {
             1,
             128,
         )?;
+        range(
+            &[Key("transport"), Key("max_message")],
+            "transport.max_message",
+            t.max_message.into(),
+            4096,
+            (64 << 20) + 4096,
+        )?;
+        if t.max_message % 4 != 0 {
+            return Err(sem(
+                &[Key("transport"), Key("max_message")],
+                format!(
+                    "transport.max_message = {} is not a multiple of 4 (XDR units)",
+                    t.max_message
+                ),
+            ));
+        }
 
         let c = &self.chunks;
         for (key, v) in [

@@ -3,17 +3,17 @@
 //! ```text
 //! main:  args -> config (exit 2 on error) -> start -> wait for SIGINT/SIGTERM -> shutdown -> exit 0
 //! start: check the host (hugepages), check the listeners' addresses,
-//!        bind the metrics listener, register with rpcbind
+//!        start the workers and listen (serve.rs), bind the metrics
+//!        listener, register with rpcbind
 //!        (any failure but rpcbind's: one line, exit 1)
 //! shutdown: stop accepting, unregister from rpcbind, let in-flight RPCs
-//!        finish within shutdown.grace_ms, release the pools, stop metrics
+//!        finish within shutdown.grace_ms, release the pools (a leak is
+//!        logged), stop metrics
 //! ```
 //!
-//! The data path (workers, providers, pools) does not exist yet: the
-//! daemon validates what it can (listener addresses, shm socket paths,
-//! hugepages), registers and exports metrics, and says in its startup line
-//! that the listeners are not served yet. It never accepts a connection it
-//! cannot serve.
+//! The data path (`crate::serve`: pinned workers, acceptors) starts before
+//! rpcbind registration, so a client that finds us through rpcbind finds a
+//! listener that answers.
 //!
 //! rpcbind is unregistered before the grace period rather than after it
 //! (the issue lists it after): once the daemon stops accepting, a client
@@ -37,6 +37,7 @@ use crate::config::{Config, Hugepages, ProviderUrl};
 use crate::metrics::{MetricsServer, Registry};
 use crate::programs::SERVED_PROGRAMS;
 use crate::rpcbind::{universal_address, Mapping, RpcbindAddress, RpcbindClient, RpcbindError};
+use crate::serve::{DataPath, ServeError};
 
 /// Exit code of a clean run.
 pub const EXIT_OK: i32 = 0;
@@ -190,6 +191,9 @@ pub enum StartupError {
     /// The metrics thread could not be spawned.
     #[error("cannot start the metrics thread: {0}")]
     Thread(std::io::Error),
+    /// The data path could not start.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
 }
 
 /// A started daemon.
@@ -197,6 +201,7 @@ pub enum StartupError {
 pub struct Daemon {
     config: Config,
     registry: Arc<Registry>,
+    data: DataPath,
     metrics: Option<MetricsServer>,
     registration: Registration,
 }
@@ -220,6 +225,7 @@ impl Daemon {
 
         let urls: Vec<String> = config.listeners.iter().map(|l| l.url.to_string()).collect();
         let registry = Arc::new(Registry::new(&config.workers.cores, &urls));
+        let data = DataPath::start(&config, &registry)?;
         let metrics = if config.metrics.enabled {
             let addr = config.metrics.address;
             let listener = TcpListener::bind(addr)
@@ -242,8 +248,8 @@ impl Daemon {
             .store(registration.mappings.len() as u64, Ordering::Relaxed);
 
         tracing::info!(
-            "rpcrdmad {} started: {} worker(s) on core(s) {:?} ({} idle); listeners {} \
-             not served yet: data path pending; metrics {}; rpcbind: {} mapping(s) registered",
+            "rpcrdmad {} started: {} worker(s) on core(s) {:?} ({} idle); serving {}; \
+             metrics {}; rpcbind: {} mapping(s) registered",
             env!("CARGO_PKG_VERSION"),
             config.workers.cores.len(),
             config.workers.cores,
@@ -258,6 +264,7 @@ impl Daemon {
         Ok(Daemon {
             config,
             registry,
+            data,
             metrics,
             registration,
         })
@@ -280,21 +287,46 @@ impl Daemon {
         let Daemon {
             config,
             registry,
+            mut data,
             metrics,
             registration,
         } = self;
-        // 1. Stop accepting: nothing accepts yet (data path pending).
+        // 1. Stop accepting (listeners close, shm sockets disappear).
+        data.stop_accepting(&registry);
         // 2. Stop being found.
         registration.unregister();
         registry.rpcbind_registrations.store(0, Ordering::Relaxed);
-        // 3. Drain: the workers would finish in-flight RPCs here, bounded
-        //    by the grace period.
-        tracing::info!(
-            "no in-flight RPCs to finish (data path pending; grace period {} ms)",
-            config.shutdown.grace_ms
-        );
-        // 4. Release the pools: none allocated yet.
-        // 5. Stop exporting.
+        // 3. Drain within the grace period, then close and release.
+        let grace = Duration::from_millis(config.shutdown.grace_ms.into());
+        let report = data.finish(&registry, grace);
+        let served: u64 = report.workers.iter().map(|w| w.connections).sum();
+        let cut: u64 = report.workers.iter().map(|w| w.cut_short).sum();
+        if cut > 0 {
+            tracing::warn!(
+                "{cut} connection(s) still had calls in progress after the grace period \
+                 ({} ms, shutdown.grace_ms) and were closed",
+                config.shutdown.grace_ms
+            );
+        }
+        for w in &report.workers {
+            for leak in &w.leaks {
+                tracing::error!(
+                    "worker {}: connection qp {} closed with resources in use: {:?}, \
+                     {} region lease(s) not returned",
+                    leak.worker,
+                    leak.qp_num,
+                    leak.resources,
+                    leak.leases_in_use
+                );
+            }
+        }
+        for w in &report.panicked {
+            tracing::error!("worker {w} panicked");
+        }
+        if report.is_clean() {
+            tracing::info!("pools released: every pool back to full ({served} connection(s) served)");
+        }
+        // 4. Stop exporting.
         if let Some(m) = metrics {
             m.stop();
         }

@@ -1,9 +1,10 @@
 //! The control plane of `rpcrdmad`: configuration, rpcbind registration,
 //! the metrics exporter and the daemon's startup and shutdown.
 //!
-//! Everything here runs on ordinary threads outside the data path; the
-//! only thing shared with the (future) polling workers is the metrics
-//! registry of cache-padded atomic counters.
+//! Everything here runs on ordinary threads outside the data path: the
+//! acceptors hand connections to the pinned workers of `dataplane::worker`
+//! (`serve`), and the metrics exporter reads the workers' cache-padded
+//! counters.
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations, missing_docs)]
 
@@ -12,3 +13,4 @@ pub mod daemon;
 pub mod metrics;
 pub mod programs;
 pub mod rpcbind;
+pub mod serve;

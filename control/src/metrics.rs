@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -42,85 +42,69 @@ pub fn set(gauge: &AtomicU64, v: u64) {
     gauge.store(v, Relaxed);
 }
 
-/// Kinds of data-path errors, counted per worker. Provisional: the engine
-/// will map its error values onto these.
+/// Kinds of data-path errors, counted per worker: the worker's own
+/// error counters (`dataplane::worker::WorkerCounters`), one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
-    /// A transport or RPC header that did not decode.
-    MalformedHeader,
-    /// A chunk list over the configured limits (answered ERR_CHUNK).
-    ChunkLimit,
-    /// An unsupported RPC-over-RDMA version (answered ERR_VERS).
-    VersionMismatch,
-    /// A peer sent more requests than it was granted credits.
-    CreditOverrun,
-    /// A remote access error: bad rkey, bounds or access rights.
-    RemoteAccess,
-    /// Any other error completion (flush, retry exceeded, ...).
+    /// A work completion with an error status (flushes included).
     CompletionError,
-    /// A timer fired (e.g. responder-provided read chunk not pulled).
-    Timeout,
-    /// RPC arguments that did not decode (answered GARBAGE_ARGS).
-    GarbageArgs,
-    /// A connection lost without an orderly disconnect.
+    /// A reply the engine refused (answered SYSTEM_ERR instead).
+    ReplyRefused,
+    /// A call the service could not answer (not a decodable call).
+    DroppedCall,
+    /// A work request the provider refused as malformed.
+    PostRefused,
+    /// A connection closed by a protocol violation or a transport error.
     ConnectionLost,
+    /// A connection closed with resources still in use.
+    Leak,
 }
 
 impl ErrorKind {
     /// How many kinds there are.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 6;
     /// Every kind, in label order.
     pub const ALL: [ErrorKind; Self::COUNT] = [
-        ErrorKind::MalformedHeader,
-        ErrorKind::ChunkLimit,
-        ErrorKind::VersionMismatch,
-        ErrorKind::CreditOverrun,
-        ErrorKind::RemoteAccess,
         ErrorKind::CompletionError,
-        ErrorKind::Timeout,
-        ErrorKind::GarbageArgs,
+        ErrorKind::ReplyRefused,
+        ErrorKind::DroppedCall,
+        ErrorKind::PostRefused,
         ErrorKind::ConnectionLost,
+        ErrorKind::Leak,
     ];
 
     /// The `kind` label value.
     pub const fn label(self) -> &'static str {
         match self {
-            ErrorKind::MalformedHeader => "malformed_header",
-            ErrorKind::ChunkLimit => "chunk_limit",
-            ErrorKind::VersionMismatch => "version_mismatch",
-            ErrorKind::CreditOverrun => "credit_overrun",
-            ErrorKind::RemoteAccess => "remote_access",
             ErrorKind::CompletionError => "completion_error",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::GarbageArgs => "garbage_args",
+            ErrorKind::ReplyRefused => "reply_refused",
+            ErrorKind::DroppedCall => "dropped_call",
+            ErrorKind::PostRefused => "post_refused",
             ErrorKind::ConnectionLost => "connection_lost",
+            ErrorKind::Leak => "leak",
         }
     }
 }
 
-/// The buffer pools of a worker arena (DESIGN s4).
+/// The buffer pools of a worker (DESIGN s4). Each connection's engine
+/// memory lives in its own arena (docs/WORKER.md); what a worker pools is
+/// the region leases its posted work requests hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolKind {
-    /// Receive buffers (inline threshold sized).
-    Receive,
-    /// Send buffers.
-    Send,
-    /// Chunk buffers (RDMA Read/Write targets).
-    Chunk,
+    /// Region leases held by posted work requests.
+    Leases,
 }
 
 impl PoolKind {
     /// How many pools a worker has.
-    pub const COUNT: usize = 3;
+    pub const COUNT: usize = 1;
     /// Every pool, in label order.
-    pub const ALL: [PoolKind; Self::COUNT] = [PoolKind::Receive, PoolKind::Send, PoolKind::Chunk];
+    pub const ALL: [PoolKind; Self::COUNT] = [PoolKind::Leases];
 
     /// The `pool` label value.
     pub const fn label(self) -> &'static str {
         match self {
-            PoolKind::Receive => "receive",
-            PoolKind::Send => "send",
-            PoolKind::Chunk => "chunk",
+            PoolKind::Leases => "leases",
         }
     }
 }
@@ -174,7 +158,6 @@ pub struct ListenerCounters {
 }
 
 /// Every counter of the daemon.
-#[derive(Debug)]
 pub struct Registry {
     workers: Box<[CachePadded<WorkerCounters>]>,
     worker_cores: Vec<usize>,
@@ -182,6 +165,21 @@ pub struct Registry {
     listener_urls: Vec<String>,
     /// Gauge: mappings registered with rpcbind now.
     pub rpcbind_registrations: AtomicU64,
+    /// Called at the start of every [`Registry::render`]: copies counters
+    /// kept elsewhere (the workers' own) into this registry.
+    refresher: Mutex<Option<Refresher>>,
+}
+
+/// See [`Registry::set_refresher`].
+pub type Refresher = Box<dyn Fn(&Registry) + Send + Sync>;
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("worker_cores", &self.worker_cores)
+            .field("listener_urls", &self.listener_urls)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Registry {
@@ -200,7 +198,15 @@ impl Registry {
                 .collect(),
             listener_urls: listener_urls.to_vec(),
             rpcbind_registrations: AtomicU64::new(0),
+            refresher: Mutex::new(None),
         }
+    }
+
+    /// Installs (or with `None` removes) the function every render calls
+    /// first, e.g. to copy the workers' counters in. It runs on the
+    /// exporter's thread, once per scrape.
+    pub fn set_refresher(&self, refresher: Option<Refresher>) {
+        *self.refresher.lock().unwrap_or_else(|e| e.into_inner()) = refresher;
     }
 
     /// The counters of worker `index` (in `workers.cores` order).
@@ -215,6 +221,9 @@ impl Registry {
 
     /// The whole registry in the Prometheus text format 0.0.4.
     pub fn render(&self) -> String {
+        if let Some(refresh) = &*self.refresher.lock().unwrap_or_else(|e| e.into_inner()) {
+            refresh(self);
+        }
         let mut out = String::with_capacity(8192);
         let workers: Vec<(String, &WorkerCounters)> = self
             .workers
@@ -581,17 +590,17 @@ mod tests {
     fn render_has_help_type_and_samples() {
         let r = Registry::new(&[3], &["roce://127.0.0.1:20049".into()]);
         add(&r.worker(0).polls, 5);
-        r.worker(0).error(ErrorKind::ChunkLimit);
-        set(&r.worker(0).pool_capacity[PoolKind::Receive as usize], 128);
+        r.worker(0).error(ErrorKind::ReplyRefused);
+        set(&r.worker(0).pool_capacity[PoolKind::Leases as usize], 128);
         add(&r.listener(0).accepted, 2);
         let text = r.render();
         assert!(text.contains("# TYPE rpcrdma_worker_polls_total counter\n"));
         assert!(text.contains("rpcrdma_worker_polls_total{worker=\"0\",core=\"3\"} 5\n"));
         assert!(text.contains(
-            "rpcrdma_worker_errors_total{worker=\"0\",core=\"3\",kind=\"chunk_limit\"} 1\n"
+            "rpcrdma_worker_errors_total{worker=\"0\",core=\"3\",kind=\"reply_refused\"} 1\n"
         ));
         assert!(
-            text.contains("rpcrdma_pool_buffers{worker=\"0\",core=\"3\",pool=\"receive\"} 128\n")
+            text.contains("rpcrdma_pool_buffers{worker=\"0\",core=\"3\",pool=\"leases\"} 128\n")
         );
         assert!(text.contains(
             "rpcrdma_listener_connections_total{listener=\"roce://127.0.0.1:20049\"} 2\n"

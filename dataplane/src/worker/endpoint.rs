@@ -31,7 +31,7 @@ use crate::engine::{
     self, BufferTable, CloseReason, Connection, Event, PeerLimits, Resources, SlabMemory, Stats,
     WorkRequest,
 };
-use crate::mem::{self, Arena, Slab};
+use crate::mem::{self, Arena, Backing, Slab};
 use crate::verbs::{
     Access, Completion, CompletionQueue, Context, Incoming, MemoryRegion, PostError, PreparedQp,
     ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, Sge,
@@ -133,6 +133,9 @@ pub struct EndpointConfig {
     pub backlog: usize,
     /// Timeout of connection setup (connect side).
     pub connect_timeout: Duration,
+    /// Page size of the connection's arena (hugepages when available by
+    /// default; the daemon maps `memory.hugepages` here).
+    pub backing: Backing,
 }
 
 impl Default for EndpointConfig {
@@ -142,6 +145,7 @@ impl Default for EndpointConfig {
             max_send_wr: 256,
             backlog: 512,
             connect_timeout: Duration::from_secs(10),
+            backing: Backing::Auto,
         }
     }
 }
@@ -246,7 +250,7 @@ impl<P: Provider> PreparedEndpoint<P> {
         if len > u32::MAX as usize {
             return Err(EndpointError::TooLarge(len));
         }
-        let arena = Arena::new(len).map_err(VerbsError::from)?;
+        let arena = Arena::with_backing(len, config.backing).map_err(VerbsError::from)?;
         let mr = pd.register(
             &arena,
             0,
