@@ -133,6 +133,15 @@ pub struct EndpointConfig {
     pub backlog: usize,
     /// Timeout of connection setup (connect side).
     pub connect_timeout: Duration,
+    /// Receiver-not-ready retries before a Send fails (7: forever).
+    pub rnr_retry: u8,
+    /// Wait between receiver-not-ready retries. Credits (RFC 5666 s3.3)
+    /// keep a conforming peer from ever running out of receives, so RNR
+    /// only happens in the window between the passive side's accept and
+    /// its receives becoming visible (the `shm` provider answers ACCEPT
+    /// before it publishes them); under load that window exceeds the
+    /// ibverbs-like 60 ms default, so the budget here is generous.
+    pub rnr_timer: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -142,6 +151,8 @@ impl Default for EndpointConfig {
             max_send_wr: 256,
             backlog: 512,
             connect_timeout: Duration::from_secs(10),
+            rnr_retry: 6,
+            rnr_timer: Duration::from_millis(250),
         }
     }
 }
@@ -273,6 +284,8 @@ impl<P: Provider> PreparedEndpoint<P> {
             QpCaps {
                 max_send_wr: config.max_send_wr,
                 max_recv_wr,
+                rnr_retry: config.rnr_retry,
+                rnr_timer: config.rnr_timer,
                 ..QpCaps::default()
             },
         )?;
