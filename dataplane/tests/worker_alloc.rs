@@ -28,7 +28,7 @@ const MEASURED: usize = 1200;
 /// The bench service, plus a sample of the worker thread's allocation
 /// count at every call (atomics only: sampling allocates nothing).
 struct Sampling {
-    inner: BenchService,
+    inner: Arc<dyn Dispatcher>,
     samples: Vec<AtomicU64>,
     next: AtomicUsize,
 }
@@ -107,7 +107,7 @@ fn round(
 fn design_s4_no_heap_allocation_per_rpc_on_worker_and_client() {
     const MAX: u32 = 256 << 10;
     let sampling = Arc::new(Sampling {
-        inner: BenchService,
+        inner: bench_service(),
         samples: (0..WARMUP + MEASURED + 64)
             .map(|_| AtomicU64::new(0))
             .collect(),

@@ -136,6 +136,15 @@ pub struct EndpointConfig {
     /// Page size of the connection's arena (hugepages when available by
     /// default; the daemon maps `memory.hugepages` here).
     pub backing: Backing,
+    /// Receiver-not-ready retries before a Send fails (7: forever).
+    pub rnr_retry: u8,
+    /// Wait between receiver-not-ready retries. Credits (RFC 5666 s3.3)
+    /// keep a conforming peer from ever running out of receives, so RNR
+    /// only happens in the window between the passive side's accept and
+    /// its receives becoming visible (the `shm` provider answers ACCEPT
+    /// before it publishes them); under load that window exceeds the
+    /// ibverbs-like 60 ms default, so the budget here is generous.
+    pub rnr_timer: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -146,6 +155,8 @@ impl Default for EndpointConfig {
             backlog: 512,
             connect_timeout: Duration::from_secs(10),
             backing: Backing::Auto,
+            rnr_retry: 6,
+            rnr_timer: Duration::from_millis(250),
         }
     }
 }
@@ -277,6 +288,8 @@ impl<P: Provider> PreparedEndpoint<P> {
             QpCaps {
                 max_send_wr: config.max_send_wr,
                 max_recv_wr,
+                rnr_retry: config.rnr_retry,
+                rnr_timer: config.rnr_timer,
                 ..QpCaps::default()
             },
         )?;

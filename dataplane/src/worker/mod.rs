@@ -49,6 +49,19 @@ pub enum Dispatched {
     Drop,
 }
 
+/// The service layer's table is what the daemon runs: [`Dispatched`] is
+/// [`crate::service::Dispatch`] one to one. (The trait keeps the loop
+/// testable with any handler; this impl lives here because the worker is
+/// where the two meet.)
+impl Dispatcher for crate::service::ServiceTable {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatched {
+        match crate::service::ServiceTable::dispatch(self, call, reply) {
+            crate::service::Dispatch::Reply { len, ddp } => Dispatched::Reply { len, ddp },
+            crate::service::Dispatch::Drop => Dispatched::Drop,
+        }
+    }
+}
+
 /// How a worker waits when a loop iteration found nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleStrategy {

@@ -9,89 +9,29 @@ use std::time::Duration;
 
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, DdpItem};
+use dataplane::service::ServiceTable;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::{Context, Provider};
-use dataplane::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use dataplane::wire::rpc::{CallHeader, OpaqueAuth, ReplyHeader};
 use dataplane::wire::xdr::{Decoder, Encoder};
 use dataplane::worker::{
-    Dispatched, Dispatcher, EndpointConfig, IdleStrategy, ShutdownReport, WorkerConfig, WorkerPool,
+    Dispatcher, EndpointConfig, IdleStrategy, ShutdownReport, WorkerConfig, WorkerPool,
 };
 
-pub const BENCH_PROGRAM: u32 = 0x2052_444D;
+pub const BENCH_PROGRAM: u32 = dataplane::service::bench::PROGRAM;
 pub const NULL: u32 = 0;
 pub const ECHO: u32 = 1;
 pub const SINK: u32 = 2;
 pub const SOURCE: u32 = 3;
 
-/// The bench program (NULL, ECHO, SINK, SOURCE), written here so this test
-/// does not depend on the service layer's encoders.
-pub struct BenchService;
-
-impl Dispatcher for BenchService {
-    fn dispatch(&self, call: &[u8], out: &mut [u8]) -> Dispatched {
-        let Ok((h, hl)) = CallHeader::parse(call) else {
-            return Dispatched::Drop;
-        };
-        let mut e = Encoder::new(out);
-        if ReplyHeader::accepted(h.xid, OpaqueAuth::None, AcceptStatus::Success)
-            .emit(&mut e)
-            .is_err()
-        {
-            return Dispatched::Drop;
-        }
-        let head = e.position();
-        let mut d = Decoder::new(&call[hl..]);
-        let ddp = match h.procedure {
-            NULL => None,
-            ECHO => {
-                let Ok(p) = d.get_opaque(16 << 20) else {
-                    return Dispatched::Drop;
-                };
-                if e.put_opaque(p).is_err() {
-                    return Dispatched::Drop;
-                }
-                Some(DdpItem {
-                    offset: head as u32 + 4,
-                    len: p.len() as u32,
-                })
-            }
-            SINK => {
-                let Ok(p) = d.get_opaque(16 << 20) else {
-                    return Dispatched::Drop;
-                };
-                let _ = e.put_u32(p.len() as u32);
-                None
-            }
-            SOURCE => {
-                let Ok(n) = d.get_u32() else {
-                    return Dispatched::Drop;
-                };
-                let n = n as usize;
-                if e.put_u32(n as u32).is_err() || e.remaining() < n.next_multiple_of(4) {
-                    return Dispatched::Drop;
-                }
-                let pos = e.position();
-                for (i, b) in out[pos..pos + n].iter_mut().enumerate() {
-                    *b = (i.wrapping_mul(31).wrapping_add(7)) as u8;
-                }
-                out[pos + n..pos + n.next_multiple_of(4)].fill(0);
-                return Dispatched::Reply {
-                    len: pos + n.next_multiple_of(4),
-                    ddp: Some(DdpItem {
-                        offset: pos as u32,
-                        len: n as u32,
-                    }),
-                };
-            }
-            _ => return Dispatched::Drop,
-        };
-        Dispatched::Reply {
-            len: e.position(),
-            ddp,
-        }
-    }
+/// The daemon's service table (the bench program), as workers run it.
+pub fn bench_service() -> Arc<dyn Dispatcher> {
+    Arc::new(ServiceTable::builtin())
 }
 
+/// Encodes a bench call; unlike `service::bench::encode_call` it can leave
+/// the argument unmarked (`Arg::Opaque(_, false)`), which makes a call too
+/// large for inline go as a long call (RFC 5666 s5.1).
 pub fn encode_call(
     xid: u32,
     proc_: u32,
@@ -196,7 +136,7 @@ pub struct Server {
 
 impl Server {
     pub fn start(workers: usize, engine: engine::Config) -> Server {
-        Server::with_dispatcher(workers, engine, Arc::new(BenchService))
+        Server::with_dispatcher(workers, engine, bench_service())
     }
 
     pub fn with_dispatcher(
