@@ -225,7 +225,6 @@ impl Daemon {
 
         let urls: Vec<String> = config.listeners.iter().map(|l| l.url.to_string()).collect();
         let registry = Arc::new(Registry::new(&config.workers.cores, &urls));
-        let data = DataPath::start(&config, &registry)?;
         let metrics = if config.metrics.enabled {
             let addr = config.metrics.address;
             let listener = TcpListener::bind(addr)
@@ -236,6 +235,10 @@ impl Daemon {
         } else {
             None
         };
+
+        // After the metrics listener (its port is the likelier conflict,
+        // and nothing is served yet if it fails), before rpcbind.
+        let data = DataPath::start(&config, &registry)?;
 
         let registration = if config.rpcbind.register {
             Registration::register(&config)
@@ -324,7 +327,9 @@ impl Daemon {
             tracing::error!("worker {w} panicked");
         }
         if report.is_clean() {
-            tracing::info!("pools released: every pool back to full ({served} connection(s) served)");
+            tracing::info!(
+                "pools released: every pool back to full ({served} connection(s) served)"
+            );
         }
         // 4. Stop exporting.
         if let Some(m) = metrics {

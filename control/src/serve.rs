@@ -190,16 +190,20 @@ impl DataPath {
             };
             for &index in &shm_listeners {
                 let url = &config.listeners[index].url;
-                let listener = served
-                    .pool
-                    .context()
-                    .listen(&url.to_string())
-                    .map_err(|source| ServeError::Listen {
-                        url: url.clone(),
-                        index,
-                        source,
-                    })?;
-                listener.allow_uids(&config.shm.allowed_uids);
+                let listener =
+                    served
+                        .pool
+                        .context()
+                        .listen(&url.to_string())
+                        .map_err(|source| ServeError::Listen {
+                            url: url.clone(),
+                            index,
+                            source,
+                        })?;
+                // shm.allowed_uids come in addition to our own uid.
+                let mut uids = vec![nix::unistd::getuid().as_raw()];
+                uids.extend(&config.shm.allowed_uids);
+                listener.allow_uids(&uids);
                 let handle = spawn_acceptor(
                     url.clone(),
                     index,
