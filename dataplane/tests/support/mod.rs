@@ -3,3 +3,4 @@
 #![allow(dead_code)]
 
 pub mod alloc_counter;
+pub mod roce_pair;

@@ -975,9 +975,10 @@ impl RcQp {
         let want = seg::payload_len(e.total, self.mtu, i).unwrap_or(0) as usize;
         let pos = p.bth.opcode.position();
         let last = i + 1 == e.npkts;
+        // A re-requested read restarts with FIRST (or ONLY) mid-message.
         let pos_ok = match pos {
-            Position::Only => e.npkts == 1,
-            Position::First => i == 0 && !last,
+            Position::Only => last,
+            Position::First => !last,
             Position::Middle => i > 0 && !last,
             Position::Last => i > 0 && last,
         };
