@@ -31,7 +31,7 @@
 //! nothing else is affected.
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -518,6 +518,8 @@ struct Engine {
 /// One UDP socket at a local address, shared by the process.
 struct Device {
     local: SocketAddrV4,
+    /// The socket (owned by the engine's `Tx`), for the idle thread's poll.
+    raw_fd: i32,
     eng: Mutex<Engine>,
     /// When some thread last ran `progress` (ns since `epoch`).
     last_progress: AtomicU64,
@@ -545,19 +547,20 @@ impl Device {
     /// [`IDLE_AFTER`], it receives and runs the transport, so one-sided
     /// operations, ACKs and timers proceed against a process that is not
     /// polling (as an HCA would). It exits when the device is dropped.
-    fn spawn_idle_thread(dev: &Arc<Device>, fd: OwnedFd) {
+    fn spawn_idle_thread(dev: &Arc<Device>) {
         let weak = Arc::downgrade(dev);
         let _ = std::thread::Builder::new()
             .name("roce-idle".into())
             .spawn(move || loop {
+                // Holding the device keeps its socket open during poll(2).
+                let Some(dev) = weak.upgrade() else { break };
                 let mut pfd = libc::pollfd {
-                    fd: fd.as_raw_fd(),
+                    fd: dev.raw_fd,
                     events: libc::POLLIN,
                     revents: 0,
                 };
-                // SAFETY: one valid pollfd.
+                // SAFETY: one valid pollfd; the fd stays open (see above).
                 unsafe { libc::poll(&mut pfd, 1, 2) };
-                let Some(dev) = weak.upgrade() else { break };
                 let now = Instant::now();
                 if dev.idle_for(now) < IDLE_AFTER {
                     drop(dev);
@@ -579,7 +582,9 @@ impl std::fmt::Debug for Device {
     }
 }
 
-static DEVICES: Mutex<Vec<Weak<Device>>> = Mutex::new(Vec::new());
+/// Devices of this process by address (dead entries are kept: they say
+/// the address was ours).
+static DEVICES: Mutex<Vec<(SocketAddrV4, Weak<Device>)>> = Mutex::new(Vec::new());
 
 fn os_err(what: &'static str, e: std::io::Error) -> VerbsError {
     VerbsError::Os {
@@ -592,20 +597,34 @@ impl Device {
     /// The process's device at `local`, bound now if there is none.
     fn at(local: SocketAddrV4, cfg: &RoceConfig) -> Result<Arc<Device>, VerbsError> {
         let mut devs = lock(&DEVICES);
-        devs.retain(|w| w.strong_count() > 0);
         if let Some(d) = devs
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter_map(|(_, w)| w.upgrade())
             .find(|d| d.local == local)
         {
             return Ok(d);
         }
-        let fd = bind_udp(local).map_err(|e| os_err("bind RoCE UDP socket", e))?;
-        let watch = fd
-            .try_clone()
-            .map_err(|e| os_err("dup RoCE UDP socket", e))?;
+        // A device of ours at this address may be closing on another thread
+        // (its last reference just went): wait for its socket to close.
+        let ours_before = devs.iter().any(|(a, _)| *a == local);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let fd = loop {
+            match bind_udp(local) {
+                Ok(fd) => break fd,
+                Err(e)
+                    if ours_before
+                        && e.raw_os_error() == Some(libc::EADDRINUSE)
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => return Err(os_err("bind RoCE UDP socket", e)),
+            }
+        };
+        devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
         let dev = Arc::new(Device {
             local,
+            raw_fd: fd.as_raw_fd(),
             last_progress: AtomicU64::new(0),
             epoch: Instant::now(),
             eng: Mutex::new(Engine {
@@ -620,8 +639,8 @@ impl Device {
                 bad_icrc: 0,
             }),
         });
-        devs.push(Arc::downgrade(&dev));
-        Device::spawn_idle_thread(&dev, watch);
+        devs.push((local, Arc::downgrade(&dev)));
+        Device::spawn_idle_thread(&dev);
         Ok(dev)
     }
 
@@ -649,7 +668,7 @@ impl Device {
             let devs = lock(&DEVICES);
             if let Some(d) = devs
                 .iter()
-                .filter_map(Weak::upgrade)
+                .filter_map(|(_, w)| w.upgrade())
                 .find(|d| d.local.ip().is_loopback() && d.local.port() == port)
             {
                 return Ok(d);
@@ -1238,17 +1257,22 @@ impl Drop for RocePreparedQp {
 impl RocePreparedQp {
     /// Moves the QP into `dev`'s engine under a fresh QPN and attaches it
     /// to its CQs.
-    fn install(&mut self, dev: &Arc<Device>, eng: &mut Engine) -> u32 {
+    fn install(&mut self, eng: &mut Engine) -> u32 {
         let mut qp = self.qp.take().expect("prepared QP installed once");
         let qpn = eng.alloc_qpn();
         qp.qpn = qpn;
         qp.faults = Faults::new(self.cfg.faults, qpn);
         eng.qps.insert(qpn, qp);
+        qpn
+    }
+
+    /// Lists an installed QP with its CQs. Called without the engine lock:
+    /// `poll` takes a CQ's member list first, then engines.
+    fn attach(&self, dev: &Arc<Device>, qpn: u32) {
         self.send_cq.attach(dev, qpn);
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
             self.recv_cq.attach(dev, qpn);
         }
-        qpn
     }
 }
 
@@ -1340,7 +1364,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .expect("not installed");
         let (qpn, mad) = {
             let mut eng = lock(&dev.eng);
-            let qpn = self.install(&dev, &mut eng);
+            let qpn = self.install(&mut eng);
             let qp = eng.qps.get(&qpn).expect("just installed");
             let mut private = [0u8; ibcm::private_len::REQ];
             RdmaCmHeader {
@@ -1401,6 +1425,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             tx.flush();
             (qpn, mad)
         };
+        self.attach(&dev, qpn);
         let qp = RoceQp {
             dev: dev.clone(),
             qpn,
@@ -1692,7 +1717,7 @@ impl Incoming<Roce> for RoceIncoming {
         let mut eng = lock(&dev.eng);
         let port = eng.local.port();
         let local_ip = *eng.local.ip();
-        let qpn = qp.install(&dev, &mut eng);
+        let qpn = qp.install(&mut eng);
         let local_comm_id = loop {
             let c = random_u32();
             if c != 0 && !eng.cm.conns.contains_key(&c) {
@@ -1751,6 +1776,7 @@ impl Incoming<Roce> for RoceIncoming {
         send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
         tx.flush();
         drop(eng);
+        qp.attach(&dev, qpn);
         Ok(RoceQp { dev, qpn, pd })
     }
 
