@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use crate::mem::{Arena, Buf, WrId};
 
+pub mod roce;
 pub mod shm;
 
 /// Most scatter/gather elements in one work request.

@@ -457,10 +457,18 @@ pub struct Case<P: Provider> {
 static SOCK_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 pub fn unique_url(scheme: &str) -> String {
+    let seq = SOCK_SEQ.fetch_add(1, Ordering::Relaxed);
+    if scheme == "roce" {
+        // An IP address of this process on lo (127.64.0.0/10 by pid) and a
+        // fresh service port: test binaries running at once never meet.
+        let pid = std::process::id();
+        let ip = std::net::Ipv4Addr::from(0x7F40_0000 | (pid & 0x3F_FFFF));
+        return format!("roce://{ip}:{}?verify_icrc=1", 20000 + seq % 40000);
+    }
     format!(
         "{scheme}:///tmp/rpcrdma-conf-{}-{}.sock",
         std::process::id(),
-        SOCK_SEQ.fetch_add(1, Ordering::Relaxed)
+        seq
     )
 }
 

@@ -4,3 +4,4 @@
 
 pub mod alloc_counter;
 pub mod worker_harness;
+pub mod roce_pair;

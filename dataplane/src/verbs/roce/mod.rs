@@ -1,0 +1,1803 @@
+//! `roce`: RoCEv2 reliable connections over UDP in userspace,
+//! wire-compatible with Linux rdma_rxe (see docs/ROCE.md).
+//!
+//! * A **device** is one UDP socket bound at a local IPv4 address and the
+//!   RoCEv2 port (4791 unless configured), shared by every context of the
+//!   process that uses that address (as an HCA is shared). It multiplexes
+//!   the RC queue pairs (by destination QPN) and QP1, where IB CM MADs
+//!   (REQ/REP/RTU/REJ/DREQ/DREP/MRA) set connections up the way rdma_cm
+//!   does over RoCEv2.
+//! * Progress is driven by polling, like `shm`: [`CompletionQueue::poll`]
+//!   (and posts, `Listener::accept`, `connect`) receive a `recvmmsg`
+//!   batch, run every QP's transport (`rc`), and send what it produced with
+//!   one `sendmmsg`. No thread per connection, no allocation per packet.
+//! * URL: `roce://IPv4:PORT[?opt=value&...]`; PORT is the rdma_cm service
+//!   (TCP port space), carried in the REQ's service ID. Options (also from
+//!   the environment, URL wins): `udp_port` (`RPCRDMA_ROCE_UDP_PORT`,
+//!   default 4791: every peer must use the same), `local`
+//!   (`RPCRDMA_ROCE_LOCAL_IP`: source address for `connect`), `mtu`
+//!   (256..4096, default 1024), `ack_timeout_ms` (default 64), `retry`
+//!   (transport retries, default 7), `verify_icrc` (`RPCRDMA_ROCE_VERIFY_ICRC`:
+//!   check inbound ICRCs assuming the sender used a plain UDP socket, i.e.
+//!   IP ID 0 and DF, as this provider does), `faults` (`RPCRDMA_ROCE_FAULTS`,
+//!   test only: `drop,dup,reorder[,seed]` per mille on data-path packets).
+//!
+//! # Hostile peers
+//! Every packet is parsed by the total decoders of `wire::roce` /
+//! `wire::ibcm`; a data packet is accepted only from the QP's peer address
+//! and only in PSN order; remote addresses are checked against the rkeys
+//! exposed on that connection (access, bounds) before any copy. A peer
+//! that breaks the protocol gets a NAK and its connection moves to error;
+//! nothing else is affected.
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use self::io::{bind_udp, Faults, Rx, Tx, RX_BATCH};
+use self::rc::{ConnRef, PeerPath, RcQp, Timers, MAX_RD};
+use super::*;
+use crate::mem::Arena;
+use crate::wire::ibcm::{
+    self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, Dreq, Mra, RdmaCmHeader,
+    Rej, Rep, Req, MAD_LEN, RDMA_CM_HEADER_LEN,
+};
+use crate::wire::roce::seg::Mtu;
+use crate::wire::roce::{icrc, Opcode, Packet, Psn, RocePacket, ROCEV2_UDP_PORT};
+
+pub use self::io::FaultPolicy;
+
+mod io;
+mod rc;
+#[cfg(test)]
+mod tests;
+
+/// Environment variable: UDP port of RoCEv2 traffic (default 4791).
+pub const ENV_UDP_PORT: &str = "RPCRDMA_ROCE_UDP_PORT";
+/// Environment variable: local IPv4 address `connect` sends from.
+pub const ENV_LOCAL_IP: &str = "RPCRDMA_ROCE_LOCAL_IP";
+/// Environment variable: `1` verifies inbound ICRCs (see module docs).
+pub const ENV_VERIFY_ICRC: &str = "RPCRDMA_ROCE_VERIFY_ICRC";
+/// Environment variable (tests): `drop,dup,reorder[,seed]` per mille.
+pub const ENV_FAULTS: &str = "RPCRDMA_ROCE_FAULTS";
+
+/// User private data that fits a REQ after the 36-byte rdma_cm header.
+pub const MAX_REQ_PRIVATE_DATA: usize = ibcm::private_len::REQ - RDMA_CM_HEADER_LEN;
+
+/// Interval between REQ (and DREQ) retransmissions. rdma_cm waits
+/// 4.096 us x 2^20 (about 4.3 s); a shorter wait recovers a lost MAD on a
+/// LAN faster and stays far above any loopback/LAN round trip. A peer that
+/// needs longer answers with an MRA.
+const CM_RETRY: Duration = Duration::from_millis(500);
+/// DREQ retransmissions before the connection is forgotten.
+const DREQ_RETRIES: u8 = 3;
+/// Connection requests a listener queues before rejecting.
+const LISTEN_BACKLOG: usize = 1024;
+/// `recvmmsg` batches per progress call (bounds the work of one poll).
+const RX_ROUNDS: usize = 8;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    u32::from_le_bytes(b)
+}
+
+fn random_u64() -> u64 {
+    (random_u32() as u64) << 32 | random_u32() as u64
+}
+
+/// Private data as handed to the application: IB CM carries fixed-size
+/// areas with no length, so trailing zero bytes are removed.
+fn trim_private(pd: &[u8]) -> Vec<u8> {
+    let end = pd.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    pd[..end].to_vec()
+}
+
+/// Provider configuration, from the URL and the environment.
+#[derive(Debug, Clone, Copy)]
+pub struct RoceConfig {
+    /// UDP port every RoCEv2 endpoint listens on.
+    pub udp_port: u16,
+    /// Source address for `connect` (else chosen by routing, see docs).
+    pub local: Option<Ipv4Addr>,
+    /// Path MTU (payload bytes per packet).
+    pub mtu: Mtu,
+    /// Retransmission timeout.
+    pub ack_timeout: Duration,
+    /// Transport retries before `RetryExcErr`.
+    pub retry_count: u8,
+    /// Verify inbound ICRCs (peer assumed to send IP ID 0, DF).
+    pub verify_icrc: bool,
+    /// Test-only fault injection on data-path packets.
+    pub faults: FaultPolicy,
+}
+
+impl Default for RoceConfig {
+    fn default() -> Self {
+        RoceConfig {
+            udp_port: ROCEV2_UDP_PORT,
+            local: None,
+            mtu: Mtu::Mtu1024,
+            ack_timeout: Duration::from_millis(64),
+            retry_count: 7,
+            verify_icrc: false,
+            faults: FaultPolicy::default(),
+        }
+    }
+}
+
+impl RoceConfig {
+    fn from_env() -> RoceConfig {
+        let mut c = RoceConfig::default();
+        if let Some(p) = std::env::var(ENV_UDP_PORT)
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            c.udp_port = p;
+        }
+        if let Some(ip) = std::env::var(ENV_LOCAL_IP)
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            c.local = Some(ip);
+        }
+        c.verify_icrc = std::env::var(ENV_VERIFY_ICRC).is_ok_and(|v| v == "1");
+        if let Some(f) = std::env::var(ENV_FAULTS)
+            .ok()
+            .and_then(|v| FaultPolicy::parse(&v))
+        {
+            c.faults = f;
+        }
+        c
+    }
+
+    /// ACK timeout as the IB 5-bit code (4.096 us x 2^code), for the REQ.
+    fn ack_timeout_code(&self) -> u8 {
+        let us = self.ack_timeout.as_micros() as f64;
+        let mut code = 0u8;
+        while code < 31 && 4.096 * f64::from(1u32 << code) < us {
+            code += 1;
+        }
+        code
+    }
+}
+
+/// Parses `roce://a.b.c.d:port[?options]`, applying options onto `base`.
+fn parse_url(url: &str, base: RoceConfig) -> Result<(SocketAddrV4, RoceConfig), VerbsError> {
+    let bad = |why| VerbsError::BadAddress {
+        url: url.to_owned(),
+        why,
+    };
+    let rest = url
+        .strip_prefix("roce://")
+        .ok_or_else(|| bad("scheme is not roce://"))?;
+    let (addr, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    let addr: SocketAddrV4 = addr.parse().map_err(|_| bad("expected roce://IPv4:PORT"))?;
+    let mut cfg = base;
+    for kv in query.into_iter().flat_map(|q| q.split('&')) {
+        if kv.is_empty() {
+            continue;
+        }
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "udp_port" => cfg.udp_port = v.parse().map_err(|_| bad("bad udp_port"))?,
+            "local" => cfg.local = Some(v.parse().map_err(|_| bad("bad local address"))?),
+            "mtu" => {
+                cfg.mtu = v
+                    .parse()
+                    .ok()
+                    .and_then(Mtu::from_bytes)
+                    .ok_or_else(|| bad("mtu must be 256, 512, 1024, 2048 or 4096"))?
+            }
+            "ack_timeout_ms" => {
+                let ms: u64 = v.parse().map_err(|_| bad("bad ack_timeout_ms"))?;
+                if ms == 0 {
+                    return Err(bad("ack_timeout_ms must be positive"));
+                }
+                cfg.ack_timeout = Duration::from_millis(ms);
+            }
+            "retry" => {
+                cfg.retry_count = v
+                    .parse()
+                    .ok()
+                    .filter(|&r: &u8| r <= 7)
+                    .ok_or_else(|| bad("retry must be 0..=7"))?
+            }
+            "verify_icrc" => cfg.verify_icrc = v != "0",
+            "faults" => cfg.faults = FaultPolicy::parse(v).ok_or_else(|| bad("bad faults"))?,
+            _ => return Err(bad("unknown option")),
+        }
+    }
+    if cfg.udp_port == 0 {
+        return Err(bad("udp_port must not be 0"));
+    }
+    Ok((addr, cfg))
+}
+
+/// The roce provider (marker type).
+#[derive(Debug, Clone, Copy)]
+pub struct Roce;
+
+impl Provider for Roce {
+    type Context = RoceContext;
+    type Pd = RocePd;
+    type Mr = RoceMr;
+    type Cq = RoceCq;
+    type PreparedQp = RocePreparedQp;
+    type Qp = RoceQp;
+    type Listener = RoceListener;
+    type Incoming = RoceIncoming;
+    const SCHEME: &'static str = "roce";
+
+    fn open(url: &str) -> Result<RoceContext, VerbsError> {
+        let (_, cfg) = parse_url(url, RoceConfig::from_env())?;
+        Ok(RoceContext {
+            cfg: Mutex::new(cfg),
+        })
+    }
+}
+
+/// An opened roce context (devices are bound lazily by `listen` and
+/// `connect`).
+#[derive(Debug)]
+pub struct RoceContext {
+    cfg: Mutex<RoceConfig>,
+}
+
+impl RoceContext {
+    /// The configuration queue pairs created from now on use.
+    pub fn config(&self) -> RoceConfig {
+        *lock(&self.cfg)
+    }
+
+    /// Sets the test-only fault policy for queue pairs created from now on.
+    pub fn set_fault_policy(&self, f: FaultPolicy) {
+        lock(&self.cfg).faults = f;
+    }
+}
+
+static CQ_IDS: AtomicUsize = AtomicUsize::new(1);
+
+impl Context<Roce> for RoceContext {
+    fn alloc_pd(&self) -> Result<RocePd, VerbsError> {
+        Ok(RocePd {
+            inner: Arc::new(PdInner {
+                mrs: Mutex::new(Vec::new()),
+            }),
+            cfg: self.config(),
+        })
+    }
+
+    fn create_cq(&self, depth: usize) -> Result<RoceCq, VerbsError> {
+        Ok(RoceCq {
+            inner: Arc::new(CqInner {
+                id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
+                depth,
+                members: Mutex::new(Vec::new()),
+                orphans: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    fn listen(&self, url: &str) -> Result<RoceListener, VerbsError> {
+        let (addr, cfg) = parse_url(url, self.config())?;
+        let dev = Device::at(SocketAddrV4::new(*addr.ip(), cfg.udp_port), &cfg)?;
+        {
+            let mut eng = lock(&dev.eng);
+            if eng.cm.listeners.contains_key(&addr.port()) {
+                return Err(VerbsError::Os {
+                    what: "listen",
+                    source: nix::Error::EADDRINUSE,
+                });
+            }
+            eng.cm.listeners.insert(addr.port(), VecDeque::new());
+        }
+        Ok(RoceListener {
+            dev,
+            port: addr.port(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Protection domains and memory regions
+
+#[derive(Debug, Clone)]
+struct MrInfo {
+    lkey: u32,
+    arena: Arc<Arena>,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    mrs: Mutex<Vec<Option<MrInfo>>>,
+}
+
+impl PdInner {
+    /// Whether an SGE lies in a live registration of this PD with `need`.
+    fn check_local(&self, sge: &Sge, need: Access) -> bool {
+        if !sge.in_bounds() {
+            return false;
+        }
+        let mrs = lock(&self.mrs);
+        let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
+            return false;
+        };
+        let addr = sge.addr();
+        mr.lkey == sge.buf.lkey()
+            && mr.access.contains(need)
+            && addr >= mr.addr
+            && addr + sge.len as u64 <= mr.addr + mr.len
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct RocePd {
+    inner: Arc<PdInner>,
+    cfg: RoceConfig,
+}
+
+impl ProtectionDomain<Roce> for RocePd {
+    fn register(
+        &self,
+        arena: &Arc<Arena>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<RoceMr, VerbsError> {
+        if offset.checked_add(len).is_none_or(|end| end > arena.len()) || len == 0 {
+            return Err(VerbsError::InvalidRegistration("range outside the arena"));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidRegistration(
+                "REMOTE_WRITE requires LOCAL_WRITE",
+            ));
+        }
+        let mut mrs = lock(&self.inner.mrs);
+        let slot = match mrs.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                mrs.push(None);
+                mrs.len() - 1
+            }
+        };
+        let info = MrInfo {
+            lkey: slot as u32 + 1,
+            arena: arena.clone(),
+            addr: arena.as_ptr() as u64 + offset as u64,
+            len: len as u64,
+            access,
+        };
+        mrs[slot] = Some(info.clone());
+        Ok(RoceMr {
+            pd: self.inner.clone(),
+            info,
+        })
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &RoceCq,
+        recv_cq: &RoceCq,
+        caps: QpCaps,
+    ) -> Result<RocePreparedQp, VerbsError> {
+        if caps.max_send_wr == 0
+            || caps.max_recv_wr == 0
+            || caps.max_send_wr > 16384
+            || caps.max_recv_wr > 16384
+        {
+            return Err(VerbsError::Limit("queue depth must be 1..=16384"));
+        }
+        let timers = Timers {
+            ack_timeout: self.cfg.ack_timeout,
+            retry_count: self.cfg.retry_count,
+        };
+        Ok(RocePreparedQp {
+            qp: Some(RcQp::new(
+                caps,
+                self.inner.clone(),
+                send_cq.inner.id,
+                recv_cq.inner.id,
+                self.cfg.mtu,
+                timers,
+            )),
+            cfg: self.cfg,
+            send_cq: send_cq.inner.clone(),
+            recv_cq: recv_cq.inner.clone(),
+        })
+    }
+}
+
+/// A registered memory region; deregistered on drop.
+#[derive(Debug)]
+pub struct RoceMr {
+    pd: Arc<PdInner>,
+    info: MrInfo,
+}
+
+impl MemoryRegion for RoceMr {
+    fn lkey(&self) -> u32 {
+        self.info.lkey
+    }
+    fn addr(&self) -> u64 {
+        self.info.addr
+    }
+    fn len(&self) -> usize {
+        self.info.len as usize
+    }
+    fn access(&self) -> Access {
+        self.info.access
+    }
+}
+
+impl Drop for RoceMr {
+    fn drop(&mut self) {
+        let mut mrs = lock(&self.pd.mrs);
+        if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
+            *slot = None;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Devices
+
+/// A connection request waiting in a listener's queue.
+#[derive(Debug, Clone)]
+struct PendingReq {
+    peer_ip: Ipv4Addr,
+    remote_comm_id: u32,
+    remote_qpn: u32,
+    psn: Psn,
+    mtu: Mtu,
+    tid: u64,
+    private: Vec<u8>,
+}
+
+#[derive(Debug)]
+enum ConnState {
+    /// Active: REQ sent, waiting for REP (or REJ / MRA).
+    ReqSent,
+    /// Active: REP received, RTU sent. Passive: REP sent.
+    Established,
+    /// Active: the peer refused, with its private data.
+    Rejected(Vec<u8>),
+    /// DREQ sent, waiting for DREP.
+    DreqSent { next: Instant, left: u8 },
+}
+
+#[derive(Debug)]
+struct ConnRec {
+    local_comm_id: u32,
+    remote_comm_id: u32,
+    peer_ip: Ipv4Addr,
+    qpn: u32,
+    remote_qpn: u32,
+    active: bool,
+    state: ConnState,
+    /// Last REQ (active) or REP (passive), for retransmission.
+    mad: Box<[u8; MAD_LEN]>,
+    /// The peer's REP private data (active).
+    peer_private: Vec<u8>,
+    /// Active: MRA received, do not retransmit the REQ before this.
+    quiet_until: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Cm {
+    listeners: HashMap<u16, VecDeque<PendingReq>>,
+    conns: HashMap<u32, ConnRec>,
+}
+
+struct Engine {
+    local: SocketAddrV4,
+    tx: Tx,
+    rx: Rx,
+    qps: HashMap<u32, RcQp>,
+    next_qpn: u32,
+    cm: Cm,
+    gsi_psn: Psn,
+    verify_icrc: bool,
+    /// Inbound packets dropped for a bad ICRC.
+    bad_icrc: u64,
+}
+
+/// One UDP socket at a local address, shared by the process.
+struct Device {
+    local: SocketAddrV4,
+    /// The socket (owned by the engine's `Tx`), for the idle thread's poll.
+    raw_fd: i32,
+    eng: Mutex<Engine>,
+    /// When some thread last ran `progress` (ns since `epoch`).
+    last_progress: AtomicU64,
+    epoch: Instant,
+}
+
+/// How long the device may go without an application thread driving it
+/// before its idle-progress thread steps in.
+const IDLE_AFTER: Duration = Duration::from_millis(1);
+
+impl Device {
+    fn mark_progress(&self, now: Instant) {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.last_progress.store(ns, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self, now: Instant) -> Duration {
+        let last = Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
+        now.saturating_duration_since(self.epoch)
+            .saturating_sub(last)
+    }
+
+    /// The device's idle-progress thread (one per device, never per
+    /// connection): when no application thread has driven the device for
+    /// [`IDLE_AFTER`], it receives and runs the transport, so one-sided
+    /// operations, ACKs and timers proceed against a process that is not
+    /// polling (as an HCA would). It exits when the device is dropped.
+    fn spawn_idle_thread(dev: &Arc<Device>) {
+        let weak = Arc::downgrade(dev);
+        let _ = std::thread::Builder::new()
+            .name("roce-idle".into())
+            .spawn(move || loop {
+                // Holding the device keeps its socket open during poll(2).
+                let Some(dev) = weak.upgrade() else { break };
+                let mut pfd = libc::pollfd {
+                    fd: dev.raw_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the fd stays open (see above).
+                unsafe { libc::poll(&mut pfd, 1, 2) };
+                let now = Instant::now();
+                if dev.idle_for(now) < IDLE_AFTER {
+                    drop(dev);
+                    std::thread::sleep(IDLE_AFTER);
+                    continue;
+                }
+                if let Ok(mut eng) = dev.eng.try_lock() {
+                    eng.progress(now);
+                };
+            });
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+/// Devices of this process by address (dead entries are kept: they say
+/// the address was ours).
+static DEVICES: Mutex<Vec<(SocketAddrV4, Weak<Device>)>> = Mutex::new(Vec::new());
+
+fn os_err(what: &'static str, e: std::io::Error) -> VerbsError {
+    VerbsError::Os {
+        what,
+        source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+impl Device {
+    /// The process's device at `local`, bound now if there is none.
+    fn at(local: SocketAddrV4, cfg: &RoceConfig) -> Result<Arc<Device>, VerbsError> {
+        let mut devs = lock(&DEVICES);
+        if let Some(d) = devs
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .find(|d| d.local == local)
+        {
+            return Ok(d);
+        }
+        // A device of ours at this address may be closing on another thread
+        // (its last reference just went): wait for its socket to close.
+        let ours_before = devs.iter().any(|(a, _)| *a == local);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let fd = loop {
+            match bind_udp(local) {
+                Ok(fd) => break fd,
+                Err(e)
+                    if ours_before
+                        && e.raw_os_error() == Some(libc::EADDRINUSE)
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => return Err(os_err("bind RoCE UDP socket", e)),
+            }
+        };
+        devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
+        let dev = Arc::new(Device {
+            local,
+            raw_fd: fd.as_raw_fd(),
+            last_progress: AtomicU64::new(0),
+            epoch: Instant::now(),
+            eng: Mutex::new(Engine {
+                local,
+                tx: Tx::new(fd, local),
+                rx: Rx::new(),
+                qps: HashMap::new(),
+                next_qpn: 0x100 | (random_u32() & 0xFFFF),
+                cm: Cm::default(),
+                gsi_psn: Psn::from_masked(random_u32()),
+                verify_icrc: cfg.verify_icrc,
+                bad_icrc: 0,
+            }),
+        });
+        devs.push((local, Arc::downgrade(&dev)));
+        Device::spawn_idle_thread(&dev);
+        Ok(dev)
+    }
+
+    /// The device `connect` to `target` uses: the configured local
+    /// address; for a loopback target, a loopback device this process
+    /// already has, else the target address itself (a connection to our
+    /// own device), else (another process owns it) a per-process alias in
+    /// 127.128.0.0/9; otherwise the source address routing picks.
+    fn for_connect(target: Ipv4Addr, cfg: &RoceConfig) -> Result<Arc<Device>, VerbsError> {
+        let port = cfg.udp_port;
+        if let Some(ip) = cfg.local {
+            return Device::at(SocketAddrV4::new(ip, port), cfg);
+        }
+        if !target.is_loopback() {
+            let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| os_err("route lookup", e))?;
+            s.connect((target, port))
+                .map_err(|e| os_err("route lookup", e))?;
+            let local = match s.local_addr().map_err(|e| os_err("route lookup", e))?.ip() {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => return Err(VerbsError::Protocol("IPv6 route to an IPv4 peer")),
+            };
+            return Device::at(SocketAddrV4::new(local, port), cfg);
+        }
+        {
+            let devs = lock(&DEVICES);
+            if let Some(d) = devs
+                .iter()
+                .filter_map(|(_, w)| w.upgrade())
+                .find(|d| d.local.ip().is_loopback() && d.local.port() == port)
+            {
+                return Ok(d);
+            }
+        }
+        match Device::at(SocketAddrV4::new(target, port), cfg) {
+            Ok(d) => return Ok(d),
+            Err(VerbsError::Os {
+                source: nix::Error::EADDRINUSE,
+                ..
+            }) => {}
+            Err(e) => return Err(e),
+        }
+        let pid = std::process::id();
+        for k in 0..64u32 {
+            let v = 0x7F80_0000 | (pid.wrapping_mul(64).wrapping_add(k) & 0x7F_FFFF);
+            match Device::at(SocketAddrV4::new(Ipv4Addr::from(v), port), cfg) {
+                Ok(d) => return Ok(d),
+                Err(VerbsError::Os {
+                    source: nix::Error::EADDRINUSE,
+                    ..
+                }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(VerbsError::Limit("no free loopback alias for RoCE"))
+    }
+}
+
+impl Engine {
+    fn alloc_qpn(&mut self) -> u32 {
+        loop {
+            let q = self.next_qpn & 0xFF_FFFF;
+            self.next_qpn = self.next_qpn.wrapping_add(1);
+            // Never QPN 0 or 1 (QP0/QP1 are special, ROCE-NOTES s4).
+            if q > 1 && !self.qps.contains_key(&q) {
+                return q;
+            }
+        }
+    }
+
+    /// Receives, runs every QP, sends.
+    fn progress(&mut self, now: Instant) {
+        let fd = self.tx.raw_fd();
+        for _ in 0..RX_ROUNDS {
+            let n = self.rx.recv(fd);
+            for i in 0..n {
+                self.dispatch(i, now);
+            }
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        let Engine { tx, qps, .. } = self;
+        for qp in qps.values_mut() {
+            qp.tick(now, tx);
+        }
+        self.send_dreqs(now);
+        self.tx.flush();
+    }
+
+    fn dispatch(&mut self, i: usize, now: Instant) {
+        let Engine {
+            rx,
+            tx,
+            qps,
+            cm,
+            local,
+            gsi_psn,
+            verify_icrc,
+            bad_icrc,
+            ..
+        } = self;
+        let data = rx.packet(i);
+        let src = rx.srcs[i];
+        if *verify_icrc {
+            let ip = icrc::Ipv4Header::plain_udp_socket(src.ip().octets(), local.ip().octets());
+            let ports = icrc::UdpPorts {
+                src: src.port(),
+                dst: local.port(),
+            };
+            let want = Packet::new_checked(data).map(|p| p.icrc());
+            if icrc::compute_ipv4(&ip, ports, data).ok() != want.ok() {
+                *bad_icrc += 1;
+                return;
+            }
+        }
+        let Ok(p) = RocePacket::parse(data) else {
+            return;
+        };
+        if p.bth.dest_qpn == ibcm::GSI_QPN {
+            if p.bth.opcode == Opcode::UdSendOnly {
+                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now);
+            }
+            return;
+        }
+        let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
+            return;
+        };
+        // Only the connected peer may talk to this QP.
+        if qp.peer.is_none_or(|peer| peer.addr.ip() != src.ip()) {
+            return;
+        }
+        qp.on_packet(&p, now, tx);
+    }
+
+    /// DREQs for QPs that entered the error state, and DREQ retries.
+    fn send_dreqs(&mut self, now: Instant) {
+        let Engine {
+            tx,
+            qps,
+            cm,
+            gsi_psn,
+            ..
+        } = self;
+        for qp in qps.values_mut() {
+            if !qp.dreq_due {
+                continue;
+            }
+            qp.dreq_due = false;
+            let Some(c) = qp.conn else { continue };
+            if let Some(rec) = cm.conns.get_mut(&c.local_comm_id) {
+                rec.state = ConnState::DreqSent {
+                    next: now + CM_RETRY,
+                    left: DREQ_RETRIES,
+                };
+                send_dreq(tx, gsi_psn, rec);
+            }
+        }
+        let mut forget = None;
+        for rec in cm.conns.values_mut() {
+            if let ConnState::DreqSent { next, left } = &mut rec.state {
+                if now >= *next {
+                    if *left == 0 {
+                        forget = Some(rec.local_comm_id);
+                        continue;
+                    }
+                    *left -= 1;
+                    *next = now + CM_RETRY;
+                    send_dreq(tx, gsi_psn, rec);
+                }
+            }
+        }
+        if let Some(id) = forget {
+            cm.conns.remove(&id);
+        }
+    }
+}
+
+fn send_mad(tx: &mut Tx, gsi_psn: &mut Psn, dst: Ipv4Addr, port: u16, mad: &[u8]) {
+    let psn = *gsi_psn;
+    *gsi_psn = psn.next();
+    let p = gsi_packet(psn, mad);
+    let slot = tx.slot();
+    if let Ok(n) = p.emit(slot) {
+        tx.commit(n, SocketAddrV4::new(dst, port), None);
+    }
+}
+
+fn emit_mad(mad: &CmMad<'_>) -> Option<[u8; MAD_LEN]> {
+    let mut b = [0u8; MAD_LEN];
+    mad.emit(&mut b).ok()?;
+    Some(b)
+}
+
+fn send_dreq(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec) {
+    let port = tx.local.port();
+    let m = CmMad::new(
+        random_u64(),
+        CmMessage::Dreq(Dreq {
+            local_comm_id: rec.local_comm_id,
+            remote_comm_id: rec.remote_comm_id,
+            remote_qpn: rec.remote_qpn,
+            private_data: &[],
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, rec.peer_ip, port, &b);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn send_rej(
+    tx: &mut Tx,
+    gsi_psn: &mut Psn,
+    dst: Ipv4Addr,
+    tid: u64,
+    local_comm_id: u32,
+    remote_comm_id: u32,
+    reason: u16,
+    private_data: &[u8],
+) {
+    let port = tx.local.port();
+    let m = CmMad::new(
+        tid,
+        CmMessage::Rej(Rej {
+            local_comm_id,
+            remote_comm_id,
+            message_rejected: 0,
+            reject_info_len: 0,
+            reason,
+            ari: [0; 72],
+            private_data,
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, dst, port, &b);
+    }
+}
+
+impl Cm {
+    fn on_mad(
+        &mut self,
+        payload: &[u8],
+        src: SocketAddrV4,
+        qps: &mut HashMap<u32, RcQp>,
+        tx: &mut Tx,
+        gsi_psn: &mut Psn,
+        now: Instant,
+    ) {
+        let Ok(mad) = CmMad::parse(payload) else {
+            return;
+        };
+        let port = tx.local.port();
+        match mad.message {
+            CmMessage::Req(r) => self.on_req(&r, mad.tid, src, tx, gsi_psn),
+            CmMessage::Rep(r) => {
+                let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
+                    return;
+                };
+                if !rec.active || rec.peer_ip != *src.ip() {
+                    return;
+                }
+                match rec.state {
+                    ConnState::ReqSent => {
+                        if r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
+                            send_rej(
+                                tx,
+                                gsi_psn,
+                                rec.peer_ip,
+                                mad.tid,
+                                rec.local_comm_id,
+                                r.local_comm_id,
+                                ibcm::rej_reason::NO_QP,
+                                &[],
+                            );
+                            rec.state = ConnState::Rejected(Vec::new());
+                            return;
+                        }
+                        rec.remote_comm_id = r.local_comm_id;
+                        rec.remote_qpn = r.local_qpn;
+                        rec.peer_private = trim_private(r.private_data);
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            // We send from the PSN we announced in the REQ;
+                            // the peer from the one in its REP.
+                            qp.bind(
+                                PeerPath {
+                                    addr: SocketAddrV4::new(rec.peer_ip, port),
+                                    qpn: r.local_qpn,
+                                },
+                                r.starting_psn,
+                                ConnRef {
+                                    local_comm_id: rec.local_comm_id,
+                                },
+                                qp.mtu,
+                            );
+                        }
+                        rec.state = ConnState::Established;
+                        send_rtu(tx, gsi_psn, rec, mad.tid);
+                    }
+                    // Our RTU was lost: the peer repeats its REP.
+                    ConnState::Established => send_rtu(tx, gsi_psn, rec, mad.tid),
+                    _ => {}
+                }
+            }
+            CmMessage::Rtu(_) => {}
+            CmMessage::Rej(j) => {
+                let Some(rec) = self.conns.get_mut(&j.remote_comm_id) else {
+                    return;
+                };
+                if rec.peer_ip != *src.ip() {
+                    return;
+                }
+                match rec.state {
+                    ConnState::ReqSent => {
+                        rec.state = ConnState::Rejected(trim_private(j.private_data))
+                    }
+                    _ => {
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.enter_error(None, false);
+                        }
+                        self.conns.remove(&j.remote_comm_id);
+                    }
+                }
+            }
+            CmMessage::Mra(m) => {
+                if let Some(rec) = self.conns.get_mut(&m.remote_comm_id) {
+                    if matches!(rec.state, ConnState::ReqSent) {
+                        // Service timeout: 4.096 us x 2^t, plus our own.
+                        let us = 4.096 * f64::from(1u32 << m.service_timeout.min(31));
+                        rec.quiet_until =
+                            Some(now + CM_RETRY + Duration::from_micros(us.min(6e7) as u64));
+                    }
+                }
+            }
+            CmMessage::Dreq(d) => {
+                let mut drep_ids = (0, d.local_comm_id);
+                if let Some(rec) = self.conns.get(&d.remote_comm_id) {
+                    if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.enter_error(None, false);
+                        }
+                        drep_ids = (rec.local_comm_id, rec.remote_comm_id);
+                        self.conns.remove(&d.remote_comm_id);
+                    }
+                }
+                let m = CmMad::new(
+                    mad.tid,
+                    CmMessage::Drep(CommIds {
+                        local_comm_id: drep_ids.0,
+                        remote_comm_id: drep_ids.1,
+                        private_data: &[],
+                    }),
+                );
+                if let Some(b) = emit_mad(&m) {
+                    send_mad(tx, gsi_psn, *src.ip(), port, &b);
+                }
+            }
+            CmMessage::Drep(ids) => {
+                if let Some(rec) = self.conns.get(&ids.remote_comm_id) {
+                    if matches!(rec.state, ConnState::DreqSent { .. }) {
+                        self.conns.remove(&ids.remote_comm_id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_req(&mut self, r: &Req<'_>, tid: u64, src: SocketAddrV4, tx: &mut Tx, gsi_psn: &mut Psn) {
+        let port = tx.local.port();
+        let peer_ip = match ibcm::gid_to_ip(r.primary_path.local_gid) {
+            IpAddr::V4(v4) if !v4.is_unspecified() => v4,
+            _ => *src.ip(),
+        };
+        // A repeated REQ: answer with our REP again, or MRA while the
+        // application has not decided yet.
+        if let Some(rec) = self
+            .conns
+            .values()
+            .find(|c| !c.active && c.peer_ip == peer_ip && c.remote_comm_id == r.local_comm_id)
+        {
+            if matches!(rec.state, ConnState::Established) {
+                let mad = *rec.mad;
+                send_mad(tx, gsi_psn, peer_ip, port, &mad);
+            }
+            return;
+        }
+        let pending = self.listeners.values().any(|q| {
+            q.iter()
+                .any(|p| p.peer_ip == peer_ip && p.remote_comm_id == r.local_comm_id)
+        });
+        if pending {
+            let m = CmMad::new(
+                tid,
+                CmMessage::Mra(Mra {
+                    local_comm_id: 0,
+                    remote_comm_id: r.local_comm_id,
+                    message_mraed: 0,
+                    // 4.096 us x 2^22: about 17 s.
+                    service_timeout: 22,
+                    private_data: &[],
+                }),
+            );
+            if let Some(b) = emit_mad(&m) {
+                send_mad(tx, gsi_psn, peer_ip, port, &b);
+            }
+            return;
+        }
+        let reject = |tx: &mut Tx, gsi_psn: &mut Psn, reason| {
+            send_rej(tx, gsi_psn, peer_ip, tid, 0, r.local_comm_id, reason, &[]);
+        };
+        let queue =
+            ibcm::tcp_port_of_service_id(r.service_id).and_then(|p| self.listeners.get_mut(&p));
+        let Some(queue) = queue else {
+            return reject(tx, gsi_psn, ibcm::rej_reason::INVALID_SERVICE_ID);
+        };
+        if r.transport_type != 0 || r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
+            return reject(tx, gsi_psn, ibcm::rej_reason::NO_QP);
+        }
+        let Ok((_hdr, user)) = RdmaCmHeader::parse(r.private_data) else {
+            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+        };
+        if queue.len() >= LISTEN_BACKLOG {
+            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+        }
+        queue.push_back(PendingReq {
+            peer_ip,
+            remote_comm_id: r.local_comm_id,
+            remote_qpn: r.local_qpn,
+            psn: r.starting_psn,
+            mtu: r.path_mtu,
+            tid,
+            private: trim_private(user),
+        });
+    }
+}
+
+fn send_rtu(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec, tid: u64) {
+    let port = tx.local.port();
+    let m = CmMad::new(
+        tid,
+        CmMessage::Rtu(CommIds {
+            local_comm_id: rec.local_comm_id,
+            remote_comm_id: rec.remote_comm_id,
+            private_data: &[],
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, rec.peer_ip, port, &b);
+    }
+}
+
+fn ca_guid(ip: Ipv4Addr) -> u64 {
+    0x0200_00FF_FE00_0000 | u64::from(u32::from(ip) & 0x00FF_FFFF)
+}
+
+fn cm_path(local: Ipv4Addr, remote: Ipv4Addr, ack_code: u8) -> CmPath {
+    CmPath {
+        local_lid: 0xFFFF,
+        remote_lid: 0xFFFF,
+        local_gid: ipv4_mapped_gid(local),
+        remote_gid: ipv4_mapped_gid(remote),
+        flow_label: 0,
+        packet_rate: 0,
+        traffic_class: 0,
+        hop_limit: 64,
+        sl: 0,
+        subnet_local: false,
+        local_ack_timeout: ack_code,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completion queues
+
+#[derive(Debug)]
+struct Member {
+    dev: Arc<Device>,
+    qpn: u32,
+}
+
+#[derive(Debug)]
+struct CqInner {
+    id: usize,
+    depth: usize,
+    members: Mutex<Vec<Member>>,
+    /// Completions of queue pairs that never reached a device (flushed
+    /// pre-posted receives of a dropped or failed prepared QP).
+    orphans: Mutex<VecDeque<Completion>>,
+}
+
+impl CqInner {
+    fn attach(&self, dev: &Arc<Device>, qpn: u32) {
+        lock(&self.members).push(Member {
+            dev: dev.clone(),
+            qpn,
+        });
+    }
+}
+
+/// A completion queue. Polling it drives the devices of its queue pairs.
+#[derive(Debug)]
+pub struct RoceCq {
+    inner: Arc<CqInner>,
+}
+
+impl RoceCq {
+    /// Configured depth (informational: each QP buffers its completions).
+    pub fn depth(&self) -> usize {
+        self.inner.depth
+    }
+}
+
+impl CompletionQueue for RoceCq {
+    fn poll(&self, out: &mut [Completion]) -> usize {
+        let mut got = 0;
+        {
+            let mut o = lock(&self.inner.orphans);
+            while got < out.len() {
+                let Some(c) = o.pop_front() else { break };
+                out[got] = c;
+                got += 1;
+            }
+        }
+        let mut members = lock(&self.inner.members);
+        if members.is_empty() {
+            return got;
+        }
+        let now = Instant::now();
+        let id = self.inner.id;
+        let mut seen: [*const Device; 4] = [std::ptr::null(); 4];
+        let mut nseen = 0;
+        let mut prune = false;
+        for m in members.iter() {
+            let mut eng = lock(&m.dev.eng);
+            let p = Arc::as_ptr(&m.dev);
+            if !seen[..nseen].contains(&p) {
+                eng.progress(now);
+                m.dev.mark_progress(now);
+                if nseen < seen.len() {
+                    seen[nseen] = p;
+                    nseen += 1;
+                }
+            }
+            let Some(qp) = eng.qps.get_mut(&m.qpn) else {
+                prune = true;
+                continue;
+            };
+            if qp.send_cq == id {
+                while got < out.len() {
+                    let Some(c) = qp.send_done.pop_front() else {
+                        break;
+                    };
+                    out[got] = c;
+                    got += 1;
+                }
+            }
+            if qp.recv_cq == id {
+                while got < out.len() {
+                    let Some(c) = qp.recv_done.pop_front() else {
+                        break;
+                    };
+                    out[got] = c;
+                    got += 1;
+                }
+            }
+            if qp.dropped && qp.is_drained() {
+                if let Some(c) = qp.conn {
+                    let keep = eng
+                        .cm
+                        .conns
+                        .get(&c.local_comm_id)
+                        .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
+                    if !keep {
+                        eng.cm.conns.remove(&c.local_comm_id);
+                    }
+                }
+                eng.qps.remove(&m.qpn);
+                prune = true;
+            }
+        }
+        if prune {
+            members.retain(|m| lock(&m.dev.eng).qps.contains_key(&m.qpn));
+        }
+        got
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Queue pairs
+
+/// A created queue pair that is not connected yet; receives may be posted.
+pub struct RocePreparedQp {
+    qp: Option<RcQp>,
+    cfg: RoceConfig,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for RocePreparedQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocePreparedQp").finish_non_exhaustive()
+    }
+}
+
+impl Drop for RocePreparedQp {
+    fn drop(&mut self) {
+        if let Some(mut qp) = self.qp.take() {
+            qp.enter_error(None, false);
+            lock(&self.recv_cq.orphans).extend(qp.recv_done.drain(..));
+            lock(&self.send_cq.orphans).extend(qp.send_done.drain(..));
+        }
+    }
+}
+
+impl RocePreparedQp {
+    /// Moves the QP into `dev`'s engine under a fresh QPN and attaches it
+    /// to its CQs.
+    fn install(&mut self, eng: &mut Engine) -> u32 {
+        let mut qp = self.qp.take().expect("prepared QP installed once");
+        let qpn = eng.alloc_qpn();
+        qp.qpn = qpn;
+        qp.faults = Faults::new(self.cfg.faults, qpn);
+        eng.qps.insert(qpn, qp);
+        qpn
+    }
+
+    /// Lists an installed QP with its CQs. Called without the engine lock:
+    /// `poll` takes a CQ's member list first, then engines.
+    fn attach(&self, dev: &Arc<Device>, qpn: u32) {
+        self.send_cq.attach(dev, qpn);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.recv_cq.attach(dev, qpn);
+        }
+    }
+}
+
+/// A connected RC queue pair.
+#[derive(Debug)]
+pub struct RoceQp {
+    dev: Arc<Device>,
+    qpn: u32,
+    pd: Arc<PdInner>,
+}
+
+impl RoceQp {
+    /// Packets the test fault hook dropped, duplicated and reordered on
+    /// this QP so far.
+    pub fn fault_counts(&self) -> [u64; 3] {
+        lock(&self.dev.eng)
+            .qps
+            .get(&self.qpn)
+            .map_or([0; 3], |q| q.faults.counts)
+    }
+
+    /// The local address of the device this QP runs on.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.dev.local
+    }
+
+    /// Inbound packets the device dropped for a bad ICRC (with
+    /// `verify_icrc`).
+    pub fn bad_icrc_count(&self) -> u64 {
+        lock(&self.dev.eng).bad_icrc
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
+        let mut eng = lock(&self.dev.eng);
+        let Engine { qps, tx, .. } = &mut *eng;
+        let qp = qps.get_mut(&self.qpn)?;
+        let r = f(qp, tx);
+        let now = Instant::now();
+        eng.progress(now);
+        self.dev.mark_progress(now);
+        Some(r)
+    }
+}
+
+impl Drop for RoceQp {
+    fn drop(&mut self) {
+        self.disconnect();
+        if let Some(qp) = lock(&self.dev.eng).qps.get_mut(&self.qpn) {
+            qp.dropped = true;
+        }
+    }
+}
+
+impl PreparedQp<Roce> for RocePreparedQp {
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        match self.qp.as_mut() {
+            Some(q) => q.post_recv(wr),
+            None => Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            }),
+        }
+    }
+
+    fn connect(
+        mut self,
+        url: &str,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(RoceQp, Vec<u8>), VerbsError> {
+        let (target, cfg) = parse_url(url, self.cfg)?;
+        if private_data.len() > MAX_REQ_PRIVATE_DATA {
+            return Err(VerbsError::Limit("REQ private data is at most 56 bytes"));
+        }
+        let dev = Device::for_connect(*target.ip(), &cfg)?;
+        let local_ip = *dev.local.ip();
+        let deadline = Instant::now() + timeout;
+        let local_comm_id = loop {
+            let c = random_u32();
+            if c != 0 {
+                break c;
+            }
+        };
+        let tid = random_u64();
+        let pd = self
+            .qp
+            .as_ref()
+            .map(|q| q.pd.clone())
+            .expect("not installed");
+        let (qpn, mad) = {
+            let mut eng = lock(&dev.eng);
+            let qpn = self.install(&mut eng);
+            let qp = eng.qps.get(&qpn).expect("just installed");
+            let mut private = [0u8; ibcm::private_len::REQ];
+            RdmaCmHeader {
+                src_port: 0x8000 | (random_u32() as u16 & 0x7FFF),
+                src: IpAddr::V4(local_ip),
+                dst: IpAddr::V4(*target.ip()),
+            }
+            .emit(&mut private)
+            .map_err(|_| VerbsError::Protocol("rdma_cm header"))?;
+            private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + private_data.len()]
+                .copy_from_slice(private_data);
+            let req = Req {
+                local_comm_id,
+                service_id: ibcm::tcp_service_id(target.port()),
+                local_ca_guid: ca_guid(local_ip),
+                local_qkey: 0,
+                local_qpn: qpn,
+                responder_resources: MAX_RD as u8,
+                local_eecn: 0,
+                initiator_depth: MAX_RD as u8,
+                remote_eecn: 0,
+                remote_cm_response_timeout: 20,
+                transport_type: 0,
+                end_to_end_flow_control: false,
+                starting_psn: qp.initial_psn(),
+                local_cm_response_timeout: 20,
+                retry_count: cfg.retry_count.min(7),
+                pkey: 0xFFFF,
+                path_mtu: qp.mtu,
+                rdc_exists: false,
+                rnr_retry_count: qp.caps.rnr_retry.min(7),
+                max_cm_retries: 15,
+                srq: false,
+                extended_transport: 0,
+                primary_path: cm_path(local_ip, *target.ip(), cfg.ack_timeout_code()),
+                alternate_path: CmPath::default(),
+                private_data: &private,
+            };
+            let mad = emit_mad(&CmMad::new(tid, CmMessage::Req(req)))
+                .ok_or(VerbsError::Protocol("REQ encoding"))?;
+            eng.cm.conns.insert(
+                local_comm_id,
+                ConnRec {
+                    local_comm_id,
+                    remote_comm_id: 0,
+                    peer_ip: *target.ip(),
+                    qpn,
+                    remote_qpn: 0,
+                    active: true,
+                    state: ConnState::ReqSent,
+                    mad: Box::new(mad),
+                    peer_private: Vec::new(),
+                    quiet_until: None,
+                },
+            );
+            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            send_mad(tx, gsi_psn, *target.ip(), cfg.udp_port, &mad);
+            tx.flush();
+            (qpn, mad)
+        };
+        self.attach(&dev, qpn);
+        let qp = RoceQp {
+            dev: dev.clone(),
+            qpn,
+            pd,
+        };
+        let mut resend_at = Instant::now() + CM_RETRY;
+        let mut backoff = 0u32;
+        loop {
+            let now = Instant::now();
+            {
+                let mut eng = lock(&dev.eng);
+                eng.progress(now);
+                dev.mark_progress(now);
+                let Some(rec) = eng.cm.conns.get_mut(&local_comm_id) else {
+                    // Gone: a DREQ for it crossed, or it was dropped.
+                    return Err(VerbsError::NotConnected);
+                };
+                match &mut rec.state {
+                    ConnState::Established => {
+                        let pd = std::mem::take(&mut rec.peer_private);
+                        drop(eng);
+                        return Ok((qp, pd));
+                    }
+                    ConnState::Rejected(pd) => {
+                        let pd = std::mem::take(pd);
+                        eng.cm.conns.remove(&local_comm_id);
+                        if let Some(q) = eng.qps.get_mut(&qpn) {
+                            q.enter_error(None, false);
+                        }
+                        drop(eng);
+                        return Err(VerbsError::Rejected { private_data: pd });
+                    }
+                    _ => {}
+                }
+                if now >= resend_at && rec.quiet_until.is_none_or(|t| now >= t) {
+                    rec.quiet_until = None;
+                    resend_at = now + CM_RETRY;
+                    let Engine { tx, gsi_psn, .. } = &mut *eng;
+                    send_mad(tx, gsi_psn, *target.ip(), cfg.udp_port, &mad);
+                    tx.flush();
+                }
+                if now >= deadline {
+                    eng.cm.conns.remove(&local_comm_id);
+                    if let Some(q) = eng.qps.get_mut(&qpn) {
+                        q.enter_error(None, false);
+                    }
+                    let Engine { tx, gsi_psn, .. } = &mut *eng;
+                    // Tell the passive side we gave up (REJ "timeout" is
+                    // reason 1..; consumer-defined keeps it simple).
+                    send_rej(
+                        tx,
+                        gsi_psn,
+                        *target.ip(),
+                        tid,
+                        local_comm_id,
+                        0,
+                        ibcm::rej_reason::CONSUMER_DEFINED,
+                        &[],
+                    );
+                    tx.flush();
+                    return Err(VerbsError::Timeout);
+                }
+            }
+            backoff += 1;
+            idle(backoff);
+        }
+    }
+}
+
+/// Spin, then yield, then sleep briefly (control-path waits only).
+fn idle(n: u32) {
+    if n < 64 {
+        std::hint::spin_loop();
+    } else if n < 128 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+impl QueuePair<Roce> for RoceQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn state(&self) -> QpState {
+        lock(&self.dev.eng)
+            .qps
+            .get(&self.qpn)
+            .map_or(QpState::Error, |q| q.state)
+    }
+
+    fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
+        let mut slot = Some(wr);
+        let r = self.with(|qp, _| qp.post_send(slot.take().expect("once")));
+        match r {
+            Some(r) => r,
+            None => Err(PostFailed {
+                error: PostError::Invalid,
+                wr: slot.take().expect("not consumed"),
+            }),
+        }
+    }
+
+    fn post_send_list<I: Iterator<Item = SendWr>>(
+        &mut self,
+        wrs: &mut I,
+    ) -> Result<usize, PostFailed<SendWr>> {
+        let mut eng = lock(&self.dev.eng);
+        let mut n = 0;
+        let mut res = Ok(());
+        if let Some(qp) = eng.qps.get_mut(&self.qpn) {
+            for wr in wrs.by_ref() {
+                if let Err(e) = qp.post_send(wr) {
+                    res = Err(e);
+                    break;
+                }
+                n += 1;
+            }
+        } else if let Some(wr) = wrs.next() {
+            res = Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
+        let now = Instant::now();
+        eng.progress(now);
+        self.dev.mark_progress(now);
+        res.map(|()| n)
+    }
+
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        let mut eng = lock(&self.dev.eng);
+        match eng.qps.get_mut(&self.qpn) {
+            Some(qp) => qp.post_recv(wr),
+            None => Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            }),
+        }
+    }
+
+    fn expose(&mut self, mr: &RoceMr) -> Result<RemoteKey, VerbsError> {
+        if !Arc::ptr_eq(&mr.pd, &self.pd) {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region of another PD",
+            ));
+        }
+        if !(mr.info.access.contains(Access::REMOTE_READ)
+            || mr.info.access.contains(Access::REMOTE_WRITE))
+        {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region has no remote access",
+            ));
+        }
+        let mut eng = lock(&self.dev.eng);
+        let qp = eng.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
+        qp.expose(mr.info.addr, mr.info.len, mr.info.access, &mr.info.arena)
+    }
+
+    fn disconnect(&mut self) {
+        let mut eng = lock(&self.dev.eng);
+        if let Some(qp) = eng.qps.get_mut(&self.qpn) {
+            qp.enter_error(None, true);
+        }
+        let now = Instant::now();
+        eng.send_dreqs(now);
+        eng.tx.flush();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Listener and incoming requests
+
+/// A service port listening on a device.
+#[derive(Debug)]
+pub struct RoceListener {
+    dev: Arc<Device>,
+    port: u16,
+}
+
+impl RoceListener {
+    /// The local RoCE address (IP and UDP port) of the device.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.dev.local
+    }
+}
+
+impl Drop for RoceListener {
+    fn drop(&mut self) {
+        let mut eng = lock(&self.dev.eng);
+        if let Some(q) = eng.cm.listeners.remove(&self.port) {
+            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            for p in q {
+                send_rej(
+                    tx,
+                    gsi_psn,
+                    p.peer_ip,
+                    p.tid,
+                    0,
+                    p.remote_comm_id,
+                    ibcm::rej_reason::INVALID_SERVICE_ID,
+                    &[],
+                );
+            }
+            tx.flush();
+        }
+    }
+}
+
+impl Listener<Roce> for RoceListener {
+    fn accept(&self, timeout: Duration) -> Result<RoceIncoming, VerbsError> {
+        let deadline = Instant::now() + timeout;
+        let mut n = 0;
+        loop {
+            let now = Instant::now();
+            {
+                let mut eng = lock(&self.dev.eng);
+                eng.progress(now);
+                self.dev.mark_progress(now);
+                if let Some(req) = eng
+                    .cm
+                    .listeners
+                    .get_mut(&self.port)
+                    .and_then(VecDeque::pop_front)
+                {
+                    return Ok(RoceIncoming {
+                        dev: self.dev.clone(),
+                        req: Some(req),
+                    });
+                }
+            }
+            if now >= deadline {
+                return Err(VerbsError::Timeout);
+            }
+            n += 1;
+            idle(n);
+        }
+    }
+}
+
+/// A connection request waiting for accept or reject.
+#[derive(Debug)]
+pub struct RoceIncoming {
+    dev: Arc<Device>,
+    req: Option<PendingReq>,
+}
+
+impl RoceIncoming {
+    /// The requester's IPv4 address.
+    pub fn peer_ip(&self) -> Option<Ipv4Addr> {
+        self.req.as_ref().map(|r| r.peer_ip)
+    }
+}
+
+impl Drop for RoceIncoming {
+    fn drop(&mut self) {
+        // Neither accepted nor rejected: refuse, so the peer stops waiting.
+        if let Some(r) = self.req.take() {
+            let mut eng = lock(&self.dev.eng);
+            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            send_rej(
+                tx,
+                gsi_psn,
+                r.peer_ip,
+                r.tid,
+                0,
+                r.remote_comm_id,
+                ibcm::rej_reason::CONSUMER_DEFINED,
+                &[],
+            );
+            tx.flush();
+        }
+    }
+}
+
+impl Incoming<Roce> for RoceIncoming {
+    fn private_data(&self) -> &[u8] {
+        self.req.as_ref().map_or(&[], |r| &r.private)
+    }
+
+    fn accept(mut self, mut qp: RocePreparedQp, private_data: &[u8]) -> Result<RoceQp, VerbsError> {
+        if private_data.len() > ibcm::private_len::REP {
+            return Err(VerbsError::Limit("REP private data is at most 196 bytes"));
+        }
+        let req = self.req.take().expect("not yet answered");
+        let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
+        let dev = self.dev.clone();
+        let mut eng = lock(&dev.eng);
+        let port = eng.local.port();
+        let local_ip = *eng.local.ip();
+        let qpn = qp.install(&mut eng);
+        let local_comm_id = loop {
+            let c = random_u32();
+            if c != 0 && !eng.cm.conns.contains_key(&c) {
+                break c;
+            }
+        };
+        let rc = eng.qps.get_mut(&qpn).expect("just installed");
+        let my_psn = rc.initial_psn();
+        // The peer sends from the PSN in its REQ; we from the one in our REP.
+        rc.bind(
+            PeerPath {
+                addr: SocketAddrV4::new(req.peer_ip, port),
+                qpn: req.remote_qpn,
+            },
+            req.psn,
+            ConnRef { local_comm_id },
+            req.mtu,
+        );
+        let rnr = rc.caps.rnr_retry.min(7);
+        let rep = Rep {
+            local_comm_id,
+            remote_comm_id: req.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: qpn,
+            local_eecn: 0,
+            starting_psn: my_psn,
+            responder_resources: MAX_RD as u8,
+            // >= 1, or an rxe initiator could never RDMA Read from us.
+            initiator_depth: MAX_RD as u8,
+            target_ack_delay: 15,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: rnr,
+            srq: false,
+            local_ca_guid: ca_guid(local_ip),
+            private_data,
+        };
+        let mad = emit_mad(&CmMad::new(req.tid, CmMessage::Rep(rep)))
+            .ok_or(VerbsError::Protocol("REP encoding"))?;
+        eng.cm.conns.insert(
+            local_comm_id,
+            ConnRec {
+                local_comm_id,
+                remote_comm_id: req.remote_comm_id,
+                peer_ip: req.peer_ip,
+                qpn,
+                remote_qpn: req.remote_qpn,
+                active: false,
+                state: ConnState::Established,
+                mad: Box::new(mad),
+                peer_private: Vec::new(),
+                quiet_until: None,
+            },
+        );
+        let Engine { tx, gsi_psn, .. } = &mut *eng;
+        send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
+        tx.flush();
+        drop(eng);
+        qp.attach(&dev, qpn);
+        Ok(RoceQp { dev, qpn, pd })
+    }
+
+    fn reject(mut self, private_data: &[u8]) -> Result<(), VerbsError> {
+        if private_data.len() > ibcm::private_len::REJ {
+            return Err(VerbsError::Limit("REJ private data is at most 148 bytes"));
+        }
+        let r = self.req.take().expect("not yet answered");
+        let mut eng = lock(&self.dev.eng);
+        let Engine { tx, gsi_psn, .. } = &mut *eng;
+        send_rej(
+            tx,
+            gsi_psn,
+            r.peer_ip,
+            r.tid,
+            0,
+            r.remote_comm_id,
+            ibcm::rej_reason::CONSUMER_DEFINED,
+            private_data,
+        );
+        tx.flush();
+        Ok(())
+    }
+}

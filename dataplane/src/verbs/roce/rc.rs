@@ -1,0 +1,1248 @@
+//! One RC queue pair's transport: requester (PSN assignment, segmentation,
+//! go-back-N, retransmit and RNR timers), responder (PSN checks, duplicate
+//! handling incl. RDMA Read replay, R_Key checks, ACK coalescing) and the
+//! completer (cumulative ACKs, NAKs, read responses), after IBTA Vol. 1
+//! ch. 9 and 10 as Linux rxe implements them (rxe_req.c, rxe_resp.c,
+//! rxe_comp.c). Sans-IO except for the [`Tx`] batch it emits into.
+use std::collections::VecDeque;
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::io::{Faults, Tx};
+use super::PdInner;
+use crate::mem::Arena;
+use crate::verbs::*;
+use crate::wire::roce::seg::{self, MessageKind, Mtu};
+use crate::wire::roce::{Aeth, Bth, NakCode, Opcode, Position, Psn, Reth, RocePacket, Syndrome};
+
+/// Most PSNs in flight (sent, not acknowledged) per QP.
+pub(super) const WINDOW: i32 = 128;
+/// Ask for an ACK at least every this many packets inside long messages.
+const ACKREQ_EVERY: u32 = 32;
+/// Most RDMA Reads outstanding (initiator depth / responder resources).
+pub(super) const MAX_RD: u32 = 16;
+/// Read response packets a responder emits per progress call (pacing: a
+/// 1 MiB read would otherwise overrun the peer's socket buffer at once).
+const READ_BURST: u32 = 64;
+/// Key-table entries per connection.
+pub(super) const KEY_SLOTS: usize = 256;
+
+static ZEROS: [u8; 4096] = [0; 4096];
+
+/// Where the peer of a connected QP is.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PeerPath {
+    pub addr: SocketAddrV4,
+    pub qpn: u32,
+}
+
+/// The CM identity of the connection a QP is bound to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConnRef {
+    pub local_comm_id: u32,
+}
+
+/// Transport timers and retry budgets.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timers {
+    /// Retransmission (local ACK) timeout.
+    pub ack_timeout: Duration,
+    /// Transport retries before `RetryExcErr`.
+    pub retry_count: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Msg(MessageKind),
+    Read,
+    LocalInv,
+}
+
+struct SqEntry {
+    wr: SendWr,
+    kind: Kind,
+    remote: RemoteAddr,
+    first: Psn,
+    npkts: u32,
+    /// Packets sent in the current attempt (reads: 0 or `npkts`).
+    sent: u32,
+    total: u32,
+    ranges: [(usize, usize); MAX_SGE],
+    nr: usize,
+    /// Every PSN acknowledged (or, for reads, every response placed).
+    done: bool,
+    /// Reads: response packets placed.
+    got: u32,
+    /// A local error decided at post time, reported in order.
+    local_err: Option<WcStatus>,
+}
+
+impl SqEntry {
+    fn last(&self) -> Psn {
+        self.first.add(self.npkts.max(1) - 1)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct KeyEntry {
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+    _arena: Arc<Arena>,
+}
+
+struct ReadJob {
+    psn: Psn,
+    addr: usize,
+    len: u32,
+    npkts: u32,
+    sent: u32,
+    _arena: Option<Arc<Arena>>,
+}
+
+enum Cur {
+    Idle,
+    Send {
+        placed: u32,
+    },
+    Write {
+        addr: usize,
+        left: u32,
+        imm_len: u32,
+    },
+}
+
+/// One RC queue pair (owned by its device's engine once bound).
+pub(super) struct RcQp {
+    pub qpn: u32,
+    pub state: QpState,
+    pub caps: QpCaps,
+    pub pd: Arc<PdInner>,
+    pub send_cq: usize,
+    pub recv_cq: usize,
+    pub mtu: Mtu,
+    pub timers: Timers,
+    pub peer: Option<PeerPath>,
+    pub conn: Option<ConnRef>,
+    /// Our QP errored: a DREQ is to be sent by the CM.
+    pub dreq_due: bool,
+    /// The handle was dropped: remove once drained.
+    pub dropped: bool,
+    pub faults: Faults,
+    // requester
+    sq: VecDeque<SqEntry>,
+    pub send_done: VecDeque<Completion>,
+    next_psn: Psn,
+    una: Psn,
+    sq_next: usize,
+    retry_left: u8,
+    rnr_left: u8,
+    timer: Option<Instant>,
+    rnr_until: Option<Instant>,
+    /// A read re-request already issued for this PSN (one per gap).
+    reread_at: Option<Psn>,
+    // responder
+    rq: VecDeque<RecvWr>,
+    pub recv_done: VecDeque<Completion>,
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    ack_due: bool,
+    cur: Cur,
+    read_jobs: VecDeque<ReadJob>,
+    keys: Vec<Option<KeyEntry>>,
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    u32::from_le_bytes(b)
+}
+
+/// Smallest RNR NAK timer code waiting at least `d` (IBTA table, rxe
+/// `rnrnak_usec`); code 0 (655 ms) if nothing smaller suffices.
+fn rnr_code(d: Duration) -> u8 {
+    let us = d.as_micros().min(u32::MAX as u128) as u32;
+    (1u8..32)
+        .filter(|&c| crate::wire::roce::rnr_timer_usec(c) >= us)
+        .min_by_key(|&c| crate::wire::roce::rnr_timer_usec(c))
+        .unwrap_or(0)
+}
+
+/// Copies `dst.len()` bytes from byte `off` of the concatenated `ranges`.
+///
+/// # Safety
+/// Every range must be valid for reads.
+unsafe fn gather(ranges: &[(usize, usize)], mut off: usize, dst: &mut [u8]) {
+    let mut done = 0;
+    for &(addr, len) in ranges {
+        if done == dst.len() {
+            break;
+        }
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let n = (len - off).min(dst.len() - done);
+        // SAFETY: off + n <= len, valid per the caller.
+        unsafe { std::ptr::copy((addr + off) as *const u8, dst[done..].as_mut_ptr(), n) };
+        done += n;
+        off = 0;
+    }
+}
+
+/// Copies `src` to byte `off` of the concatenated `ranges`; false if it
+/// does not fit (nothing is copied then).
+///
+/// # Safety
+/// Every range must be valid for writes.
+unsafe fn scatter(ranges: &[(usize, usize)], mut off: usize, src: &[u8]) -> bool {
+    let room: usize = ranges.iter().map(|r| r.1).sum();
+    if off + src.len() > room {
+        return false;
+    }
+    let mut done = 0;
+    for &(addr, len) in ranges {
+        if done == src.len() {
+            break;
+        }
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let n = (len - off).min(src.len() - done);
+        // SAFETY: off + n <= len, valid per the caller.
+        unsafe { std::ptr::copy(src[done..].as_ptr(), (addr + off) as *mut u8, n) };
+        done += n;
+        off = 0;
+    }
+    true
+}
+
+fn sgl_ranges(sgl: &SgeList) -> ([(usize, usize); MAX_SGE], usize) {
+    let mut out = [(0usize, 0usize); MAX_SGE];
+    let mut n = 0;
+    for s in sgl.iter() {
+        out[n] = (s.addr() as usize, s.len as usize);
+        n += 1;
+    }
+    (out, n)
+}
+
+/// Sets each buffer's length to what `placed` bytes fill, in order.
+fn set_placed(sgl: &mut SgeList, mut placed: u64) {
+    for s in sgl.iter_mut() {
+        let here = placed.min(s.len as u64);
+        s.buf.set_len(s.offset + here as u32);
+        placed -= here;
+    }
+}
+
+fn wc_opcode(op: SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+        SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
+        SendOp::Read(_) => WcOpcode::RdmaRead,
+        SendOp::LocalInv(_) => WcOpcode::LocalInv,
+    }
+}
+
+/// What a received request packet is, for the responder.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReqClass {
+    Send,
+    Write,
+    Read,
+}
+
+fn classify(op: Opcode) -> Option<ReqClass> {
+    use Opcode::*;
+    Some(match op {
+        RcSendFirst | RcSendMiddle | RcSendLast | RcSendLastImm | RcSendOnly | RcSendOnlyImm
+        | RcSendLastInv | RcSendOnlyInv => ReqClass::Send,
+        RcWriteFirst | RcWriteMiddle | RcWriteLast | RcWriteLastImm | RcWriteOnly
+        | RcWriteOnlyImm => ReqClass::Write,
+        RcReadRequest => ReqClass::Read,
+        _ => return None,
+    })
+}
+
+impl RcQp {
+    pub fn new(
+        caps: QpCaps,
+        pd: Arc<PdInner>,
+        send_cq: usize,
+        recv_cq: usize,
+        mtu: Mtu,
+        timers: Timers,
+    ) -> RcQp {
+        RcQp {
+            qpn: 0,
+            state: QpState::Init,
+            caps,
+            pd,
+            send_cq,
+            recv_cq,
+            mtu,
+            timers,
+            peer: None,
+            conn: None,
+            dreq_due: false,
+            dropped: false,
+            faults: Faults::default(),
+            sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
+            next_psn: Psn::from_masked(random_u32()),
+            una: Psn::default(),
+            sq_next: 0,
+            retry_left: timers.retry_count,
+            rnr_left: caps.rnr_retry,
+            timer: None,
+            rnr_until: None,
+            reread_at: None,
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            epsn: Psn::default(),
+            msn: 0,
+            nak_sent: false,
+            ack_due: false,
+            cur: Cur::Idle,
+            read_jobs: VecDeque::with_capacity(MAX_RD as usize),
+            keys: vec![None; KEY_SLOTS],
+        }
+    }
+
+    /// The PSN we will send first (announced in REQ/REP).
+    pub fn initial_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    /// Connects the transport: the peer sends from `peer_psn` (what it
+    /// announced), we from our own announced PSN.
+    pub fn bind(&mut self, peer: PeerPath, peer_psn: Psn, conn: ConnRef, mtu: Mtu) {
+        self.peer = Some(peer);
+        self.conn = Some(conn);
+        self.mtu = mtu;
+        self.epsn = peer_psn;
+        self.una = self.next_psn;
+        self.state = QpState::Rts;
+    }
+
+    pub fn is_drained(&self) -> bool {
+        self.state == QpState::Error
+            && self.sq.is_empty()
+            && self.rq.is_empty()
+            && self.send_done.is_empty()
+            && self.recv_done.is_empty()
+    }
+
+    fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32) {
+        if status == WcStatus::Success && !wr.signaled {
+            return;
+        }
+        self.send_done.push_back(Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: wc_opcode(wr.op),
+            byte_len,
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: self.qpn,
+            sgl: std::mem::take(&mut wr.sgl),
+        });
+    }
+
+    fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus) {
+        self.recv_done.push_back(Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: self.qpn,
+            sgl: std::mem::take(&mut wr.sgl),
+        });
+    }
+
+    /// Error state: the head send completes with `head` (if given),
+    /// everything else flushes; `tell_peer` asks the CM for a DREQ.
+    pub fn enter_error(&mut self, head: Option<WcStatus>, tell_peer: bool) {
+        if self.state == QpState::Error && head.is_none() {
+            // Still flush anything queued (e.g. pre-posted receives).
+        }
+        if let Some(st) = head {
+            if let Some(e) = self.sq.pop_front() {
+                self.complete_send(e.wr, st, 0);
+            }
+        }
+        if self.state != QpState::Error && tell_peer && self.conn.is_some() {
+            self.dreq_due = true;
+        }
+        self.state = QpState::Error;
+        while let Some(e) = self.sq.pop_front() {
+            self.complete_send(e.wr, WcStatus::WrFlushErr, 0);
+        }
+        while let Some(wr) = self.rq.pop_front() {
+            self.flush_recv(wr, WcStatus::WrFlushErr);
+        }
+        self.read_jobs.clear();
+        self.sq_next = 0;
+        self.timer = None;
+        for k in self.keys.iter_mut() {
+            *k = None;
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Posting
+
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
+        let invalid = (wr.inline && wr.sgl.total_len() > self.caps.max_inline as u64)
+            || (matches!(wr.op, SendOp::LocalInv(_)) && !wr.sgl.is_empty())
+            || !wr.sgl.iter().all(Sge::in_bounds);
+        if invalid {
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
+        if self.sq.len() + self.send_done.len() >= self.caps.max_send_wr as usize {
+            return Err(PostFailed {
+                error: PostError::QueueFull,
+                wr,
+            });
+        }
+        if self.state == QpState::Error {
+            self.complete_send(wr, WcStatus::WrFlushErr, 0);
+            return Ok(());
+        }
+        let need = if matches!(wr.op, SendOp::Read(_)) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        let mut local_err = None;
+        if !wr.sgl.iter().all(|s| self.pd.check_local(s, need)) {
+            local_err = Some(WcStatus::LocProtErr);
+        }
+        let total64 = wr.sgl.total_len();
+        if total64 > (1 << 31) {
+            local_err = Some(WcStatus::LocLenErr);
+        }
+        let total = total64.min(u32::MAX as u64) as u32;
+        let (kind, remote) = match wr.op {
+            SendOp::Send => (Kind::Msg(MessageKind::Send), RemoteAddr::default()),
+            SendOp::SendWithImm(_) => (Kind::Msg(MessageKind::SendImm), RemoteAddr::default()),
+            SendOp::SendWithInv(_) => (Kind::Msg(MessageKind::SendInv), RemoteAddr::default()),
+            SendOp::Write(ra) => (Kind::Msg(MessageKind::Write), ra),
+            SendOp::WriteWithImm(ra, _) => (Kind::Msg(MessageKind::WriteImm), ra),
+            SendOp::Read(ra) => (Kind::Read, ra),
+            SendOp::LocalInv(_) => (Kind::LocalInv, RemoteAddr::default()),
+        };
+        let npkts = match kind {
+            Kind::LocalInv => 0,
+            _ if local_err.is_some() => 0,
+            _ => seg::packet_count(total, self.mtu),
+        };
+        let (ranges, nr) = sgl_ranges(&wr.sgl);
+        let first = self.next_psn;
+        self.next_psn = first.add(npkts);
+        self.sq.push_back(SqEntry {
+            wr,
+            kind,
+            remote,
+            first,
+            npkts,
+            sent: 0,
+            total,
+            ranges,
+            nr,
+            done: false,
+            got: 0,
+            local_err,
+        });
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize
+            || !wr.sgl.iter().all(Sge::in_bounds)
+        {
+            let error = if wr.sgl.iter().all(Sge::in_bounds) {
+                PostError::QueueFull
+            } else {
+                PostError::Invalid
+            };
+            return Err(PostFailed { error, wr });
+        }
+        if self.state == QpState::Error {
+            self.flush_recv(wr, WcStatus::WrFlushErr);
+            return Ok(());
+        }
+        if !wr
+            .sgl
+            .iter()
+            .all(|s| self.pd.check_local(s, Access::LOCAL_WRITE))
+        {
+            self.flush_recv(wr, WcStatus::LocProtErr);
+            self.enter_error(None, true);
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Grants the peer access to a registration; returns its rkey.
+    pub fn expose(
+        &mut self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        arena: &Arc<Arena>,
+    ) -> Result<RemoteKey, VerbsError> {
+        if self.state == QpState::Error {
+            return Err(VerbsError::NotConnected);
+        }
+        let slot = self
+            .keys
+            .iter()
+            .position(Option::is_none)
+            .ok_or(VerbsError::Limit("key table of this connection is full"))?;
+        let rkey = loop {
+            let r = (random_u32() << 8) | slot as u32;
+            if r != 0 {
+                break r;
+            }
+        };
+        self.keys[slot] = Some(KeyEntry {
+            rkey,
+            addr,
+            len,
+            access,
+            _arena: arena.clone(),
+        });
+        Ok(RemoteKey { addr, rkey, len })
+    }
+
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        let slot = (rkey & 0xff) as usize;
+        match self.keys.get(slot) {
+            Some(Some(k)) if k.rkey == rkey => {
+                self.keys[slot] = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Validates a peer access of `len` bytes at `va` with `rkey`.
+    fn check_remote(
+        &self,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        need: Access,
+    ) -> Option<(usize, Arc<Arena>)> {
+        let k = self.keys.get((rkey & 0xff) as usize)?.as_ref()?;
+        if k.rkey != rkey || !k.access.contains(need) {
+            return None;
+        }
+        let off = va.checked_sub(k.addr)?;
+        if off.checked_add(len as u64)? > k.len {
+            return None;
+        }
+        Some((va as usize, k._arena.clone()))
+    }
+
+    // ------------------------------------------------------------------
+    // Output: requests, read responses, ACKs, timers
+
+    /// Runs timers and emits whatever the window allows.
+    pub fn tick(&mut self, now: Instant, tx: &mut Tx) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        let Some(peer) = self.peer else {
+            return;
+        };
+        // Retransmission timer (IBTA 9.7.6.1.3: go back to the oldest
+        // unacknowledged PSN; RetryExcErr when the budget is spent).
+        if let Some(t) = self.timer {
+            if now >= t {
+                if self.retry_left == 0 {
+                    self.enter_error(Some(WcStatus::RetryExcErr), true);
+                    return;
+                }
+                self.retry_left -= 1;
+                let una = self.una;
+                self.go_back(una);
+                self.timer = None;
+            }
+        }
+        if self.ack_due {
+            self.ack_due = false;
+            self.send_ack(tx, peer, Syndrome::ACK, self.epsn.sub(1));
+        }
+        self.emit_read_responses(tx, peer);
+        self.emit_requests(now, tx, peer);
+    }
+
+    fn send_ack(&mut self, tx: &mut Tx, peer: PeerPath, syn: Syndrome, psn: Psn) {
+        let mut p = RocePacket::new(Bth::new(Opcode::RcAcknowledge, peer.qpn, psn), &[]);
+        p.aeth = Some(Aeth {
+            syndrome: syn,
+            msn: self.msn & 0xFF_FFFF,
+        });
+        let slot = tx.slot();
+        if let Ok(n) = p.emit(slot) {
+            tx.commit(n, peer.addr, Some(&mut self.faults));
+        }
+    }
+
+    fn emit_read_responses(&mut self, tx: &mut Tx, peer: PeerPath) {
+        let mut budget = READ_BURST;
+        while budget > 0 {
+            let Some(job) = self.read_jobs.front_mut() else {
+                return;
+            };
+            while job.sent < job.npkts && budget > 0 {
+                let i = job.sent;
+                let off = i * self.mtu.bytes();
+                let len = seg::payload_len(job.len, self.mtu, i).unwrap_or(0) as usize;
+                let Some(op) = seg::opcode(MessageKind::ReadResponse, i, job.npkts) else {
+                    break;
+                };
+                let mut p = RocePacket::new(Bth::new(op, peer.qpn, job.psn.add(i)), &ZEROS[..len]);
+                if op.headers().aeth {
+                    p.aeth = Some(Aeth {
+                        syndrome: Syndrome::ACK,
+                        msn: self.msn & 0xFF_FFFF,
+                    });
+                }
+                let at = p.payload_offset();
+                let slot = tx.slot();
+                if let Ok(n) = p.emit(slot) {
+                    // SAFETY: the range was validated against a live key
+                    // whose arena the job keeps mapped.
+                    unsafe {
+                        std::ptr::copy(
+                            (job.addr + off as usize) as *const u8,
+                            slot[at..].as_mut_ptr(),
+                            len,
+                        )
+                    };
+                    tx.commit(n, peer.addr, Some(&mut self.faults));
+                }
+                job.sent += 1;
+                budget -= 1;
+            }
+            if job.sent >= job.npkts {
+                self.read_jobs.pop_front();
+            }
+        }
+    }
+
+    fn emit_requests(&mut self, now: Instant, tx: &mut Tx, peer: PeerPath) {
+        if let Some(t) = self.rnr_until {
+            if now < t {
+                return;
+            }
+            self.rnr_until = None;
+        }
+        let mut reads_out = self
+            .sq
+            .iter()
+            .take(self.sq_next)
+            .filter(|e| e.kind == Kind::Read && !e.done)
+            .count() as u32;
+        while self.sq_next < self.sq.len() {
+            let idx = self.sq_next;
+            if let Some(st) = self.sq[idx].local_err {
+                if idx == 0 {
+                    self.enter_error(Some(st), true);
+                }
+                return;
+            }
+            match self.sq[idx].kind {
+                Kind::LocalInv => {
+                    let SendOp::LocalInv(rkey) = self.sq[idx].wr.op else {
+                        unreachable!("LocalInv entry")
+                    };
+                    if !self.invalidate(rkey) {
+                        self.sq[idx].local_err = Some(WcStatus::LocProtErr);
+                        continue;
+                    }
+                    self.sq[idx].done = true;
+                    self.sq_next += 1;
+                    continue;
+                }
+                Kind::Read => {
+                    if self.sq[idx].first.distance(self.una) >= WINDOW || reads_out >= MAX_RD {
+                        break;
+                    }
+                    self.emit_read_request(tx, peer, idx);
+                    let e = &mut self.sq[idx];
+                    e.sent = e.npkts;
+                    reads_out += 1;
+                    self.sq_next += 1;
+                }
+                Kind::Msg(kind) => {
+                    let e = &self.sq[idx];
+                    let psn = e.first.add(e.sent);
+                    if psn.distance(self.una) >= WINDOW {
+                        break;
+                    }
+                    self.emit_data(tx, peer, idx, kind);
+                    let e = &mut self.sq[idx];
+                    e.sent += 1;
+                    if e.sent >= e.npkts {
+                        self.sq_next += 1;
+                    }
+                }
+            }
+            if self.timer.is_none() {
+                self.timer = Some(now + self.timers.ack_timeout);
+            }
+        }
+        self.complete_head();
+    }
+
+    fn emit_read_request(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize) {
+        let e = &self.sq[idx];
+        let done_bytes = e.got * self.mtu.bytes();
+        let mut bth = Bth::new(Opcode::RcReadRequest, peer.qpn, e.first.add(e.got));
+        bth.ack_req = true;
+        let mut p = RocePacket::new(bth, &[]);
+        p.reth = Some(Reth {
+            va: e.remote.addr.wrapping_add(done_bytes as u64),
+            rkey: e.remote.rkey,
+            dma_len: e.total.saturating_sub(done_bytes),
+        });
+        let slot = tx.slot();
+        if let Ok(n) = p.emit(slot) {
+            tx.commit(n, peer.addr, Some(&mut self.faults));
+        }
+    }
+
+    fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
+        let mtu = self.mtu;
+        let e = &self.sq[idx];
+        let i = e.sent;
+        let Some(op) = seg::opcode(kind, i, e.npkts) else {
+            return;
+        };
+        let len = seg::payload_len(e.total, mtu, i).unwrap_or(0) as usize;
+        let psn = e.first.add(i);
+        let mut bth = Bth::new(op, peer.qpn, psn);
+        let last = i + 1 == e.npkts;
+        bth.ack_req = last || psn.value() % ACKREQ_EVERY == 0;
+        let mut p = RocePacket::new(bth, &ZEROS[..len]);
+        let h = op.headers();
+        if h.reth {
+            p.reth = Some(Reth {
+                va: e.remote.addr,
+                rkey: e.remote.rkey,
+                dma_len: e.total,
+            });
+        }
+        if h.immdt {
+            p.immdt = match e.wr.op {
+                SendOp::SendWithImm(v) | SendOp::WriteWithImm(_, v) => Some(v),
+                _ => Some(0),
+            };
+        }
+        if h.ieth {
+            p.ieth = match e.wr.op {
+                SendOp::SendWithInv(k) => Some(k),
+                _ => Some(0),
+            };
+        }
+        let at = p.payload_offset();
+        let ranges = e.ranges;
+        let nr = e.nr;
+        let slot = tx.slot();
+        if let Ok(n) = p.emit(slot) {
+            // SAFETY: ranges were validated against live registrations at
+            // post time; the buffers are owned by the queued work request.
+            unsafe {
+                gather(
+                    &ranges[..nr],
+                    (i * mtu.bytes()) as usize,
+                    &mut slot[at..at + len],
+                )
+            };
+            tx.commit(n, peer.addr, Some(&mut self.faults));
+        }
+    }
+
+    /// Rewinds transmission to `psn` (go-back-N).
+    fn go_back(&mut self, psn: Psn) {
+        let mut first_unsent = None;
+        for (i, e) in self.sq.iter_mut().enumerate() {
+            if e.done || e.npkts == 0 && e.kind != Kind::LocalInv {
+                continue;
+            }
+            match e.kind {
+                Kind::LocalInv => {}
+                Kind::Read => {
+                    if e.last().distance(psn) >= 0 {
+                        e.sent = 0;
+                        first_unsent.get_or_insert(i);
+                    }
+                }
+                Kind::Msg(_) => {
+                    if e.last().distance(psn) >= 0 {
+                        let from = psn.distance(e.first).max(0) as u32;
+                        e.sent = e.sent.min(from);
+                        first_unsent.get_or_insert(i);
+                    }
+                }
+            }
+        }
+        if let Some(i) = first_unsent {
+            self.sq_next = self.sq_next.min(i);
+        }
+        self.reread_at = None;
+    }
+
+    /// Pops completed work requests from the head, in order.
+    fn complete_head(&mut self) {
+        while let Some(e) = self.sq.front() {
+            if !e.done {
+                break;
+            }
+            let e = self.sq.pop_front().expect("front exists");
+            self.sq_next = self.sq_next.saturating_sub(1);
+            let len = if e.kind == Kind::LocalInv { 0 } else { e.total };
+            let mut wr = e.wr;
+            if e.kind == Kind::Read {
+                set_placed(&mut wr.sgl, e.total as u64);
+            }
+            self.complete_send(wr, WcStatus::Success, len);
+        }
+        if self.sq.iter().all(|e| e.done || e.sent == 0) {
+            self.timer = None;
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Input
+
+    /// Handles one transport packet addressed to this QP.
+    pub fn on_packet(&mut self, p: &RocePacket<'_>, now: Instant, tx: &mut Tx) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        let Some(peer) = self.peer else {
+            return;
+        };
+        match p.bth.opcode {
+            Opcode::RcAcknowledge => self.on_ack(p, now, tx, peer),
+            Opcode::RcReadResponseFirst
+            | Opcode::RcReadResponseMiddle
+            | Opcode::RcReadResponseLast
+            | Opcode::RcReadResponseOnly => self.on_read_response(p, now, tx, peer),
+            op => {
+                if let Some(c) = classify(op) {
+                    self.on_request(p, c, tx, peer)
+                }
+            }
+        }
+    }
+
+    /// Cumulative acknowledgement of every PSN up to and including `psn`.
+    fn ack_through(&mut self, psn: Psn, now: Instant) -> bool {
+        // Ignore stale ACKs and ACKs for PSNs never sent.
+        if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+            return false;
+        }
+        let mut implicit_nak = None;
+        for e in self.sq.iter_mut() {
+            if e.done || e.npkts == 0 {
+                continue;
+            }
+            if e.last().distance(psn) > 0 {
+                break;
+            }
+            match e.kind {
+                Kind::Msg(_) => e.done = true,
+                Kind::Read => {
+                    // An ACK past a read whose responses we lack: they were
+                    // lost (responses precede later ACKs); re-request.
+                    implicit_nak.get_or_insert(e.first.add(e.got));
+                    break;
+                }
+                Kind::LocalInv => {}
+            }
+        }
+        let new_una = match implicit_nak {
+            Some(p) => p,
+            None => psn.next(),
+        };
+        if new_una.distance(self.una) > 0 {
+            self.una = new_una;
+            self.retry_left = self.timers.retry_count;
+            self.timer = Some(now + self.timers.ack_timeout);
+        }
+        if let Some(p) = implicit_nak {
+            if self.reread_at != Some(p) {
+                self.go_back(p);
+                self.reread_at = Some(p);
+            }
+        }
+        self.complete_head();
+        true
+    }
+
+    fn on_ack(&mut self, p: &RocePacket<'_>, now: Instant, tx: &mut Tx, peer: PeerPath) {
+        let Some(aeth) = p.aeth else {
+            return;
+        };
+        let psn = p.bth.psn;
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => {
+                self.ack_through(psn, now);
+                self.rnr_left = self.caps.rnr_retry;
+            }
+            Syndrome::RnrNak { timer } => {
+                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                    return;
+                }
+                self.ack_through(psn.sub(1), now);
+                if self.caps.rnr_retry < 7 {
+                    if self.rnr_left == 0 {
+                        self.enter_error(Some(WcStatus::RnrRetryExcErr), true);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.go_back(psn);
+                self.rnr_until = Some(
+                    now + Duration::from_micros(crate::wire::roce::rnr_timer_usec(timer) as u64),
+                );
+                self.timer = None;
+            }
+            Syndrome::Nak(code) => {
+                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                    return;
+                }
+                self.ack_through(psn.sub(1), now);
+                match code {
+                    NakCode::PsnSequenceError => {
+                        self.go_back(psn);
+                        self.emit_requests(now, tx, peer);
+                    }
+                    NakCode::RemoteAccessError => {
+                        self.enter_error(Some(WcStatus::RemAccessErr), true)
+                    }
+                    _ => self.enter_error(Some(WcStatus::RemInvReqErr), true),
+                }
+            }
+        }
+    }
+
+    fn on_read_response(&mut self, p: &RocePacket<'_>, now: Instant, tx: &mut Tx, peer: PeerPath) {
+        let psn = p.bth.psn;
+        let mtu = self.mtu.bytes();
+        // The oldest read not complete: responses arrive in PSN order.
+        let Some(idx) = self
+            .sq
+            .iter()
+            .position(|e| e.kind == Kind::Read && !e.done && e.sent > 0)
+        else {
+            return;
+        };
+        let e = &mut self.sq[idx];
+        let expected = e.first.add(e.got);
+        let d = psn.distance(expected);
+        if d < 0 {
+            return; // duplicate
+        }
+        if d > 0 {
+            if psn.distance(e.first) < e.npkts as i32 && self.reread_at != Some(expected) {
+                // Gap: re-request the rest of the read (rxe req_retry).
+                self.reread_at = Some(expected);
+                self.go_back(expected);
+                self.reread_at = Some(expected);
+                self.emit_requests(now, tx, peer);
+            }
+            return;
+        }
+        let i = e.got;
+        let want = seg::payload_len(e.total, self.mtu, i).unwrap_or(0) as usize;
+        let pos = p.bth.opcode.position();
+        let last = i + 1 == e.npkts;
+        // A re-requested read restarts with FIRST (or ONLY) mid-message.
+        let pos_ok = match pos {
+            Position::Only => last,
+            Position::First => !last,
+            Position::Middle => i > 0 && !last,
+            Position::Last => i > 0 && last,
+        };
+        if !pos_ok || p.payload.len() != want {
+            // Malformed response sequence: class B error.
+            self.enter_error(Some(WcStatus::RemInvReqErr), true);
+            return;
+        }
+        // SAFETY: ranges validated (LOCAL_WRITE) at post; the buffers are
+        // owned by the queued work request.
+        let ok = unsafe { scatter(&e.ranges[..e.nr], (i * mtu) as usize, p.payload) };
+        if !ok {
+            self.enter_error(Some(WcStatus::LocLenErr), true);
+            return;
+        }
+        e.got += 1;
+        if e.got == e.npkts {
+            e.done = true;
+        }
+        // A read response acknowledges every earlier PSN (IBTA 9.7.5.1.4).
+        self.ack_through(psn, now);
+        self.complete_head();
+    }
+
+    fn nak(&mut self, tx: &mut Tx, peer: PeerPath, code: NakCode) {
+        let psn = self.epsn;
+        self.send_ack(tx, peer, Syndrome::Nak(code), psn);
+    }
+
+    fn responder_error(&mut self, tx: &mut Tx, peer: PeerPath, code: NakCode) {
+        self.nak(tx, peer, code);
+        self.enter_error(None, true);
+    }
+
+    fn on_request(&mut self, p: &RocePacket<'_>, class: ReqClass, tx: &mut Tx, peer: PeerPath) {
+        let psn = p.bth.psn;
+        let d = psn.distance(self.epsn);
+        if d > 0 {
+            // Sequence error: NAK once, then drop until the retry arrives.
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.nak(tx, peer, NakCode::PsnSequenceError);
+            }
+            return;
+        }
+        if d < 0 {
+            // Duplicate: re-execute reads, re-acknowledge the rest.
+            if class == ReqClass::Read {
+                self.replay_read(p, tx, peer);
+            } else {
+                self.ack_due = true;
+            }
+            return;
+        }
+        self.nak_sent = false;
+        let op = p.bth.opcode;
+        let pos = op.position();
+        match class {
+            ReqClass::Read => {
+                let Some(reth) = p.reth else { return };
+                let npkts = seg::packet_count(reth.dma_len, self.mtu);
+                let addr = if reth.dma_len == 0 {
+                    Some((0usize, None))
+                } else {
+                    self.check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_READ)
+                        .map(|(a, ar)| (a, Some(ar)))
+                };
+                let Some((addr, arena)) = addr else {
+                    return self.responder_error(tx, peer, NakCode::RemoteAccessError);
+                };
+                if self.read_jobs.len() >= MAX_RD as usize {
+                    return self.responder_error(tx, peer, NakCode::InvalidRequest);
+                }
+                self.read_jobs.push_back(ReadJob {
+                    psn,
+                    addr,
+                    len: reth.dma_len,
+                    npkts,
+                    sent: 0,
+                    _arena: arena,
+                });
+                self.epsn = psn.add(npkts);
+                self.msn = self.msn.wrapping_add(1);
+                self.emit_read_responses(tx, peer);
+            }
+            ReqClass::Send => {
+                let starts = matches!(pos, Position::First | Position::Only);
+                match (&self.cur, starts) {
+                    (Cur::Idle, true) => {}
+                    _ if !starts && matches!(self.cur, Cur::Send { .. }) => {}
+                    _ => return self.responder_error(tx, peer, NakCode::InvalidRequest),
+                }
+                if starts {
+                    if self.rq.is_empty() {
+                        // Receiver not ready (IBTA 9.7.5.2.8).
+                        let code = rnr_code(self.caps.rnr_timer);
+                        self.send_ack(tx, peer, Syndrome::RnrNak { timer: code }, psn);
+                        return;
+                    }
+                    self.cur = Cur::Send { placed: 0 };
+                }
+                let Cur::Send { placed } = self.cur else {
+                    return;
+                };
+                let wr = self.rq.front().expect("receive checked");
+                let (ranges, nr) = sgl_ranges(&wr.sgl);
+                // SAFETY: receive SGEs were validated at post (LOCAL_WRITE)
+                // and are owned by the queued receive.
+                let fits = unsafe { scatter(&ranges[..nr], placed as usize, p.payload) };
+                if !fits {
+                    let wr = self.rq.pop_front().expect("receive checked");
+                    self.flush_recv(wr, WcStatus::LocLenErr);
+                    self.cur = Cur::Idle;
+                    return self.responder_error(tx, peer, NakCode::InvalidRequest);
+                }
+                let placed = placed + p.payload.len() as u32;
+                self.cur = Cur::Send { placed };
+                self.epsn = psn.next();
+                if matches!(pos, Position::Last | Position::Only) {
+                    self.cur = Cur::Idle;
+                    self.msn = self.msn.wrapping_add(1);
+                    let mut wr = self.rq.pop_front().expect("receive checked");
+                    let mut status = WcStatus::Success;
+                    let mut inv = None;
+                    if let Some(rkey) = p.ieth {
+                        if self.invalidate(rkey) {
+                            inv = Some(rkey);
+                        } else {
+                            status = WcStatus::LocProtErr;
+                        }
+                    }
+                    set_placed(&mut wr.sgl, placed as u64);
+                    self.recv_done.push_back(Completion {
+                        wr_id: wr.wr_id,
+                        status,
+                        opcode: WcOpcode::Recv,
+                        byte_len: placed,
+                        imm: p.immdt,
+                        invalidated_rkey: inv,
+                        qp_num: self.qpn,
+                        sgl: std::mem::take(&mut wr.sgl),
+                    });
+                    if status != WcStatus::Success {
+                        return self.responder_error(tx, peer, NakCode::InvalidRequest);
+                    }
+                }
+                if p.bth.ack_req {
+                    self.ack_due = true;
+                }
+            }
+            ReqClass::Write => {
+                let starts = matches!(pos, Position::First | Position::Only);
+                let ends = matches!(pos, Position::Last | Position::Only);
+                match (&self.cur, starts) {
+                    (Cur::Idle, true) => {}
+                    _ if !starts && matches!(self.cur, Cur::Write { .. }) => {}
+                    _ => return self.responder_error(tx, peer, NakCode::InvalidRequest),
+                }
+                if ends && p.immdt.is_some() && self.rq.is_empty() {
+                    let code = rnr_code(self.caps.rnr_timer);
+                    self.send_ack(tx, peer, Syndrome::RnrNak { timer: code }, psn);
+                    return;
+                }
+                if starts {
+                    let Some(reth) = p.reth else { return };
+                    let addr = if reth.dma_len == 0 {
+                        Some(0usize)
+                    } else {
+                        self.check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_WRITE)
+                            .map(|(a, _)| a)
+                    };
+                    let Some(addr) = addr else {
+                        return self.responder_error(tx, peer, NakCode::RemoteAccessError);
+                    };
+                    self.cur = Cur::Write {
+                        addr,
+                        left: reth.dma_len,
+                        imm_len: reth.dma_len,
+                    };
+                }
+                let Cur::Write {
+                    addr,
+                    left,
+                    imm_len,
+                } = self.cur
+                else {
+                    return;
+                };
+                let n = p.payload.len() as u32;
+                if n > left || (ends && n != left) {
+                    self.cur = Cur::Idle;
+                    return self.responder_error(tx, peer, NakCode::InvalidRequest);
+                }
+                if n > 0 {
+                    // SAFETY: [addr, addr + dma_len) was validated against
+                    // a live key (REMOTE_WRITE) at the first packet; the
+                    // key's arena keeps it mapped.
+                    unsafe { std::ptr::copy(p.payload.as_ptr(), addr as *mut u8, n as usize) };
+                }
+                self.cur = Cur::Write {
+                    addr: addr + n as usize,
+                    left: left - n,
+                    imm_len,
+                };
+                self.epsn = psn.next();
+                if ends {
+                    self.cur = Cur::Idle;
+                    self.msn = self.msn.wrapping_add(1);
+                    if let Some(imm) = p.immdt {
+                        let mut wr = self.rq.pop_front().expect("receive checked");
+                        set_placed(&mut wr.sgl, 0);
+                        self.recv_done.push_back(Completion {
+                            wr_id: wr.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                            byte_len: imm_len,
+                            imm: Some(imm),
+                            invalidated_rkey: None,
+                            qp_num: self.qpn,
+                            sgl: std::mem::take(&mut wr.sgl),
+                        });
+                    }
+                }
+                if p.bth.ack_req {
+                    self.ack_due = true;
+                }
+            }
+        }
+    }
+
+    /// A duplicate RDMA Read request: execute it again from its PSN
+    /// (IBTA 9.7.5.1.2, rxe `duplicate_request`).
+    fn replay_read(&mut self, p: &RocePacket<'_>, tx: &mut Tx, peer: PeerPath) {
+        let Some(reth) = p.reth else { return };
+        let psn = p.bth.psn;
+        let npkts = seg::packet_count(reth.dma_len, self.mtu);
+        // Must lie within what we already accepted.
+        if self.epsn.distance(psn.add(npkts)) < 0 {
+            return;
+        }
+        let addr = if reth.dma_len == 0 {
+            Some((0usize, None))
+        } else {
+            self.check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_READ)
+                .map(|(a, ar)| (a, Some(ar)))
+        };
+        let Some((addr, arena)) = addr else {
+            return;
+        };
+        if let Some(j) = self.read_jobs.iter_mut().find(|j| j.psn == psn) {
+            j.sent = 0;
+            return;
+        }
+        if self.read_jobs.len() >= MAX_RD as usize {
+            self.read_jobs.pop_front();
+        }
+        self.read_jobs.push_back(ReadJob {
+            psn,
+            addr,
+            len: reth.dma_len,
+            npkts,
+            sent: 0,
+            _arena: arena,
+        });
+        self.emit_read_responses(tx, peer);
+    }
+}

@@ -1,0 +1,482 @@
+//! The roce provider against a hand-written peer: a plain UDP socket that
+//! speaks IB CM and RC transport through the `wire` codecs, the way an rxe
+//! peer would. It checks what the provider puts on the wire (REQ fields,
+//! starting PSNs the right way round, ICRC, retransmissions, DREQ) and how
+//! its responder answers (ACK with MSN, PSN wrap, sequence-error NAK once,
+//! duplicate RDMA Read replay, remote access NAK).
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering as AtOrd};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::mem::{Arena, Slab, WrKind};
+use crate::wire::ibcm::{CmMad, CmMessage, Rep};
+use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
+use crate::wire::roce::{Bth, NakCode, Reth, Syndrome};
+
+const LONG: Duration = Duration::from_secs(20);
+/// The fake peer's QPN and the PSN it announces (two before the wrap).
+const FAKE_QPN: u32 = 0x22;
+const FAKE_PSN: u32 = 0xFF_FFFE;
+const UDP: u16 = 47_931;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// (provider address, fake peer address), unique per test in this process.
+fn addrs() -> (Ipv4Addr, Ipv4Addr) {
+    let pid = std::process::id() & 0xFFFF;
+    let seq = SEQ.fetch_add(1, AtOrd::Relaxed);
+    (
+        Ipv4Addr::from(0x7F01_0000 | pid),
+        Ipv4Addr::from(0x7F00_0000 | ((2 + seq) << 16) | pid),
+    )
+}
+
+struct Fake {
+    sock: UdpSocket,
+    me: SocketAddrV4,
+    peer: SocketAddrV4,
+    gsi_psn: Psn,
+}
+
+impl Fake {
+    fn new(me: Ipv4Addr, peer: Ipv4Addr) -> Fake {
+        let sock = UdpSocket::bind((me, UDP)).unwrap();
+        // DF and IP ID 0, like the provider (our ICRCs assume it).
+        let v: i32 = libc::IP_PMTUDISC_DO;
+        // SAFETY: valid fd, pointer to an i32.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                &v as *const i32 as *const libc::c_void,
+                4,
+            )
+        };
+        sock.set_read_timeout(Some(LONG)).unwrap();
+        Fake {
+            sock,
+            me: SocketAddrV4::new(me, UDP),
+            peer: SocketAddrV4::new(peer, UDP),
+            gsi_psn: Psn::default(),
+        }
+    }
+
+    /// The next datagram, its ICRC checked as the provider computes it.
+    fn recv(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 9000];
+        let (n, from) = self.sock.recv_from(&mut b).expect("peer went silent");
+        b.truncate(n);
+        let ip = Ipv4Header::plain_udp_socket(
+            match from.ip() {
+                IpAddr::V4(v) => v.octets(),
+                IpAddr::V6(_) => panic!("v6"),
+            },
+            self.me.ip().octets(),
+        );
+        let ports = UdpPorts {
+            src: from.port(),
+            dst: UDP,
+        };
+        let want = Packet::new_checked(&b[..]).unwrap().icrc();
+        assert_eq!(icrc::compute_ipv4(&ip, ports, &b).unwrap(), want, "ICRC");
+        b
+    }
+
+    /// The next packet that is not a CM MAD.
+    fn recv_rc(&self) -> Vec<u8> {
+        loop {
+            let b = self.recv();
+            let p = RocePacket::parse(&b).unwrap();
+            if p.bth.dest_qpn != ibcm::GSI_QPN {
+                return b;
+            }
+        }
+    }
+
+    fn recv_mad(&self) -> Vec<u8> {
+        loop {
+            let b = self.recv();
+            let p = RocePacket::parse(&b).unwrap();
+            if p.bth.dest_qpn == ibcm::GSI_QPN {
+                return p.payload.to_vec();
+            }
+        }
+    }
+
+    fn send(&self, p: &RocePacket<'_>) {
+        let mut b = vec![0u8; p.buffer_len()];
+        p.emit(&mut b).unwrap();
+        let ip = Ipv4Header::plain_udp_socket(self.me.ip().octets(), self.peer.ip().octets());
+        let ports = UdpPorts { src: UDP, dst: UDP };
+        icrc::seal_ipv4(&ip, ports, &mut b).unwrap();
+        self.sock.send_to(&b, self.peer).unwrap();
+    }
+
+    fn send_mad(&mut self, m: &CmMad<'_>) {
+        let mut mad = [0u8; MAD_LEN];
+        m.emit(&mut mad).unwrap();
+        let psn = self.gsi_psn;
+        self.gsi_psn = psn.next();
+        self.send(&gsi_packet(psn, &mad));
+    }
+}
+
+/// The provider side: a context, memory and a QP, connected by a thread.
+struct Side {
+    qp: RoceQp,
+    cq: RoceCq,
+    mr: RoceMr,
+    local: Slab,
+    _recv: Slab,
+    _mrs: Vec<RoceMr>,
+    _pd: RocePd,
+    _ctx: RoceContext,
+}
+
+fn side(url: &str, peer_private: &'static [u8]) -> std::thread::JoinHandle<Side> {
+    let url = url.to_owned();
+    std::thread::spawn(move || {
+        let ctx = Roce::open(&url).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let arena = Arena::with_backing(1 << 20, crate::mem::Backing::Small).unwrap();
+        let rdma = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+        let lw = Access::LOCAL_WRITE;
+        let m1 = pd.register(&arena, 0, 1 << 19, lw).unwrap();
+        let m2 = pd.register(&arena, 1 << 19, 1 << 19, lw).unwrap();
+        let mr = pd
+            .register(
+                &rdma,
+                0,
+                1 << 16,
+                lw | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        // SAFETY: the arena is ours and not shared; fill the exposed region.
+        unsafe {
+            for i in 0..(1 << 16) {
+                *rdma.as_ptr().add(i) = (i * 7 % 251) as u8;
+            }
+        }
+        let recv = Slab::new(arena.clone(), 0, 8192, 64, m1.lkey(), WrKind::Recv).unwrap();
+        let local = Slab::new(arena, 1 << 19, 8192, 64, m2.lkey(), WrKind::Send).unwrap();
+        let caps = QpCaps {
+            rnr_retry: 7,
+            ..QpCaps::default()
+        };
+        let mut pqp = pd.create_qp(&cq, &cq, caps).unwrap();
+        for _ in 0..4 {
+            let b = recv.alloc().unwrap();
+            pqp.post_recv(RecvWr {
+                wr_id: b.wr_id(),
+                sgl: SgeList::one(Sge::whole(b)),
+            })
+            .unwrap();
+        }
+        let (qp, pd_bytes) = pqp.connect(&url, b"hello", LONG).unwrap();
+        assert_eq!(pd_bytes, peer_private);
+        Side {
+            qp,
+            cq,
+            mr,
+            local,
+            _recv: recv,
+            _mrs: vec![m1, m2],
+            _pd: pd,
+            _ctx: ctx,
+        }
+    })
+}
+
+fn next_completion(cq: &RoceCq) -> Completion {
+    let deadline = Instant::now() + LONG;
+    let mut out = [Completion::default()];
+    let mut n = 0u32;
+    loop {
+        if cq.poll(&mut out) == 1 {
+            return std::mem::take(&mut out[0]);
+        }
+        assert!(Instant::now() < deadline, "no completion");
+        n += 1;
+        idle(n);
+    }
+}
+
+/// Runs the CM exchange as an rdma_cm passive peer; returns the REQ's
+/// starting PSN and the provider's QPN.
+fn accept_as_fake(fake: &mut Fake, provider_ip: Ipv4Addr, fake_ip: Ipv4Addr) -> (u32, u32) {
+    let mad = fake.recv_mad();
+    let m = CmMad::parse(&mad).unwrap();
+    let CmMessage::Req(req) = m.message else {
+        panic!("expected REQ, got {:?}", m.message)
+    };
+    assert_eq!(ibcm::tcp_port_of_service_id(req.service_id), Some(7000));
+    assert!(req.local_qpn > 1, "never QPN 0 or 1");
+    assert!(req.initiator_depth >= 1 && req.responder_resources >= 1);
+    assert_eq!(req.transport_type, 0);
+    assert_eq!(req.path_mtu, Mtu::Mtu1024);
+    assert_eq!(req.primary_path.local_gid, ipv4_mapped_gid(provider_ip));
+    assert_eq!(req.primary_path.remote_gid, ipv4_mapped_gid(fake_ip));
+    let (hdr, user) = RdmaCmHeader::parse(req.private_data).unwrap();
+    assert_eq!(hdr.src, IpAddr::V4(provider_ip));
+    assert_eq!(hdr.dst, IpAddr::V4(fake_ip));
+    assert_eq!(&user[..5], b"hello");
+    assert!(user[5..].iter().all(|&b| b == 0));
+    let rep = Rep {
+        local_comm_id: 0x77,
+        remote_comm_id: req.local_comm_id,
+        local_qkey: 0,
+        local_qpn: FAKE_QPN,
+        local_eecn: 0,
+        starting_psn: Psn::new(FAKE_PSN).unwrap(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 15,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 1,
+        private_data: b"world",
+    };
+    fake.send_mad(&CmMad::new(m.tid, CmMessage::Rep(rep)));
+    let rtu = fake.recv_mad();
+    let m2 = CmMad::parse(&rtu).unwrap();
+    let CmMessage::Rtu(ids) = m2.message else {
+        panic!("expected RTU")
+    };
+    assert_eq!(
+        (ids.local_comm_id, ids.remote_comm_id),
+        (req.local_comm_id, 0x77)
+    );
+    (req.starting_psn.value(), req.local_qpn)
+}
+
+fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
+    format!("roce://{fake_ip}:7000?udp_port={UDP}&local={provider_ip}&verify_icrc=1{extra}")
+}
+
+#[test]
+fn requester_uses_its_announced_psn_retransmits_then_retry_exceeded() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, "&retry=2&ack_timeout_ms=5"), b"world");
+    let (req_psn, _qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let mut b = s.local.alloc().unwrap();
+    assert!(b.fill(b"ping"));
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    // The original and `retry` retransmissions of the same packet: the PSN
+    // announced in our REQ, to the QPN in the peer's REP.
+    for _ in 0..3 {
+        let raw = fake.recv_rc();
+        let p = RocePacket::parse(&raw).unwrap();
+        assert_eq!(p.bth.opcode, Opcode::RcSendOnly);
+        assert_eq!(p.bth.psn.value(), req_psn);
+        assert_eq!(p.bth.dest_qpn, FAKE_QPN);
+        assert!(p.bth.ack_req);
+        assert_eq!(p.payload, b"ping");
+    }
+    let c = next_completion(&s.cq);
+    assert_eq!(c.status, WcStatus::RetryExcErr);
+    assert_eq!(s.qp.state(), QpState::Error);
+    // The error is announced with a DREQ naming our QP pair.
+    let m = fake.recv_mad();
+    let CmMessage::Dreq(d) = CmMad::parse(&m).unwrap().message else {
+        panic!("expected DREQ")
+    };
+    assert_eq!(d.remote_qpn, FAKE_QPN);
+    assert_eq!(d.remote_comm_id, 0x77);
+}
+
+fn ack_of(raw: &[u8]) -> (Psn, Syndrome, u32) {
+    let p = RocePacket::parse(raw).unwrap();
+    assert_eq!(p.bth.opcode, Opcode::RcAcknowledge);
+    let a = p.aeth.unwrap();
+    (p.bth.psn, a.syndrome, a.msn)
+}
+
+#[test]
+fn responder_acks_wraps_naks_once_and_replays_reads() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let key = s.qp.expose(&s.mr).unwrap();
+    let psn = |k: u32| FAKE_PSN.wrapping_add(k) & 0xFF_FFFF;
+    let send = |op: Opcode, k: u32, payload: &[u8], ack: bool| {
+        let mut bth = Bth::new(op, qpn, Psn::from_masked(psn(k)));
+        bth.ack_req = ack;
+        fake.send(&RocePacket::new(bth, payload));
+    };
+
+    // A three-packet Send starting from the PSN of our REP, across the
+    // 2^24 wrap; the ACK names the last PSN with MSN 1.
+    let body: Vec<u8> = (0..2058u32).map(|i| i as u8).collect();
+    send(Opcode::RcSendFirst, 0, &body[..1024], false);
+    send(Opcode::RcSendMiddle, 1, &body[1024..2048], false);
+    send(Opcode::RcSendLast, 2, &body[2048..], true);
+    let (apsn, syn, msn) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn, msn), (psn(2), Syndrome::ACK, 1));
+    assert_eq!(psn(2), 0, "crossed the wrap");
+    let c = next_completion(&s.cq);
+    assert!(c.is_ok());
+    assert_eq!(c.byte_len, 2058);
+    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), &body[..]);
+    drop(c);
+
+    // Out of order: one sequence-error NAK naming the expected PSN, then
+    // silence until the expected packet comes (whose ACK is next).
+    send(Opcode::RcSendOnly, 5, b"early", true);
+    send(Opcode::RcSendOnly, 6, b"early", true);
+    let (npsn, syn, _) = ack_of(&fake.recv_rc());
+    assert_eq!(
+        (npsn.value(), syn),
+        (psn(3), Syndrome::Nak(NakCode::PsnSequenceError))
+    );
+    send(Opcode::RcSendOnly, 3, b"x", true);
+    let (apsn, syn, msn) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn, msn), (psn(3), Syndrome::ACK, 2));
+    drop(next_completion(&s.cq));
+
+    // RDMA Read of 3000 bytes: three responses at PSNs 4, 5, 6.
+    let read = |k: u32, rkey: u32| {
+        let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(k)));
+        bth.ack_req = true;
+        let mut p = RocePacket::new(bth, &[]);
+        p.reth = Some(Reth {
+            va: key.addr + 100,
+            rkey,
+            dma_len: 3000,
+        });
+        fake.send(&p);
+    };
+    let expect: Vec<u8> = (100..3100usize).map(|i| (i * 7 % 251) as u8).collect();
+    let collect = || {
+        let mut got = Vec::new();
+        for (i, op) in [
+            Opcode::RcReadResponseFirst,
+            Opcode::RcReadResponseMiddle,
+            Opcode::RcReadResponseLast,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let raw = fake.recv_rc();
+            let p = RocePacket::parse(&raw).unwrap();
+            assert_eq!(p.bth.opcode, op);
+            assert_eq!(p.bth.psn.value(), psn(4 + i as u32));
+            got.extend_from_slice(p.payload);
+        }
+        got
+    };
+    read(4, key.rkey);
+    assert_eq!(collect(), expect);
+    // The same request again (our responses "were lost"): executed again.
+    read(4, key.rkey);
+    assert_eq!(collect(), expect);
+    // The read consumed three PSNs: the next request is PSN 7.
+    send(Opcode::RcSendOnly, 7, b"y", true);
+    let (apsn, syn, _) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn), (psn(7), Syndrome::ACK));
+    drop(next_completion(&s.cq));
+
+    // A bad rkey: remote access NAK, the QP goes to error and says so.
+    read(8, key.rkey ^ 0x100);
+    let (npsn, syn, _) = ack_of(&fake.recv_rc());
+    assert_eq!(
+        (npsn.value(), syn),
+        (psn(8), Syndrome::Nak(NakCode::RemoteAccessError))
+    );
+    let m = fake.recv_mad();
+    assert!(matches!(
+        CmMad::parse(&m).unwrap().message,
+        CmMessage::Dreq(_)
+    ));
+    let deadline = Instant::now() + LONG;
+    while s.qp.state() != QpState::Error {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn rejected_by_a_peer_returns_its_private_data() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = std::thread::spawn({
+        let url = url(fip, pip, "");
+        move || {
+            let ctx = Roce::open(&url).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(4).unwrap();
+            let pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+            match pqp.connect(&url, b"hi", LONG) {
+                Err(VerbsError::Rejected { private_data }) => private_data,
+                other => panic!("expected a reject, got {:?}", other.map(|_| ())),
+            }
+        }
+    });
+    let mad = fake.recv_mad();
+    let m = CmMad::parse(&mad).unwrap();
+    let CmMessage::Req(req) = m.message else {
+        panic!("expected REQ")
+    };
+    let rej = ibcm::Rej {
+        local_comm_id: 5,
+        remote_comm_id: req.local_comm_id,
+        message_rejected: 0,
+        reject_info_len: 0,
+        reason: ibcm::rej_reason::CONSUMER_DEFINED,
+        ari: [0; 72],
+        private_data: b"go away",
+    };
+    fake.send_mad(&CmMad::new(m.tid, CmMessage::Rej(rej)));
+    assert_eq!(t.join().unwrap(), b"go away");
+}
+
+#[test]
+fn url_options_parse_and_bad_ones_are_refused() {
+    let (a, c) = parse_url(
+        "roce://10.0.0.1:20049?udp_port=5000&mtu=4096&retry=3&ack_timeout_ms=9&faults=10,5,5,7",
+        RoceConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(a, "10.0.0.1:20049".parse().unwrap());
+    assert_eq!(c.udp_port, 5000);
+    assert_eq!(c.mtu, Mtu::Mtu4096);
+    assert_eq!(c.retry_count, 3);
+    assert_eq!(c.ack_timeout, Duration::from_millis(9));
+    assert_eq!(
+        c.faults,
+        FaultPolicy {
+            drop_permille: 10,
+            dup_permille: 5,
+            reorder_permille: 5,
+            seed: 7
+        }
+    );
+    for bad in [
+        "shm:///x",
+        "roce://host:1",
+        "roce://10.0.0.1",
+        "roce://10.0.0.1:1?mtu=1000",
+        "roce://10.0.0.1:1?retry=8",
+        "roce://10.0.0.1:1?what=1",
+        "roce://10.0.0.1:1?udp_port=0",
+        "roce://10.0.0.1:1?faults=2000",
+    ] {
+        assert!(parse_url(bad, RoceConfig::default()).is_err(), "{bad}");
+    }
+    assert_eq!(RoceConfig::default().ack_timeout_code(), 14);
+    assert_eq!(trim_private(b"ab\0c\0\0"), b"ab\0c");
+}
