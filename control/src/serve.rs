@@ -24,11 +24,12 @@ use std::time::Duration;
 use dataplane::engine;
 use dataplane::mem::Backing;
 use dataplane::service::ServiceTable;
+use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::{Context as _, Provider, VerbsError};
 use dataplane::worker::{
-    EndpointConfig, IdleStrategy as WorkerIdle, ShutdownReport, WorkerConfig, WorkerError,
-    WorkerPool,
+    Dispatcher, EndpointConfig, IdleStrategy as WorkerIdle, ShutdownReport, WorkerConfig,
+    WorkerCounters, WorkerError, WorkerPool, WorkerSnapshot,
 };
 
 use crate::config::{Config, Hugepages, IdleStrategy, ProviderUrl};
@@ -75,7 +76,7 @@ pub enum ServeError {
 }
 
 /// The schemes this build serves (for the error line above).
-pub const SERVED_SCHEMES: &str = "shm://";
+pub const SERVED_SCHEMES: &str = "shm://, roce://";
 
 /// The engine and endpoint configuration the daemon's connections use.
 pub fn endpoint_config(c: &Config) -> EndpointConfig {
@@ -123,22 +124,66 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
 
 /// One provider's workers and the acceptors feeding them.
 struct Served<P: Provider> {
-    pool: Arc<WorkerPool<P>>,
+    pool: Option<Arc<WorkerPool<P>>>,
     acceptors: Vec<JoinHandle<()>>,
     /// `[[listeners]]` indexes served by this pool.
     listeners: Vec<usize>,
 }
 
+/// What the control plane does with a provider's pool (not on the data
+/// path: a trait object is fine here).
+trait ServedPool: Send {
+    fn scheme(&self) -> &'static str;
+    fn listeners(&self) -> &[usize];
+    fn counters(&self) -> Vec<Arc<WorkerCounters>>;
+    fn join_acceptors(&mut self);
+    fn finish(&mut self, grace: Duration) -> ShutdownReport;
+}
+
+impl<P: Provider> ServedPool for Served<P> {
+    fn scheme(&self) -> &'static str {
+        P::SCHEME
+    }
+    fn listeners(&self) -> &[usize] {
+        &self.listeners
+    }
+    fn counters(&self) -> Vec<Arc<WorkerCounters>> {
+        self.pool.as_ref().map_or_else(Vec::new, |p| p.counters())
+    }
+    fn join_acceptors(&mut self) {
+        for h in self.acceptors.drain(..) {
+            let _ = h.join();
+        }
+    }
+    fn finish(&mut self, grace: Duration) -> ShutdownReport {
+        self.join_acceptors();
+        match self.pool.take().map(Arc::try_unwrap) {
+            Some(Ok(pool)) => pool.stop(grace),
+            Some(Err(_)) => {
+                tracing::error!(
+                    "{} worker pool still shared at shutdown; not stopped",
+                    P::SCHEME
+                );
+                ShutdownReport::default()
+            }
+            None => ShutdownReport::default(),
+        }
+    }
+}
+
 /// The running data path.
 pub struct DataPath {
-    shm: Option<Served<Shm>>,
+    pools: Vec<Box<dyn ServedPool>>,
     stop: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataPath")
-            .field("shm_workers", &self.shm.as_ref().map(|s| s.pool.len()))
+            .field(
+                "providers",
+                &self.pools.iter().map(|p| p.scheme()).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -150,7 +195,7 @@ impl DataPath {
     /// [`ServeError`]: the first listener or worker problem.
     pub fn start(config: &Config, registry: &Arc<Registry>) -> Result<DataPath, ServeError> {
         for (index, l) in config.listeners.iter().enumerate() {
-            if !matches!(l.url, ProviderUrl::Shm { .. }) {
+            if !matches!(l.url, ProviderUrl::Shm { .. } | ProviderUrl::Roce(_)) {
                 return Err(ServeError::Unserved {
                     url: l.url.clone(),
                     index,
@@ -159,65 +204,30 @@ impl DataPath {
                 });
             }
         }
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut path = DataPath {
+            pools: Vec::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
         let services: Arc<ServiceTable> = Arc::new(ServiceTable::builtin());
-        let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
-        let shm_listeners: Vec<usize> = config
-            .listeners
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| matches!(l.url, ProviderUrl::Shm { .. }))
-            .map(|(i, _)| i)
-            .collect();
-        let mut path = DataPath { shm: None, stop };
-        if !shm_listeners.is_empty() {
-            let url = config.listeners[shm_listeners[0]].url.to_string();
-            let ctx = Shm::open(&url).map_err(|source| ServeError::Listen {
-                url: config.listeners[shm_listeners[0]].url.clone(),
-                index: shm_listeners[0],
-                source,
-            })?;
-            let pool = Arc::new(WorkerPool::<Shm>::spawn(
-                Arc::new(ctx),
-                &cores,
-                worker_config(config),
-                services,
-            )?);
-            let mut served = Served {
-                pool,
-                acceptors: Vec::new(),
-                listeners: shm_listeners.clone(),
-            };
-            for &index in &shm_listeners {
-                let url = &config.listeners[index].url;
-                let listener =
-                    served
-                        .pool
-                        .context()
-                        .listen(&url.to_string())
-                        .map_err(|source| ServeError::Listen {
-                            url: url.clone(),
-                            index,
-                            source,
-                        })?;
-                // shm.allowed_uids come in addition to our own uid.
-                let mut uids = vec![nix::unistd::getuid().as_raw()];
-                uids.extend(&config.shm.allowed_uids);
-                listener.allow_uids(&uids);
-                let handle = spawn_acceptor(
-                    url.clone(),
-                    index,
-                    Arc::clone(&served.pool),
-                    listener,
-                    Arc::clone(&path.stop),
-                    Arc::clone(registry),
-                )
-                .map_err(|e| ServeError::Thread(url.clone(), e))?;
-                metrics::set(&registry.listener(index).serving, 1);
-                served.acceptors.push(handle);
-            }
-            path.shm = Some(served);
-        }
+        let of = |scheme: &str| -> Vec<usize> {
+            config
+                .listeners
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.url.scheme() == scheme)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        // shm.allowed_uids come in addition to our own uid.
+        let mut uids = vec![nix::unistd::getuid().as_raw()];
+        uids.extend(&config.shm.allowed_uids);
+        let shm = start_provider::<Shm>(config, registry, &path.stop, &services, of("shm"), |l| {
+            l.allow_uids(&uids)
+        })?;
+        path.pools.extend(shm);
+        let roce =
+            start_provider::<Roce>(config, registry, &path.stop, &services, of("roce"), |_| {})?;
+        path.pools.extend(roce);
         install_metrics_bridge(&path, registry);
         Ok(path)
     }
@@ -225,11 +235,9 @@ impl DataPath {
     /// Stops accepting: every acceptor thread ends and its listener closes.
     pub fn stop_accepting(&mut self, registry: &Registry) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(s) = &mut self.shm {
-            for h in s.acceptors.drain(..) {
-                let _ = h.join();
-            }
-            for &i in &s.listeners {
+        for p in &mut self.pools {
+            p.join_acceptors();
+            for &i in p.listeners() {
                 metrics::set(&registry.listener(i).serving, 0);
             }
         }
@@ -242,18 +250,66 @@ impl DataPath {
         self.stop_accepting(registry);
         registry.set_refresher(None);
         let mut report = ShutdownReport::default();
-        if let Some(s) = self.shm.take() {
-            match Arc::try_unwrap(s.pool) {
-                Ok(pool) => {
-                    let r = pool.stop(grace);
-                    report.workers.extend(r.workers);
-                    report.panicked.extend(r.panicked);
-                }
-                Err(_) => tracing::error!("worker pool still shared at shutdown; not stopped"),
-            }
+        for p in &mut self.pools {
+            let r = p.finish(grace);
+            report.workers.extend(r.workers);
+            report.panicked.extend(r.panicked);
         }
         report
     }
+}
+
+/// Starts one provider's worker pool and an acceptor per listener of it
+/// (`None` when no listener uses the provider).
+fn start_provider<P: Provider>(
+    config: &Config,
+    registry: &Arc<Registry>,
+    stop: &Arc<AtomicBool>,
+    services: &Arc<ServiceTable>,
+    listeners: Vec<usize>,
+    setup: impl Fn(&P::Listener),
+) -> Result<Option<Box<dyn ServedPool>>, ServeError> {
+    let Some(&first) = listeners.first() else {
+        return Ok(None);
+    };
+    let listen_error = |index: usize| {
+        let url = config.listeners[index].url.clone();
+        move |source| ServeError::Listen { url, index, source }
+    };
+    let ctx = P::open(&config.listeners[first].url.to_string()).map_err(listen_error(first))?;
+    let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
+    let dispatcher: Arc<dyn Dispatcher> = services.clone();
+    let pool = Arc::new(WorkerPool::<P>::spawn(
+        Arc::new(ctx),
+        &cores,
+        worker_config(config),
+        dispatcher,
+    )?);
+    let mut served = Served {
+        pool: Some(Arc::clone(&pool)),
+        acceptors: Vec::new(),
+        listeners: listeners.clone(),
+    };
+    for &index in &listeners {
+        let url = &config.listeners[index].url;
+        let listener = pool
+            .context()
+            .listen(&url.to_string())
+            .map_err(listen_error(index))?;
+        setup(&listener);
+        let handle = spawn_acceptor(
+            url.clone(),
+            index,
+            Arc::clone(&pool),
+            listener,
+            Arc::clone(stop),
+            Arc::clone(registry),
+        )
+        .map_err(|e| ServeError::Thread(url.clone(), e))?;
+        metrics::set(&registry.listener(index).serving, 1);
+        served.acceptors.push(handle);
+    }
+    Ok(Some(Box::new(served)))
 }
 
 fn spawn_acceptor<P: Provider>(
@@ -290,30 +346,38 @@ fn spawn_acceptor<P: Provider>(
 /// registry first (the workers write their own cache-padded counters; the
 /// registry is the exporter's view).
 fn install_metrics_bridge(path: &DataPath, registry: &Arc<Registry>) {
-    let Some(s) = &path.shm else { return };
-    let counters = s.pool.counters();
-    let listeners = s.listeners.clone();
+    // Per provider: its workers' counters (worker i of every provider
+    // runs on workers.cores[i]) and its listeners.
+    let sources: Vec<(Vec<Arc<WorkerCounters>>, Vec<usize>)> = path
+        .pools
+        .iter()
+        .map(|p| (p.counters(), p.listeners().to_vec()))
+        .collect();
     registry.set_refresher(Some(Box::new(move |reg: &Registry| {
-        let mut connections = 0;
-        for (i, c) in counters.iter().enumerate() {
-            let snap = c.snapshot();
-            connections += snap.connections;
+        let workers = sources.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+        for i in 0..workers {
+            let mut sum = WorkerSnapshot::default();
+            for (counters, _) in &sources {
+                if let Some(c) = counters.get(i) {
+                    add_snapshot(&mut sum, &c.snapshot());
+                }
+            }
             let w = reg.worker(i);
-            metrics::set(&w.polls, snap.polls);
-            metrics::set(&w.idle_polls, snap.idle_polls);
-            metrics::set(&w.completions, snap.completions);
-            metrics::set(&w.rpcs, snap.rpcs);
-            metrics::set(&w.bytes_received, snap.bytes_in);
-            metrics::set(&w.bytes_sent, snap.bytes_out);
-            metrics::set(&w.credits_in_use, snap.credits_in_use);
-            metrics::set(&w.pool_in_use[PoolKind::Leases as usize], snap.pool_in_use);
+            metrics::set(&w.polls, sum.polls);
+            metrics::set(&w.idle_polls, sum.idle_polls);
+            metrics::set(&w.completions, sum.completions);
+            metrics::set(&w.rpcs, sum.rpcs);
+            metrics::set(&w.bytes_received, sum.bytes_in);
+            metrics::set(&w.bytes_sent, sum.bytes_out);
+            metrics::set(&w.credits_in_use, sum.credits_in_use);
+            metrics::set(&w.pool_in_use[PoolKind::Leases as usize], sum.pool_in_use);
             let errors = [
-                (ErrorKind::CompletionError, snap.errors_completion),
-                (ErrorKind::ReplyRefused, snap.errors_reply),
-                (ErrorKind::DroppedCall, snap.errors_dropped_calls),
-                (ErrorKind::PostRefused, snap.errors_post),
-                (ErrorKind::ConnectionLost, snap.errors_connection),
-                (ErrorKind::Leak, snap.leaks),
+                (ErrorKind::CompletionError, sum.errors_completion),
+                (ErrorKind::ReplyRefused, sum.errors_reply),
+                (ErrorKind::DroppedCall, sum.errors_dropped_calls),
+                (ErrorKind::PostRefused, sum.errors_post),
+                (ErrorKind::ConnectionLost, sum.errors_connection),
+                (ErrorKind::Leak, sum.leaks),
             ];
             for (kind, v) in errors {
                 metrics::set(&w.errors[kind as usize], v);
@@ -321,8 +385,28 @@ fn install_metrics_bridge(path: &DataPath, registry: &Arc<Registry>) {
         }
         // Connections are counted per worker, not per listener: with one
         // listener per provider (the usual case) the gauge is exact.
-        if let [only] = listeners[..] {
-            metrics::set(&reg.listener(only).active, connections);
+        for (counters, listeners) in &sources {
+            if let [only] = listeners[..] {
+                let open = counters.iter().map(|c| c.connections.get()).sum();
+                metrics::set(&reg.listener(only).active, open);
+            }
         }
     })));
+}
+
+fn add_snapshot(sum: &mut WorkerSnapshot, s: &WorkerSnapshot) {
+    sum.polls += s.polls;
+    sum.idle_polls += s.idle_polls;
+    sum.completions += s.completions;
+    sum.rpcs += s.rpcs;
+    sum.bytes_in += s.bytes_in;
+    sum.bytes_out += s.bytes_out;
+    sum.credits_in_use += s.credits_in_use;
+    sum.pool_in_use += s.pool_in_use;
+    sum.errors_completion += s.errors_completion;
+    sum.errors_reply += s.errors_reply;
+    sum.errors_dropped_calls += s.errors_dropped_calls;
+    sum.errors_post += s.errors_post;
+    sum.errors_connection += s.errors_connection;
+    sum.leaks += s.leaks;
 }

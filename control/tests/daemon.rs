@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -72,25 +72,27 @@ fn registers_with_real_rpcbind_and_unregisters_on_sigterm() {
     };
     let _own = ensure_rpcbind(&rpcbind);
 
-    let v4: SocketAddr = "127.0.0.1:20149".parse().unwrap();
-    let v6: SocketAddr = "[::1]:20149".parse().unwrap();
-    let have_v6 = UdpSocket::bind("[::1]:0").is_ok();
+    // Each test's RoCE listener binds UDP 4791 on its own loopback address
+    // (tests run in parallel).
+    let v4: SocketAddr = "127.0.0.21:20149".parse().unwrap();
     let dir = scratch_dir("rpcbind");
-    let mut text = format!(
+    // rdma6 (IPv6 listeners) is covered by the planned_mappings unit test:
+    // the served RDMA providers here (shm, roce) are IPv4 or pathnames.
+    let text = format!(
         "[[listeners]]\nurl = \"roce://{v4}\"\n\n[[listeners]]\nurl = \"shm://{}/d.sock\"\n\n\
          [metrics]\nenabled = false\n",
         dir.display()
     );
-    if have_v6 {
-        text.push_str(&format!("\n[[listeners]]\nurl = \"ibverbs://{v6}\"\n"));
-    }
     let cfg = write_file(&dir, "rpcbind.toml", &text);
 
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     let started = d.wait_for_line("started");
-    assert!(started.contains("data path pending"), "{started}");
+    assert!(
+        started.contains(&format!("serving roce://{v4}")),
+        "{started}"
+    );
 
-    let mut expect = vec![
+    let expect = vec![
         (
             CONFIG_RDMA_PROG,
             CONFIG_RDMA_VERS,
@@ -99,17 +101,7 @@ fn registers_with_real_rpcbind_and_unregisters_on_sigterm() {
         ),
         (BENCH_PROG, BENCH_VERS, "rdma", universal_address(v4)),
     ];
-    assert_eq!(expect[0].3, "127.0.0.1.78.181");
-    if have_v6 {
-        expect.push((
-            CONFIG_RDMA_PROG,
-            CONFIG_RDMA_VERS,
-            "rdma6",
-            universal_address(v6),
-        ));
-        expect.push((BENCH_PROG, BENCH_VERS, "rdma6", universal_address(v6)));
-        assert_eq!(expect[2].3, "::1.78.181");
-    }
+    assert_eq!(expect[0].3, "127.0.0.21.78.181");
     let rows = rpcinfo_rows(&rpcinfo);
     for (prog, vers, netid, addr) in &expect {
         assert!(
@@ -170,7 +162,7 @@ fn rpcbind_unreachable_is_one_warning_and_the_daemon_keeps_running() {
         &dir,
         "unreachable.toml",
         &format!(
-            "[[listeners]]\nurl = \"roce://127.0.0.1:20150\"\n\n[metrics]\nenabled = false\n\n\
+            "[[listeners]]\nurl = \"roce://127.0.0.22:20150\"\n\n[metrics]\nenabled = false\n\n\
              [rpcbind]\naddress = \"{closed}\"\ntimeout_ms = 2000\n"
         ),
     );
@@ -204,7 +196,7 @@ fn metrics_pass_promtool_check_metrics() {
         &dir,
         "metrics.toml",
         &format!(
-            "[[listeners]]\nurl = \"roce://127.0.0.1:20151\"\n[[listeners]]\nurl = \"shm://{}/m.sock\"\n\n\
+            "[[listeners]]\nurl = \"roce://127.0.0.23:20151\"\n[[listeners]]\nurl = \"shm://{}/m.sock\"\n\n\
              [metrics]\naddress = \"{addr}\"\n\n[rpcbind]\nregister = false\n",
             dir.display()
         ),
@@ -215,7 +207,7 @@ fn metrics_pass_promtool_check_metrics() {
     let (status, body) = http_get(addr, "/metrics");
     assert_eq!(status, "HTTP/1.1 200 OK");
     for name in [
-        "rpcrdma_worker_polls_total{worker=\"0\",core=\"0\"} 0",
+        "rpcrdma_worker_polls_total{worker=\"0\",core=\"0\"}",
         "rpcrdma_worker_idle_polls_total",
         "rpcrdma_worker_completions_total",
         "rpcrdma_worker_rpcs_total",
@@ -223,7 +215,7 @@ fn metrics_pass_promtool_check_metrics() {
         "rpcrdma_worker_errors_total",
         "rpcrdma_worker_credits_in_use",
         "rpcrdma_pool_buffers_in_use",
-        "rpcrdma_listener_connections{listener=\"roce://127.0.0.1:20151\"} 0",
+        "rpcrdma_listener_connections{listener=\"roce://127.0.0.23:20151\"} 0",
         "rpcrdma_listener_serving",
     ] {
         assert!(body.contains(name), "no {name} in:\n{body}");
@@ -279,7 +271,7 @@ fn metrics_port_in_use_is_one_clear_line() {
     let busy = TcpListener::bind("127.0.0.1:19472").unwrap();
     expect_startup_failure(
         "metrics-in-use",
-        "[[listeners]]\nurl = \"roce://127.0.0.1:20152\"\n\n[metrics]\naddress = \"127.0.0.1:19472\"\n\n\
+        "[[listeners]]\nurl = \"roce://127.0.0.24:20152\"\n\n[metrics]\naddress = \"127.0.0.1:19472\"\n\n\
          [rpcbind]\nregister = false\n",
         &[
             "rpcrdmad: cannot serve metrics on 127.0.0.1:19472 (metrics.address): ",

@@ -14,7 +14,9 @@ use std::process::{Command, Stdio};
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, DdpItem};
 use dataplane::service::bench::{self, Args};
+use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
+use dataplane::verbs::Provider;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
 use dataplane::wire::xdr::Encoder;
 use dataplane::worker::{EndpointConfig, IdleStrategy};
@@ -48,14 +50,18 @@ fn client_config(max_message: u32, calls: u32) -> ClientConfig {
     }
 }
 
-fn daemon_config(dir: &std::path::Path, metrics: SocketAddr, extra: &str) -> std::path::PathBuf {
+fn daemon_config(
+    dir: &std::path::Path,
+    url: &str,
+    metrics: SocketAddr,
+    extra: &str,
+) -> std::path::PathBuf {
     write_file(
         dir,
         "serve.toml",
         &format!(
-            "[[listeners]]\nurl = \"shm://{}/d.sock\"\n\n[workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
-             [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n\n{extra}",
-            dir.display()
+            "[[listeners]]\nurl = \"{url}\"\n\n[workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
+             [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n\n{extra}"
         ),
     )
 }
@@ -97,7 +103,7 @@ fn encode_echo(
     Some((enc.position(), None))
 }
 
-fn echo(client: &mut Client<Shm>, data: &[u8], path: Path) {
+fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: Path) {
     let target = match path {
         Path::DdpBothWays => ReplyTarget::WriteChunk {
             max_ddp: (data.len() as u32).max(4),
@@ -133,7 +139,11 @@ fn echo(client: &mut Client<Shm>, data: &[u8], path: Path) {
     assert!(client.release(call));
 }
 
-fn simple_call(client: &mut Client<Shm>, args: Args<'_>, target: ReplyTarget) -> Vec<u8> {
+fn simple_call<P: Provider>(
+    client: &mut Client<P>,
+    args: Args<'_>,
+    target: ReplyTarget,
+) -> Vec<u8> {
     let call = client
         .call(target, |xid, buf| {
             bench::encode_call(buf, xid, args)
@@ -194,18 +204,38 @@ fn promtool_accepts(body: &str) {
 #[test]
 fn bench_program_over_shm_every_size_and_path() {
     let dir = scratch_dir("serve-sizes");
-    let metrics: SocketAddr = "127.0.0.1:19481".parse().unwrap();
+    let url = format!("shm://{}/d.sock", dir.display());
+    every_size_and_path::<Shm>(&dir, &url, "127.0.0.1:19481".parse().unwrap());
+    assert!(!std::path::Path::new(&format!("{}/d.sock", dir.display())).exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The same over RoCEv2 on loopback: the daemon's listener binds UDP
+/// 127.0.0.25:4791, this test process connects from its own loopback alias
+/// (docs/ROCE.md, "Addressing").
+#[test]
+fn bench_program_over_roce_every_size_and_path() {
+    let dir = scratch_dir("serve-roce");
+    every_size_and_path::<Roce>(
+        &dir,
+        "roce://127.0.0.25:20251",
+        "127.0.0.1:19483".parse().unwrap(),
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: SocketAddr) {
     let max_message = 16 * MIB + 4096;
     let cfg = daemon_config(
-        &dir,
+        dir,
+        url,
         metrics,
         &format!("[transport]\ncredits = 4\nmax_message = {max_message}\n"),
     );
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
-    let url = format!("shm://{}/d.sock", dir.display());
 
-    let mut client = Client::<Shm>::connect(&url, client_config(max_message, 4)).expect("connect");
+    let mut client = Client::<P>::connect(url, client_config(max_message, 4)).expect("connect");
     // CONF_RDMA (RFC 5666 s6) ran at connect: the server's limits.
     let conf = client.conf_rdma_reply().expect("CONF_RDMA reply");
     assert_eq!(conf.maxcall_sendsize, 4096);
@@ -268,8 +298,6 @@ fn bench_program_over_shm_every_size_and_path() {
         "{}",
         d.stderr()
     );
-    assert!(!std::path::Path::new(&format!("{}/d.sock", dir.display())).exists());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -277,14 +305,15 @@ fn sixty_four_concurrent_clients() {
     let dir = scratch_dir("serve-64");
     let metrics: SocketAddr = "127.0.0.1:19482".parse().unwrap();
     let max_message = (64 << 10) + 4096;
+    let url = format!("shm://{}/d.sock", dir.display());
     let cfg = daemon_config(
         &dir,
+        &url,
         metrics,
         &format!("[transport]\ncredits = 8\nmax_message = {max_message}\n"),
     );
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
-    let url = format!("shm://{}/d.sock", dir.display());
 
     let threads: Vec<_> = (0..64u32)
         .map(|t| {

@@ -3,5 +3,5 @@
 #![allow(dead_code)]
 
 pub mod alloc_counter;
-pub mod worker_harness;
 pub mod roce_pair;
+pub mod worker_harness;
