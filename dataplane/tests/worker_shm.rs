@@ -386,3 +386,51 @@ fn pinning_to_a_core_outside_the_mask_is_a_clear_error() {
         "{msg}"
     );
 }
+
+/// A send queue of 2 on both sides: pipelined calls with read and write
+/// chunks produce more work than fits, which waits in the endpoints'
+/// backlogs (in order: Writes before their Send) and still arrives
+/// byte-exact.
+#[test]
+fn tiny_send_queue_work_waits_in_the_backlog() {
+    const MAX: u32 = 128 << 10;
+    let mut engine = engine_config(MAX, 8);
+    engine.max_rdma_read = 8;
+    let server = Server::start_with(1, engine, |c| c.endpoint.max_send_wr = 2);
+    let url = server.url.clone();
+    let mut cfg = client_config(engine);
+    cfg.endpoint.max_send_wr = 2;
+    let mut client = Client::<Shm>::connect(&url, cfg).unwrap();
+    let payloads: Vec<Vec<u8>> = (0..8)
+        .map(|i| pattern(10_000 + i * 5000, i as u8))
+        .collect();
+    for _ in 0..3 {
+        let calls: Vec<_> = payloads
+            .iter()
+            .map(|p| {
+                client
+                    .call(ReplyTarget::WriteChunk { max_ddp: MAX }, |xid, buf| {
+                        encode_call(xid, ECHO, Arg::Opaque(p, true), buf)
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for (call, p) in calls.into_iter().zip(&payloads) {
+            let CallOutcome::Reply { ddp_len, .. } = client.wait(call).unwrap() else {
+                panic!("call failed");
+            };
+            assert_eq!(ddp_len, Some(p.len() as u32));
+            assert!(client.ddp(call).unwrap() == &p[..]);
+            assert!(client.release(call));
+        }
+    }
+    assert!(
+        client.endpoint().counters().queue_full > 0,
+        "the client's send queue filled up: {:?}",
+        client.endpoint().counters()
+    );
+    client.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.rpcs, 24);
+}

@@ -147,9 +147,14 @@ pub struct WorkerConfig {
 }
 
 impl Default for WorkerConfig {
+    /// The engine's defaults, except one requester slot: a server
+    /// connection never calls (the slot only satisfies the engine), so its
+    /// memory is the responder's (docs/WORKER.md, "Memory").
     fn default() -> Self {
+        let mut endpoint = EndpointConfig::default();
+        endpoint.engine.max_outstanding_calls = 1;
         WorkerConfig {
-            endpoint: EndpointConfig::default(),
+            endpoint,
             idle: IdleStrategy::default(),
             ring_capacity: 256,
             connections_hint: 64,
