@@ -888,3 +888,30 @@ fn system_err_reply(xid: [u8; 4], out: &mut [u8]) -> usize {
     }
     24
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_server_connection_fits_one_registration() {
+        let cfg = WorkerConfig::default();
+        let len = engine::Connection::memory_len(&cfg.endpoint.engine).unwrap();
+        assert!(len < u32::MAX as usize, "{len}");
+        eprintln!("default connection memory: {} MiB", len >> 20);
+    }
+
+    #[test]
+    fn system_err_reply_is_an_accepted_system_err() {
+        let mut out = [0u8; 32];
+        let n = system_err_reply(7u32.to_be_bytes(), &mut out);
+        let (h, hl) = crate::wire::rpc::ReplyHeader::parse(&out[..n]).unwrap();
+        assert_eq!((h.xid, hl), (7, 24));
+        assert!(matches!(
+            h.body,
+            crate::wire::rpc::ReplyBody::Accepted(a)
+                if a.status == crate::wire::rpc::AcceptStatus::SystemErr
+        ));
+        assert_eq!(system_err_reply([0; 4], &mut [0u8; 8]), 0);
+    }
+}
