@@ -434,3 +434,47 @@ fn tiny_send_queue_work_waits_in_the_backlog() {
     assert_clean(&report);
     assert_eq!(report.workers[0].counters.rpcs, 24);
 }
+
+/// A service that drops SINK calls (RFC 5531 lets a server not answer).
+struct DropsSink(std::sync::Arc<dyn dataplane::worker::Dispatcher>);
+
+impl dataplane::worker::Dispatcher for DropsSink {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> dataplane::worker::Dispatched {
+        let proc_ = dataplane::wire::rpc::CallHeader::parse(call).map(|(h, _)| h.procedure);
+        if proc_ == Ok(SINK) {
+            return dataplane::worker::Dispatched::Drop;
+        }
+        self.0.dispatch(call, reply)
+    }
+}
+
+/// A call the service drops costs its connection (the engine would hold
+/// its slot and the peer its credit forever otherwise), not the others'.
+#[test]
+fn dropped_call_closes_only_its_connection() {
+    let engine = engine_config(64 << 10, 4);
+    let server =
+        Server::with_dispatcher(1, engine, std::sync::Arc::new(DropsSink(bench_service())));
+    let mut good = Client::<Shm>::connect(&server.url, client_config(engine)).unwrap();
+    let mut bad = Client::<Shm>::connect(&server.url, client_config(engine)).unwrap();
+    let payload = pattern(1000, 4);
+    let (back, _) = echo(&mut bad, &payload, true, ReplyTarget::Inline);
+    assert!(back == payload);
+    let call = bad
+        .call(ReplyTarget::Inline, |xid, buf| {
+            encode_call(xid, SINK, Arg::Opaque(&payload, true), buf)
+        })
+        .unwrap();
+    match bad.wait(call) {
+        Ok(CallOutcome::Failed(dataplane::engine::CallFailure::ConnectionLost))
+        | Err(dataplane::client::ClientError::Closed(_)) => {}
+        other => panic!("dropped call: {other:?}"),
+    }
+    let (back, _) = echo(&mut good, &payload, true, ReplyTarget::Inline);
+    assert!(back == payload);
+    good.close().unwrap();
+    drop(bad);
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.errors_dropped_calls, 1);
+}
