@@ -324,6 +324,12 @@ fn stop_with_grace_returns_every_pool() {
         .map(|_| Client::<Shm>::connect(&server.url, client_config(engine_config(MAX, 4))).unwrap())
         .collect();
     let payload = pattern(200_000, 5);
+    // One round trip each: the server's grant (4) is known, so the next
+    // four calls all go out at once (RFC 5666 s3.3).
+    for c in clients.iter_mut() {
+        let (back, _) = echo(c, &payload, true, ReplyTarget::ReplyChunk);
+        assert!(back == payload);
+    }
     let mut calls = Vec::new();
     for c in clients.iter_mut() {
         for _ in 0..4 {
@@ -334,8 +340,10 @@ fn stop_with_grace_returns_every_pool() {
                 .unwrap(),
             );
         }
+        assert_eq!(c.endpoint().stats().calls_sent, 5, "all four calls posted");
     }
-    // Drive the clients on a helper thread while the pool stops.
+    // The server has twelve calls in progress: stop it now, and collect
+    // the answers on a helper thread while it stops.
     let driver = std::thread::spawn(move || {
         let mut outcomes = Vec::new();
         for (i, c) in clients.iter_mut().enumerate() {
@@ -352,19 +360,14 @@ fn stop_with_grace_returns_every_pool() {
     assert_clean(&report);
     assert_eq!(report.workers.iter().map(|w| w.cut_short).sum::<u64>(), 0);
     let (clients, outcomes) = driver.join().unwrap();
-    // Every call that the server had received was answered in the grace
-    // period; calls still in the client's queue may have failed with the
-    // connection.
-    let answered = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
     let rpcs: u64 = report.workers.iter().map(|w| w.counters.rpcs).sum();
-    assert_eq!(answered as u64, rpcs, "every served call was delivered");
-    // Each client's first call was posted before the stop (the grant starts
-    // at 1, RFC 5666 s3.3), so at least those were served in the grace.
+    assert_eq!(rpcs, 3 + 12, "calls in progress at stop were served");
     assert!(
-        rpcs >= 3,
-        "calls in flight at stop were served: {rpcs}; {outcomes:?}; {report:?}"
+        outcomes.iter().all(|o| matches!(o, Ok(true))),
+        "every call in progress got its reply: {outcomes:?}"
     );
     for c in clients {
+        // The server closed the connections after the grace period.
         let _ = c.close();
     }
 }
