@@ -528,14 +528,14 @@ impl<P: Provider> WorkerPool<P> {
     /// The endpoint, when every ring is full.
     pub fn hand_off(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
         let first = self.least_loaded();
-        let mut cmd = Command::Add(Box::new(ep));
+        let mut ep = Box::new(ep);
         for k in 0..self.workers.len() {
             let i = (first + k) % self.workers.len();
             let w = &self.workers[i];
             // Count it before the worker sees it, so that concurrent
             // hand-offs spread.
             w.counters.connections.add(1);
-            match w.ring.push(cmd) {
+            match w.ring.push(Command::Add(ep)) {
                 Ok(()) => {
                     if let Some(t) = &w.thread {
                         t.thread().unpark();
@@ -544,14 +544,15 @@ impl<P: Provider> WorkerPool<P> {
                 }
                 Err(back) => {
                     w.counters.connections.0.fetch_sub(1, Ordering::Relaxed);
-                    cmd = back;
+                    match back {
+                        Command::Add(back) => ep = back,
+                        // A full ring hands back exactly what was pushed.
+                        Command::Stop { .. } => unreachable!("ring returned another command"),
+                    }
                 }
             }
         }
-        match cmd {
-            Command::Add(ep) => Err(ep),
-            Command::Stop { .. } => unreachable_stop(),
-        }
+        Err(ep)
     }
 
     /// Waits up to `timeout` for one connection request on `listener`,
@@ -609,11 +610,6 @@ impl<P: Provider> WorkerPool<P> {
         }
         report
     }
-}
-
-fn unreachable_stop<T>() -> T {
-    // `hand_off` only ever pushes `Add`; a ring hands back what it got.
-    panic!("control ring handed back a command that was not pushed")
 }
 
 impl<P: Provider> Drop for WorkerPool<P> {
