@@ -324,6 +324,12 @@ fn stop_with_grace_returns_every_pool() {
         .map(|_| Client::<Shm>::connect(&server.url, client_config(engine_config(MAX, 4))).unwrap())
         .collect();
     let payload = pattern(200_000, 5);
+    // One round trip each: the server's grant (4) is known, so the next
+    // four calls all go out at once (RFC 5666 s3.3).
+    for c in clients.iter_mut() {
+        let (back, _) = echo(c, &payload, true, ReplyTarget::ReplyChunk);
+        assert!(back == payload);
+    }
     let mut calls = Vec::new();
     for c in clients.iter_mut() {
         for _ in 0..4 {
@@ -334,8 +340,10 @@ fn stop_with_grace_returns_every_pool() {
                 .unwrap(),
             );
         }
+        assert_eq!(c.endpoint().stats().calls_sent, 5, "all four calls posted");
     }
-    // Drive the clients on a helper thread while the pool stops.
+    // The server has twelve calls in progress: stop it now, and collect
+    // the answers on a helper thread while it stops.
     let driver = std::thread::spawn(move || {
         let mut outcomes = Vec::new();
         for (i, c) in clients.iter_mut().enumerate() {
@@ -352,19 +360,14 @@ fn stop_with_grace_returns_every_pool() {
     assert_clean(&report);
     assert_eq!(report.workers.iter().map(|w| w.cut_short).sum::<u64>(), 0);
     let (clients, outcomes) = driver.join().unwrap();
-    // Every call that the server had received was answered in the grace
-    // period; calls still in the client's queue may have failed with the
-    // connection.
-    let answered = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
     let rpcs: u64 = report.workers.iter().map(|w| w.counters.rpcs).sum();
-    assert_eq!(answered as u64, rpcs, "every served call was delivered");
-    // Each client's first call was posted before the stop (the grant starts
-    // at 1, RFC 5666 s3.3), so at least those were served in the grace.
+    assert_eq!(rpcs, 3 + 12, "calls in progress at stop were served");
     assert!(
-        rpcs >= 3,
-        "calls in flight at stop were served: {rpcs}; {outcomes:?}; {report:?}"
+        outcomes.iter().all(|o| matches!(o, Ok(true))),
+        "every call in progress got its reply: {outcomes:?}"
     );
     for c in clients {
+        // The server closed the connections after the grace period.
         let _ = c.close();
     }
 }
@@ -385,4 +388,96 @@ fn pinning_to_a_core_outside_the_mask_is_a_clear_error() {
         msg.contains("core 100000") && msg.contains("allowed cores"),
         "{msg}"
     );
+}
+
+/// A send queue of 2 on both sides: pipelined calls with read and write
+/// chunks produce more work than fits, which waits in the endpoints'
+/// backlogs (in order: Writes before their Send) and still arrives
+/// byte-exact.
+#[test]
+fn tiny_send_queue_work_waits_in_the_backlog() {
+    const MAX: u32 = 128 << 10;
+    let mut engine = engine_config(MAX, 8);
+    engine.max_rdma_read = 8;
+    let server = Server::start_with(1, engine, |c| c.endpoint.max_send_wr = 2);
+    let url = server.url.clone();
+    let mut cfg = client_config(engine);
+    cfg.endpoint.max_send_wr = 2;
+    let mut client = Client::<Shm>::connect(&url, cfg).unwrap();
+    let payloads: Vec<Vec<u8>> = (0..8)
+        .map(|i| pattern(10_000 + i * 5000, i as u8))
+        .collect();
+    for _ in 0..3 {
+        let calls: Vec<_> = payloads
+            .iter()
+            .map(|p| {
+                client
+                    .call(ReplyTarget::WriteChunk { max_ddp: MAX }, |xid, buf| {
+                        encode_call(xid, ECHO, Arg::Opaque(p, true), buf)
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for (call, p) in calls.into_iter().zip(&payloads) {
+            let CallOutcome::Reply { ddp_len, .. } = client.wait(call).unwrap() else {
+                panic!("call failed");
+            };
+            assert_eq!(ddp_len, Some(p.len() as u32));
+            assert!(client.ddp(call).unwrap() == &p[..]);
+            assert!(client.release(call));
+        }
+    }
+    assert!(
+        client.endpoint().counters().queue_full > 0,
+        "the client's send queue filled up: {:?}",
+        client.endpoint().counters()
+    );
+    client.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.rpcs, 24);
+}
+
+/// A service that drops SINK calls (RFC 5531 lets a server not answer).
+struct DropsSink(std::sync::Arc<dyn dataplane::worker::Dispatcher>);
+
+impl dataplane::worker::Dispatcher for DropsSink {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> dataplane::worker::Dispatched {
+        let proc_ = dataplane::wire::rpc::CallHeader::parse(call).map(|(h, _)| h.procedure);
+        if proc_ == Ok(SINK) {
+            return dataplane::worker::Dispatched::Drop;
+        }
+        self.0.dispatch(call, reply)
+    }
+}
+
+/// A call the service drops costs its connection (the engine would hold
+/// its slot and the peer its credit forever otherwise), not the others'.
+#[test]
+fn dropped_call_closes_only_its_connection() {
+    let engine = engine_config(64 << 10, 4);
+    let server =
+        Server::with_dispatcher(1, engine, std::sync::Arc::new(DropsSink(bench_service())));
+    let mut good = Client::<Shm>::connect(&server.url, client_config(engine)).unwrap();
+    let mut bad = Client::<Shm>::connect(&server.url, client_config(engine)).unwrap();
+    let payload = pattern(1000, 4);
+    let (back, _) = echo(&mut bad, &payload, true, ReplyTarget::Inline);
+    assert!(back == payload);
+    let call = bad
+        .call(ReplyTarget::Inline, |xid, buf| {
+            encode_call(xid, SINK, Arg::Opaque(&payload, true), buf)
+        })
+        .unwrap();
+    match bad.wait(call) {
+        Ok(CallOutcome::Failed(dataplane::engine::CallFailure::ConnectionLost))
+        | Err(dataplane::client::ClientError::Closed(_)) => {}
+        other => panic!("dropped call: {other:?}"),
+    }
+    let (back, _) = echo(&mut good, &payload, true, ReplyTarget::Inline);
+    assert!(back == payload);
+    good.close().unwrap();
+    drop(bad);
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.errors_dropped_calls, 1);
 }

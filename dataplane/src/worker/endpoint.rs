@@ -8,7 +8,7 @@
 //! [`ArenaSlab`] (a [`SlabMemory`]); the whole arena is registered as one
 //! memory region and exposed once to this connection's queue pair, and that
 //! key is installed for every engine buffer (`set_remote_key`). A verbs
-//! work request must own a [`Buf`] per scatter/gather element, while the
+//! work request must own a [`mem::Buf`] per scatter/gather element, while the
 //! engine may have several requests on one buffer at once, so each SGE
 //! carries a region lease ([`Slab::region_leases`]) over the whole arena
 //! with the engine's byte range as offset and length. Leases are bounded

@@ -147,9 +147,14 @@ pub struct WorkerConfig {
 }
 
 impl Default for WorkerConfig {
+    /// The engine's defaults, except one requester slot: a server
+    /// connection never calls (the slot only satisfies the engine), so its
+    /// memory is the responder's (docs/WORKER.md, "Memory").
     fn default() -> Self {
+        let mut endpoint = EndpointConfig::default();
+        endpoint.engine.max_outstanding_calls = 1;
         WorkerConfig {
-            endpoint: EndpointConfig::default(),
+            endpoint,
             idle: IdleStrategy::default(),
             ring_capacity: 256,
             connections_hint: 64,
@@ -523,14 +528,14 @@ impl<P: Provider> WorkerPool<P> {
     /// The endpoint, when every ring is full.
     pub fn hand_off(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
         let first = self.least_loaded();
-        let mut cmd = Command::Add(Box::new(ep));
+        let mut ep = Box::new(ep);
         for k in 0..self.workers.len() {
             let i = (first + k) % self.workers.len();
             let w = &self.workers[i];
             // Count it before the worker sees it, so that concurrent
             // hand-offs spread.
             w.counters.connections.add(1);
-            match w.ring.push(cmd) {
+            match w.ring.push(Command::Add(ep)) {
                 Ok(()) => {
                     if let Some(t) = &w.thread {
                         t.thread().unpark();
@@ -539,14 +544,15 @@ impl<P: Provider> WorkerPool<P> {
                 }
                 Err(back) => {
                     w.counters.connections.0.fetch_sub(1, Ordering::Relaxed);
-                    cmd = back;
+                    match back {
+                        Command::Add(back) => ep = back,
+                        // A full ring hands back exactly what was pushed.
+                        Command::Stop { .. } => unreachable!("ring returned another command"),
+                    }
                 }
             }
         }
-        match cmd {
-            Command::Add(ep) => Err(ep),
-            Command::Stop { .. } => unreachable_stop(),
-        }
+        Err(ep)
     }
 
     /// Waits up to `timeout` for one connection request on `listener`,
@@ -604,11 +610,6 @@ impl<P: Provider> WorkerPool<P> {
         }
         report
     }
-}
-
-fn unreachable_stop<T>() -> T {
-    // `hand_off` only ever pushes `Add`; a ring hands back what it got.
-    panic!("control ring handed back a command that was not pushed")
 }
 
 impl<P: Provider> Drop for WorkerPool<P> {
@@ -882,4 +883,31 @@ fn system_err_reply(xid: [u8; 4], out: &mut [u8]) -> usize {
         out[4 + 4 * i..8 + 4 * i].copy_from_slice(&w.to_be_bytes());
     }
     24
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_server_connection_fits_one_registration() {
+        let cfg = WorkerConfig::default();
+        let len = engine::Connection::memory_len(&cfg.endpoint.engine).unwrap();
+        assert!(len < u32::MAX as usize, "{len}");
+        eprintln!("default connection memory: {} MiB", len >> 20);
+    }
+
+    #[test]
+    fn system_err_reply_is_an_accepted_system_err() {
+        let mut out = [0u8; 32];
+        let n = system_err_reply(7u32.to_be_bytes(), &mut out);
+        let (h, hl) = crate::wire::rpc::ReplyHeader::parse(&out[..n]).unwrap();
+        assert_eq!((h.xid, hl), (7, 24));
+        assert!(matches!(
+            h.body,
+            crate::wire::rpc::ReplyBody::Accepted(a)
+                if a.status == crate::wire::rpc::AcceptStatus::SystemErr
+        ));
+        assert_eq!(system_err_reply([0; 4], &mut [0u8; 8]), 0);
+    }
 }

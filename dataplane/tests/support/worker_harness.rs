@@ -139,15 +139,32 @@ impl Server {
         Server::with_dispatcher(workers, engine, bench_service())
     }
 
+    pub fn start_with(
+        workers: usize,
+        engine: engine::Config,
+        tweak: impl FnOnce(&mut WorkerConfig),
+    ) -> Server {
+        Server::build(workers, engine, bench_service(), tweak)
+    }
+
     pub fn with_dispatcher(
         workers: usize,
         engine: engine::Config,
         dispatcher: Arc<dyn Dispatcher>,
     ) -> Server {
+        Server::build(workers, engine, dispatcher, |_| {})
+    }
+
+    fn build(
+        workers: usize,
+        engine: engine::Config,
+        dispatcher: Arc<dyn Dispatcher>,
+        tweak: impl FnOnce(&mut WorkerConfig),
+    ) -> Server {
         let url = sock_url();
         let ctx = Arc::new(Shm::open(&url).unwrap());
         let listener = ctx.listen(&url).unwrap();
-        let config = WorkerConfig {
+        let mut config = WorkerConfig {
             endpoint: EndpointConfig {
                 engine,
                 ..EndpointConfig::default()
@@ -155,6 +172,7 @@ impl Server {
             idle: adaptive(),
             ..WorkerConfig::default()
         };
+        tweak(&mut config);
         // Pin to cores this process may use (the pinning path is tested
         // too); fall back to unpinned when the mask is unknown.
         let allowed: Vec<usize> = core_affinity_ids();
