@@ -53,6 +53,11 @@ struct Cli {
         global = true
     )]
     cores: Option<Vec<usize>>,
+    /// Do not pin embedded servers and clients (the scheduler places
+    /// them; on a shared machine this avoids queueing behind other work
+    /// on a fixed core).
+    #[arg(long, global = true)]
+    no_pin: bool,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -378,11 +383,12 @@ fn main() -> ExitCode {
         }),
         _ => Cores::default_pair(),
     };
+    let pin = if cli.no_pin { None } else { cores };
     let common = Common {
         connect: cli.connect,
         duration: cli.duration,
         idle: if cli.spin { Idle::Spin } else { Idle::Adaptive },
-        open: OpenOptions { cores },
+        open: OpenOptions { cores: pin },
         cores: cores.map_or((0, 0), |c| (c.server, c.client)),
     };
     let spec = |op, size, depth, default_s| {
