@@ -5,7 +5,7 @@
 //! cross-core ping-pong.
 //!
 //! The buffers are larger than the last-level cache (four times it, at
-//! least 64 MiB), so the figure is DRAM bandwidth as one core sees it, not
+//! least 64 MiB, at most 1 GiB), so the figure is DRAM bandwidth as one core sees it, not
 //! cache bandwidth.
 
 use std::time::{Duration, Instant};
@@ -14,6 +14,9 @@ use serde::Serialize;
 
 /// Smallest buffer used, whatever the cache size.
 pub const MIN_BUFFER: usize = 64 << 20;
+/// Largest default buffer (two of them are allocated), whatever sysfs
+/// claims (guests sometimes report the host's whole L3).
+pub const MAX_BUFFER: usize = 1 << 30;
 
 /// The largest data or unified cache of cpu0 from sysfs, in bytes.
 pub fn last_level_cache_bytes() -> Option<usize> {
@@ -42,11 +45,12 @@ fn parse_cache_size(text: &str) -> Option<usize> {
     digits.parse::<usize>().ok()?.checked_mul(unit)
 }
 
-/// The default buffer size: four times the LLC, at least [`MIN_BUFFER`].
+/// The default buffer size: four times the LLC, within
+/// [`MIN_BUFFER`]..=[`MAX_BUFFER`].
 pub fn default_buffer_bytes() -> usize {
     last_level_cache_bytes()
         .map_or(MIN_BUFFER, |llc| llc.saturating_mul(4))
-        .max(MIN_BUFFER)
+        .clamp(MIN_BUFFER, MAX_BUFFER)
 }
 
 /// What [`measure`] found.

@@ -443,8 +443,15 @@ const ROCE_MISSING: &str = "needs the RoCE verbs provider and dataplane::client;
 
 /// The transport the bench uses without `--connect`. It would be `shm`
 /// (embedded server, pinned cores); until the shm driver is plugged in it
-/// is `tirpc`, and [`open`] says so on stderr.
-pub const EMBEDDED_DEFAULT: &str = "tirpc";
+/// is `tirpc`, or `inproc` on a machine where the libtirpc peer was not
+/// built, and [`open`] says so on stderr.
+pub fn embedded_default() -> &'static str {
+    if tirpc::binaries().is_ok() {
+        "tirpc"
+    } else {
+        "inproc"
+    }
+}
 
 /// Opens the transport `url` names, or the embedded default for `None`.
 ///
@@ -460,10 +467,11 @@ pub fn open(url: Option<&str>, options: &OpenOptions) -> Result<Box<dyn Transpor
     let url = match url {
         Some(u) => u,
         None => {
+            let fallback = embedded_default();
             eprintln!(
-                "note: no --connect: the embedded default would be shm ({SHM_MISSING}); using {EMBEDDED_DEFAULT}"
+                "note: no --connect: the embedded default would be shm ({SHM_MISSING}); using {fallback}"
             );
-            EMBEDDED_DEFAULT
+            fallback
         }
     };
     let (scheme, rest) = match url.split_once("://") {
