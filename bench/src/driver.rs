@@ -19,7 +19,8 @@
 //!    and, when the data came by DDP, the placed bytes; it returns how many
 //!    finished. No allocation, no blocking: [`drive`] owns the idle policy.
 //! 4. [`RpcDriver::server_cpu`] returns the server's cumulative CPU time
-//!    (an embedded worker thread: `/proc/self/task/<tid>/stat`), or `None`.
+//!    (an embedded worker thread: record [`current_thread_id`] on it and
+//!    return [`thread_cpu_of`] that id), or `None` (remote server).
 //!
 //! then give [`transport::open`](crate::transport::open) an arm
 //! `"shm" => Ok(Box::new(Driven::new(ShmDriver::new(url, options)?)))` and
@@ -106,6 +107,22 @@ pub fn thread_cpu() -> CpuTimes {
         user_s: secs(ru.ru_utime),
         sys_s: secs(ru.ru_stime),
     }
+}
+
+/// The kernel's id of the calling thread (`gettid`), for
+/// [`thread_cpu_of`]: an embedded server records it on its worker thread.
+pub fn current_thread_id() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Cumulative CPU time of thread `tid` of this process, from
+/// `/proc/self/task/<tid>/stat` (clock ticks, 10 ms on usual kernels):
+/// what an [`RpcDriver`] with an embedded server thread returns from
+/// [`server_cpu`](RpcDriver::server_cpu). `None` once the thread is gone.
+pub fn thread_cpu_of(tid: i32) -> Option<CpuTimes> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    crate::tirpc::parse_stat_cpu(&stat)
 }
 
 /// The argument and its buffer for every call of a run.
@@ -473,6 +490,23 @@ mod tests {
             seen: 0,
         };
         assert!(drive(&mut d, &spec(Op::Null, 0, 1)).is_err());
+    }
+
+    #[test]
+    fn another_threads_cpu_time_is_readable() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            tx.send(current_thread_id()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let cpu = thread_cpu_of(tid).expect("a live thread has a stat file");
+        assert!(cpu.total_s() >= 0.0);
+        assert!(thread_cpu_of(current_thread_id()).is_some());
+        stop_tx.send(()).unwrap();
+        worker.join().unwrap();
+        assert!(thread_cpu_of(-1).is_none());
     }
 
     #[test]

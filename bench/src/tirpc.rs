@@ -400,6 +400,12 @@ fn clock_ticks_per_second() -> std::result::Result<f64, String> {
     }
 }
 
+/// [`parse_proc_stat`] with this machine's clock tick: the CPU times in a
+/// `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line.
+pub fn parse_stat_cpu(stat: &str) -> Option<CpuTimes> {
+    parse_proc_stat(stat, clock_ticks_per_second().ok()?)
+}
+
 /// utime and stime are fields 14 and 15 of `/proc/<pid>/stat`; the command
 /// name (field 2) is parenthesised and may hold spaces and parentheses, so
 /// counting starts after the last `)`.
