@@ -400,7 +400,7 @@ fn clock_ticks_per_second() -> std::result::Result<f64, String> {
     }
 }
 
-/// [`parse_proc_stat`] with this machine's clock tick: the CPU times in a
+/// The user and system CPU times (at this machine's clock tick) in a
 /// `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line.
 pub fn parse_stat_cpu(stat: &str) -> Option<CpuTimes> {
     parse_proc_stat(stat, clock_ticks_per_second().ok()?)
