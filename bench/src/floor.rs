@@ -6,7 +6,9 @@
 //! 2. one-sided RDMA Write ping-pong (each side writes a sequence number into
 //!    the other's registered memory and spins on its own memory, like
 //!    `ib_write_lat`);
-//! 3. Send/Receive ping-pong (each side polls its CQ, reposts, answers).
+//! 3. Send/Receive ping-pong (each side polls its CQ, reposts, answers);
+//! 4. single-core memcpy bandwidth over buffers larger than the LLC
+//!    ([`bench::membw`]), the reference for bulk throughput.
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,10 +28,35 @@ fn pin(core: usize) -> bool {
 }
 
 /// Summary of per-iteration round-trip samples (nanoseconds).
-struct Stats {
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Stats {
+    #[serde(rename = "median_ns")]
     median: u64,
+    #[serde(rename = "p99_ns")]
     p99: u64,
+    #[serde(rename = "mean_ns")]
     mean: f64,
+}
+
+/// Everything `floor` measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FloorReport {
+    /// Round trips per ping-pong.
+    pub iters: u64,
+    /// The two cores.
+    pub cores: [usize; 2],
+    /// Whether pinning the initiator worked.
+    pub pinned: bool,
+    /// Payload of the shm ping-pongs.
+    pub payload_bytes: usize,
+    /// Raw cross-core cache-line ping-pong.
+    pub raw_pingpong: Stats,
+    /// shm RDMA Write ping-pong.
+    pub shm_write_pingpong: Stats,
+    /// shm Send/Recv ping-pong.
+    pub shm_send_pingpong: Stats,
+    /// Single-core memcpy bandwidth.
+    pub memcpy: bench::membw::MemcpyReport,
 }
 
 fn stats(mut v: Vec<u64>) -> Stats {
@@ -289,9 +316,15 @@ pub fn peer(url: &str, page: &str, core: usize, iters: u64) {
     side.send_pingpong(false, iters);
 }
 
-/// The initiator: spawns the responder, runs the three ping-pongs, prints a
-/// table.
-pub fn run(iters: u64, cores: (usize, usize)) {
+/// The initiator: spawns the responder, runs the three ping-pongs, then
+/// the memcpy bandwidth on the first core (`memcpy_bytes` per copy, for
+/// at least `memcpy_time`); prints a table and returns the figures.
+pub fn run(
+    iters: u64,
+    cores: (usize, usize),
+    memcpy_bytes: usize,
+    memcpy_time: Duration,
+) -> FloorReport {
     let pid = std::process::id();
     let url = format!("shm:///tmp/rpcrdma-bench-floor-{pid}.sock");
     let page_path = format!("/dev/shm/rpcrdma-bench-floor-{pid}");
@@ -322,6 +355,7 @@ pub fn run(iters: u64, cores: (usize, usize)) {
     drop(side);
     let st = child.wait().unwrap();
     assert!(st.success(), "responder failed: {st}");
+    let memcpy = bench::membw::measure(memcpy_bytes, memcpy_time, Some(cores.0));
     println!(
         "floor: {iters} round trips each, processes pinned to cores {} and {} (pinning {}), {MSG}-byte payloads",
         cores.0,
@@ -345,5 +379,25 @@ pub fn run(iters: u64, cores: (usize, usize)) {
             s.mean,
             s.median as f64 / raw.median.max(1) as f64
         );
+    }
+    println!(
+        "memcpy, one core, {} MiB buffers (LLC {}): best {:.2} GB/s, mean {:.2} GB/s over {} copies",
+        memcpy.buffer_bytes >> 20,
+        memcpy
+            .llc_bytes
+            .map_or("unknown".to_owned(), |b| format!("{} KiB", b >> 10)),
+        memcpy.best_gb_per_s,
+        memcpy.mean_gb_per_s,
+        memcpy.copies
+    );
+    FloorReport {
+        iters,
+        cores: [cores.0, cores.1],
+        pinned,
+        payload_bytes: MSG,
+        raw_pingpong: raw,
+        shm_write_pingpong: write,
+        shm_send_pingpong: send,
+        memcpy,
     }
 }

@@ -1,4 +1,19 @@
 //! `rpcrdma-bench` as a library: the bench's modules, reachable from the
 //! integration tests; `src/main.rs` is the command-line front end.
+//!
+//! - [`transport`]: a run ([`transport::RunSpec`]), its result
+//!   ([`transport::RunResult`]), the [`transport::Transport`] trait and
+//!   [`transport::open`] for `--connect` URLs;
+//! - [`driver`]: the generic timed loop and the [`driver::RpcDriver`] trait
+//!   an in-process transport implements (how to plug shm and tcp in);
+//! - [`inproc`]: the no-transport reference driver;
+//! - [`tirpc`]: the libtirpc baseline peer (C server and client);
+//! - [`membw`]: single-core memcpy bandwidth (part of `floor`);
+//! - [`output`]: tables, JSON documents, SVG plots.
 
+pub mod driver;
+pub mod inproc;
+pub mod membw;
+pub mod output;
 pub mod tirpc;
+pub mod transport;

@@ -1,9 +1,24 @@
 //! `rpcrdma-bench`: the load generator.
 //!
-//! Workloads arrive with the bench issue; for now it measures the floor:
-//! `rpcrdma-bench floor` compares the `shm` provider's round trips with a
-//! raw cross-core cache-line ping-pong, in one run.
+//! Subcommands `lat`, `rate`, `read`, `write`, `sweep` run the bench
+//! program over a transport (`--connect URL`, or the embedded default) and
+//! print a table; `floor` measures this machine's physical references.
+//! `--json FILE` writes everything measured as one JSON document. The
+//! transports and the run loop are in the library (`bench::transport`,
+//! `bench::driver`); `docs/BENCHMARKS.md` has commands and figures.
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bench::output::{self, Machine};
+use bench::transport::{
+    self, BenchError, Cores, Idle, Op, OpenOptions, RunResult, RunSpec, Transport, TRANSPORTS,
+};
 use clap::{Parser, Subcommand};
+use serde_json::json;
 
 mod floor;
 
@@ -11,25 +26,133 @@ mod floor;
 /// RPC over TCP and the physical floor of this machine.
 #[derive(Debug, Parser)]
 #[command(name = "rpcrdma-bench", version, about, long_about = None)]
-struct Args {
-    /// Server address (`shm:///path`, `roce://IP:PORT`, `tcp://IP:PORT`).
-    #[arg(long, value_name = "URL")]
+struct Cli {
+    /// Server: `tirpc` (embedded libtirpc server), `tirpc://IPV4:PORT`,
+    /// `inproc`, `shm://PATH`, `tcp://IP:PORT`, `roce://IP:PORT`. Without
+    /// it: the embedded default (shm once plugged in; tirpc for now).
+    #[arg(long, value_name = "URL", global = true)]
     connect: Option<String>,
+    /// Measured seconds per run (sweep: per point). Default: 2 for lat,
+    /// 1 for rate/read/write, 0.5 for sweep points.
+    #[arg(long, value_name = "SECS", global = true)]
+    duration: Option<f64>,
+    /// Also write everything measured to FILE as JSON.
+    #[arg(long, value_name = "FILE", global = true)]
+    json: Option<PathBuf>,
+    /// Busy-poll for completions, never yield the core (default: spin a
+    /// little, then yield).
+    #[arg(long, global = true)]
+    spin: bool,
+    /// Server core and client core for embedded servers and `floor`
+    /// (default 0,1 on machines with two or more cores).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 2,
+        value_name = "SERVER,CLIENT",
+        global = true
+    )]
+    cores: Option<Vec<usize>>,
+    /// Do not pin embedded servers and clients (the scheduler places
+    /// them; on a shared machine this avoids queueing behind other work
+    /// on a fixed core).
+    #[arg(long, global = true)]
+    no_pin: bool,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
 
+/// Parses `4096`, `4k`, `1m` (KiB, MiB).
+fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1u64 << 20),
+        _ => (t, 1),
+    };
+    let v = digits
+        .parse::<u64>()
+        .map_err(|e| format!("{s:?}: {e}"))?
+        .checked_mul(unit)
+        .filter(|&v| v <= u64::from(dataplane::service::bench::MAX_DATA))
+        .ok_or_else(|| format!("{s:?}: at most 16m"))?;
+    Ok(v as u32)
+}
+
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Raw cross-core cache-line ping-pong vs shm RDMA Write and Send round
-    /// trips, between two pinned processes.
+    /// Latency, one call outstanding: NULL (size 0) or ECHO of SIZE bytes.
+    Lat {
+        /// ECHO argument bytes; 0 calls NULL.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        size: u32,
+        /// Check every ECHO reply's bytes against the pattern.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Message rate: NULL calls pipelined at DEPTH.
+    Rate {
+        /// Calls in flight.
+        #[arg(long, default_value_t = 16)]
+        depth: u32,
+    },
+    /// Bulk READ: SOURCE(SIZE) calls at DEPTH (over RDMA the data comes in
+    /// a write chunk).
+    Read {
+        /// Bytes per call.
+        #[arg(long, default_value = "256k", value_parser = parse_size)]
+        size: u32,
+        /// Calls in flight.
+        #[arg(long, default_value_t = 4)]
+        depth: u32,
+        /// Hash every reply's bytes and compare with the SOURCE pattern.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Bulk WRITE: SINK calls of SIZE bytes at DEPTH (over RDMA the data
+    /// goes in a read chunk).
+    Write {
+        /// Bytes per call.
+        #[arg(long, default_value = "256k", value_parser = parse_size)]
+        size: u32,
+        /// Calls in flight.
+        #[arg(long, default_value_t = 4)]
+        depth: u32,
+    },
+    /// READ and WRITE over sizes x depths for each transport: a table,
+    /// JSON, and SVG plots shaped like the Sun NFS/RDMA paper's figures
+    /// 15-18.
+    Sweep {
+        /// Transports (URLs as for --connect); unavailable ones are
+        /// reported and skipped. Default: --connect, else shm,tcp,tirpc.
+        #[arg(long, value_delimiter = ',')]
+        transports: Option<Vec<String>>,
+        /// Sizes (default 512 B .. 1 MiB in powers of two).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+        sizes: Option<Vec<u32>>,
+        /// Depths.
+        #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4, 8, 16])]
+        depths: Vec<u32>,
+        /// Operations: read, write.
+        #[arg(long, value_delimiter = ',', default_values_t = ["read".to_owned(), "write".to_owned()])]
+        ops: Vec<String>,
+        /// Directory for the SVG plots.
+        #[arg(long, default_value = "bench-plots")]
+        plots: PathBuf,
+        /// Depth of the CPU-vs-throughput plot (the paper used 4).
+        #[arg(long, default_value_t = 4)]
+        cpu_depth: u32,
+    },
+    /// The physical floor: cross-core cache-line ping-pong vs shm RDMA
+    /// Write and Send round trips (two pinned processes), and single-core
+    /// memcpy bandwidth.
     Floor {
-        /// Round trips per measurement.
+        /// Round trips per ping-pong.
         #[arg(long, default_value_t = 200_000)]
         iters: u64,
-        /// The two cores to pin to.
-        #[arg(long, value_delimiter = ',', default_values_t = [0usize, 1])]
-        cores: Vec<usize>,
+        /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
+        #[arg(long, value_parser = parse_size)]
+        memcpy_size: Option<u32>,
     },
     /// The responder half of `floor` (spawned by it).
     #[command(hide = true)]
@@ -45,28 +168,298 @@ enum Cmd {
     },
 }
 
-fn main() {
-    let args = Args::parse();
-    match args.command {
-        Some(Cmd::Floor { iters, cores }) => {
-            let c = (
-                cores.first().copied().unwrap_or(0),
-                cores.get(1).copied().unwrap_or(1),
-            );
-            floor::run(iters.max(100), c);
+/// A one-line progress display on stderr while runs are under way (only
+/// when stderr is a terminal): label, runs done, elapsed/expected time.
+struct Progress {
+    state: Arc<Mutex<(String, usize)>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(total_runs: usize, expected: Duration) -> Progress {
+        let state = Arc::new(Mutex::new((String::new(), 0usize)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::io::stderr().is_terminal().then(|| {
+            let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let (label, done) = state.lock().map(|s| s.clone()).unwrap_or_default();
+                    let frac =
+                        (t0.elapsed().as_secs_f64() / expected.as_secs_f64().max(1e-3)).min(1.0);
+                    let bar = (frac * 30.0) as usize;
+                    eprint!(
+                        "\r[{}{}] {done}/{total_runs} runs, {:.0}/{:.0} s  {label:<40}",
+                        "#".repeat(bar),
+                        " ".repeat(30 - bar),
+                        t0.elapsed().as_secs_f64(),
+                        expected.as_secs_f64()
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                eprint!("\r{:100}\r", "");
+            })
+        });
+        Progress {
+            state,
+            stop,
+            thread,
+        }
+    }
+
+    fn set(&self, label: String, done: usize) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = (label, done);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Common {
+    connect: Option<String>,
+    duration: Option<f64>,
+    idle: Idle,
+    open: OpenOptions,
+    cores: (usize, usize),
+}
+
+impl Common {
+    fn duration(&self, default: f64) -> Duration {
+        Duration::from_secs_f64(self.duration.unwrap_or(default).max(0.001))
+    }
+}
+
+fn header(command: &str, common: &Common) -> serde_json::Value {
+    json!({
+        "tool": "rpcrdma-bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "command": command,
+        "unix_time": output::unix_time(),
+        "machine": Machine::this(),
+        "idle": common.idle,
+    })
+}
+
+fn print_results(results: &[RunResult]) {
+    let mut out = std::io::stdout().lock();
+    let _ = output::print_table(&mut out, results);
+}
+
+/// One run of one spec on the --connect transport.
+fn single(command: &str, spec: RunSpec, common: &Common) -> Result<serde_json::Value, BenchError> {
+    let mut t = transport::open(common.connect.as_deref(), &common.open)?;
+    println!("{}", t.describe());
+    let progress = (spec.duration > Duration::from_secs(2))
+        .then(|| Progress::start(1, spec.duration + Duration::from_millis(200)));
+    if let Some(p) = &progress {
+        p.set(format!("{} {}", t.name(), spec.op.name()), 0);
+    }
+    let r = t.run(&spec)?;
+    drop(progress);
+    print_results(std::slice::from_ref(&r));
+    if let Some(c) = &r.check {
+        if !c.ok {
+            return Err(BenchError::Call {
+                transport: t.name(),
+                reason: "reply bytes differ from the SOURCE pattern".to_owned(),
+            });
+        }
+    }
+    let mut doc = header(command, common);
+    doc["transports"] = json!([t.describe()]);
+    doc["results"] = json!([r]);
+    Ok(doc)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sweep(
+    common: &Common,
+    transports: Option<Vec<String>>,
+    sizes: Option<Vec<u32>>,
+    depths: Vec<u32>,
+    ops: Vec<String>,
+    plots: PathBuf,
+    cpu_depth: u32,
+) -> Result<serde_json::Value, BenchError> {
+    let urls = transports.unwrap_or_else(|| match &common.connect {
+        Some(c) => vec![c.clone()],
+        None => ["shm", "tcp", "tirpc"].map(str::to_owned).to_vec(),
+    });
+    let sizes = sizes.unwrap_or_else(|| (9..=20).map(|p| 1u32 << p).collect());
+    let ops: Vec<Op> = ops
+        .iter()
+        .map(|o| match o.as_str() {
+            "read" => Ok(Op::Read),
+            "write" => Ok(Op::Write),
+            other => Err(BenchError::Unsupported {
+                transport: "sweep",
+                reason: format!("unknown op {other:?} (read, write)"),
+            }),
+        })
+        .collect::<Result<_, _>>()?;
+    let duration = common.duration(0.5);
+    let mut opened: Vec<Box<dyn Transport>> = Vec::new();
+    let mut skipped = Vec::new();
+    for url in &urls {
+        match transport::open(Some(url), &common.open) {
+            Ok(t) => {
+                println!("{}", t.describe());
+                opened.push(t);
+            }
+            Err(e) => {
+                eprintln!("sweep: skipping {url}: {e}");
+                skipped.push(json!({"transport": url, "reason": e.to_string()}));
+            }
+        }
+    }
+    if opened.is_empty() {
+        return Err(BenchError::Unsupported {
+            transport: "sweep",
+            reason: format!("no transport of {urls:?} is available"),
+        });
+    }
+    let total = opened.len() * ops.len() * sizes.len() * depths.len();
+    // Each point also starts a client and waits for its calls to drain.
+    let expected = (duration + Duration::from_millis(50)) * total as u32;
+    let progress = Progress::start(total, expected);
+    let mut results = Vec::with_capacity(total);
+    let mut done = 0;
+    for t in &mut opened {
+        for &op in &ops {
+            for &depth in &depths {
+                for &size in &sizes {
+                    progress.set(
+                        format!(
+                            "{} {} {} depth {depth}",
+                            t.name(),
+                            op.name(),
+                            output::size_label(size)
+                        ),
+                        done,
+                    );
+                    let mut spec = RunSpec::new(op, size, depth, duration);
+                    spec.idle = common.idle;
+                    spec.warmup_calls = 10;
+                    results.push(t.run(&spec)?);
+                    done += 1;
+                }
+            }
+        }
+    }
+    drop(progress);
+    print_results(&results);
+    let written = output::plot_sweep(&plots, &results, cpu_depth).map_err(|reason| {
+        BenchError::Unsupported {
+            transport: "sweep",
+            reason: format!("plotting failed: {reason}"),
+        }
+    })?;
+    for p in &written {
+        println!("plot: {}", p.display());
+    }
+    let mut doc = header("sweep", common);
+    doc["transports"] = json!(opened.iter().map(|t| t.describe()).collect::<Vec<_>>());
+    doc["skipped"] = json!(skipped);
+    doc["results"] = json!(results);
+    doc["plots"] = json!(written);
+    Ok(doc)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cores = match cli.cores.as_deref() {
+        Some([s, c]) => Some(Cores {
+            server: *s,
+            client: *c,
+        }),
+        _ => Cores::default_pair(),
+    };
+    let pin = if cli.no_pin { None } else { cores };
+    let common = Common {
+        connect: cli.connect,
+        duration: cli.duration,
+        idle: if cli.spin { Idle::Spin } else { Idle::Adaptive },
+        open: OpenOptions { cores: pin },
+        cores: cores.map_or((0, 0), |c| (c.server, c.client)),
+    };
+    let spec = |op, size, depth, default_s| {
+        let mut s = RunSpec::new(op, size, depth, common.duration(default_s));
+        s.idle = common.idle;
+        s
+    };
+    let doc = match cli.command {
+        Some(Cmd::Lat { size, check }) => {
+            let op = if size == 0 { Op::Null } else { Op::Echo };
+            let mut s = spec(op, size, 1, 2.0);
+            s.check = check;
+            single("lat", s, &common)
+        }
+        Some(Cmd::Rate { depth }) => single("rate", spec(Op::Null, 0, depth, 1.0), &common),
+        Some(Cmd::Read { size, depth, check }) => {
+            let mut s = spec(Op::Read, size, depth, 1.0);
+            s.check = check;
+            single("read", s, &common)
+        }
+        Some(Cmd::Write { size, depth }) => {
+            single("write", spec(Op::Write, size, depth, 1.0), &common)
+        }
+        Some(Cmd::Sweep {
+            transports,
+            sizes,
+            depths,
+            ops,
+            plots,
+            cpu_depth,
+        }) => sweep(&common, transports, sizes, depths, ops, plots, cpu_depth),
+        Some(Cmd::Floor { iters, memcpy_size }) => {
+            let bytes = memcpy_size.map_or_else(bench::membw::default_buffer_bytes, |b| b as usize);
+            let report = floor::run(iters.max(100), common.cores, bytes, common.duration(0.5));
+            let mut doc = header("floor", &common);
+            doc["floor"] = json!(report);
+            Ok(doc)
         }
         Some(Cmd::FloorPeer {
             url,
             page,
             core,
             iters,
-        }) => floor::peer(&url, &page, core, iters.max(100)),
+        }) => {
+            floor::peer(&url, &page, core, iters.max(100));
+            return ExitCode::SUCCESS;
+        }
         None => {
             eprintln!(
-                "rpcrdma-bench: no workload is implemented yet besides `floor` (connect: {:?}); see README.md status table",
-                args.connect
+                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, floor (--help); transports: {}",
+                TRANSPORTS
+                    .iter()
+                    .map(|t| format!("{}{}", t.0, if t.2.is_some() { " (not built)" } else { "" }))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
-            std::process::exit(2);
+            return ExitCode::from(2);
+        }
+    };
+    let doc = match doc {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("rpcrdma-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &cli.json {
+        if let Err(e) = output::write_json(path, &doc) {
+            eprintln!("rpcrdma-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
         }
     }
+    ExitCode::SUCCESS
 }

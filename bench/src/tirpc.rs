@@ -157,6 +157,17 @@ pub enum Workload {
         /// Unmeasured calls first.
         warmup: u64,
     },
+    /// One call outstanding for `seconds` (as many calls as fit).
+    LatFor {
+        /// The procedure called.
+        proc: Proc,
+        /// Argument bytes (ECHO, SINK) or requested bytes (SOURCE).
+        size: u32,
+        /// Duration.
+        seconds: f64,
+        /// Unmeasured calls first.
+        warmup: u64,
+    },
     /// `depth` connections, one thread each, NULL calls for `seconds`.
     Rate {
         /// Connections (threads).
@@ -221,6 +232,22 @@ impl Workload {
                 "--warmup".to_owned(),
                 warmup.to_string(),
             ],
+            Workload::LatFor {
+                proc,
+                size,
+                seconds,
+                warmup,
+            } => vec![
+                "lat".to_owned(),
+                "--proc".to_owned(),
+                proc.name().to_owned(),
+                "--size".to_owned(),
+                size.to_string(),
+                "--seconds".to_owned(),
+                seconds.to_string(),
+                "--warmup".to_owned(),
+                warmup.to_string(),
+            ],
             Workload::Rate { depth, seconds } => vec![
                 "rate".to_owned(),
                 "--depth".to_owned(),
@@ -281,6 +308,20 @@ pub struct LatencyReport {
     pub client_user_s: f64,
     pub client_sys_s: f64,
     pub client_cpu_s: f64,
+    /// With `--check`.
+    #[serde(default)]
+    pub check: Option<ClientCheck>,
+}
+
+/// The client's `--check` figures: FNV-1a 64 of each reply's data bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct ClientCheck {
+    /// Hash of the first reply.
+    pub first_fnv1a64: u64,
+    /// Replies hashed.
+    pub replies: u64,
+    /// Replies whose hash differed from the first's.
+    pub differing: u64,
 }
 
 /// Calls and bytes moved by `depth` connections in `seconds`.
@@ -300,6 +341,9 @@ pub struct ThroughputReport {
     pub client_user_s: f64,
     pub client_sys_s: f64,
     pub client_cpu_s: f64,
+    /// With `--check` (READ only).
+    #[serde(default)]
+    pub check: Option<ClientCheck>,
 }
 
 /// A verify run that passed (a failing one is [`TirpcError::ClientFailed`]).
@@ -356,6 +400,12 @@ fn clock_ticks_per_second() -> std::result::Result<f64, String> {
     }
 }
 
+/// The user and system CPU times (at this machine's clock tick) in a
+/// `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line.
+pub fn parse_stat_cpu(stat: &str) -> Option<CpuTimes> {
+    parse_proc_stat(stat, clock_ticks_per_second().ok()?)
+}
+
 /// utime and stime are fields 14 and 15 of `/proc/<pid>/stat`; the command
 /// name (field 2) is parenthesised and may hold spaces and parentheses, so
 /// counting starts after the last `)`.
@@ -377,10 +427,46 @@ fn parse_proc_stat(stat: &str, ticks_per_s: f64) -> Option<CpuTimes> {
 /// [`TirpcError::ClientFailed`] (any RPC error or verify mismatch, with the
 /// client's stderr), [`TirpcError::BadOutput`].
 pub fn run_client(port: u16, workload: &Workload) -> Result<TirpcResult> {
+    run_client_with(port, workload, &ClientOptions::default())
+}
+
+/// Options of [`run_client_with`] beyond the workload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Server address (IPv4); empty: 127.0.0.1.
+    pub host: String,
+    /// Write every measured call's latency here (`--samples`).
+    pub samples: Option<std::path::PathBuf>,
+    /// Hash the replies' bytes (`--check`).
+    pub check: bool,
+    /// Pin the client process (all its threads) to this core.
+    pub core: Option<usize>,
+}
+
+/// Runs the client driver against `host:port` with `options`.
+///
+/// # Errors
+/// As [`run_client`].
+pub fn run_client_with(
+    port: u16,
+    workload: &Workload,
+    options: &ClientOptions,
+) -> Result<TirpcResult> {
     let (_, client) = binaries()?;
     let mut args = vec!["--port".to_owned(), port.to_string()];
+    if !options.host.is_empty() {
+        args.extend(["--host".to_owned(), options.host.clone()]);
+    }
     args.extend(workload.args());
-    let out = Command::new(client)
+    if let Some(path) = &options.samples {
+        args.extend(["--samples".to_owned(), path.display().to_string()]);
+    }
+    if options.check {
+        args.push("--check".to_owned());
+    }
+    let mut command = Command::new(client);
+    pin_child(&mut command, options.core);
+    let out = command
         .args(&args)
         .stdin(Stdio::null())
         .output()
@@ -400,6 +486,28 @@ pub fn run_client(port: u16, workload: &Workload) -> Result<TirpcResult> {
         output: stdout.into_owned(),
         source,
     })
+}
+
+/// Makes the child start on `core` only (its threads inherit the mask). A
+/// core the machine lacks makes the affinity call fail, which the child
+/// ignores: it then runs unpinned.
+fn pin_child(command: &mut Command, core: Option<usize>) {
+    use std::os::unix::process::CommandExt;
+    let Some(core) = core else { return };
+    if core >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes the sched_setaffinity system call on a stack-local set, which
+    // is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
 }
 
 /// A client run with the server's CPU time over the same interval.
@@ -429,8 +537,18 @@ impl TirpcServer {
     /// [`TirpcError::ServerNotReady`] (e.g. the port is in use; the text
     /// carries the server's message), [`TirpcError::BadReadyLine`].
     pub fn start(port: u16) -> Result<Self> {
+        Self::start_pinned(port, None)
+    }
+
+    /// As [`start`](Self::start), with the server pinned to `core`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_pinned(port: u16, core: Option<usize>) -> Result<Self> {
         let (server, _) = binaries()?;
-        let mut child = Command::new(server)
+        let mut command = Command::new(server);
+        pin_child(&mut command, core);
+        let mut child = command
             .arg(port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

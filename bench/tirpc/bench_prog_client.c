@@ -5,15 +5,26 @@
  *
  *   bench_prog_client --port P [--host A] MODE [options]
  *
- *   lat    --proc null|echo|sink|source --size N --iterations K [--warmup W]
+ *   lat    --proc null|echo|sink|source --size N
+ *          (--iterations K | --seconds S) [--warmup W]
  *          one call outstanding; per-call latency from CLOCK_MONOTONIC,
- *          percentiles by nearest rank over the K measured calls
+ *          percentiles by nearest rank over the measured calls (K calls, or
+ *          as many as fit in S seconds when --seconds is given)
  *   rate   --depth D --seconds S       D threads, one CLIENT each, NULL calls
  *   read   --size N --depth D --seconds S    SOURCE(N) calls
  *   write  --size N --depth D --seconds S    SINK(N bytes) calls
  *   verify --size N    NULL, ECHO, SINK and SOURCE of N pattern bytes checked
  *                      byte for byte, SOURCE(BENCH_MAXDATA + 1) refused;
  *                      exits 1 on any mismatch
+ *
+ * Options of every mode except verify:
+ *   --samples FILE  writes the latency of every measured call, in
+ *                   nanoseconds, as native-endian u64 values (the bench
+ *                   builds its HdrHistogram from them)
+ *   --check         lat with echo/source, read: hashes every reply's bytes
+ *                   (FNV-1a 64) and reports the first reply's hash and how
+ *                   many replies hashed differently ("check" object); the
+ *                   caller compares the hash with the pattern's
  *
  * Sizes take a k or m suffix (KiB, MiB). Every workload reports the
  * client's own CPU time (getrusage RUSAGE_SELF, all threads); the server's
@@ -60,17 +71,21 @@ struct options {
 	uint64_t warmup;
 	unsigned depth;
 	double seconds;
+	int have_seconds;
+	int check;
+	const char *samples;
 };
 
 static void usage(void)
 {
 	fprintf(stderr,
 		"usage: bench_prog_client --port P [--host IPV4] MODE [options]\n"
-		"  lat    --proc null|echo|sink|source --size N --iterations K [--warmup W]\n"
+		"  lat    --proc null|echo|sink|source --size N (--iterations K | --seconds S) [--warmup W]\n"
 		"  rate   --depth D --seconds S\n"
 		"  read   --size N --depth D --seconds S\n"
 		"  write  --size N --depth D --seconds S\n"
-		"  verify --size N\n");
+		"  verify --size N\n"
+		"  (lat, rate, read, write also take --samples FILE and --check)\n");
 	exit(2);
 }
 
@@ -128,6 +143,10 @@ static void parse_args(int argc, char **argv, struct options *o)
 			have_mode = 1;
 			continue;
 		}
+		if (strcmp(a, "--check") == 0) {
+			o->check = 1;
+			continue;
+		}
 		if (v == NULL)
 			usage();
 		i++;
@@ -168,6 +187,9 @@ static void parse_args(int argc, char **argv, struct options *o)
 			o->seconds = strtod(v, &end);
 			if (end == v || *end != '\0' || !(o->seconds > 0.0))
 				usage();
+			o->have_seconds = 1;
+		} else if (strcmp(a, "--samples") == 0) {
+			o->samples = v;
 		} else {
 			usage();
 		}
@@ -179,7 +201,7 @@ static void parse_args(int argc, char **argv, struct options *o)
 			BENCH_MAXDATA);
 		exit(2);
 	}
-	if (o->mode == MODE_LAT && o->iterations == 0)
+	if (o->mode == MODE_LAT && o->iterations == 0 && !o->have_seconds)
 		usage();
 }
 
@@ -329,48 +351,138 @@ static uint64_t percentile(const uint64_t *sorted, uint64_t n, uint64_t q)
 	return sorted[rank ? rank - 1 : 0];
 }
 
+/* Latencies of one caller's measured calls; grows by doubling. */
+struct samples {
+	uint64_t *ns;
+	uint64_t len;
+	uint64_t cap;
+};
+
+static void samples_push(struct samples *s, uint64_t ns)
+{
+	if (s->len == s->cap) {
+		uint64_t cap = s->cap ? s->cap * 2 : 65536;
+		uint64_t *p = realloc(s->ns, cap * sizeof(*p));
+
+		if (p == NULL)
+			die("out of memory for latency samples");
+		s->ns = p;
+		s->cap = cap;
+	}
+	s->ns[s->len++] = ns;
+}
+
+/* Appends the samples to FILE (created/truncated by the first writer). */
+static void samples_write(const char *path, const struct samples *s,
+			  int truncate)
+{
+	FILE *f;
+
+	if (path == NULL)
+		return;
+	f = fopen(path, truncate ? "wb" : "ab");
+	if (f == NULL || (s->len &&
+			  fwrite(s->ns, sizeof(*s->ns), s->len, f) != s->len) ||
+	    fclose(f) != 0) {
+		fprintf(stderr, "bench_prog_client: cannot write %s: %s\n", path,
+			strerror(errno));
+		exit(1);
+	}
+}
+
+/* FNV-1a, 64 bits: the reply hash of --check (same in bench/src). */
+static uint64_t fnv1a64(const unsigned char *p, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* The --check state of one caller. */
+struct check {
+	uint64_t first;
+	uint64_t replies;
+	uint64_t differing;
+};
+
+static void check_reply(struct check *c, const struct call_buffers *b,
+			uint64_t size)
+{
+	uint64_t h = fnv1a64((const unsigned char *)b->result, size);
+
+	if (c->replies == 0)
+		c->first = h;
+	else if (h != c->first)
+		c->differing++;
+	c->replies++;
+}
+
+static void print_check(const struct options *o, const struct check *c)
+{
+	if (o->check)
+		printf(",\"check\":{\"first_fnv1a64\":%llu,\"replies\":%llu,"
+		       "\"differing\":%llu}",
+		       (unsigned long long)c->first,
+		       (unsigned long long)c->replies,
+		       (unsigned long long)c->differing);
+}
+
 static void run_lat(const struct options *o)
 {
 	CLIENT *cl = connect_client(&o->server);
 	struct call_buffers b;
-	uint64_t *ns = malloc(o->iterations * sizeof(*ns));
-	uint64_t total = 0, start, end;
+	struct samples smp = { NULL, 0, 0 };
+	struct check chk = { 0, 0, 0 };
+	int has_data = o->proc == PROC_ECHO || o->proc == PROC_SOURCE;
+	uint64_t total = 0, start, end, deadline, n, t1;
 	struct cpu c0, c1;
 
-	if (ns == NULL)
-		die("out of memory");
-	buffers_init(&b, o->size, o->proc == PROC_ECHO || o->proc == PROC_SOURCE);
+	buffers_init(&b, o->size, has_data);
 	for (uint64_t i = 0; i < o->warmup; i++)
 		check_call(call_once(cl, o->proc, &b, o->size), cl, "warm-up call");
 	c0 = cpu_now();
 	start = now_ns();
-	for (uint64_t i = 0; i < o->iterations; i++) {
+	deadline = o->have_seconds ? start + (uint64_t)(o->seconds * 1e9) : 0;
+	/* With --seconds, the clock read that ends one call decides the next. */
+	t1 = start;
+	for (uint64_t i = 0; o->have_seconds ? t1 < deadline : i < o->iterations;
+	     i++) {
 		uint64_t t0 = now_ns();
 
 		check_call(call_once(cl, o->proc, &b, o->size), cl, "call");
-		ns[i] = now_ns() - t0;
-		total += ns[i];
+		t1 = now_ns();
+		samples_push(&smp, t1 - t0);
+		total += t1 - t0;
+		if (o->check && has_data)
+			check_reply(&chk, &b, o->size);
 	}
 	end = now_ns();
 	c1 = cpu_now();
-	qsort(ns, o->iterations, sizeof(*ns), cmp_u64);
+	n = smp.len;
+	samples_write(o->samples, &smp, 1);
+	qsort(smp.ns, n, sizeof(*smp.ns), cmp_u64);
 	printf("{\"workload\":\"lat\",\"proc\":\"%s\",\"size\":%llu,"
 	       "\"count\":%llu,\"seconds\":%.9f,\"min_ns\":%llu,\"mean_ns\":%llu,"
 	       "\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"
 	       "\"p999_ns\":%llu,\"max_ns\":%llu,",
 	       proc_names[o->proc], (unsigned long long)o->size,
-	       (unsigned long long)o->iterations, (double)(end - start) / 1e9,
-	       (unsigned long long)ns[0],
-	       (unsigned long long)(total / o->iterations),
-	       (unsigned long long)percentile(ns, o->iterations, 5000),
-	       (unsigned long long)percentile(ns, o->iterations, 9000),
-	       (unsigned long long)percentile(ns, o->iterations, 9900),
-	       (unsigned long long)percentile(ns, o->iterations, 9990),
-	       (unsigned long long)ns[o->iterations - 1]);
+	       (unsigned long long)n, (double)(end - start) / 1e9,
+	       (unsigned long long)smp.ns[0],
+	       (unsigned long long)(total / n),
+	       (unsigned long long)percentile(smp.ns, n, 5000),
+	       (unsigned long long)percentile(smp.ns, n, 9000),
+	       (unsigned long long)percentile(smp.ns, n, 9900),
+	       (unsigned long long)percentile(smp.ns, n, 9990),
+	       (unsigned long long)smp.ns[n - 1]);
 	print_cpu(c0, c1);
+	print_check(o, &chk);
 	printf("}\n");
 	buffers_free(&b);
-	free(ns);
+	free(smp.ns);
 	clnt_destroy(cl);
 }
 
@@ -387,6 +499,8 @@ struct worker {
 	struct timed_run *run;
 	pthread_t thread;
 	uint64_t calls;
+	struct samples samples;
+	struct check check;
 };
 
 static void *worker_main(void *p)
@@ -399,7 +513,13 @@ static void *worker_main(void *p)
 	buffers_init(&b, r->size, r->proc == PROC_SOURCE || r->proc == PROC_ECHO);
 	pthread_barrier_wait(&r->connected);
 	while (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
+		uint64_t t0 = r->o->samples ? now_ns() : 0;
+
 		check_call(call_once(cl, r->proc, &b, r->size), cl, "call");
+		if (r->o->samples)
+			samples_push(&w->samples, now_ns() - t0);
+		if (r->o->check && r->proc == PROC_SOURCE)
+			check_reply(&w->check, &b, r->size);
 		w->calls++;
 	}
 	buffers_free(&b);
@@ -414,6 +534,7 @@ static void run_timed(const struct options *o)
 	struct timespec pause;
 	uint64_t calls = 0, bytes, start, end;
 	struct cpu c0, c1;
+	struct check chk = { 0, 0, 0 };
 	double secs;
 
 	if (w == NULL)
@@ -441,6 +562,19 @@ static void run_timed(const struct options *o)
 		pthread_join(w[i].thread, NULL);
 		calls += w[i].calls;
 	}
+	for (unsigned i = 0; i < o->depth; i++) {
+		const struct check *c = &w[i].check;
+
+		samples_write(o->samples, &w[i].samples, i == 0);
+		free(w[i].samples.ns);
+		if (c->replies == 0)
+			continue;
+		if (chk.replies == 0)
+			chk.first = c->first;
+		/* A caller whose first reply was off counts all its replies. */
+		chk.differing += c->first == chk.first ? c->differing : c->replies;
+		chk.replies += c->replies;
+	}
 	end = now_ns();
 	c1 = cpu_now();
 	secs = (double)(end - start) / 1e9;
@@ -452,6 +586,7 @@ static void run_timed(const struct options *o)
 	       (unsigned long long)calls, (unsigned long long)bytes,
 	       (double)calls / secs, (double)bytes / 1e6 / secs);
 	print_cpu(c0, c1);
+	print_check(o, &chk);
 	printf("}\n");
 	pthread_barrier_destroy(&r.connected);
 	free(w);

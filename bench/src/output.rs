@@ -1,0 +1,397 @@
+//! What the bench prints and writes: tables on stdout, one JSON document
+//! per invocation (`--json FILE`), and SVG plots for `sweep`.
+//!
+//! The plots follow the Sun NFS/RDMA paper's figures (s7.3): throughput
+//! against transfer size with one line per depth ("reads ahead"), one plot
+//! per transport (figures 15, 16); CPU utilisation against throughput per
+//! transport at one depth (figure 17); CPU per byte against transfer size
+//! at depth 1 (figure 18, there system CPU with no read-ahead).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::transport::{Op, RunResult};
+
+/// Human size: 512, 4K, 1M (binary units, as the `--size` arguments).
+pub fn size_label(bytes: u32) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{}M", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+        format!("{}K", bytes >> 10)
+    } else {
+        bytes.to_string()
+    }
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+/// Prints results as a table: one row per run.
+pub fn print_table(out: &mut impl Write, results: &[RunResult]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<7} {:<5} {:>6} {:>5} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>6} {:>8} {:>8}",
+        "transp",
+        "op",
+        "size",
+        "depth",
+        "calls/s",
+        "MB/s",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "cli %",
+        "srv %",
+        "cli s/GB",
+        "srv s/GB"
+    )?;
+    let opt = |v: Option<f64>, prec: usize| match v {
+        Some(x) => format!("{x:.prec$}"),
+        None => "-".to_owned(),
+    };
+    for r in results {
+        writeln!(
+            out,
+            "{:<7} {:<5} {:>6} {:>5} {:>10.0} {:>9.1} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6.0} {:>6} {:>8} {:>8}",
+            r.transport,
+            r.op.name(),
+            size_label(r.size),
+            r.depth,
+            r.calls_per_s,
+            r.mb_per_s,
+            micros(r.latency.p50_ns),
+            micros(r.latency.p90_ns),
+            micros(r.latency.p99_ns),
+            micros(r.latency.p999_ns),
+            micros(r.latency.max_ns),
+            r.client_cpu.utilization_pct,
+            opt(r.server_cpu.map(|c| c.utilization_pct), 0),
+            opt(r.client_cpu.s_per_gb, 3),
+            opt(r.server_cpu.and_then(|c| c.s_per_gb), 3),
+        )?;
+        if let Some(c) = &r.check {
+            writeln!(
+                out,
+                "        check: {} replies, FNV-1a {:016x} (pattern {:016x}), {} differing: {}",
+                c.replies,
+                c.first_fnv1a64,
+                c.expected_fnv1a64,
+                c.differing,
+                if c.ok { "ok" } else { "MISMATCH" }
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Where and on what the figures were taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// `uname -n`.
+    pub host: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// `model name` of /proc/cpuinfo.
+    pub cpu_model: String,
+    /// Logical CPUs available to this process.
+    pub cpus: usize,
+    /// 1-minute load average when the run started.
+    pub load_average: Option<f64>,
+}
+
+impl Machine {
+    /// The machine this runs on.
+    pub fn this() -> Machine {
+        let uts = nix::sys::utsname::uname().ok();
+        let field = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
+            uts.as_ref()
+                .map(|u| f(u).to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_default();
+        let load_average = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        Machine {
+            host: field(|u| u.nodename()),
+            kernel: field(|u| u.release()),
+            cpu_model,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            load_average,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, for the JSON `unix_time` field.
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes `value` as pretty JSON to `path`.
+///
+/// # Errors
+/// The file cannot be created or written.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
+    let mut text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    text.push('\n');
+    std::fs::write(path, text)
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+type Series = (String, Vec<(f64, f64)>);
+
+/// One line chart to `path`: `x_log` puts x on a log scale.
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    x_log: bool,
+    series: &[Series],
+) -> Result<(), String> {
+    let points = series.iter().flat_map(|s| s.1.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, 0.0f64, 0.0f64);
+    for &(x, y) in points {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    if !x0.is_finite() {
+        return Err(format!("{}: no data to plot", path.display()));
+    }
+    if x1 <= x0 {
+        x1 = x0 * 2.0 + 1.0;
+    }
+    let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70);
+    if x_log {
+        let mut chart = builder
+            .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_label_formatter(&|x| size_label(x.round() as u32))
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+    } else {
+        let mut chart = builder
+            .build_cartesian_2d(0.0..x1 * 1.05, 0.0..y1)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// Total CPU (client + server when known) in percent of one core.
+fn cpu_pct(r: &RunResult) -> f64 {
+    r.client_cpu.utilization_pct + r.server_cpu.map_or(0.0, |s| s.utilization_pct)
+}
+
+/// Total CPU seconds per GB (client + server when known).
+fn cpu_per_gb(r: &RunResult) -> Option<f64> {
+    let c = r.client_cpu.s_per_gb?;
+    Some(c + r.server_cpu.and_then(|s| s.s_per_gb).unwrap_or(0.0))
+}
+
+/// Writes the sweep's plots into `dir` and returns their paths:
+/// `<transport>-<op>-throughput.svg` per transport and op (MB/s vs size,
+/// a line per depth), `<op>-cpu-vs-throughput.svg` per op (CPU % vs MB/s
+/// per transport at depth `cpu_depth`, or the nearest depth run), and
+/// `<op>-cpu-per-gb.svg` per op (CPU s/GB vs size at the smallest depth).
+///
+/// # Errors
+/// A plot could not be drawn or written (the text says which).
+pub fn plot_sweep(
+    dir: &Path,
+    results: &[RunResult],
+    cpu_depth: u32,
+) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    let transports: BTreeSet<&str> = results.iter().map(|r| r.transport.as_str()).collect();
+    let ops: Vec<Op> = [Op::Read, Op::Write, Op::Echo, Op::Null]
+        .into_iter()
+        .filter(|op| results.iter().any(|r| r.op == *op))
+        .collect();
+    for &op in &ops {
+        for &t in &transports {
+            let runs: Vec<&RunResult> = results
+                .iter()
+                .filter(|r| r.op == op && r.transport == t)
+                .collect();
+            let depths: BTreeSet<u32> = runs.iter().map(|r| r.depth).collect();
+            let series: Vec<Series> = depths
+                .iter()
+                .map(|&d| {
+                    let mut pts: Vec<(f64, f64)> = runs
+                        .iter()
+                        .filter(|r| r.depth == d)
+                        .map(|r| (f64::from(r.size), r.mb_per_s))
+                        .collect();
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    (format!("depth {d}"), pts)
+                })
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            let path = dir.join(format!("{t}-{}-throughput.svg", op.name()));
+            line_chart(
+                &path,
+                &format!("{t}: {} throughput vs size", op.name()),
+                "bytes per call",
+                "MB/s (10^6 B/s)",
+                true,
+                &series,
+            )?;
+            written.push(path);
+        }
+        // CPU vs throughput (figure 17) at the depth nearest `cpu_depth`.
+        let depths: BTreeSet<u32> = results
+            .iter()
+            .filter(|r| r.op == op)
+            .map(|r| r.depth)
+            .collect();
+        let Some(&depth) = depths
+            .iter()
+            .min_by_key(|&&d| (i64::from(d) - i64::from(cpu_depth)).abs())
+        else {
+            continue;
+        };
+        let series: Vec<Series> = transports
+            .iter()
+            .map(|&t| {
+                let mut pts: Vec<(f64, f64)> = results
+                    .iter()
+                    .filter(|r| r.op == op && r.transport == t && r.depth == depth)
+                    .map(|r| (r.mb_per_s, cpu_pct(r)))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (t.to_owned(), pts)
+            })
+            .filter(|s| !s.1.is_empty())
+            .collect();
+        let path = dir.join(format!("{}-cpu-vs-throughput.svg", op.name()));
+        line_chart(
+            &path,
+            &format!(
+                "{}: CPU (client + server) vs throughput, depth {depth}",
+                op.name()
+            ),
+            "MB/s",
+            "CPU, % of one core",
+            false,
+            &series,
+        )?;
+        written.push(path);
+        // CPU per GB vs size (figure 18) at the smallest depth.
+        let low = *depths.iter().next().unwrap_or(&1);
+        let series: Vec<Series> = transports
+            .iter()
+            .map(|&t| {
+                let mut pts: Vec<(f64, f64)> = results
+                    .iter()
+                    .filter(|r| r.op == op && r.transport == t && r.depth == low)
+                    .filter_map(|r| Some((f64::from(r.size), cpu_per_gb(r)?)))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (t.to_owned(), pts)
+            })
+            .filter(|s| !s.1.is_empty())
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let path = dir.join(format!("{}-cpu-per-gb.svg", op.name()));
+        line_chart(
+            &path,
+            &format!(
+                "{}: CPU seconds per GB (client + server) vs size, depth {low}",
+                op.name()
+            ),
+            "bytes per call",
+            "CPU s / GB",
+            true,
+            &series,
+        )?;
+        written.push(path);
+    }
+    Ok(written)
+}

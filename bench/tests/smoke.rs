@@ -1,0 +1,283 @@
+//! Every `rpcrdma-bench` subcommand, run for a fraction of a second with
+//! `--json`: the document has the fields a reader relies on and the
+//! figures are positive. Never a statement about speed (DESIGN s9).
+//!
+//! The workloads run over every available transport of [`transports`]:
+//! `inproc` always, `tirpc` when the libtirpc peer was built (otherwise
+//! `skipped: libtirpc not installed`, or a failure under
+//! `RPCRDMA_REQUIRE_PEERS=1`). The lead adds `shm` and `tcp` here when
+//! their drivers are plugged in.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
+
+/// `--connect` URLs of the transports to smoke-test.
+fn transports() -> Vec<&'static str> {
+    let mut list = vec!["inproc"];
+    match bench::tirpc::binaries() {
+        Ok(_) => list.push("tirpc"),
+        Err(e) if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") => {
+            panic!("{e}, and RPCRDMA_REQUIRE_PEERS=1")
+        }
+        Err(e) => println!("skipped: libtirpc not installed ({e})"),
+    }
+    list
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rpcrdma-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Runs the bench with `args` plus `--json FILE`, checks it succeeded and
+/// returns the document.
+fn run(args: &[&str], json: &Path) -> Value {
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .arg("--no-pin")
+        .output()
+        .expect("run rpcrdma-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("transp") || stdout.contains("floor"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(json).expect("the --json file");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+fn positive(v: &Value, field: &str) -> f64 {
+    let x = v[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} missing or not a number in {v}"));
+    assert!(x > 0.0, "{field} = {x} in {v}");
+    x
+}
+
+fn check_header(doc: &Value, command: &str) {
+    assert_eq!(doc["tool"], "rpcrdma-bench");
+    assert_eq!(doc["command"], command);
+    assert!(doc["unix_time"].as_u64().unwrap() > 0);
+    assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
+}
+
+/// The fields of one run result; `bulk` runs also move bytes.
+fn check_result(r: &Value, transport: &str, op: &str, depth: u64, bulk: bool) {
+    assert_eq!(r["transport"], transport, "{r}");
+    assert_eq!(r["op"], op, "{r}");
+    assert_eq!(r["depth"].as_u64(), Some(depth), "{r}");
+    positive(r, "seconds");
+    positive(r, "calls");
+    positive(r, "calls_per_s");
+    let lat = &r["latency"];
+    for f in [
+        "count", "min_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns",
+    ] {
+        positive(lat, f);
+    }
+    let p = |f: &str| lat[f].as_u64().unwrap();
+    assert!(p("min_ns") <= p("p50_ns") && p("p50_ns") <= p("p90_ns"));
+    assert!(p("p90_ns") <= p("p99_ns") && p("p99_ns") <= p("p999_ns"));
+    assert!(p("p999_ns") <= p("max_ns"));
+    positive(&r["client_cpu"], "total_s");
+    if transport == "tirpc" {
+        // The embedded server is a local process: its CPU is measured (in
+        // 10 ms ticks, so it may be 0 for a short run).
+        assert!(r["server_cpu"]["total_s"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    if bulk {
+        positive(r, "bytes");
+        positive(r, "mb_per_s");
+        positive(&r["client_cpu"], "s_per_gb");
+    }
+}
+
+#[test]
+fn lat_rate_read_write_report_positive_figures() {
+    for t in transports() {
+        let json = scratch(&format!("{t}-lat.json"));
+        let doc = run(&["--connect", t, "--duration", "0.2", "lat"], &json);
+        check_header(&doc, "lat");
+        check_result(&doc["results"][0], t, "null", 1, false);
+
+        let doc = run(
+            &[
+                "--connect",
+                t,
+                "--duration",
+                "0.2",
+                "lat",
+                "--size",
+                "4k",
+                "--check",
+            ],
+            &json,
+        );
+        check_result(&doc["results"][0], t, "echo", 1, true);
+        assert_eq!(doc["results"][0]["check"]["ok"], true);
+
+        let json = scratch(&format!("{t}-rate.json"));
+        let doc = run(
+            &["--connect", t, "--duration", "0.2", "rate", "--depth", "4"],
+            &json,
+        );
+        check_header(&doc, "rate");
+        check_result(&doc["results"][0], t, "null", 4, false);
+
+        let json = scratch(&format!("{t}-read.json"));
+        let doc = run(
+            &[
+                "--connect",
+                t,
+                "--duration",
+                "0.2",
+                "read",
+                "--size",
+                "64k",
+                "--depth",
+                "2",
+                "--check",
+            ],
+            &json,
+        );
+        check_header(&doc, "read");
+        check_result(&doc["results"][0], t, "read", 2, true);
+        assert_eq!(doc["results"][0]["check"]["ok"], true);
+
+        let json = scratch(&format!("{t}-write.json"));
+        let doc = run(
+            &[
+                "--connect",
+                t,
+                "--duration",
+                "0.2",
+                "write",
+                "--size",
+                "64k",
+                "--depth",
+                "2",
+            ],
+            &json,
+        );
+        check_header(&doc, "write");
+        check_result(&doc["results"][0], t, "write", 2, true);
+    }
+}
+
+#[test]
+fn sweep_writes_results_for_every_point_and_plots() {
+    let list = transports().join(",");
+    let json = scratch("sweep.json");
+    let plots = scratch("plots");
+    let doc = run(
+        &[
+            "--duration",
+            "0.05",
+            "sweep",
+            "--transports",
+            &format!("{list},shm"),
+            "--sizes",
+            "512,4k",
+            "--depths",
+            "1,2",
+            "--plots",
+            plots.to_str().unwrap(),
+        ],
+        &json,
+    );
+    check_header(&doc, "sweep");
+    let n = list.split(',').count();
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(
+        results.len(),
+        n * 2 * 2 * 2,
+        "transports x ops x sizes x depths"
+    );
+    for r in results {
+        let t = r["transport"].as_str().unwrap();
+        check_result(
+            r,
+            t,
+            r["op"].as_str().unwrap(),
+            r["depth"].as_u64().unwrap(),
+            true,
+        );
+    }
+    // shm is not plugged in on this branch: reported, not fatal.
+    let skipped = doc["skipped"].as_array().unwrap();
+    assert!(
+        skipped.iter().any(|s| s["transport"] == "shm"),
+        "{skipped:?}"
+    );
+    let written = doc["plots"].as_array().unwrap();
+    for name in [
+        "read-cpu-vs-throughput.svg",
+        "write-cpu-per-gb.svg",
+        "inproc-read-throughput.svg",
+    ] {
+        let path = plots.join(name);
+        let svg = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{name}"
+        );
+        assert!(written.iter().any(|w| w.as_str() == path.to_str()));
+    }
+}
+
+#[test]
+fn floor_reports_ping_pongs_and_memcpy_bandwidth() {
+    let json = scratch("floor.json");
+    let doc = run(
+        &[
+            "--duration",
+            "0.05",
+            "floor",
+            "--iters",
+            "2000",
+            "--memcpy-size",
+            "4m",
+        ],
+        &json,
+    );
+    check_header(&doc, "floor");
+    let f = &doc["floor"];
+    for s in ["raw_pingpong", "shm_write_pingpong", "shm_send_pingpong"] {
+        positive(&f[s], "median_ns");
+        positive(&f[s], "p99_ns");
+        positive(&f[s], "mean_ns");
+    }
+    positive(&f["memcpy"], "best_gb_per_s");
+    positive(&f["memcpy"], "mean_gb_per_s");
+    positive(&f["memcpy"], "buffer_bytes");
+}
+
+#[test]
+fn unplugged_transports_fail_with_one_line_naming_what_is_missing() {
+    for (url, missing) in [
+        ("shm:///tmp/x.sock", "dataplane::client"),
+        ("tcp://127.0.0.1:1", "dataplane::tcp"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["--connect", url, "lat", "--duration", "0.01"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(missing), "{stderr}");
+    }
+}
