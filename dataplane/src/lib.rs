@@ -16,5 +16,6 @@
 pub mod engine;
 pub mod mem;
 pub mod service;
+pub mod tcp;
 pub mod verbs;
 pub mod wire;
