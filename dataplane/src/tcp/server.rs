@@ -193,10 +193,13 @@ impl Conn {
                     Err(e) => return Err(CloseReason::Io(e.kind())),
                 }
             }
-            let used = self
-                .reassembler
-                .push(self.input.unread())
-                .map_err(|_| CloseReason::RecordTooLarge)?;
+            let Ok(used) = self.reassembler.push(self.input.unread()) else {
+                // Answers to the calls before the bad record go out first,
+                // as far as the socket takes them now (best effort: the
+                // close that follows resets the connection).
+                let _ = self.flush(stats, now);
+                return Err(CloseReason::RecordTooLarge);
+            };
             self.input.consume(used);
             if let Some(record) = self.reassembler.poll_record() {
                 work += 1;
