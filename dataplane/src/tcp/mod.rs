@@ -95,11 +95,13 @@ pub enum Readiness {
 }
 
 impl Default for Readiness {
-    /// `Auto { poll_from: 3 }`: an empty `read` and an empty `poll(2)` of a
-    /// few sockets cost about the same on Linux loopback, so one or two
-    /// connections are read directly (docs/TCP.md, "Readiness").
+    /// `Auto { poll_from: 2 }`: an idle `poll(2)` costs about what one
+    /// empty `read` does, and a few hundred nanoseconds per extra socket
+    /// against about a microsecond per `read`, so only a lone connection is
+    /// read directly (measured: `examples/tcp_readiness.rs`, docs/TCP.md,
+    /// "Readiness").
     fn default() -> Self {
-        Readiness::Auto { poll_from: 3 }
+        Readiness::Auto { poll_from: 2 }
     }
 }
 
@@ -139,7 +141,8 @@ impl Default for TcpConfig {
             batch_len: 64 << 10,
             reads_per_poll: 8,
             max_connections: 1024,
-            // What Linux's RPC server allows an idle TCP transport.
+            // The period on which Linux's RPC server ages out idle TCP
+            // transports (svc_conn_age_period).
             idle_timeout: Some(Duration::from_secs(6 * 60)),
             readiness: Readiness::default(),
         }
