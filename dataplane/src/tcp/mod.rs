@@ -181,9 +181,8 @@ impl TcpConfig {
     }
 }
 
-/// Counters of one [`TcpConnections`] (or [`TcpClient`]'s server
-/// counterpart), monotonically increasing; the worker copies them to its
-/// metrics.
+/// Counters of one [`TcpConnections`], monotonically increasing; the
+/// worker copies them to its metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TcpStats {
     /// Connections added.
@@ -191,10 +190,11 @@ pub struct TcpStats {
     /// Connections refused: the set was full, or the socket could not be
     /// set up.
     pub connections_refused: u64,
-    /// Connections the peer ended cleanly (end of stream between records).
+    /// Connections closed cleanly: the peer ended the stream between
+    /// records (after its replies were written), or
+    /// [`TcpConnections::close_all`].
     pub connections_closed: u64,
-    /// Connections closed for an error: the sum of the four counters below
-    /// plus closes by [`TcpConnections::close_all`].
+    /// Connections closed for an error: the sum of the four counters below.
     pub connections_dropped: u64,
     /// Records over `max_record_len` (garbage or hostile record marks).
     pub oversized_records: u64,
