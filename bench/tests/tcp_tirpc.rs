@@ -84,7 +84,10 @@ impl OurServer {
             let services = ServiceTable::builtin();
             let start = std::time::Instant::now();
             let mut idle = Idle::default();
-            while !flag.load(Ordering::Relaxed) {
+            // Stopping waits for the peers' connections to end: a client
+            // that has exited may still have its end of stream in flight.
+            while !(flag.load(Ordering::Relaxed) && server.connections().is_empty()) {
+                assert!(start.elapsed() < HANG, "hung");
                 let w = server.poll(&services, Instant(start.elapsed().as_nanos() as u64));
                 idle.wait(w);
             }
@@ -93,6 +96,8 @@ impl OurServer {
         OurServer { addr, stop, handle }
     }
 
+    /// Stops polling once every connection has ended, and returns the
+    /// counters.
     fn stop(self) -> TcpStats {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.join().expect("server thread")
