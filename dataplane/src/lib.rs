@@ -17,6 +17,7 @@ pub mod client;
 pub mod engine;
 pub mod mem;
 pub mod service;
+pub mod tcp;
 pub mod verbs;
 pub mod wire;
 pub mod worker;

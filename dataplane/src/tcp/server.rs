@@ -1,0 +1,541 @@
+//! The responder side: a non-blocking acceptor and the connections of one
+//! worker, served in passes (see the module doc of [`super`]).
+
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+
+use nix::sys::socket::{send, MsgFlags};
+
+use super::buf::{InBuf, OutBuf, ZeroedBuf};
+use super::{Readiness, TcpConfig, TcpError, TcpStats};
+use crate::engine::Instant;
+use crate::service::{Dispatch, ServiceTable};
+use crate::wire::rpc::{write_record_header, RecordMarker, RecordReassembler};
+
+/// A non-blocking TCP listener.
+#[derive(Debug)]
+pub struct TcpAcceptor {
+    listener: TcpListener,
+    local: SocketAddr,
+}
+
+impl TcpAcceptor {
+    /// Listens on `addr` (port 0: a free port, see
+    /// [`local_addr`](Self::local_addr)).
+    ///
+    /// # Errors
+    /// [`TcpError::Bind`] (address in use, not configured on this host),
+    /// [`TcpError::Io`] when the socket cannot be made non-blocking.
+    pub fn bind(addr: SocketAddr) -> Result<TcpAcceptor, TcpError> {
+        let listener = TcpListener::bind(addr).map_err(|source| TcpError::Bind { addr, source })?;
+        TcpAcceptor::from_listener(listener)
+    }
+
+    /// Takes a listener bound elsewhere (e.g. by the control plane) and
+    /// makes it non-blocking.
+    ///
+    /// # Errors
+    /// [`TcpError::Io`] when the socket calls fail.
+    pub fn from_listener(listener: TcpListener) -> Result<TcpAcceptor, TcpError> {
+        let io = |what| move |source| TcpError::Io { what, source };
+        listener
+            .set_nonblocking(true)
+            .map_err(io("set listener non-blocking"))?;
+        let local = listener.local_addr().map_err(io("listener address"))?;
+        Ok(TcpAcceptor { listener, local })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Its URL, `tcp://IP:PORT`.
+    pub fn url(&self) -> String {
+        format!("tcp://{}", self.local)
+    }
+
+    /// Accepts up to `max` waiting connections without blocking and hands
+    /// each stream (still in blocking mode; [`TcpConnections::add`] changes
+    /// that) to `on_accept`. Returns how many were accepted.
+    ///
+    /// A connection the peer abandoned before it was accepted
+    /// (`ECONNABORTED`) is skipped.
+    ///
+    /// # Errors
+    /// Any other `accept` error, e.g. `EMFILE` when the process is out of
+    /// file descriptors; the connections accepted before it were handed on.
+    pub fn accept_ready(
+        &self,
+        max: usize,
+        mut on_accept: impl FnMut(TcpStream, SocketAddr),
+    ) -> io::Result<usize> {
+        let mut accepted = 0;
+        while accepted < max {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    accepted += 1;
+                    on_accept(stream, peer);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(accepted)
+    }
+}
+
+/// Why a connection was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseReason {
+    /// The peer ended the stream between records, and every reply was
+    /// written.
+    PeerClosed,
+    /// A fragment header announced more than `max_record_len`.
+    RecordTooLarge,
+    /// The stream ended inside a record.
+    Truncated,
+    /// A socket error (reset, broken pipe, ...).
+    Io(io::ErrorKind),
+    /// No byte moved for `idle_timeout`.
+    IdleTimeout,
+    /// [`TcpConnections::close_all`].
+    Shutdown,
+}
+
+/// One connection: its socket, its buffers and where the stream is.
+struct Conn {
+    stream: TcpStream,
+    fd: RawFd,
+    peer: SocketAddr,
+    input: InBuf,
+    reassembler: RecordReassembler<ZeroedBuf>,
+    output: OutBuf,
+    /// The peer sent end of stream; no more reads.
+    peer_closed: bool,
+    /// The last pass stopped reading because the output had no room for a
+    /// reply; the connection waits for its socket to become writable.
+    stalled: bool,
+    /// Last time a byte moved either way.
+    last_active: Instant,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, peer: SocketAddr, cfg: &TcpConfig, now: Instant) -> io::Result<Conn> {
+        stream.set_nonblocking(true)?;
+        // Each pass writes whole replies at once; Nagle would only hold
+        // back the tail of one.
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            fd: stream.as_raw_fd(),
+            stream,
+            peer,
+            input: InBuf::new(cfg.read_buffer_len)?,
+            reassembler: RecordReassembler::with_buffer(ZeroedBuf::new(cfg.max_record_len)?),
+            output: OutBuf::new(RecordMarker::LEN + cfg.max_reply_len, cfg.batch_len)?,
+            peer_closed: false,
+            stalled: false,
+            last_active: now,
+        })
+    }
+
+    /// One pass: take input, answer complete calls while the output has
+    /// room for a reply, write what is pending. Returns the work done, or
+    /// why the connection must close.
+    fn service(
+        &mut self,
+        services: &ServiceTable,
+        cfg: &TcpConfig,
+        stats: &mut TcpStats,
+        now: Instant,
+    ) -> Result<usize, CloseReason> {
+        let mut work = 0;
+        let mut reads_left = cfg.reads_per_poll;
+        self.stalled = false;
+        loop {
+            // Back-pressure: a call is taken from the stream only when its
+            // reply is sure to fit, so the reassembler never holds a
+            // complete record it cannot answer; when the peer does not read
+            // its replies, its calls stay in its socket and TCP flow
+            // control slows it down.
+            if !self.output.make_reserve() {
+                work += self.flush(stats, now)?;
+                if !self.output.make_reserve() {
+                    self.stalled = true;
+                    stats.output_stalls += 1;
+                    break;
+                }
+            }
+            if self.input.is_empty() {
+                if self.peer_closed || reads_left == 0 {
+                    break;
+                }
+                reads_left -= 1;
+                match self.stream.read(self.input.space()) {
+                    Ok(0) => {
+                        self.peer_closed = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        self.input.filled(n);
+                        stats.bytes_in += n as u64;
+                        self.last_active = now;
+                        work += 1;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(CloseReason::Io(e.kind())),
+                }
+            }
+            let Ok(used) = self.reassembler.push(self.input.unread()) else {
+                // Answers to the calls before the bad record go out first,
+                // as far as the socket takes them now (best effort: the
+                // close that follows resets the connection).
+                let _ = self.flush(stats, now);
+                return Err(CloseReason::RecordTooLarge);
+            };
+            self.input.consume(used);
+            if let Some(record) = self.reassembler.poll_record() {
+                work += 1;
+                // The reserve is the record mark plus `max_reply_len`.
+                let (mark, body) = self.output.reserve_mut().split_at_mut(RecordMarker::LEN);
+                match services.dispatch(record, body) {
+                    Dispatch::Reply { len, .. } => {
+                        // Over TCP the DDP-eligible item simply stays
+                        // inline. One fragment: len <= max_reply_len,
+                        // which the config keeps under 2^31.
+                        if write_record_header(mark, len).is_ok() {
+                            self.output.commit(RecordMarker::LEN + len);
+                            stats.rpcs += 1;
+                        } else {
+                            stats.records_dropped += 1;
+                        }
+                    }
+                    Dispatch::Drop => stats.records_dropped += 1,
+                }
+            }
+        }
+        work += self.flush(stats, now)?;
+        if self.peer_closed && self.input.is_empty() && self.output.is_empty() {
+            return Err(if self.reassembler.is_mid_record() {
+                CloseReason::Truncated
+            } else {
+                CloseReason::PeerClosed
+            });
+        }
+        Ok(work)
+    }
+
+    /// Writes pending output until done or the socket is full.
+    fn flush(&mut self, stats: &mut TcpStats, now: Instant) -> Result<usize, CloseReason> {
+        let mut work = 0;
+        while !self.output.is_empty() {
+            // MSG_NOSIGNAL: a peer gone away is EPIPE here, not SIGPIPE in
+            // whatever process embeds this crate.
+            match send(self.fd, self.output.pending(), MsgFlags::MSG_NOSIGNAL) {
+                Ok(0) => return Err(CloseReason::Io(io::ErrorKind::WriteZero)),
+                Ok(n) => {
+                    self.output.consume(n);
+                    stats.bytes_out += n as u64;
+                    self.last_active = now;
+                    work += 1;
+                }
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(CloseReason::Io(io::Error::from(e).kind())),
+            }
+        }
+        Ok(work)
+    }
+
+    /// The `poll(2)` events this connection waits for.
+    fn interest(&self) -> libc::c_short {
+        if self.stalled {
+            libc::POLLOUT
+        } else if self.output.is_empty() {
+            libc::POLLIN
+        } else {
+            libc::POLLIN | libc::POLLOUT
+        }
+    }
+
+    /// Whether a pass has work to do without the socket being ready:
+    /// input left over because the read budget ran out mid-buffer.
+    fn has_buffered_input(&self) -> bool {
+        !self.stalled && !self.input.is_empty()
+    }
+}
+
+impl core::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.peer)
+            .field("peer_closed", &self.peer_closed)
+            .field("stalled", &self.stalled)
+            .finish()
+    }
+}
+
+/// The TCP connections of one worker, served in passes by
+/// [`poll`](Self::poll). Not shared: one worker owns it.
+#[derive(Debug)]
+pub struct TcpConnections {
+    cfg: TcpConfig,
+    conns: Vec<Conn>,
+    pollfds: Vec<libc::pollfd>,
+    stats: TcpStats,
+}
+
+impl TcpConnections {
+    /// An empty set with room for `cfg.max_connections`.
+    ///
+    /// # Errors
+    /// [`TcpError::Config`] from [`TcpConfig::validate`].
+    pub fn new(cfg: TcpConfig) -> Result<TcpConnections, TcpError> {
+        cfg.validate()?;
+        Ok(TcpConnections {
+            cfg,
+            conns: Vec::with_capacity(cfg.max_connections),
+            pollfds: Vec::with_capacity(cfg.max_connections),
+            stats: TcpStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TcpConfig {
+        &self.cfg
+    }
+
+    /// Open connections.
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether no connection is open.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> &TcpStats {
+        &self.stats
+    }
+
+    /// Peer addresses of the open connections.
+    pub fn peers(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.conns.iter().map(|c| c.peer)
+    }
+
+    /// Takes an accepted stream: makes it non-blocking, disables Nagle and
+    /// reserves its buffers (the only allocation a connection makes).
+    ///
+    /// # Errors
+    /// [`TcpError::TooManyConnections`] when `max_connections` are open;
+    /// [`TcpError::Io`] when the socket options or the buffer mappings
+    /// fail. The stream is dropped (closed) and counted as refused.
+    pub fn add(&mut self, stream: TcpStream, now: Instant) -> Result<(), TcpError> {
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        if self.conns.len() >= self.cfg.max_connections {
+            self.stats.connections_refused += 1;
+            return Err(TcpError::TooManyConnections {
+                max: self.cfg.max_connections,
+                peer,
+            });
+        }
+        match Conn::new(stream, peer, &self.cfg, now) {
+            Ok(c) => {
+                self.conns.push(c);
+                self.stats.connections_opened += 1;
+                Ok(())
+            }
+            Err(source) => {
+                self.stats.connections_refused += 1;
+                Err(TcpError::Io {
+                    what: "set up an accepted connection",
+                    source,
+                })
+            }
+        }
+    }
+
+    /// One pass over the connections (see the module doc): reads what is
+    /// available, answers every complete call through `services`, writes
+    /// the replies, and closes connections that ended, broke the protocol,
+    /// failed or idled out (counted in [`stats`](Self::stats)). Returns the
+    /// work done (reads, writes, records, closes); 0 means idle. Never
+    /// blocks, never allocates.
+    pub fn poll(&mut self, services: &ServiceTable, now: Instant) -> usize {
+        if self.conns.is_empty() {
+            return 0;
+        }
+        let use_poll = match self.cfg.readiness {
+            Readiness::ReadAll => false,
+            Readiness::Poll => true,
+            Readiness::Auto { poll_from } => self.conns.len() >= poll_from,
+        };
+        let ready = use_poll && self.poll_readiness();
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.conns.len() {
+            let conn = &mut self.conns[i];
+            let outcome = if !ready || self.pollfds[i].revents != 0 || conn.has_buffered_input() {
+                conn.service(services, &self.cfg, &mut self.stats, now)
+            } else {
+                Ok(0)
+            };
+            let outcome = outcome.and_then(|w| match self.cfg.idle_timeout {
+                Some(t) if w == 0 && now.saturating_duration_since(conn.last_active) >= t => {
+                    Err(CloseReason::IdleTimeout)
+                }
+                _ => Ok(w),
+            });
+            match outcome {
+                Ok(w) => {
+                    work += w;
+                    i += 1;
+                }
+                Err(reason) => {
+                    self.close(i, reason);
+                    if ready {
+                        self.pollfds.swap_remove(i);
+                    }
+                    work += 1;
+                }
+            }
+        }
+        work
+    }
+
+    /// Fills `pollfds` and runs `poll(2)` with a zero timeout; false when
+    /// it failed (then every connection is served).
+    fn poll_readiness(&mut self) -> bool {
+        self.pollfds.clear();
+        self.pollfds.extend(self.conns.iter().map(|c| libc::pollfd {
+            fd: c.fd,
+            events: c.interest(),
+            revents: 0,
+        }));
+        // SAFETY: the pointer and length describe `pollfds`, which lives
+        // across the call; the fds are owned by `conns` and open.
+        let n = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                0,
+            )
+        };
+        n >= 0
+    }
+
+    /// Removes connection `i` (swapping the last into its place) and
+    /// counts why.
+    fn close(&mut self, i: usize, reason: CloseReason) {
+        let s = &mut self.stats;
+        match reason {
+            CloseReason::PeerClosed | CloseReason::Shutdown => s.connections_closed += 1,
+            CloseReason::RecordTooLarge => {
+                s.oversized_records += 1;
+                s.connections_dropped += 1;
+            }
+            CloseReason::Truncated => {
+                s.truncated_records += 1;
+                s.connections_dropped += 1;
+            }
+            CloseReason::Io(_) => {
+                s.io_errors += 1;
+                s.connections_dropped += 1;
+            }
+            CloseReason::IdleTimeout => {
+                s.idle_timeouts += 1;
+                s.connections_dropped += 1;
+            }
+        }
+        // Dropping the stream closes the socket; unread input makes the
+        // kernel answer with a reset, which is what a broken peer gets.
+        drop(self.conns.swap_remove(i));
+    }
+
+    /// Closes every connection (shutdown), counted as closed.
+    pub fn close_all(&mut self) {
+        while !self.conns.is_empty() {
+            self.close(self.conns.len() - 1, CloseReason::Shutdown);
+        }
+    }
+}
+
+/// A listener and the connections it accepted, polled together: for a
+/// worker that owns its listener, and for tests and examples.
+#[derive(Debug)]
+pub struct TcpServer {
+    acceptor: TcpAcceptor,
+    connections: TcpConnections,
+    accept_errors: u64,
+}
+
+impl TcpServer {
+    /// Listens on `addr`.
+    ///
+    /// # Errors
+    /// As [`TcpAcceptor::bind`] and [`TcpConnections::new`].
+    pub fn bind(addr: SocketAddr, cfg: TcpConfig) -> Result<TcpServer, TcpError> {
+        let connections = TcpConnections::new(cfg)?;
+        Ok(TcpServer {
+            acceptor: TcpAcceptor::bind(addr)?,
+            connections,
+            accept_errors: 0,
+        })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.acceptor.local_addr()
+    }
+
+    /// The connections.
+    pub fn connections(&self) -> &TcpConnections {
+        &self.connections
+    }
+
+    /// The connections, e.g. to [`close_all`](TcpConnections::close_all).
+    pub fn connections_mut(&mut self) -> &mut TcpConnections {
+        &mut self.connections
+    }
+
+    /// The counters of the connections.
+    pub fn stats(&self) -> &TcpStats {
+        self.connections.stats()
+    }
+
+    /// `accept` failures other than would-block and aborted connections
+    /// (e.g. out of file descriptors).
+    pub fn accept_errors(&self) -> u64 {
+        self.accept_errors
+    }
+
+    /// Accepts waiting connections (a few per pass, so that a connect storm
+    /// cannot stall the data path) and runs one pass over the connections.
+    /// Returns the work done; 0 means idle.
+    pub fn poll(&mut self, services: &ServiceTable, now: Instant) -> usize {
+        const ACCEPTS_PER_POLL: usize = 16;
+        let conns = &mut self.connections;
+        let accepted = match self.acceptor.accept_ready(ACCEPTS_PER_POLL, |s, _| {
+            // A refusal is counted in the connection stats.
+            let _ = conns.add(s, now);
+        }) {
+            Ok(n) => n,
+            Err(_) => {
+                self.accept_errors += 1;
+                0
+            }
+        };
+        accepted + self.connections.poll(services, now)
+    }
+}
