@@ -464,6 +464,8 @@ struct PendingReq {
     psn: Psn,
     mtu: Mtu,
     tid: u64,
+    /// The requester's responder resources (its capacity for our Reads).
+    responder_resources: u8,
     private: Vec<u8>,
 }
 
@@ -934,6 +936,7 @@ impl Cm {
                                     local_comm_id: rec.local_comm_id,
                                 },
                                 qp.mtu,
+                                r.responder_resources,
                             );
                         }
                         rec.state = ConnState::Established;
@@ -1071,6 +1074,7 @@ impl Cm {
             psn: r.starting_psn,
             mtu: r.path_mtu,
             tid,
+            responder_resources: r.responder_resources,
             private: trim_private(user),
         });
     }
@@ -1735,6 +1739,7 @@ impl Incoming<Roce> for RoceIncoming {
             req.psn,
             ConnRef { local_comm_id },
             req.mtu,
+            req.responder_resources,
         );
         let rnr = rc.caps.rnr_retry.min(7);
         let rep = Rep {

@@ -384,6 +384,28 @@ fn responder_acks_wraps_naks_once_and_replays_reads() {
     // The same request again (our responses "were lost"): executed again.
     read(4, key.rkey);
     assert_eq!(collect(), expect);
+    // The rest of it from its second PSN (a requester's retry of a partly
+    // received read): MIDDLE then LAST, the bytes from offset 1024.
+    let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(5)));
+    bth.ack_req = true;
+    let mut p = RocePacket::new(bth, &[]);
+    p.reth = Some(Reth {
+        va: key.addr + 100 + 1024,
+        rkey: key.rkey,
+        dma_len: 3000 - 1024,
+    });
+    fake.send(&p);
+    let mut got = Vec::new();
+    for (i, op) in [Opcode::RcReadResponseMiddle, Opcode::RcReadResponseLast]
+        .into_iter()
+        .enumerate()
+    {
+        let raw = fake.recv_rc();
+        let p = RocePacket::parse(&raw).unwrap();
+        assert_eq!((p.bth.opcode, p.bth.psn.value()), (op, psn(5 + i as u32)));
+        got.extend_from_slice(p.payload);
+    }
+    assert_eq!(got, expect[1024..]);
     // The read consumed three PSNs: the next request is PSN 7.
     send(Opcode::RcSendOnly, 7, b"y", true);
     let (apsn, syn, _) = ack_of(&fake.recv_rc());
