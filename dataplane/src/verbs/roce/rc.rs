@@ -326,6 +326,13 @@ impl RcQp {
         }
     }
 
+    /// Applies the path MTU and timers of the URL `connect` was given.
+    pub fn configure(&mut self, mtu: Mtu, timers: Timers) {
+        self.mtu = mtu;
+        self.timers = timers;
+        self.retry_left = timers.retry_count;
+    }
+
     /// The PSN we will send first (announced in REQ/REP).
     pub fn initial_psn(&self) -> Psn {
         self.next_psn
