@@ -68,8 +68,12 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, rounds: u64) {
 }
 
 fn run(faults: &str) -> ([u64; 3], [u64; 3]) {
+    run_mtu(faults, 1024)
+}
+
+fn run_mtu(faults: &str, mtu: u32) -> ([u64; 3], [u64; 3]) {
     let url = support::roce_pair::loopback_url(&format!(
-        "faults={faults}&ack_timeout_ms=10&verify_icrc=1"
+        "faults={faults}&ack_timeout_ms=10&verify_icrc=1&mtu={mtu}"
     ));
     let (mut a, mut b) = pair(&url, 0);
     exchange(&mut a, &mut b, 2);
@@ -100,5 +104,13 @@ fn five_percent_drop_two_percent_dup_and_reorder() {
             fa[k] + fb[k] > 0,
             "fault kind {k} never happened: {fa:?} {fb:?}"
         );
+    }
+}
+
+#[test]
+fn smallest_and_largest_path_mtu_under_loss() {
+    for mtu in [256, 4096] {
+        let (fa, fb) = run_mtu("20,10,10,3", mtu);
+        assert!(fa[0] + fb[0] > 0, "mtu {mtu}: nothing dropped");
     }
 }

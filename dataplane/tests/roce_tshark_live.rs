@@ -40,6 +40,33 @@ fn find_tshark() -> Option<PathBuf> {
 /// Where the capture probes go (discard).
 const PROBE_PORT: u16 = 9;
 
+/// RDMA_MSG (xid 0x01020304, version 1, 32 credits, no chunks) carrying an
+/// RPC call of NFSv3 NULL with AUTH_NONE.
+fn rpc_over_rdma_null_call() -> Vec<u8> {
+    [
+        0x0102_0304u32,
+        1,
+        32,
+        0,
+        0,
+        0,
+        0,
+        0x0102_0304,
+        0,
+        2,
+        100_003,
+        3,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]
+    .iter()
+    .flat_map(|w| w.to_be_bytes())
+    .collect()
+}
+
 fn is_send(c: &Completion) -> bool {
     !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
 }
@@ -175,6 +202,12 @@ fn tshark_decodes_a_live_session_without_errors() {
             a.post(SendOp::Read(key.at(0)), &[], len.min(BIG) as u32);
             assert!(wait(&a, is_send).is_ok());
         }
+        // One real RPC-over-RDMA message (RDMA_MSG, empty chunk lists, an
+        // NFSv3 NULL call), which Wireshark's rpcordma dissector must decode.
+        b.post_recv();
+        a.post(SendOp::Send, &rpc_over_rdma_null_call(), 0);
+        assert!(wait(&a, is_send).is_ok());
+        assert!(wait(&b, |c| !is_send(c)).is_ok());
         a.qp.disconnect();
         // The peer sees the DREQ and answers DREP.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -228,9 +261,7 @@ fn tshark_decodes_a_live_session_without_errors() {
         ])
         .output()
         .expect("run tshark");
-    if std::env::var_os("KEEP_PCAP").is_none() {
-        let _ = std::fs::remove_file(&file);
-    }
+
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for bad in ["Malformed", "[Expert Info (Error"] {
@@ -239,6 +270,24 @@ fn tshark_decodes_a_live_session_without_errors() {
             let to = (at + 400).min(text.len());
             panic!("{bad} in:\n{}", &text[from..to]);
         }
+    }
+    // Second pass, RPC-over-RDMA on: the real message decodes cleanly.
+    let out = Command::new(&tshark)
+        .arg("-r")
+        .arg(&file)
+        .args(["-Y", "rpcordma.xid == 0x01020304", "-V"])
+        .output()
+        .expect("run tshark");
+    assert!(out.status.success());
+    let rpc = String::from_utf8_lossy(&out.stdout);
+    assert!(!rpc.contains("Malformed"), "{rpc}");
+    assert!(!rpc.contains("[Expert Info (Error"), "{rpc}");
+    for want in [
+        "RPC over RDMA",
+        "Message Type: RDMA_MSG (0)",
+        "Program: NFS (100003)",
+    ] {
+        assert!(rpc.contains(want), "rpcordma pass lacks {want:?}:\n{rpc}");
     }
     for want in [
         "CM ConnectRequest",
@@ -261,5 +310,8 @@ fn tshark_decodes_a_live_session_without_errors() {
             text.contains(want),
             "tshark output lacks {want:?}; CM lines: {cm:?}"
         );
+    }
+    if std::env::var_os("KEEP_PCAP").is_none() {
+        let _ = std::fs::remove_file(&file);
     }
 }

@@ -464,6 +464,8 @@ struct PendingReq {
     psn: Psn,
     mtu: Mtu,
     tid: u64,
+    /// The requester's responder resources (its capacity for our Reads).
+    responder_resources: u8,
     private: Vec<u8>,
 }
 
@@ -477,6 +479,9 @@ enum ConnState {
     Rejected(Vec<u8>),
     /// DREQ sent, waiting for DREP.
     DreqSent { next: Instant, left: u8 },
+    /// Active: established and already torn down by the peer before
+    /// `connect` saw it (kept until `connect` returns the QP).
+    Closed,
 }
 
 #[derive(Debug)]
@@ -494,6 +499,8 @@ struct ConnRec {
     peer_private: Vec<u8>,
     /// Active: MRA received, do not retransmit the REQ before this.
     quiet_until: Option<Instant>,
+    /// Active: `connect` has returned this connection.
+    claimed: bool,
 }
 
 #[derive(Default)]
@@ -934,6 +941,7 @@ impl Cm {
                                     local_comm_id: rec.local_comm_id,
                                 },
                                 qp.mtu,
+                                r.responder_resources,
                             );
                         }
                         rec.state = ConnState::Established;
@@ -960,13 +968,17 @@ impl Cm {
                         if let Some(qp) = qps.get_mut(&rec.qpn) {
                             qp.enter_error(None, false);
                         }
-                        self.conns.remove(&j.remote_comm_id);
+                        if rec.active && !rec.claimed {
+                            rec.state = ConnState::Closed;
+                        } else {
+                            self.conns.remove(&j.remote_comm_id);
+                        }
                     }
                 }
             }
             CmMessage::Mra(m) => {
                 if let Some(rec) = self.conns.get_mut(&m.remote_comm_id) {
-                    if matches!(rec.state, ConnState::ReqSent) {
+                    if matches!(rec.state, ConnState::ReqSent) && rec.peer_ip == *src.ip() {
                         // Service timeout: 4.096 us x 2^t, plus our own.
                         let us = 4.096 * f64::from(1u32 << m.service_timeout.min(31));
                         rec.quiet_until =
@@ -976,13 +988,17 @@ impl Cm {
             }
             CmMessage::Dreq(d) => {
                 let mut drep_ids = (0, d.local_comm_id);
-                if let Some(rec) = self.conns.get(&d.remote_comm_id) {
+                if let Some(rec) = self.conns.get_mut(&d.remote_comm_id) {
                     if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
                         if let Some(qp) = qps.get_mut(&rec.qpn) {
                             qp.enter_error(None, false);
                         }
                         drep_ids = (rec.local_comm_id, rec.remote_comm_id);
-                        self.conns.remove(&d.remote_comm_id);
+                        if rec.active && !rec.claimed {
+                            rec.state = ConnState::Closed;
+                        } else {
+                            self.conns.remove(&d.remote_comm_id);
+                        }
                     }
                 }
                 let m = CmMad::new(
@@ -1071,6 +1087,7 @@ impl Cm {
             psn: r.starting_psn,
             mtu: r.path_mtu,
             tid,
+            responder_resources: r.responder_resources,
             private: trim_private(user),
         });
     }
@@ -1365,7 +1382,16 @@ impl PreparedQp<Roce> for RocePreparedQp {
         let (qpn, mad) = {
             let mut eng = lock(&dev.eng);
             let qpn = self.install(&mut eng);
-            let qp = eng.qps.get(&qpn).expect("just installed");
+            let qp = eng.qps.get_mut(&qpn).expect("just installed");
+            // Options in the connect URL apply to this connection.
+            qp.configure(
+                cfg.mtu,
+                Timers {
+                    ack_timeout: cfg.ack_timeout,
+                    retry_count: cfg.retry_count,
+                },
+            );
+            qp.faults = Faults::new(cfg.faults, qpn);
             let mut private = [0u8; ibcm::private_len::REQ];
             RdmaCmHeader {
                 src_port: 0x8000 | (random_u32() as u16 & 0x7FFF),
@@ -1418,6 +1444,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
                     mad: Box::new(mad),
                     peer_private: Vec::new(),
                     quiet_until: None,
+                    claimed: false,
                 },
             );
             let Engine { tx, gsi_psn, .. } = &mut *eng;
@@ -1446,6 +1473,16 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 match &mut rec.state {
                     ConnState::Established => {
                         let pd = std::mem::take(&mut rec.peer_private);
+                        rec.claimed = true;
+                        drop(eng);
+                        return Ok((qp, pd));
+                    }
+                    // Established, then already disconnected by the peer:
+                    // the QP is in the error state, as rdma_cm reports
+                    // ESTABLISHED then DISCONNECTED.
+                    ConnState::Closed => {
+                        let pd = std::mem::take(&mut rec.peer_private);
+                        eng.cm.conns.remove(&local_comm_id);
                         drop(eng);
                         return Ok((qp, pd));
                     }
@@ -1735,6 +1772,7 @@ impl Incoming<Roce> for RoceIncoming {
             req.psn,
             ConnRef { local_comm_id },
             req.mtu,
+            req.responder_resources,
         );
         let rnr = rc.caps.rnr_retry.min(7);
         let rep = Rep {
@@ -1770,6 +1808,7 @@ impl Incoming<Roce> for RoceIncoming {
                 mad: Box::new(mad),
                 peer_private: Vec::new(),
                 quiet_until: None,
+                claimed: true,
             },
         );
         let Engine { tx, gsi_psn, .. } = &mut *eng;

@@ -93,8 +93,15 @@ struct KeyEntry {
     _arena: Arc<Arena>,
 }
 
+/// An accepted RDMA Read: the responder resource (kept for replays of
+/// duplicates, 16 at most, oldest overwritten as in rxe) and, while
+/// responses are being sent, a job.
+#[derive(Clone)]
 struct ReadJob {
+    /// PSN of the request (first response).
     psn: Psn,
+    va: u64,
+    rkey: u32,
     addr: usize,
     len: u32,
     npkts: u32,
@@ -152,6 +159,9 @@ pub(super) struct RcQp {
     ack_due: bool,
     cur: Cur,
     read_jobs: VecDeque<ReadJob>,
+    read_res: VecDeque<ReadJob>,
+    /// Reads we may have outstanding: the peer's responder resources.
+    max_rd: u32,
     keys: Vec<Option<KeyEntry>>,
 }
 
@@ -310,8 +320,17 @@ impl RcQp {
             ack_due: false,
             cur: Cur::Idle,
             read_jobs: VecDeque::with_capacity(MAX_RD as usize),
+            read_res: VecDeque::with_capacity(MAX_RD as usize),
+            max_rd: MAX_RD,
             keys: vec![None; KEY_SLOTS],
         }
+    }
+
+    /// Applies the path MTU and timers of the URL `connect` was given.
+    pub fn configure(&mut self, mtu: Mtu, timers: Timers) {
+        self.mtu = mtu;
+        self.timers = timers;
+        self.retry_left = timers.retry_count;
     }
 
     /// The PSN we will send first (announced in REQ/REP).
@@ -321,7 +340,10 @@ impl RcQp {
 
     /// Connects the transport: the peer sends from `peer_psn` (what it
     /// announced), we from our own announced PSN.
-    pub fn bind(&mut self, peer: PeerPath, peer_psn: Psn, conn: ConnRef, mtu: Mtu) {
+    /// `peer_rd` is the peer's responder resources (how many of our RDMA
+    /// Reads it can hold).
+    pub fn bind(&mut self, peer: PeerPath, peer_psn: Psn, conn: ConnRef, mtu: Mtu, peer_rd: u8) {
+        self.max_rd = u32::from(peer_rd).clamp(1, MAX_RD);
         self.peer = Some(peer);
         self.conn = Some(conn);
         self.mtu = mtu;
@@ -389,6 +411,7 @@ impl RcQp {
             self.flush_recv(wr, WcStatus::WrFlushErr);
         }
         self.read_jobs.clear();
+        self.read_res.clear();
         self.sq_next = 0;
         self.timer = None;
         for k in self.keys.iter_mut() {
@@ -625,15 +648,19 @@ impl RcQp {
                 let at = p.payload_offset();
                 let slot = tx.slot();
                 if let Ok(n) = p.emit(slot) {
-                    // SAFETY: the range was validated against a live key
-                    // whose arena the job keeps mapped.
-                    unsafe {
-                        std::ptr::copy(
-                            (job.addr + off as usize) as *const u8,
-                            slot[at..].as_mut_ptr(),
-                            len,
-                        )
-                    };
+                    // A zero-length read (address 0, nothing validated)
+                    // copies nothing.
+                    if len > 0 {
+                        // SAFETY: the range was validated against a live
+                        // key whose arena the job keeps mapped.
+                        unsafe {
+                            std::ptr::copy(
+                                (job.addr + off as usize) as *const u8,
+                                slot[at..].as_mut_ptr(),
+                                len,
+                            )
+                        }
+                    }
                     tx.commit(n, peer.addr, Some(&mut self.faults));
                 }
                 job.sent += 1;
@@ -680,7 +707,7 @@ impl RcQp {
                     continue;
                 }
                 Kind::Read => {
-                    if self.sq[idx].first.distance(self.una) >= WINDOW || reads_out >= MAX_RD {
+                    if self.sq[idx].first.distance(self.una) >= WINDOW || reads_out >= self.max_rd {
                         break;
                     }
                     self.emit_read_request(tx, peer, idx);
@@ -1049,17 +1076,26 @@ impl RcQp {
                 let Some((addr, arena)) = addr else {
                     return self.responder_error(tx, peer, NakCode::RemoteAccessError);
                 };
-                if self.read_jobs.len() >= MAX_RD as usize {
-                    return self.responder_error(tx, peer, NakCode::InvalidRequest);
-                }
-                self.read_jobs.push_back(ReadJob {
+                let job = ReadJob {
                     psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
                     addr,
                     len: reth.dma_len,
                     npkts,
                     sent: 0,
                     _arena: arena,
-                });
+                };
+                // Resources are a ring: a peer exceeding what we announced
+                // loses its oldest (as in rxe), it gets no error.
+                if self.read_res.len() >= MAX_RD as usize {
+                    self.read_res.pop_front();
+                }
+                if self.read_jobs.len() >= MAX_RD as usize {
+                    self.read_jobs.pop_front();
+                }
+                self.read_res.push_back(job.clone());
+                self.read_jobs.push_back(job);
                 self.epsn = psn.add(npkts);
                 self.msn = self.msn.wrapping_add(1);
                 self.emit_read_responses(tx, peer);
@@ -1209,40 +1245,36 @@ impl RcQp {
         }
     }
 
-    /// A duplicate RDMA Read request: execute it again from its PSN
-    /// (IBTA 9.7.5.1.2, rxe `duplicate_request`).
+    /// A duplicate RDMA Read request: replay the responses of the read it
+    /// belongs to from its PSN (IBTA 9.7.5.1.2; rxe `duplicate_request`:
+    /// same rkey, range within the original, FIRST only when replaying
+    /// from the start, MIDDLE/LAST otherwise). Unknown ones are dropped.
     fn replay_read(&mut self, p: &RocePacket<'_>, tx: &mut Tx, peer: PeerPath) {
         let Some(reth) = p.reth else { return };
         let psn = p.bth.psn;
-        let npkts = seg::packet_count(reth.dma_len, self.mtu);
-        // Must lie within what we already accepted.
-        if self.epsn.distance(psn.add(npkts)) < 0 {
-            return;
-        }
-        let addr = if reth.dma_len == 0 {
-            Some((0usize, None))
-        } else {
-            self.check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_READ)
-                .map(|(a, ar)| (a, Some(ar)))
-        };
-        let Some((addr, arena)) = addr else {
-            return;
-        };
-        if let Some(j) = self.read_jobs.iter_mut().find(|j| j.psn == psn) {
-            j.sent = 0;
-            return;
-        }
-        if self.read_jobs.len() >= MAX_RD as usize {
-            self.read_jobs.pop_front();
-        }
-        self.read_jobs.push_back(ReadJob {
-            psn,
-            addr,
-            len: reth.dma_len,
-            npkts,
-            sent: 0,
-            _arena: arena,
+        let mtu = self.mtu.bytes() as u64;
+        let found = self.read_res.iter().rev().find(|r| {
+            let idx = psn.distance(r.psn);
+            idx >= 0
+                && (idx as u32) < r.npkts
+                && r.rkey == reth.rkey
+                && reth.va == r.va.wrapping_add(idx as u64 * mtu)
+                && reth.va.wrapping_add(reth.dma_len as u64) == r.va.wrapping_add(r.len as u64)
         });
+        let Some(r) = found else {
+            return;
+        };
+        let idx = psn.distance(r.psn) as u32;
+        if let Some(j) = self.read_jobs.iter_mut().find(|j| j.psn == r.psn) {
+            j.sent = j.sent.min(idx);
+        } else {
+            let mut job = r.clone();
+            job.sent = idx;
+            if self.read_jobs.len() >= MAX_RD as usize {
+                self.read_jobs.pop_front();
+            }
+            self.read_jobs.push_back(job);
+        }
         self.emit_read_responses(tx, peer);
     }
 }

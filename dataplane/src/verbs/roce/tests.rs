@@ -384,6 +384,28 @@ fn responder_acks_wraps_naks_once_and_replays_reads() {
     // The same request again (our responses "were lost"): executed again.
     read(4, key.rkey);
     assert_eq!(collect(), expect);
+    // The rest of it from its second PSN (a requester's retry of a partly
+    // received read): MIDDLE then LAST, the bytes from offset 1024.
+    let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(5)));
+    bth.ack_req = true;
+    let mut p = RocePacket::new(bth, &[]);
+    p.reth = Some(Reth {
+        va: key.addr + 100 + 1024,
+        rkey: key.rkey,
+        dma_len: 3000 - 1024,
+    });
+    fake.send(&p);
+    let mut got = Vec::new();
+    for (i, op) in [Opcode::RcReadResponseMiddle, Opcode::RcReadResponseLast]
+        .into_iter()
+        .enumerate()
+    {
+        let raw = fake.recv_rc();
+        let p = RocePacket::parse(&raw).unwrap();
+        assert_eq!((p.bth.opcode, p.bth.psn.value()), (op, psn(5 + i as u32)));
+        got.extend_from_slice(p.payload);
+    }
+    assert_eq!(got, expect[1024..]);
     // The read consumed three PSNs: the next request is PSN 7.
     send(Opcode::RcSendOnly, 7, b"y", true);
     let (apsn, syn, _) = ack_of(&fake.recv_rc());
@@ -479,4 +501,147 @@ fn url_options_parse_and_bad_ones_are_refused() {
     }
     assert_eq!(RoceConfig::default().ack_timeout_code(), 14);
     assert_eq!(trim_private(b"ab\0c\0\0"), b"ab\0c");
+}
+
+#[test]
+fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_round() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7001?udp_port={UDP}&verify_icrc=1");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + 2].copy_from_slice(b"hi");
+    let req = |service: u16| Req {
+        local_comm_id: 0x5150 + service as u32,
+        service_id: ibcm::tcp_service_id(service),
+        local_ca_guid: 2,
+        local_qkey: 0,
+        local_qpn: FAKE_QPN,
+        // rxe/xprtrdma clients announce 128; we must not exceed our 16.
+        responder_resources: 128,
+        local_eecn: 0,
+        initiator_depth: 0,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport_type: 0,
+        end_to_end_flow_control: false,
+        starting_psn: Psn::new(FAKE_PSN).unwrap(),
+        local_cm_response_timeout: 20,
+        retry_count: 6,
+        pkey: 0xFFFF,
+        path_mtu: Mtu::Mtu1024,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport: 0,
+        primary_path: cm_path(fip, pip, 18),
+        alternate_path: CmPath::default(),
+        private_data: &private,
+    };
+    // Nobody listens on 7002: REJ "invalid service ID" echoing our TID.
+    fake.send_mad(&CmMad::new(0xAA, CmMessage::Req(req(7002))));
+    let m = fake.recv_mad();
+    let m = CmMad::parse(&m).unwrap();
+    let CmMessage::Rej(j) = m.message else {
+        panic!("expected REJ")
+    };
+    assert_eq!(m.tid, 0xAA);
+    assert_eq!(j.reason, ibcm::rej_reason::INVALID_SERVICE_ID);
+    assert_eq!(j.remote_comm_id, 0x5150 + 7002);
+    // A REQ for 7001, repeated while the application has not accepted:
+    // the repeat gets an MRA for the REQ.
+    fake.send_mad(&CmMad::new(0xBB, CmMessage::Req(req(7001))));
+    fake.send_mad(&CmMad::new(0xBB, CmMessage::Req(req(7001))));
+    let m = fake.recv_mad();
+    let CmMessage::Mra(mra) = CmMad::parse(&m).unwrap().message else {
+        panic!("expected MRA")
+    };
+    assert_eq!((mra.remote_comm_id, mra.message_mraed), (0x5150 + 7001, 0));
+    // Accept: the REP announces our PSN and a QPN > 1, initiator depth >= 1.
+    let inc = listener.accept(LONG).unwrap();
+    assert_eq!(inc.private_data(), b"hi");
+    assert_eq!(inc.peer_ip(), Some(fip));
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let slab = Slab::new(arena, 0, 4096, 16, mr.lkey(), WrKind::Recv).unwrap();
+    let mut pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let b = slab.alloc().unwrap();
+    pqp.post_recv(RecvWr {
+        wr_id: b.wr_id(),
+        sgl: SgeList::one(Sge::whole(b)),
+    })
+    .unwrap();
+    let mut qp = inc.accept(pqp, b"ok").unwrap();
+    let m = fake.recv_mad();
+    let m = CmMad::parse(&m).unwrap();
+    let CmMessage::Rep(rep) = m.message else {
+        panic!("expected REP")
+    };
+    assert_eq!(m.tid, 0xBB);
+    assert_eq!(rep.remote_comm_id, 0x5150 + 7001);
+    assert_eq!(rep.local_qpn, qp.qp_num());
+    assert!(rep.local_qpn > 1);
+    assert!(rep.initiator_depth >= 1);
+    assert_eq!(&rep.private_data[..2], b"ok");
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Rtu(CommIds {
+            local_comm_id: 0x5150 + 7001,
+            remote_comm_id: rep.local_comm_id,
+            private_data: &[],
+        }),
+    ));
+    // We expect the PSN of the REQ...
+    let mut bth = Bth::new(
+        Opcode::RcSendOnly,
+        rep.local_qpn,
+        Psn::new(FAKE_PSN).unwrap(),
+    );
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"to you"));
+    let c = next_completion(&cq);
+    assert!(c.is_ok());
+    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"to you");
+    drop(c);
+    let (apsn, syn, _) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn), (FAKE_PSN, Syndrome::ACK));
+    // ... and send from the PSN of our REP.
+    let mut out = slab.alloc().unwrap();
+    assert!(out.fill(b"to me"));
+    qp.post_send(SendWr::new(
+        out.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(out)),
+    ))
+    .unwrap();
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(p.bth.psn, rep.starting_psn);
+    assert_eq!(p.bth.dest_qpn, FAKE_QPN);
+    assert_eq!(p.payload, b"to me");
+    let mut ack = RocePacket::new(
+        Bth::new(Opcode::RcAcknowledge, rep.local_qpn, rep.starting_psn),
+        &[],
+    );
+    ack.aeth = Some(crate::wire::roce::Aeth {
+        syndrome: Syndrome::ACK,
+        msn: 1,
+    });
+    fake.send(&ack);
+    let c = next_completion(&cq);
+    assert!(c.is_ok());
+    assert_eq!(c.opcode, WcOpcode::Send);
 }
