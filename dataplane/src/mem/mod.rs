@@ -142,16 +142,34 @@ impl Arena {
     /// # Errors
     /// [`MemError::Map`] when the requested backing is unavailable.
     pub fn with_backing(len: usize, backing: Backing) -> Result<Arc<Arena>, MemError> {
+        Self::build(len, backing, true)
+    }
+
+    /// Like [`Arena::with_backing`], but 4 KiB pages are not faulted in
+    /// up front: they get memory when first touched. For large, sparsely
+    /// used memory such as a connection's engine buffers, sized for the
+    /// largest message in every request slot (docs/WORKER.md): populating
+    /// them would cost their whole size in resident memory per
+    /// connection. Hugepages are still populated (their reservation is
+    /// what must not fail later).
+    ///
+    /// # Errors
+    /// As [`Arena::with_backing`].
+    pub fn with_backing_lazy(len: usize, backing: Backing) -> Result<Arc<Arena>, MemError> {
+        Self::build(len, backing, false)
+    }
+
+    fn build(len: usize, backing: Backing, populate_small: bool) -> Result<Arc<Arena>, MemError> {
         let len = len.max(1);
         match backing {
-            Backing::Huge => Self::map(len, true).map(Arc::new),
-            Backing::Small => Self::map(len, false).map(Arc::new),
+            Backing::Huge => Self::map(len, true, true).map(Arc::new),
+            Backing::Small => Self::map(len, false, populate_small).map(Arc::new),
             Backing::Auto => match Self::try_huge(len) {
                 Ok(a) => Ok(Arc::new(a)),
                 Err(_) => {
                     FALLBACKS.fetch_add(1, Ordering::Relaxed);
                     WARN_ONCE.call_once(|| eprintln!("{HUGEPAGE_WARNING}"));
-                    Self::map(len, false).map(Arc::new)
+                    Self::map(len, false, populate_small).map(Arc::new)
                 }
             },
         }
@@ -164,10 +182,10 @@ impl Arena {
         if std::env::var_os(HUGEPAGES_ENV).is_some_and(|v| v == "off") {
             return Err(MemError::Geometry("hugepages turned off"));
         }
-        Self::map(len, true)
+        Self::map(len, true, true)
     }
 
-    fn map(len: usize, huge: bool) -> Result<Arena, MemError> {
+    fn map(len: usize, huge: bool, populate: bool) -> Result<Arena, MemError> {
         let page = if huge { HUGEPAGE_SIZE } else { PAGE_SIZE };
         let len = len
             .checked_next_multiple_of(page)
@@ -192,13 +210,19 @@ impl Arena {
         // SAFETY: a fresh shared mapping of an fd we own, at a kernel-chosen
         // address; nothing else refers to that address range yet.
         // MAP_POPULATE faults every page in now (registration pins memory),
-        // so hugetlb reservation failures surface here and not as SIGBUS.
+        // so hugetlb reservation failures surface here and not as SIGBUS;
+        // lazy arenas skip it for 4 KiB pages (`with_backing_lazy`).
+        let flags = if populate {
+            MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE
+        } else {
+            MapFlags::MAP_SHARED
+        };
         let ptr = unsafe {
             mmap(
                 None,
                 nz,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                flags,
                 &fd,
                 0,
             )
@@ -752,6 +776,31 @@ mod tests {
         assert_eq!(leases.available(), leases.total());
         assert!(Slab::region_leases(arena.clone(), 60 * 1024, 8192, 1, 1, WrKind::Engine).is_err());
         assert!(Slab::region_leases(arena, 0, 4096, 0, 1, WrKind::Engine).is_err());
+    }
+
+    /// Pages of `a` that are resident (mincore(2)).
+    fn resident_pages(a: &Arena) -> usize {
+        let pages = a.len() / PAGE_SIZE;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range is the arena's live mapping; `vec` has one byte
+        // per page as mincore requires.
+        let rc = unsafe { libc::mincore(a.as_ptr().cast(), a.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn lazy_small_arenas_are_not_populated() {
+        let len = 16 << 20;
+        let eager = Arena::with_backing(len, Backing::Small).unwrap();
+        assert_eq!(resident_pages(&eager), len / PAGE_SIZE);
+        let lazy = Arena::with_backing_lazy(len, Backing::Small).unwrap();
+        assert!(resident_pages(&lazy) < 16, "{}", resident_pages(&lazy));
+        // Touching one page makes that page (and only about that) resident.
+        // SAFETY: inside the live mapping.
+        unsafe { lazy.as_ptr().add(5 * PAGE_SIZE).write(1) };
+        let r = resident_pages(&lazy);
+        assert!((1..32).contains(&r), "{r}");
     }
 
     #[test]

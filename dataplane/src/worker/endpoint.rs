@@ -261,7 +261,9 @@ impl<P: Provider> PreparedEndpoint<P> {
         if len > u32::MAX as usize {
             return Err(EndpointError::TooLarge(len));
         }
-        let arena = Arena::with_backing(len, config.backing).map_err(VerbsError::from)?;
+        // Lazy: sized for the largest message in every slot, touched only
+        // where messages land (the populate would cost the whole size).
+        let arena = Arena::with_backing_lazy(len, config.backing).map_err(VerbsError::from)?;
         let mr = pd.register(
             &arena,
             0,
