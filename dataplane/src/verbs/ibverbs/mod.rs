@@ -1380,12 +1380,13 @@ impl IbvQp {
         PostFailed { error, wr }
     }
 
-    /// Translates and posts up to 16 linked work requests, one doorbell.
-    fn post_chunk<I: Iterator<Item = SendWr>>(
+    /// Translates and posts up to `CHUNK` linked work requests, one
+    /// doorbell (`CHUNK` = 1 for `post_send`: no large stack arrays on the
+    /// single-request path).
+    fn post_chunk<const CHUNK: usize, I: Iterator<Item = SendWr>>(
         &mut self,
         wrs: &mut I,
     ) -> (usize, bool, Option<PostFailed<SendWr>>) {
-        const CHUNK: usize = 16;
         let sh = Arc::clone(&self.h.shared);
         let mut sq = lock(&sh.sq);
         let mut hws: [ibv_send_wr; CHUNK] = std::array::from_fn(|_| zeroed_send_wr());
@@ -1513,7 +1514,7 @@ impl QueuePair<Ibverbs> for IbvQp {
 
     fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
         let mut one = std::iter::once(wr);
-        match self.post_chunk(&mut one) {
+        match self.post_chunk::<1, _>(&mut one) {
             (_, _, Some(f)) => Err(f),
             _ => Ok(()),
         }
@@ -1525,7 +1526,7 @@ impl QueuePair<Ibverbs> for IbvQp {
     ) -> Result<usize, PostFailed<SendWr>> {
         let mut total = 0;
         loop {
-            let (n, exhausted, refused) = self.post_chunk(wrs);
+            let (n, exhausted, refused) = self.post_chunk::<16, _>(wrs);
             total += n;
             if let Some(f) = refused {
                 return Err(f);
