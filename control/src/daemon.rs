@@ -394,7 +394,8 @@ fn check_listener(url: &ProviderUrl) -> Result<(), String> {
                 .map(drop)
                 .map_err(|e| format!("{e}; free the port or change the url"))
         }
-        ProviderUrl::Roce(a) | ProviderUrl::Ibverbs(a) => {
+        ProviderUrl::Ibverbs(a) => check_ibverbs(*a),
+        ProviderUrl::Roce(a) => {
             // The RDMA service port is not a socket; check that the IP is
             // one of ours by binding an ephemeral UDP port on it.
             UdpSocket::bind(SocketAddr::new(a.ip(), 0))
@@ -403,6 +404,29 @@ fn check_listener(url: &ProviderUrl) -> Result<(), String> {
         }
         ProviderUrl::Shm { path } => check_shm_path(path),
     }
+}
+
+/// An `ibverbs://` listener needs an RDMA device owning its address.
+#[cfg(feature = "ibverbs")]
+fn check_ibverbs(addr: SocketAddr) -> Result<(), String> {
+    let url = format!("ibverbs://{addr}");
+    dataplane::verbs::ibverbs::probe(&url).map_err(|e| {
+        let line = e.to_string();
+        // The caller's message already names the URL.
+        match line.strip_prefix(&format!("{url}: ")) {
+            Some(rest) => rest.to_owned(),
+            None => line,
+        }
+    })
+}
+
+#[cfg(not(feature = "ibverbs"))]
+fn check_ibverbs(_: SocketAddr) -> Result<(), String> {
+    Err(
+        "this rpcrdmad was built without the `ibverbs` feature (rebuild with \
+         `--features control/ibverbs`, or use shm://; see docs/IBVERBS.md)"
+            .to_owned(),
+    )
 }
 
 fn check_shm_path(path: &Path) -> Result<(), String> {

@@ -331,3 +331,29 @@ fn rdma_listener_on_a_foreign_address_is_one_clear_line() {
         &["cannot listen on roce://192.0.2.10:20049 (listeners[0].url): address 192.0.2.10 is not usable on this host"],
     );
 }
+
+#[test]
+fn ibverbs_listener_without_a_device_is_one_clear_line() {
+    let text =
+        "[[listeners]]\nurl = \"ibverbs://127.0.0.1:20253\"\n\n[metrics]\nenabled = false\n\n\
+                [rpcbind]\nregister = false\n";
+    let head = "rpcrdmad: cannot listen on ibverbs://127.0.0.1:20253 (listeners[0].url): ";
+    #[cfg(feature = "ibverbs")]
+    {
+        if dataplane::verbs::ibverbs::probe("ibverbs://127.0.0.1:20253").is_ok() {
+            println!("skipped: this host has an RDMA device");
+            return;
+        }
+        expect_startup_failure(
+            "ibverbs-no-device",
+            text,
+            &[head, "no RDMA device found", "shm://", "docs/VERBS.md"],
+        );
+    }
+    #[cfg(not(feature = "ibverbs"))]
+    expect_startup_failure(
+        "ibverbs-no-feature",
+        text,
+        &[head, "built without the `ibverbs` feature"],
+    );
+}

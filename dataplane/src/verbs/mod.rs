@@ -39,6 +39,8 @@ use std::time::Duration;
 use crate::mem::{Arena, Buf, WrId};
 
 pub mod roce;
+#[cfg(feature = "ibverbs")]
+pub mod ibverbs;
 pub mod shm;
 
 /// Most scatter/gather elements in one work request.
@@ -474,6 +476,10 @@ pub enum VerbsError {
     /// The queue pair is not connected / in error.
     #[error("queue pair not connected")]
     NotConnected,
+    /// The provider cannot serve this address on this host (no RDMA
+    /// device, no such device, ...); the message is one complete line.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A verbs provider: the family of types one implementation supplies.

@@ -465,11 +465,47 @@ pub fn unique_url(scheme: &str) -> String {
         let ip = std::net::Ipv4Addr::from(0x7F40_0000 | (pid & 0x3F_FFFF));
         return format!("roce://{ip}:{}?verify_icrc=1", 20000 + seq % 40000);
     }
+    if scheme != "shm" {
+        return unique_ip_url(scheme);
+    }
     format!(
         "{scheme}:///tmp/rpcrdma-conf-{}-{}.sock",
         std::process::id(),
         seq
     )
+}
+
+/// Env var with the IP the `IP:PORT` providers (ibverbs, roce, ...) listen
+/// on; default 127.0.0.1 (on rxe, the IP of the netdev rxe runs on also
+/// works).
+pub const ENV_ADDR: &str = "RPCRDMA_CONFORMANCE_ADDR";
+
+/// `scheme://IP:PORT` with a port the kernel just handed out as free
+/// (bound and released; rdma_cm's and TCP's port spaces are separate on
+/// IB/RoCE and shared on iWARP, so a free TCP port is a good pick for both).
+pub fn unique_ip_url(scheme: &str) -> String {
+    let ip: std::net::IpAddr = std::env::var(ENV_ADDR)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    let port = std::net::TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let addr = std::net::SocketAddr::new(ip, port);
+    format!("{scheme}://{addr}")
+}
+
+/// Private data as the application sent it: rdma_cm on IB/RoCE delivers
+/// the CM message's whole private-data area, zero-padded (56 bytes in a
+/// connect request, 196 in an accept), so trailing zeros are dropped
+/// (the suite's private data never ends in a zero byte).
+pub fn unpad(private_data: &[u8]) -> &[u8] {
+    let end = private_data
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i + 1);
+    &private_data[..end]
 }
 
 /// Runs a case on two threads of this process.
@@ -487,7 +523,7 @@ pub fn run_in_process<P: Provider>(case: Case<P>) {
         let (mut peer, pqp) =
             Peer::<P>::new(ctx, passive_cfg, Oob::Chan(tx_b, rx_b), PeerHandle::Thread);
         let (qp, pd) = pqp.connect(&url2, b"passive", TIMEOUT).unwrap();
-        assert_eq!(pd, b"active");
+        assert_eq!(unpad(&pd), b"active");
         peer.qp = Some(qp);
         passive(peer);
     });
@@ -498,7 +534,7 @@ pub fn run_in_process<P: Provider>(case: Case<P>) {
         PeerHandle::Thread,
     );
     let inc = listener.accept(TIMEOUT).unwrap();
-    assert_eq!(inc.private_data(), b"passive");
+    assert_eq!(unpad(inc.private_data()), b"passive");
     peer.qp = Some(inc.accept(pqp, b"active").unwrap());
     (case.active)(peer);
     t.join().expect("passive half failed");
@@ -529,7 +565,7 @@ pub fn run_cross_process<P: Provider>(case: Case<P>, child_test: &str) {
     let oob = Oob::Pipe(Box::new(BufReader::new(stdout)), Box::new(stdin));
     let (mut peer, pqp) = Peer::<P>::new(ctx, case.active_cfg, oob, PeerHandle::Process(child));
     let inc = listener.accept(TIMEOUT).unwrap();
-    assert_eq!(inc.private_data(), b"passive");
+    assert_eq!(unpad(inc.private_data()), b"passive");
     peer.qp = Some(inc.accept(pqp, b"active").unwrap());
     (case.active)(peer);
 }
@@ -552,7 +588,7 @@ pub fn child_main<P: Provider>(cases: Vec<Case<P>>) -> bool {
     );
     let (mut peer, pqp) = Peer::<P>::new(ctx, case.passive_cfg, oob, PeerHandle::Thread);
     let (qp, pd) = pqp.connect(&url, b"passive", TIMEOUT).unwrap();
-    assert_eq!(pd, b"active");
+    assert_eq!(unpad(&pd), b"active");
     peer.qp = Some(qp);
     (case.passive)(peer);
     true
@@ -1126,7 +1162,7 @@ fn many_active<P: Provider>(mut p: Peer<P>) {
         .unwrap();
         p.posted_recvs += 1;
         let inc = listener.accept(TIMEOUT).unwrap();
-        let idx: usize = std::str::from_utf8(inc.private_data())
+        let idx: usize = std::str::from_utf8(unpad(inc.private_data()))
             .unwrap()
             .parse()
             .unwrap();
