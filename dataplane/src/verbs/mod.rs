@@ -38,9 +38,9 @@ use std::time::Duration;
 
 use crate::mem::{Arena, Buf, WrId};
 
-pub mod roce;
 #[cfg(feature = "ibverbs")]
 pub mod ibverbs;
+pub mod roce;
 pub mod shm;
 
 /// Most scatter/gather elements in one work request.
