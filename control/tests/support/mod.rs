@@ -200,3 +200,30 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
         body.to_string(),
     )
 }
+
+impl Daemon {
+    /// Starts the daemon through `cmd`, a command that ends up exec'ing
+    /// [`BIN`] in the same process (e.g. `ip netns exec NS BIN ARGS`, which
+    /// switches namespace and execs: the child's pid is the daemon's, so
+    /// [`Daemon::signal`] reaches it).
+    pub fn spawn_command(mut cmd: Command) -> Daemon {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rpcrdmad");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rpcrdmad] {line}");
+                sink.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        Daemon { child, lines, rx }
+    }
+}
