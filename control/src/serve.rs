@@ -1,21 +1,31 @@
-//! The data path as the daemon runs it: the worker pool, one acceptor
-//! thread per listener, and the bridge from the workers' counters to the
-//! metrics registry.
+//! The data path as the daemon runs it: one set of workers for every
+//! transport, one acceptor thread per listener, and the bridge from the
+//! workers' counters to the metrics registry.
 //!
 //! ```text
-//! start:    engine/endpoint config from [transport] [chunks] [memory]
-//!           -> WorkerPool (one pinned thread per workers.cores entry)
+//! start:    engine/endpoint config from [transport] [chunks] [memory],
+//!           TCP limits from transport.max_message
+//!           -> WorkerSet: ONE pinned thread per workers.cores entry, which
+//!              polls the shm and roce connections and the tcp connections
+//!              it is given (DESIGN s5: one worker per core)
+//!           -> attach each provider in use (its context and PD)
 //!           -> per listener: listen, then an acceptor thread:
-//!              accept (RFC 8797 private data, receives pre-posted)
-//!              -> hand off to the least-loaded worker
+//!              shm/roce: accept (RFC 8797 private data, receives
+//!                        pre-posted) -> hand off to the least-loaded worker
+//!              tcp:      poll(2) the listening socket, accept the waiting
+//!                        streams -> hand each to the least-loaded worker
 //! stop_accepting: acceptor threads end, listeners close (socket removed)
-//! finish:   workers get shutdown.grace_ms for calls in progress, close
-//!           everything, and report pools that did not come back full
+//! finish:   workers get shutdown.grace_ms for calls in progress (tcp:
+//!           no new calls read, replies written, FIN), close everything,
+//!           and report pools that did not come back full
 //! ```
 //!
-//! Listeners whose provider this build does not serve are refused at start
-//! with one line naming the providers that are served (DESIGN s8).
+//! "Least loaded" counts every transport's connections on a worker.
+//! Listeners whose provider this build does not serve (`ibverbs://` without
+//! the `ibverbs` feature) are refused at start with one line naming the
+//! schemes that are served (DESIGN s8).
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,12 +34,13 @@ use std::time::Duration;
 use dataplane::engine;
 use dataplane::mem::Backing;
 use dataplane::service::ServiceTable;
+use dataplane::tcp::{TcpAcceptor, TcpConfig, TcpError};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
-use dataplane::verbs::{Context as _, Provider, VerbsError};
+use dataplane::verbs::{Context as _, VerbsError};
 use dataplane::worker::{
-    Dispatcher, EndpointConfig, IdleStrategy as WorkerIdle, ShutdownReport, WorkerConfig,
-    WorkerCounters, WorkerError, WorkerPool, WorkerSnapshot,
+    Dispatcher, EndpointConfig, IdleStrategy as WorkerIdle, PoolProvider, ShutdownReport,
+    Transport, WorkerConfig, WorkerError, WorkerSet,
 };
 
 use crate::config::{Config, Hugepages, IdleStrategy, ProviderUrl};
@@ -55,6 +66,16 @@ pub enum ServeError {
         /// The provider's error.
         source: VerbsError,
     },
+    /// A tcp listener could not be opened.
+    #[error("cannot listen on {url} (listeners[{index}].url): {source}; free the port or change the url")]
+    ListenTcp {
+        /// The listener.
+        url: ProviderUrl,
+        /// Its position in `[[listeners]]`.
+        index: usize,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// The listener's provider is not served by this build.
     #[error(
         "cannot listen on {url} (listeners[{index}].url): the {scheme} provider is not served \
@@ -76,7 +97,7 @@ pub enum ServeError {
 }
 
 /// The schemes this build serves (for the error line above).
-pub const SERVED_SCHEMES: &str = "shm://, roce://";
+pub const SERVED_SCHEMES: &str = "shm://, roce://, tcp://";
 
 /// The engine and endpoint configuration the daemon's connections use.
 pub fn endpoint_config(c: &Config) -> EndpointConfig {
@@ -108,10 +129,23 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
     }
 }
 
+/// The TCP limits: a call record and a reply may each be
+/// `transport.max_message` bytes, like an RDMA message; the rest are the
+/// `dataplane::tcp` defaults (docs/TCP.md).
+pub fn tcp_config(c: &Config) -> TcpConfig {
+    let max = c.transport.max_message as usize;
+    TcpConfig {
+        max_record_len: max,
+        max_reply_len: max,
+        ..TcpConfig::default()
+    }
+}
+
 /// The worker configuration from `[workers]`.
 pub fn worker_config(c: &Config) -> WorkerConfig {
     WorkerConfig {
         endpoint: endpoint_config(c),
+        tcp: tcp_config(c),
         idle: match c.workers.idle {
             IdleStrategy::Spin => WorkerIdle::Spin,
             IdleStrategy::Adaptive => WorkerIdle::Adaptive {
@@ -122,68 +156,20 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
     }
 }
 
-/// One provider's workers and the acceptors feeding them.
-struct Served<P: Provider> {
-    pool: Option<Arc<WorkerPool<P>>>,
-    acceptors: Vec<JoinHandle<()>>,
-    /// `[[listeners]]` indexes served by this pool.
-    listeners: Vec<usize>,
-}
-
-/// What the control plane does with a provider's pool (not on the data
-/// path: a trait object is fine here).
-trait ServedPool: Send {
-    fn scheme(&self) -> &'static str;
-    fn listeners(&self) -> &[usize];
-    fn counters(&self) -> Vec<Arc<WorkerCounters>>;
-    fn join_acceptors(&mut self);
-    fn finish(&mut self, grace: Duration) -> ShutdownReport;
-}
-
-impl<P: Provider> ServedPool for Served<P> {
-    fn scheme(&self) -> &'static str {
-        P::SCHEME
-    }
-    fn listeners(&self) -> &[usize] {
-        &self.listeners
-    }
-    fn counters(&self) -> Vec<Arc<WorkerCounters>> {
-        self.pool.as_ref().map_or_else(Vec::new, |p| p.counters())
-    }
-    fn join_acceptors(&mut self) {
-        for h in self.acceptors.drain(..) {
-            let _ = h.join();
-        }
-    }
-    fn finish(&mut self, grace: Duration) -> ShutdownReport {
-        self.join_acceptors();
-        match self.pool.take().map(Arc::try_unwrap) {
-            Some(Ok(pool)) => pool.stop(grace),
-            Some(Err(_)) => {
-                tracing::error!(
-                    "{} worker pool still shared at shutdown; not stopped",
-                    P::SCHEME
-                );
-                ShutdownReport::default()
-            }
-            None => ShutdownReport::default(),
-        }
-    }
-}
-
 /// The running data path.
 pub struct DataPath {
-    pools: Vec<Box<dyn ServedPool>>,
+    workers: Option<Arc<WorkerSet>>,
+    acceptors: Vec<JoinHandle<()>>,
+    /// Every `[[listeners]]` index (all are served).
+    listeners: usize,
     stop: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataPath")
-            .field(
-                "providers",
-                &self.pools.iter().map(|p| p.scheme()).collect::<Vec<_>>(),
-            )
+            .field("workers", &self.workers)
+            .field("listeners", &self.listeners)
             .finish()
     }
 }
@@ -195,7 +181,10 @@ impl DataPath {
     /// [`ServeError`]: the first listener or worker problem.
     pub fn start(config: &Config, registry: &Arc<Registry>) -> Result<DataPath, ServeError> {
         for (index, l) in config.listeners.iter().enumerate() {
-            if !matches!(l.url, ProviderUrl::Shm { .. } | ProviderUrl::Roce(_)) {
+            if !matches!(
+                l.url,
+                ProviderUrl::Shm { .. } | ProviderUrl::Roce(_) | ProviderUrl::Tcp(_)
+            ) {
                 return Err(ServeError::Unserved {
                     url: l.url.clone(),
                     index,
@@ -204,42 +193,64 @@ impl DataPath {
                 });
             }
         }
-        let mut path = DataPath {
-            pools: Vec::new(),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
         let services: Arc<ServiceTable> = Arc::new(ServiceTable::builtin());
-        let of = |scheme: &str| -> Vec<usize> {
-            config
-                .listeners
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.url.scheme() == scheme)
-                .map(|(i, _)| i)
-                .collect()
+        let dispatcher: Arc<dyn Dispatcher> = services;
+        let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
+        let mut set = WorkerSet::spawn(&cores, worker_config(config), dispatcher)?;
+        attach::<Shm>(config, &mut set)?;
+        attach::<Roce>(config, &mut set)?;
+        let set = Arc::new(set);
+        let mut path = DataPath {
+            workers: Some(Arc::clone(&set)),
+            acceptors: Vec::new(),
+            listeners: config.listeners.len(),
+            stop: Arc::new(AtomicBool::new(false)),
         };
         // shm.allowed_uids come in addition to our own uid.
         let mut uids = vec![nix::unistd::getuid().as_raw()];
         uids.extend(&config.shm.allowed_uids);
-        let shm = start_provider::<Shm>(config, registry, &path.stop, &services, of("shm"), |l| {
-            l.allow_uids(&uids)
-        })?;
-        path.pools.extend(shm);
-        let roce =
-            start_provider::<Roce>(config, registry, &path.stop, &services, of("roce"), |_| {})?;
-        path.pools.extend(roce);
-        install_metrics_bridge(&path, registry);
+        for (index, l) in config.listeners.iter().enumerate() {
+            let url = &l.url;
+            let thread = |e| ServeError::Thread(url.clone(), e);
+            let handle = match url {
+                ProviderUrl::Shm { .. } => {
+                    let listener = listen::<Shm>(&set, url, index)?;
+                    listener.allow_uids(&uids);
+                    spawn_acceptor::<Shm>(url, index, &set, listener, &path.stop, registry)
+                        .map_err(thread)?
+                }
+                ProviderUrl::Roce(_) => {
+                    let listener = listen::<Roce>(&set, url, index)?;
+                    spawn_acceptor::<Roce>(url, index, &set, listener, &path.stop, registry)
+                        .map_err(thread)?
+                }
+                ProviderUrl::Tcp(addr) => {
+                    let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
+                        url: url.clone(),
+                        index,
+                        source: tcp_io_error(e),
+                    })?;
+                    spawn_tcp_acceptor(url, index, &set, acceptor, &path.stop, registry)
+                        .map_err(thread)?
+                }
+                // Refused above.
+                ProviderUrl::Ibverbs(_) => continue,
+            };
+            metrics::set(&registry.listener(index).serving, 1);
+            path.acceptors.push(handle);
+        }
+        install_metrics_bridge(config, &set, registry);
         Ok(path)
     }
 
     /// Stops accepting: every acceptor thread ends and its listener closes.
     pub fn stop_accepting(&mut self, registry: &Registry) {
         self.stop.store(true, Ordering::SeqCst);
-        for p in &mut self.pools {
-            p.join_acceptors();
-            for &i in p.listeners() {
-                metrics::set(&registry.listener(i).serving, 0);
-            }
+        for h in self.acceptors.drain(..) {
+            let _ = h.join();
+        }
+        for i in 0..self.listeners {
+            metrics::set(&registry.listener(i).serving, 0);
         }
     }
 
@@ -249,83 +260,88 @@ impl DataPath {
     pub fn finish(mut self, registry: &Registry, grace: Duration) -> ShutdownReport {
         self.stop_accepting(registry);
         registry.set_refresher(None);
-        let mut report = ShutdownReport::default();
-        for p in &mut self.pools {
-            let r = p.finish(grace);
-            report.workers.extend(r.workers);
-            report.panicked.extend(r.panicked);
+        match self.workers.take().map(Arc::try_unwrap) {
+            Some(Ok(set)) => set.stop(grace),
+            Some(Err(_)) => {
+                tracing::error!("workers still shared at shutdown; not stopped");
+                ShutdownReport::default()
+            }
+            None => ShutdownReport::default(),
         }
-        report
     }
 }
 
-/// Starts one provider's worker pool and an acceptor per listener of it
-/// (`None` when no listener uses the provider).
-fn start_provider<P: Provider>(
-    config: &Config,
-    registry: &Arc<Registry>,
-    stop: &Arc<AtomicBool>,
-    services: &Arc<ServiceTable>,
-    listeners: Vec<usize>,
-    setup: impl Fn(&P::Listener),
-) -> Result<Option<Box<dyn ServedPool>>, ServeError> {
-    let Some(&first) = listeners.first() else {
-        return Ok(None);
+/// Attaches provider `P` to the workers when a listener uses it: its
+/// context is opened on the first such listener's URL.
+fn attach<P: PoolProvider>(config: &Config, set: &mut WorkerSet) -> Result<(), ServeError> {
+    let Some((index, l)) = config
+        .listeners
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.url.scheme() == P::SCHEME)
+    else {
+        return Ok(());
     };
-    let listen_error = |index: usize| {
-        let url = config.listeners[index].url.clone();
-        move |source| ServeError::Listen { url, index, source }
+    let listen_error = |source| ServeError::Listen {
+        url: l.url.clone(),
+        index,
+        source,
     };
-    let ctx = P::open(&config.listeners[first].url.to_string()).map_err(listen_error(first))?;
-    let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
-    let dispatcher: Arc<dyn Dispatcher> = services.clone();
-    let pool = Arc::new(WorkerPool::<P>::spawn(
-        Arc::new(ctx),
-        &cores,
-        worker_config(config),
-        dispatcher,
-    )?);
-    let mut served = Served {
-        pool: Some(Arc::clone(&pool)),
-        acceptors: Vec::new(),
-        listeners: listeners.clone(),
-    };
-    for &index in &listeners {
-        let url = &config.listeners[index].url;
-        let listener = pool
-            .context()
-            .listen(&url.to_string())
-            .map_err(listen_error(index))?;
-        setup(&listener);
-        let handle = spawn_acceptor(
-            url.clone(),
-            index,
-            Arc::clone(&pool),
-            listener,
-            Arc::clone(stop),
-            Arc::clone(registry),
-        )
-        .map_err(|e| ServeError::Thread(url.clone(), e))?;
-        metrics::set(&registry.listener(index).serving, 1);
-        served.acceptors.push(handle);
+    let ctx = P::open(&l.url.to_string()).map_err(listen_error)?;
+    match set.attach::<P>(Arc::new(ctx)) {
+        Ok(()) => Ok(()),
+        Err(WorkerError::Verbs(e)) => Err(listen_error(e)),
+        Err(e) => Err(ServeError::Workers(e)),
     }
-    Ok(Some(Box::new(served)))
 }
 
-fn spawn_acceptor<P: Provider>(
-    url: ProviderUrl,
+/// Listens on an RDMA listener of provider `P` (attached by [`attach`]).
+fn listen<P: PoolProvider>(
+    set: &WorkerSet,
+    url: &ProviderUrl,
     index: usize,
-    pool: Arc<WorkerPool<P>>,
+) -> Result<P::Listener, ServeError> {
+    let listen_error = |source| ServeError::Listen {
+        url: url.clone(),
+        index,
+        source,
+    };
+    let ctx = set
+        .context::<P>()
+        .ok_or(ServeError::Workers(WorkerError::NotAttached {
+            scheme: P::SCHEME,
+        }))?;
+    ctx.listen(&url.to_string()).map_err(listen_error)
+}
+
+/// The operating system's error inside a [`TcpError`].
+fn tcp_io_error(e: TcpError) -> std::io::Error {
+    match e {
+        TcpError::Bind { source, .. } | TcpError::Io { source, .. } => source,
+        other => std::io::Error::other(other.to_string()),
+    }
+}
+
+fn spawn_acceptor<P: PoolProvider>(
+    url: &ProviderUrl,
+    index: usize,
+    set: &Arc<WorkerSet>,
     listener: P::Listener,
-    stop: Arc<AtomicBool>,
-    registry: Arc<Registry>,
+    stop: &Arc<AtomicBool>,
+    registry: &Arc<Registry>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let (url, set, stop, registry) = (
+        url.clone(),
+        Arc::clone(set),
+        Arc::clone(stop),
+        Arc::clone(registry),
+    );
     std::thread::Builder::new()
         .name(format!("rpcrdma-accept-{index}"))
         .spawn(move || {
             let counters = registry.listener(index);
             while !stop.load(Ordering::SeqCst) {
-                match pool.accept(&listener, ACCEPT_POLL) {
+                match set.accept::<P>(&listener, ACCEPT_POLL) {
                     Ok(worker) => {
                         metrics::add(&counters.accepted, 1);
                         tracing::debug!("{url}: connection handed to worker {worker}");
@@ -342,26 +358,85 @@ fn spawn_acceptor<P: Provider>(
         })
 }
 
+/// Accepts per wake-up of a tcp acceptor, so that a connect storm is
+/// handed out in bounded batches.
+const TCP_ACCEPT_BATCH: usize = 16;
+
+fn spawn_tcp_acceptor(
+    url: &ProviderUrl,
+    index: usize,
+    set: &Arc<WorkerSet>,
+    acceptor: TcpAcceptor,
+    stop: &Arc<AtomicBool>,
+    registry: &Arc<Registry>,
+) -> std::io::Result<JoinHandle<()>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let (url, set, stop, registry) = (
+        url.clone(),
+        Arc::clone(set),
+        Arc::clone(stop),
+        Arc::clone(registry),
+    );
+    let wait = PollTimeout::try_from(ACCEPT_POLL).unwrap_or(PollTimeout::MAX);
+    std::thread::Builder::new()
+        .name(format!("rpcrdma-accept-{index}"))
+        .spawn(move || {
+            let counters = registry.listener(index);
+            while !stop.load(Ordering::SeqCst) {
+                // Sleep until a connection waits (or look at the stop flag
+                // again); the socket itself is non-blocking.
+                let mut fds = [PollFd::new(acceptor.as_fd(), PollFlags::POLLIN)];
+                if !matches!(poll(&mut fds, wait), Ok(n) if n > 0) {
+                    continue;
+                }
+                let accepted = acceptor.accept_ready(TCP_ACCEPT_BATCH, |stream, peer| {
+                    match set.hand_off_tcp(stream) {
+                        Ok(worker) => {
+                            metrics::add(&counters.accepted, 1);
+                            tracing::debug!("{url}: {peer} handed to worker {worker}");
+                        }
+                        Err(stream) => {
+                            metrics::add(&counters.rejected, 1);
+                            tracing::warn!("{url}: {peer} refused: every worker is busy");
+                            drop(stream);
+                        }
+                    }
+                });
+                if let Err(e) = accepted {
+                    // E.g. out of file descriptors: the connection stays
+                    // queued, so wait before trying again.
+                    metrics::add(&counters.rejected, 1);
+                    tracing::warn!("{url}: accept failed: {e}");
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+            }
+            drop(acceptor);
+        })
+}
+
 /// Makes every `/metrics` scrape copy the workers' counters into the
 /// registry first (the workers write their own cache-padded counters; the
 /// registry is the exporter's view).
-fn install_metrics_bridge(path: &DataPath, registry: &Arc<Registry>) {
-    // Per provider: its workers' counters (worker i of every provider
-    // runs on workers.cores[i]) and its listeners.
-    let sources: Vec<(Vec<Arc<WorkerCounters>>, Vec<usize>)> = path
-        .pools
+fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
+    let counters = set.counters();
+    // Per transport, its listeners: a transport with one listener (the
+    // usual case) gets an exact per-listener connection gauge.
+    let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
         .iter()
-        .map(|p| (p.counters(), p.listeners().to_vec()))
+        .map(|&t| {
+            let listeners = config
+                .listeners
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.url.scheme() == t.scheme())
+                .map(|(i, _)| i)
+                .collect();
+            (t, listeners)
+        })
         .collect();
     registry.set_refresher(Some(Box::new(move |reg: &Registry| {
-        let workers = sources.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
-        for i in 0..workers {
-            let mut sum = WorkerSnapshot::default();
-            for (counters, _) in &sources {
-                if let Some(c) = counters.get(i) {
-                    add_snapshot(&mut sum, &c.snapshot());
-                }
-            }
+        for (i, c) in counters.iter().enumerate() {
+            let sum = c.snapshot();
             let w = reg.worker(i);
             metrics::set(&w.polls, sum.polls);
             metrics::set(&w.idle_polls, sum.idle_polls);
@@ -383,30 +458,14 @@ fn install_metrics_bridge(path: &DataPath, registry: &Arc<Registry>) {
                 metrics::set(&w.errors[kind as usize], v);
             }
         }
-        // Connections are counted per worker, not per listener: with one
-        // listener per provider (the usual case) the gauge is exact.
-        for (counters, listeners) in &sources {
+        for (t, listeners) in &by_transport {
             if let [only] = listeners[..] {
-                let open = counters.iter().map(|c| c.connections.get()).sum();
+                let open = counters
+                    .iter()
+                    .map(|c| c.connections_by_transport[t.index()].get())
+                    .sum();
                 metrics::set(&reg.listener(only).active, open);
             }
         }
     })));
-}
-
-fn add_snapshot(sum: &mut WorkerSnapshot, s: &WorkerSnapshot) {
-    sum.polls += s.polls;
-    sum.idle_polls += s.idle_polls;
-    sum.completions += s.completions;
-    sum.rpcs += s.rpcs;
-    sum.bytes_in += s.bytes_in;
-    sum.bytes_out += s.bytes_out;
-    sum.credits_in_use += s.credits_in_use;
-    sum.pool_in_use += s.pool_in_use;
-    sum.errors_completion += s.errors_completion;
-    sum.errors_reply += s.errors_reply;
-    sum.errors_dropped_calls += s.errors_dropped_calls;
-    sum.errors_post += s.errors_post;
-    sum.errors_connection += s.errors_connection;
-    sum.leaks += s.leaks;
 }

@@ -1,11 +1,14 @@
 //! The real `rpcrdmad` binary, started as a separate process, serving the
-//! bench program over `shm` to `dataplane::client` (issue 5, "Show").
+//! bench program over `shm` and `roce` to `dataplane::client` (issue 5,
+//! "Show") and over ONC RPC/TCP to `dataplane::tcp::TcpClient` (issue 6),
+//! all from the same workers.
 //!
 //! Sizes 0 B .. 16 MiB, each through the paths a requester can choose
 //! (RFC 5666 s3.4, s5): inline, a DDP-eligible argument moved by a read
 //! chunk, a DDP-eligible result placed in a write chunk, a reply chunk,
-//! and a long call (RDMA_NOMSG with a position-zero read chunk). Every
-//! byte is checked. No timing assertion anywhere.
+//! and a long call (RDMA_NOMSG with a position-zero read chunk); over TCP
+//! the same calls as record-marked messages. Every byte is checked. No
+//! timing assertion anywhere.
 mod support;
 
 use std::net::SocketAddr;
@@ -14,12 +17,13 @@ use std::process::{Command, Stdio};
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, DdpItem};
 use dataplane::service::bench::{self, Args};
+use dataplane::tcp::{TcpClient, TcpClientConfig};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::Provider;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
 use dataplane::wire::xdr::Encoder;
-use dataplane::worker::{EndpointConfig, IdleStrategy};
+use dataplane::worker::{EndpointConfig, IdleStrategy, Idler};
 use nix::sys::signal::Signal;
 use support::*;
 
@@ -224,6 +228,15 @@ fn bench_program_over_roce_every_size_and_path() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Sizes of the echo test.
+const SIZES: [usize; 7] = [0, 1, 1024, 4096, 64 << 10, 1 << 20, 16 << 20];
+
+fn test_data(size: usize, seed: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i.wrapping_mul(7) ^ (i >> 8) ^ seed) as u8)
+        .collect()
+}
+
 fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: SocketAddr) {
     let max_message = 16 * MIB + 4096;
     let cfg = daemon_config(
@@ -235,6 +248,22 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
 
+    let (calls, client) = rdma_calls::<P>(url, max_message, &SIZES, 0);
+    expect_metrics(metrics, calls, 3 * (16 << 20));
+    drop(client);
+    stop_cleanly(&mut d);
+}
+
+/// NULL, ECHO of every size in `sizes` by every path, SOURCE into a write
+/// chunk and inline, SINK from a read chunk, over one connection; every
+/// byte checked. Returns the number of calls made and the connected
+/// client.
+fn rdma_calls<P: Provider>(
+    url: &str,
+    max_message: u32,
+    sizes: &[usize],
+    seed: usize,
+) -> (u64, Client<P>) {
     let mut client = Client::<P>::connect(url, client_config(max_message, 4)).expect("connect");
     // CONF_RDMA (RFC 5666 s6) ran at connect: the server's limits.
     let conf = client.conf_rdma_reply().expect("CONF_RDMA reply");
@@ -243,16 +272,14 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
     assert_eq!(conf.maxrdmaread, 16);
 
     simple_call(&mut client, Args::Null, ReplyTarget::Inline);
-    let sizes = [0usize, 1, 1024, 4096, 64 << 10, 1 << 20, 16 << 20];
-    for &size in &sizes {
-        let data: Vec<u8> = (0..size)
-            .map(|i| (i.wrapping_mul(7) ^ (i >> 8)) as u8)
-            .collect();
+    let mut calls = 1;
+    for &size in sizes {
+        let data = test_data(size, seed);
         for path in [Path::DdpBothWays, Path::ReplyChunk, Path::LongCall] {
             echo(&mut client, &data, path);
+            calls += 1;
         }
     }
-    // SOURCE into a write chunk, and inline; SINK from a read chunk.
     for n in [0u32, 100, 4095, 4097, MIB] {
         let got = simple_call(
             &mut client,
@@ -269,17 +296,74 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
         Args::Sink(&vec![5u8; MIB as usize]),
         ReplyTarget::Inline,
     );
+    (calls + 7, client)
+}
 
-    // The counters moved, and promtool accepts the exposition.
-    let (status, body) = http_get(metrics, "/metrics");
-    assert_eq!(status, "HTTP/1.1 200 OK");
-    let rpcs = metric(&body, "rpcrdma_worker_rpcs_total");
+/// One call over TCP, waited for with the adaptive idler (a generous
+/// timeout catches a hang); returns the data of ECHO and SOURCE.
+fn tcp_call(client: &mut TcpClient, args: Args<'_>) -> Vec<u8> {
+    let xid = client
+        .call(args, 0)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .expect("a free slot (one call at a time)");
+    let mut out = None;
+    let mut idler = Idler::new(IdleStrategy::default());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while out.is_none() {
+        let work = client
+            .poll(|r| {
+                assert_eq!(r.xid, xid);
+                out = Some(match args {
+                    Args::Null | Args::Sink(_) => {
+                        r.check_void().expect("void reply");
+                        Vec::new()
+                    }
+                    _ => r.data().expect("data reply").to_vec(),
+                });
+            })
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        if work == 0 {
+            assert!(std::time::Instant::now() < deadline, "{args:?}: no reply");
+            idler.idle(None);
+        } else {
+            idler.reset();
+        }
+    }
+    out.unwrap_or_default()
+}
+
+/// The TCP counterpart of [`rdma_calls`]: NULL, ECHO of every size,
+/// SOURCE, SINK, every byte checked. Returns the number of calls made and
+/// the connected client.
+fn tcp_calls(url: &str, sizes: &[usize], seed: usize) -> (u64, TcpClient) {
+    let largest = sizes.iter().copied().max().unwrap_or(0).max(MIB as usize);
+    let mut client =
+        TcpClient::connect_url(url, TcpClientConfig::for_data(largest, 1)).expect("tcp connect");
+    tcp_call(&mut client, Args::Null);
+    let mut calls = 1;
+    for &size in sizes {
+        let data = test_data(size, seed);
+        let got = tcp_call(&mut client, Args::Echo(&data));
+        assert!(got == data, "tcp echo of {size} bytes differs");
+        calls += 1;
+    }
+    for n in [0u32, 100, 4095, 4097, MIB] {
+        let got = tcp_call(&mut client, Args::Source(n));
+        assert_eq!(got.len(), n as usize);
+        assert_eq!(bench::pattern_mismatch(&got), None, "tcp source {n}");
+        calls += 1;
+    }
+    tcp_call(&mut client, Args::Sink(&vec![5u8; MIB as usize]));
+    (calls + 1, client)
+}
+
+/// The counters moved as far as `calls` and `bytes` say, one connection
+/// was accepted and is open (the caller keeps its client), and promtool
+/// accepts the exposition.
+fn expect_metrics(metrics: SocketAddr, calls: u64, bytes: u64) {
+    let body = scrape_until(metrics, "rpcrdma_worker_rpcs_total", calls);
     assert!(
-        rpcs >= 1 + 3 * sizes.len() as u64 + 7,
-        "rpcs {rpcs}:\n{body}"
-    );
-    assert!(
-        metric(&body, "rpcrdma_worker_bytes_total") > 3 * (16 << 20),
+        metric(&body, "rpcrdma_worker_bytes_total") > bytes,
         "{body}"
     );
     assert_eq!(
@@ -289,8 +373,30 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
     );
     assert_eq!(metric(&body, "rpcrdma_listener_connections{"), 1, "{body}");
     promtool_accepts(&body);
+}
 
-    drop(client);
+/// Scrapes `/metrics` until the sum of `name` reaches `at_least` (a worker
+/// folds its TCP counters in just after the pass that wrote the replies,
+/// so a client can be ahead of them); PATIENCE only catches a hang.
+fn scrape_until(metrics: SocketAddr, name: &str, at_least: u64) -> String {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = http_get(metrics, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let v = metric(&body, name);
+        if v >= at_least {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} {v} < {at_least}:\n{body}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// SIGTERM: exit 0 with every pool back to full.
+fn stop_cleanly(d: &mut Daemon) {
     d.signal(Signal::SIGTERM);
     assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
     assert!(
@@ -298,6 +404,104 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
         "{}",
         d.stderr()
     );
+}
+
+/// The same calls over ONC RPC/TCP with record marking (issue 6): the
+/// daemon's `tcp://` listener, served by its workers.
+#[test]
+fn bench_program_over_tcp_every_size() {
+    let dir = scratch_dir("serve-tcp");
+    let url = "tcp://127.0.0.31:20311";
+    let metrics: SocketAddr = "127.0.0.1:19484".parse().unwrap();
+    let max_message = 16 * MIB + 4096;
+    let cfg = daemon_config(
+        &dir,
+        url,
+        metrics,
+        &format!("[transport]\nmax_message = {max_message}\n"),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let (calls, client) = tcp_calls(url, &SIZES, 0);
+    expect_metrics(metrics, calls, 2 * (16 << 20));
+    drop(client);
+    stop_cleanly(&mut d);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The names of process `pid`'s threads that are rpcrdmad workers. The
+/// kernel keeps 15 bytes of a thread name, so `rpcrdma-worker-0` reads
+/// `rpcrdma-worker-` in `comm`.
+fn worker_threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("/proc/PID/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| c.starts_with("rpcrdma-worker"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// One daemon, one worker core, three listeners (shm, roce, tcp): clients
+/// of all three transports at once, served by the one worker thread.
+#[test]
+fn one_worker_thread_serves_shm_roce_and_tcp_at_once() {
+    let dir = scratch_dir("serve-mixed");
+    let shm = format!("shm://{}/d.sock", dir.display());
+    let roce = "roce://127.0.0.32:20321";
+    let tcp = "tcp://127.0.0.32:20322";
+    let metrics: SocketAddr = "127.0.0.1:19485".parse().unwrap();
+    let max_message = 4 * MIB + 4096;
+    let cfg = write_file(
+        &dir,
+        "mixed.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{shm}\"\n[[listeners]]\nurl = \"{roce}\"\n\
+             [[listeners]]\nurl = \"{tcp}\"\n\n[workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
+             [transport]\ncredits = 4\nmax_message = {max_message}\n\n\
+             [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n"
+        ),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    let started = d.wait_for_line("started");
+    assert!(started.contains("1 worker(s)"), "{started}");
+    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-worker-"]);
+
+    let sizes = [0usize, 1, 4096, 64 << 10, 1 << 20, 4 << 20];
+    let clients: Vec<std::thread::JoinHandle<u64>> = vec![
+        std::thread::spawn({
+            let shm = shm.clone();
+            move || rdma_calls::<Shm>(&shm, max_message, &sizes, 1).0
+        }),
+        std::thread::spawn(move || rdma_calls::<Roce>(roce, max_message, &sizes, 2).0),
+        std::thread::spawn(move || tcp_calls(tcp, &sizes, 3).0),
+    ];
+    // Two TCP clients more, so that all transports overlap for a while.
+    let extra: Vec<_> = (4..6)
+        .map(|seed| std::thread::spawn(move || tcp_calls(tcp, &sizes, seed).0))
+        .collect();
+    let mut calls = 0;
+    for (i, h) in clients.into_iter().chain(extra).enumerate() {
+        calls += h.join().unwrap_or_else(|_| panic!("client {i} failed"));
+    }
+
+    // Still one worker thread; every call counted on worker 0.
+    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-worker-"]);
+    let body = scrape_until(metrics, "rpcrdma_worker_rpcs_total{worker=\"0\"", calls);
+    for (url, accepted) in [(shm.as_str(), 1), (roce, 1), (tcp, 3)] {
+        assert_eq!(
+            metric(
+                &body,
+                &format!("rpcrdma_listener_connections_total{{listener=\"{url}\"}}")
+            ),
+            accepted,
+            "{url}: {body}"
+        );
+    }
+    promtool_accepts(&body);
+    stop_cleanly(&mut d);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -3,15 +3,15 @@
 
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use nix::sys::socket::{send, MsgFlags};
 
 use super::buf::{InBuf, OutBuf, ZeroedBuf};
 use super::{Readiness, TcpConfig, TcpError, TcpStats};
 use crate::engine::Instant;
-use crate::service::{Dispatch, ServiceTable};
 use crate::wire::rpc::{write_record_header, RecordMarker, RecordReassembler};
+use crate::worker::{Dispatched, Dispatcher};
 
 /// A non-blocking TCP listener.
 #[derive(Debug)]
@@ -91,6 +91,15 @@ impl TcpAcceptor {
     }
 }
 
+/// The listening socket, for a control thread that waits for
+/// connections with `poll(2)` before calling
+/// [`accept_ready`](TcpAcceptor::accept_ready).
+impl AsFd for TcpAcceptor {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}
+
 /// Why a connection was closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CloseReason {
@@ -124,6 +133,9 @@ struct Conn {
     stalled: bool,
     /// Last time a byte moved either way.
     last_active: Instant,
+    /// Shutting down: every reply is written and our side of the stream
+    /// is shut (FIN sent); input is read only to see the peer's end.
+    write_shut: bool,
 }
 
 impl Conn {
@@ -142,15 +154,16 @@ impl Conn {
             peer_closed: false,
             stalled: false,
             last_active: now,
+            write_shut: false,
         })
     }
 
     /// One pass: take input, answer complete calls while the output has
     /// room for a reply, write what is pending. Returns the work done, or
     /// why the connection must close.
-    fn service(
+    fn service<D: Dispatcher + ?Sized>(
         &mut self,
-        services: &ServiceTable,
+        services: &D,
         cfg: &TcpConfig,
         stats: &mut TcpStats,
         now: Instant,
@@ -203,22 +216,7 @@ impl Conn {
             self.input.consume(used);
             if let Some(record) = self.reassembler.poll_record() {
                 work += 1;
-                // The reserve is the record mark plus `max_reply_len`.
-                let (mark, body) = self.output.reserve_mut().split_at_mut(RecordMarker::LEN);
-                match services.dispatch(record, body) {
-                    Dispatch::Reply { len, .. } => {
-                        // Over TCP the DDP-eligible item simply stays
-                        // inline. One fragment: len <= max_reply_len,
-                        // which the config keeps under 2^31.
-                        if write_record_header(mark, len).is_ok() {
-                            self.output.commit(RecordMarker::LEN + len);
-                            stats.rpcs += 1;
-                        } else {
-                            stats.records_dropped += 1;
-                        }
-                    }
-                    Dispatch::Drop => stats.records_dropped += 1,
-                }
+                answer(services, record, &mut self.output, stats);
             }
         }
         work += self.flush(stats, now)?;
@@ -230,6 +228,109 @@ impl Conn {
             });
         }
         Ok(work)
+    }
+
+    /// One pass while shutting down ([`TcpConnections::begin_shutdown`]):
+    /// a call whose record has begun is still read and answered, no new
+    /// record is started; once nothing is in progress and every reply is
+    /// written, our side of the stream is shut (the peer reads its last
+    /// reply, then end of stream) and input is read only to see the
+    /// peer's end, which closes the connection.
+    fn finish<D: Dispatcher + ?Sized>(
+        &mut self,
+        services: &D,
+        cfg: &TcpConfig,
+        stats: &mut TcpStats,
+        now: Instant,
+    ) -> Result<usize, CloseReason> {
+        let mut work = 0;
+        let mut reads_left = cfg.reads_per_poll;
+        self.stalled = false;
+        while !self.write_shut && self.reassembler.is_mid_record() {
+            if !self.output.make_reserve() {
+                work += self.flush(stats, now)?;
+                if !self.output.make_reserve() {
+                    self.stalled = true;
+                    break;
+                }
+            }
+            if self.input.is_empty() {
+                if self.peer_closed || reads_left == 0 {
+                    break;
+                }
+                reads_left -= 1;
+                match self.read(stats, now)? {
+                    0 => break,
+                    n => work += n.min(1),
+                }
+                continue;
+            }
+            let Ok(used) = self.reassembler.push(self.input.unread()) else {
+                let _ = self.flush(stats, now);
+                return Err(CloseReason::RecordTooLarge);
+            };
+            self.input.consume(used);
+            if let Some(record) = self.reassembler.poll_record() {
+                work += 1;
+                answer(services, record, &mut self.output, stats);
+            }
+        }
+        work += self.flush(stats, now)?;
+        if !self.write_shut {
+            if self.reassembler.is_mid_record() {
+                if self.peer_closed && self.input.is_empty() {
+                    return Err(CloseReason::Truncated);
+                }
+                return Ok(work);
+            }
+            if !self.output.is_empty() {
+                self.stalled = true;
+                return Ok(work);
+            }
+            // Everything answered and written: FIN. An error means the
+            // peer is gone already.
+            if self.stream.shutdown(std::net::Shutdown::Write).is_err() {
+                return Err(CloseReason::Shutdown);
+            }
+            self.write_shut = true;
+            work += 1;
+        }
+        // Calls after the last one we answer are not served: discard.
+        self.input.consume(self.input.unread().len());
+        while !self.peer_closed && reads_left > 0 {
+            reads_left -= 1;
+            if self.read(stats, now)? == 0 {
+                break;
+            }
+            self.input.consume(self.input.unread().len());
+        }
+        if self.peer_closed {
+            return Err(CloseReason::Shutdown);
+        }
+        Ok(work)
+    }
+
+    /// One non-blocking `read` into the (empty) input buffer: the bytes
+    /// read, 0 when none are available or at end of stream (then
+    /// `peer_closed` is set).
+    fn read(&mut self, stats: &mut TcpStats, now: Instant) -> Result<usize, CloseReason> {
+        loop {
+            match self.stream.read(self.input.space()) {
+                Ok(0) => {
+                    self.peer_closed = true;
+                    return Ok(0);
+                }
+                Ok(n) => {
+                    self.input.filled(n);
+                    stats.bytes_in += n as u64;
+                    self.last_active = now;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CloseReason::Io(e.kind())),
+            }
+        }
     }
 
     /// Writes pending output until done or the socket is full.
@@ -282,6 +383,31 @@ impl core::fmt::Debug for Conn {
     }
 }
 
+/// Answers one complete call record into `output`'s reserve (which the
+/// caller made sure exists: the record mark plus `max_reply_len`).
+fn answer<D: Dispatcher + ?Sized>(
+    services: &D,
+    record: &[u8],
+    output: &mut OutBuf,
+    stats: &mut TcpStats,
+) {
+    let (mark, body) = output.reserve_mut().split_at_mut(RecordMarker::LEN);
+    match services.dispatch(record, body) {
+        Dispatched::Reply { len, .. } => {
+            // Over TCP the DDP-eligible item simply stays inline. One
+            // fragment: len <= max_reply_len, which the config keeps
+            // under 2^31.
+            if write_record_header(mark, len).is_ok() {
+                output.commit(RecordMarker::LEN + len);
+                stats.rpcs += 1;
+            } else {
+                stats.records_dropped += 1;
+            }
+        }
+        Dispatched::Drop => stats.records_dropped += 1,
+    }
+}
+
 /// The TCP connections of one worker, served in passes by
 /// [`poll`](Self::poll). Not shared: one worker owns it.
 #[derive(Debug)]
@@ -290,6 +416,8 @@ pub struct TcpConnections {
     conns: Vec<Conn>,
     pollfds: Vec<libc::pollfd>,
     stats: TcpStats,
+    /// [`begin_shutdown`](Self::begin_shutdown) was called.
+    stopping: bool,
 }
 
 impl TcpConnections {
@@ -304,6 +432,7 @@ impl TcpConnections {
             conns: Vec::with_capacity(cfg.max_connections),
             pollfds: Vec::with_capacity(cfg.max_connections),
             stats: TcpStats::default(),
+            stopping: false,
         })
     }
 
@@ -372,7 +501,11 @@ impl TcpConnections {
     /// failed or idled out (counted in [`stats`](Self::stats)). Returns the
     /// work done (reads, writes, records, closes); 0 means idle. Never
     /// blocks, never allocates.
-    pub fn poll(&mut self, services: &ServiceTable, now: Instant) -> usize {
+    ///
+    /// `services` is the worker's [`Dispatcher`]
+    /// ([`ServiceTable`](crate::service::ServiceTable) in the daemon); a
+    /// reply's DDP-eligible item simply stays inline.
+    pub fn poll<D: Dispatcher + ?Sized>(&mut self, services: &D, now: Instant) -> usize {
         if self.conns.is_empty() {
             return 0;
         }
@@ -386,10 +519,16 @@ impl TcpConnections {
         let mut i = 0;
         while i < self.conns.len() {
             let conn = &mut self.conns[i];
-            let outcome = if !ready || self.pollfds[i].revents != 0 || conn.has_buffered_input() {
-                conn.service(services, &self.cfg, &mut self.stats, now)
-            } else {
-                Ok(0)
+            // While stopping, a connection that has not shut its side yet
+            // is looked at every pass: it may only need its FIN.
+            let due = !ready
+                || self.pollfds[i].revents != 0
+                || conn.has_buffered_input()
+                || (self.stopping && !conn.write_shut);
+            let outcome = match (due, self.stopping) {
+                (false, _) => Ok(0),
+                (true, false) => conn.service(services, &self.cfg, &mut self.stats, now),
+                (true, true) => conn.finish(services, &self.cfg, &mut self.stats, now),
             };
             let outcome = outcome.and_then(|w| match self.cfg.idle_timeout {
                 Some(t) if w == 0 && now.saturating_duration_since(conn.last_active) >= t => {
@@ -463,6 +602,29 @@ impl TcpConnections {
         drop(self.conns.swap_remove(i));
     }
 
+    /// Starts a graceful shutdown: from the next [`poll`](Self::poll) on,
+    /// each connection finishes the call whose record has begun, writes
+    /// every reply, then shuts its side of the stream (the peer sees end
+    /// of stream after its last reply) and closes at the peer's end of
+    /// stream. Calls that follow are not read. Connections added later are
+    /// shut at once. [`in_progress`](Self::in_progress) says when nothing
+    /// is left to answer; [`close_all`](Self::close_all) ends the rest.
+    pub fn begin_shutdown(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether [`begin_shutdown`](Self::begin_shutdown) was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.stopping
+    }
+
+    /// During a shutdown: connections that still have a call to finish or
+    /// replies to write (their side is not shut yet). Before it: every
+    /// open connection.
+    pub fn in_progress(&self) -> usize {
+        self.conns.iter().filter(|c| !c.write_shut).count()
+    }
+
     /// Closes every connection (shutdown), counted as closed.
     pub fn close_all(&mut self) {
         while !self.conns.is_empty() {
@@ -523,7 +685,7 @@ impl TcpServer {
     /// Accepts waiting connections (a few per pass, so that a connect storm
     /// cannot stall the data path) and runs one pass over the connections.
     /// Returns the work done; 0 means idle.
-    pub fn poll(&mut self, services: &ServiceTable, now: Instant) -> usize {
+    pub fn poll<D: Dispatcher + ?Sized>(&mut self, services: &D, now: Instant) -> usize {
         const ACCEPTS_PER_POLL: usize = 16;
         let conns = &mut self.connections;
         let accepted = match self.acceptor.accept_ready(ACCEPTS_PER_POLL, |s, _| {

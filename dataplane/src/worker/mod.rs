@@ -1,31 +1,40 @@
 //! Pinned polling workers: where the engine meets a verbs provider
 //! (DESIGN s2, s5; docs/WORKER.md).
 //!
-//! A [`WorkerPool`] runs one thread per configured core. Each worker owns
-//! its connections ([`endpoint::Endpoint`]) and runs to completion: poll
-//! completions in bursts of 32, feed the engines, run the service inline
-//! for every call that arrived and answer it from one preallocated scratch
-//! buffer, post the resulting work once per iteration (one doorbell per
-//! run of send work), run timers, drain its control ring (new connections,
+//! A [`WorkerSet`] runs one thread per configured core, and each thread
+//! serves every transport: the RDMA connections of every attached provider
+//! ([`endpoint::Endpoint`], one list per provider, statically dispatched)
+//! and its ONC RPC/TCP connections ([`crate::tcp::TcpConnections`]). Each
+//! worker runs to completion: poll completions in bursts of 32, feed the
+//! engines, run the service inline for every call that arrived and answer
+//! it from one preallocated scratch buffer, post the resulting work once
+//! per iteration (one doorbell per run of send work), run timers, one pass
+//! over the TCP connections, drain its control ring (new connections,
 //! stop). Nothing is shared on the hot path but cache-padded counters.
 //!
-//! The control plane accepts connections ([`WorkerPool::accept`] or
-//! [`endpoint::PreparedEndpoint`] by hand) and hands each one to the
-//! least-loaded worker ([`WorkerPool::hand_off`]).
+//! The control plane accepts connections ([`WorkerSet::accept`],
+//! [`endpoint::PreparedEndpoint`] by hand, or a TCP acceptor) and hands each
+//! one to the least-loaded worker ([`WorkerSet::hand_off`],
+//! [`WorkerSet::hand_off_tcp`]). [`WorkerPool<P>`] is the same workers with
+//! one provider attached.
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 
 use crate::engine::{self, DdpItem, Event, IncomingCall, OutgoingReply};
-use crate::verbs::{Completion, Listener, Provider, VerbsError};
+use crate::tcp::{TcpConfig, TcpError};
+use crate::verbs::roce::Roce;
+use crate::verbs::shm::Shm;
+use crate::verbs::{Completion, VerbsError};
 
 pub mod endpoint;
+mod pool;
+mod run;
 
 pub use endpoint::{Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, POLL_BURST};
+pub use pool::{PoolProvider, WorkerPool, WorkerSet};
 
 /// What a worker does with a call message: the seam to the service layer
 /// (`service::ServiceTable` implements it).
@@ -144,6 +153,9 @@ pub struct WorkerConfig {
     /// After a stop's grace period, how long closed connections may take
     /// to flush before the worker gives up and reports them as leaks.
     pub drain_timeout: Duration,
+    /// Limits of the ONC RPC/TCP connections a worker serves (the daemon
+    /// sets both message limits to `transport.max_message`).
+    pub tcp: TcpConfig,
 }
 
 impl Default for WorkerConfig {
@@ -159,6 +171,7 @@ impl Default for WorkerConfig {
             ring_capacity: 256,
             connections_hint: 64,
             drain_timeout: Duration::from_secs(5),
+            tcp: TcpConfig::default(),
         }
     }
 }
@@ -173,6 +186,11 @@ impl Counter {
             self.0.fetch_add(n, Ordering::Relaxed);
         }
     }
+    fn sub(&self, n: u64) {
+        if n != 0 {
+            self.0.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
     fn set(&self, n: u64) {
         self.0.store(n, Ordering::Relaxed);
     }
@@ -183,6 +201,12 @@ impl Counter {
 }
 
 /// A worker's counters, written by the worker (Relaxed), read by anyone.
+/// TCP connections feed the same counters as RDMA ones: `rpcs`,
+/// `bytes_in`/`bytes_out` (socket bytes), `errors_dropped_calls` (records
+/// that are not a decodable call; the TCP connection stays),
+/// `errors_connection` (TCP connections dropped for an oversized or
+/// truncated record, a socket error or the idle timeout, or refused), and
+/// the connection gauges.
 #[derive(Debug, Default)]
 pub struct WorkerCounters {
     /// Loop iterations.
@@ -217,10 +241,13 @@ pub struct WorkerCounters {
     pub credits_in_use: Counter,
     /// Gauge: region leases held by posted work (pool occupancy).
     pub pool_in_use: Counter,
-    /// Gauge: connections on this worker.
+    /// Gauge: connections on this worker, every transport.
     pub connections: Counter,
-    /// Connections accepted by this worker so far.
+    /// Connections accepted by this worker so far, every transport.
     pub connections_total: Counter,
+    /// Gauge: connections on this worker per transport (index
+    /// [`Transport::index`]).
+    pub connections_by_transport: [Counter; 4],
 }
 
 /// A point-in-time copy of [`WorkerCounters`].
@@ -245,6 +272,7 @@ pub struct WorkerSnapshot {
     pub pool_in_use: u64,
     pub connections: u64,
     pub connections_total: u64,
+    pub connections_by_transport: [u64; 4],
 }
 
 impl WorkerCounters {
@@ -269,20 +297,84 @@ impl WorkerCounters {
             pool_in_use: self.pool_in_use.get(),
             connections: self.connections.get(),
             connections_total: self.connections_total.get(),
+            connections_by_transport: core::array::from_fn(|i| {
+                self.connections_by_transport[i].get()
+            }),
         }
     }
 }
 
 /// A command on a worker's control ring.
-pub enum Command<P: Provider> {
-    /// Serve this connection (accepted, receives pre-posted).
-    Add(Box<Endpoint<P>>),
+///
+/// One variant per transport, so the worker keeps each provider's
+/// connections in a list of its own type and polls them with static
+/// dispatch. An `ibverbs` connection (feature `ibverbs`) gets its variant
+/// here, an endpoint list in `run::Conns` and a [`PoolProvider`] impl in
+/// `pool.rs`.
+pub enum Command {
+    /// Serve this `shm` connection (accepted, receives pre-posted).
+    AddShm(Box<Endpoint<Shm>>),
+    /// Serve this `roce` connection (accepted, receives pre-posted).
+    AddRoce(Box<Endpoint<Roce>>),
+    /// Serve this accepted ONC RPC/TCP stream (the worker makes it
+    /// non-blocking).
+    AddTcp(TcpStream),
     /// Stop: let calls in progress finish for at most `grace`, then close
     /// everything and exit.
     Stop {
         /// Grace period.
         grace: Duration,
     },
+}
+
+impl core::fmt::Debug for Command {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Command::AddShm(ep) => f.debug_tuple("AddShm").field(ep).finish(),
+            Command::AddRoce(ep) => f.debug_tuple("AddRoce").field(ep).finish(),
+            Command::AddTcp(s) => f.debug_tuple("AddTcp").field(s).finish(),
+            Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
+        }
+    }
+}
+
+/// The transports a worker serves, for per-transport gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// `shm://` (same-host RDMA).
+    Shm,
+    /// `roce://` (software RoCEv2).
+    Roce,
+    /// `ibverbs://` (an HCA; cargo feature `ibverbs`).
+    Ibverbs,
+    /// `tcp://` (ONC RPC over TCP with record marking).
+    Tcp,
+}
+
+impl Transport {
+    /// Every transport, in index order.
+    pub const ALL: [Transport; 4] = [
+        Transport::Shm,
+        Transport::Roce,
+        Transport::Ibverbs,
+        Transport::Tcp,
+    ];
+
+    /// Its URL scheme.
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Roce => "roce",
+            Transport::Ibverbs => "ibverbs",
+            Transport::Tcp => "tcp",
+        }
+    }
+
+    /// Its index in [`Transport::ALL`] (and in the per-transport arrays
+    /// of [`WorkerCounters`]).
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// A connection that was closed with resources still in use.
@@ -365,509 +457,15 @@ pub enum WorkerError {
     /// Every worker's control ring is full, or the pool is stopping.
     #[error("no worker can take the connection (control rings full or stopping)")]
     Busy,
-}
-
-impl<P: Provider> core::fmt::Debug for Command<P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Command::Add(ep) => f.debug_tuple("Add").field(ep).finish(),
-            Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
-        }
-    }
-}
-
-struct WorkerHandle<P: Provider> {
-    ring: Arc<ArrayQueue<Command<P>>>,
-    counters: Arc<WorkerCounters>,
-    thread: Option<JoinHandle<WorkerReport>>,
-}
-
-/// A set of pinned workers and the handles the control plane needs.
-pub struct WorkerPool<P: Provider> {
-    workers: Vec<WorkerHandle<P>>,
-    ctx: Arc<P::Context>,
-    pd: Arc<P::Pd>,
-    config: WorkerConfig,
-}
-
-impl<P: Provider> core::fmt::Debug for WorkerPool<P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("WorkerPool")
-            .field("workers", &self.workers.len())
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl<P: Provider> WorkerPool<P> {
-    /// Spawns one worker per entry of `cores` (`Some(core)`: pinned there
-    /// with core_affinity; `None`: not pinned) serving `dispatcher`. The
-    /// pool allocates one protection domain from `ctx` for its connections.
-    ///
-    /// # Errors
-    /// [`WorkerError::CoreUnavailable`] for a core outside the process's
-    /// mask, [`WorkerError::PinFailed`], [`WorkerError::Spawn`],
-    /// [`WorkerError::NoWorkers`], or a PD allocation error.
-    pub fn spawn(
-        ctx: Arc<P::Context>,
-        cores: &[Option<usize>],
-        config: WorkerConfig,
-        dispatcher: Arc<dyn Dispatcher>,
-    ) -> Result<WorkerPool<P>, WorkerError> {
-        use crate::verbs::Context as _;
-        if cores.is_empty() {
-            return Err(WorkerError::NoWorkers);
-        }
-        let allowed: Vec<usize> = core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| c.id)
-            .collect();
-        for core in cores.iter().flatten() {
-            if !allowed.contains(core) {
-                return Err(WorkerError::CoreUnavailable {
-                    core: *core,
-                    allowed,
-                });
-            }
-        }
-        let pd = Arc::new(ctx.alloc_pd()?);
-        let mut pool = WorkerPool {
-            workers: Vec::with_capacity(cores.len()),
-            ctx,
-            pd,
-            config: config.clone(),
-        };
-        for (index, core) in cores.iter().copied().enumerate() {
-            let ring = Arc::new(ArrayQueue::new(config.ring_capacity.max(1)));
-            let counters = Arc::new(WorkerCounters::default());
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            let worker = Worker::<P> {
-                index,
-                ring: ring.clone(),
-                counters: counters.clone(),
-                dispatcher: dispatcher.clone(),
-                config: config.clone(),
-            };
-            let thread = std::thread::Builder::new()
-                .name(format!("rpcrdma-worker-{index}"))
-                .spawn(move || {
-                    if let Some(core) = core {
-                        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                            let _ = ready_tx.send(Err(WorkerError::PinFailed {
-                                worker: index,
-                                core,
-                            }));
-                            return WorkerReport {
-                                worker: index,
-                                ..WorkerReport::default()
-                            };
-                        }
-                    }
-                    let _ = ready_tx.send(Ok(()));
-                    worker.run()
-                })
-                .map_err(WorkerError::Spawn)?;
-            let started = ready_rx.recv().unwrap_or(Err(WorkerError::PinFailed {
-                worker: index,
-                core: core.unwrap_or(0),
-            }));
-            pool.workers.push(WorkerHandle {
-                ring,
-                counters,
-                thread: Some(thread),
-            });
-            // On error the pool (and its started workers) stops on drop.
-            started?;
-        }
-        Ok(pool)
-    }
-
-    /// Number of workers.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// Never true for a spawned pool.
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-
-    /// The provider context the pool's connections use.
-    pub fn context(&self) -> &Arc<P::Context> {
-        &self.ctx
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &WorkerConfig {
-        &self.config
-    }
-
-    /// Builds a connection's prepared side (memory registered, receives
-    /// posted) with the pool's PD and configuration.
-    ///
-    /// # Errors
-    /// As [`PreparedEndpoint::new`].
-    pub fn prepare(&self) -> Result<PreparedEndpoint<P>, EndpointError> {
-        PreparedEndpoint::new(&*self.ctx, &*self.pd, &self.config.endpoint)
-    }
-
-    /// Index of the worker with the fewest connections.
-    pub fn least_loaded(&self) -> usize {
-        self.workers
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, w)| w.counters.connections.get())
-            .map_or(0, |(i, _)| i)
-    }
-
-    /// Hands `ep` to the least-loaded worker over its control ring; returns
-    /// the worker index. On failure the endpoint is handed back.
-    ///
-    /// # Errors
-    /// The endpoint, when every ring is full.
-    pub fn hand_off(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
-        let first = self.least_loaded();
-        let mut ep = Box::new(ep);
-        for k in 0..self.workers.len() {
-            let i = (first + k) % self.workers.len();
-            let w = &self.workers[i];
-            // Count it before the worker sees it, so that concurrent
-            // hand-offs spread.
-            w.counters.connections.add(1);
-            match w.ring.push(Command::Add(ep)) {
-                Ok(()) => {
-                    if let Some(t) = &w.thread {
-                        t.thread().unpark();
-                    }
-                    return Ok(i);
-                }
-                Err(back) => {
-                    w.counters.connections.0.fetch_sub(1, Ordering::Relaxed);
-                    match back {
-                        Command::Add(back) => ep = back,
-                        // A full ring hands back exactly what was pushed.
-                        Command::Stop { .. } => unreachable!("ring returned another command"),
-                    }
-                }
-            }
-        }
-        Err(ep)
-    }
-
-    /// Waits up to `timeout` for one connection request on `listener`,
-    /// accepts it with our RFC 8797 private data (receives pre-posted
-    /// before the accept) and hands it to the least-loaded worker. Returns
-    /// the worker index.
-    ///
-    /// # Errors
-    /// [`WorkerError::Verbs`] (including [`VerbsError::Timeout`]),
-    /// [`WorkerError::Endpoint`], [`WorkerError::Busy`].
-    pub fn accept(&self, listener: &P::Listener, timeout: Duration) -> Result<usize, WorkerError> {
-        let incoming = listener.accept(timeout)?;
-        let prepared = self.prepare()?;
-        let ep = prepared.accept(incoming)?;
-        self.hand_off(ep).map_err(|_| WorkerError::Busy)
-    }
-
-    /// The counters of every worker.
-    pub fn snapshot(&self) -> Vec<WorkerSnapshot> {
-        self.workers.iter().map(|w| w.counters.snapshot()).collect()
-    }
-
-    /// The shared counters of every worker (for a metrics exporter).
-    pub fn counters(&self) -> Vec<Arc<WorkerCounters>> {
-        self.workers.iter().map(|w| w.counters.clone()).collect()
-    }
-
-    /// Stops every worker: calls in progress get `grace` to finish, then
-    /// every connection is closed and flushed; the report names any pool
-    /// that did not come back full.
-    pub fn stop(mut self, grace: Duration) -> ShutdownReport {
-        self.stop_inner(grace)
-    }
-
-    fn stop_inner(&mut self, grace: Duration) -> ShutdownReport {
-        let mut report = ShutdownReport::default();
-        for w in &self.workers {
-            let mut cmd = Command::Stop { grace };
-            // A full ring drains quickly: the worker is running.
-            while let Err(back) = w.ring.push(cmd) {
-                cmd = back;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if let Some(t) = &w.thread {
-                t.thread().unpark();
-            }
-        }
-        for (i, w) in self.workers.iter_mut().enumerate() {
-            if let Some(t) = w.thread.take() {
-                match t.join() {
-                    Ok(r) => report.workers.push(r),
-                    Err(_) => report.panicked.push(i),
-                }
-            }
-        }
-        report
-    }
-}
-
-impl<P: Provider> Drop for WorkerPool<P> {
-    fn drop(&mut self) {
-        if self.workers.iter().any(|w| w.thread.is_some()) {
-            let _ = self.stop_inner(Duration::ZERO);
-        }
-    }
-}
-
-/// One worker thread's state.
-struct Worker<P: Provider> {
-    index: usize,
-    ring: Arc<ArrayQueue<Command<P>>>,
-    counters: Arc<WorkerCounters>,
-    dispatcher: Arc<dyn Dispatcher>,
-    config: WorkerConfig,
-}
-
-/// Phase of a worker's shutdown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Running,
-    /// Serving until no call is in progress or the deadline.
-    Grace {
-        deadline: engine::Instant,
+    /// No context of this provider was attached to the worker set.
+    #[error("no {scheme} provider attached to the workers")]
+    NotAttached {
+        /// The provider's scheme.
+        scheme: &'static str,
     },
-    /// Everything closed; flushing until the deadline.
-    Draining {
-        deadline: engine::Instant,
-    },
-}
-
-fn instant_after(now: engine::Instant, d: Duration) -> engine::Instant {
-    now.saturating_add(d)
-}
-
-impl<P: Provider> Worker<P> {
-    fn run(self) -> WorkerReport {
-        let origin = std::time::Instant::now();
-        let clock = || engine::Instant(origin.elapsed().as_nanos() as u64);
-        let mut endpoints: Vec<Box<Endpoint<P>>> = Vec::with_capacity(self.config.connections_hint);
-        let mut wcs: Vec<Completion> = (0..POLL_BURST).map(|_| Completion::default()).collect();
-        let mut scratch =
-            vec![0u8; self.config.endpoint.engine.max_reply_size as usize].into_boxed_slice();
-        let mut idler = Idler::new(self.config.idle);
-        let mut phase = Phase::Running;
-        let mut report = WorkerReport {
-            worker: self.index,
-            ..WorkerReport::default()
-        };
-        let mut iteration: u64 = 0;
-        let c = &*self.counters;
-        loop {
-            let now = clock();
-            iteration += 1;
-            let mut work = 0usize;
-
-            // Control ring.
-            while let Some(cmd) = self.ring.pop() {
-                work += 1;
-                match cmd {
-                    Command::Add(mut ep) => {
-                        report.connections += 1;
-                        c.connections_total.add(1);
-                        if matches!(phase, Phase::Draining { .. }) {
-                            ep.close();
-                        }
-                        endpoints.push(ep);
-                    }
-                    Command::Stop { grace } => {
-                        if phase == Phase::Running {
-                            phase = Phase::Grace {
-                                deadline: instant_after(now, grace),
-                            };
-                        }
-                    }
-                }
-            }
-
-            // Completions, timers, events, service, posting.
-            for ep in endpoints.iter_mut() {
-                let before = *ep.counters();
-                let n = ep.poll_completions(now, &mut wcs);
-                work += n;
-                ep.handle_timeouts(now);
-                while let Some(ev) = ep.poll_event() {
-                    work += 1;
-                    match ev {
-                        Event::CallArrived { call, .. } => {
-                            self.serve(now, ep, call, &mut scratch);
-                        }
-                        Event::ConnectionLost { reason } => {
-                            if reason != engine::CloseReason::Local {
-                                c.errors_connection.add(1);
-                            }
-                        }
-                        // A server endpoint sends no calls of its own.
-                        Event::ReplyArrived { .. } | Event::CallFailed { .. } => {}
-                    }
-                }
-                work += ep.flush();
-                let after = *ep.counters();
-                c.completions.add(after.completions - before.completions);
-                c.bytes_in.add(after.bytes_in - before.bytes_in);
-                c.bytes_out.add(after.bytes_out - before.bytes_out);
-                c.rdma_reads.add(after.rdma_reads - before.rdma_reads);
-                c.rdma_writes.add(after.rdma_writes - before.rdma_writes);
-                c.errors_completion
-                    .add(after.error_completions - before.error_completions);
-                c.errors_post.add(after.post_invalid - before.post_invalid);
-            }
-
-            // Retire closed, flushed connections (the leak check).
-            let before = endpoints.len();
-            endpoints.retain(|ep| {
-                if !ep.is_drained() {
-                    return true;
-                }
-                let res = ep.resources();
-                if !res.is_idle() {
-                    c.leaks.add(1);
-                    report.leaks.push(Leak {
-                        worker: self.index,
-                        qp_num: ep.qp_num(),
-                        resources: res,
-                        leases_in_use: ep.leases_in_use(),
-                    });
-                }
-                false
-            });
-            let retired = before - endpoints.len();
-            if retired > 0 {
-                c.connections.0.fetch_sub(retired as u64, Ordering::Relaxed);
-            }
-
-            // Shutdown.
-            match phase {
-                Phase::Running => {}
-                Phase::Grace { deadline } => {
-                    let busy = endpoints
-                        .iter()
-                        .any(|ep| ep.resources().serve_slots_busy > 0);
-                    if !busy || now >= deadline {
-                        if busy {
-                            report.cut_short += endpoints
-                                .iter()
-                                .filter(|ep| ep.resources().serve_slots_busy > 0)
-                                .count() as u64;
-                        }
-                        for ep in endpoints.iter_mut() {
-                            ep.close();
-                            ep.flush();
-                        }
-                        phase = Phase::Draining {
-                            deadline: instant_after(now, self.config.drain_timeout),
-                        };
-                        work += 1;
-                    }
-                }
-                Phase::Draining { deadline } => {
-                    if endpoints.is_empty() || now >= deadline {
-                        for ep in &endpoints {
-                            c.leaks.add(1);
-                            report.leaks.push(Leak {
-                                worker: self.index,
-                                qp_num: ep.qp_num(),
-                                resources: ep.resources(),
-                                leases_in_use: ep.leases_in_use(),
-                            });
-                        }
-                        c.connections.set(0);
-                        self.update_gauges(&endpoints);
-                        report.counters = c.snapshot();
-                        return report;
-                    }
-                }
-            }
-
-            c.polls.add(1);
-            if work == 0 {
-                c.idle_polls.add(1);
-                if iteration % 64 == 0 {
-                    self.update_gauges(&endpoints);
-                }
-                let next = endpoints
-                    .iter()
-                    .filter_map(|ep| ep.poll_timeout())
-                    .min()
-                    .map(|t| t.saturating_duration_since(now));
-                idler.idle(next);
-            } else {
-                idler.reset();
-                if iteration % 1024 == 0 {
-                    self.update_gauges(&endpoints);
-                }
-            }
-        }
-    }
-
-    fn update_gauges(&self, endpoints: &[Box<Endpoint<P>>]) {
-        let (mut credits, mut leases) = (0u64, 0u64);
-        for ep in endpoints {
-            credits += u64::from(ep.resources().serve_slots_busy);
-            leases += ep.leases_in_use() as u64;
-        }
-        self.counters.credits_in_use.set(credits);
-        self.counters.pool_in_use.set(leases);
-    }
-
-    /// Runs the service for one call and answers it.
-    fn serve(
-        &self,
-        now: engine::Instant,
-        ep: &mut Endpoint<P>,
-        call: IncomingCall,
-        scratch: &mut [u8],
-    ) {
-        let c = &*self.counters;
-        let conn = ep.connection_mut();
-        let Some(msg) = conn.call_message(call) else {
-            return;
-        };
-        let xid = msg.get(..4).map(|b| [b[0], b[1], b[2], b[3]]);
-        match self.dispatcher.dispatch(msg, scratch) {
-            Dispatched::Reply { len, ddp } => {
-                let reply = OutgoingReply {
-                    message: scratch.get(..len).unwrap_or(&[]),
-                    ddp,
-                };
-                match conn.send_reply(now, call, &reply) {
-                    Ok(()) => c.rpcs.add(1),
-                    Err(_) => {
-                        // Too large for the chunks the requester offered, or
-                        // a service bug: answer SYSTEM_ERR (RFC 5531 s9) so
-                        // the call does not hang.
-                        c.errors_reply.add(1);
-                        let Some(xid) = xid else { return };
-                        let n = system_err_reply(xid, scratch);
-                        let reply = OutgoingReply {
-                            message: &scratch[..n],
-                            ddp: None,
-                        };
-                        if conn.send_reply(now, call, &reply).is_err() {
-                            ep.close();
-                        }
-                    }
-                }
-            }
-            Dispatched::Drop => {
-                // The engine keeps a call's slot (and the peer its credit)
-                // until it is answered; a peer whose calls cannot even be
-                // answered loses its connection rather than leaking slots.
-                c.errors_dropped_calls.add(1);
-                ep.close();
-            }
-        }
-    }
+    /// The TCP configuration is out of range.
+    #[error(transparent)]
+    Tcp(#[from] TcpError),
 }
 
 /// Writes an accepted SYSTEM_ERR reply with `xid` (RFC 5531 s9:

@@ -1,0 +1,539 @@
+//! The control plane's side of the workers: spawning and pinning them,
+//! handing connections of any transport to the least-loaded one, stopping
+//! them ([`WorkerSet`]); and the single-provider view kept for embedders
+//! ([`WorkerPool`]).
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+
+use super::endpoint::{Endpoint, EndpointError, PreparedEndpoint};
+use super::run::Worker;
+use super::{
+    Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
+    WorkerReport, WorkerSnapshot,
+};
+use crate::verbs::roce::Roce;
+use crate::verbs::shm::Shm;
+use crate::verbs::{Context as _, Listener as _, Provider};
+
+/// A verbs provider the workers serve: every provider built in (`Shm`,
+/// `Roce`; `Ibverbs` with the `ibverbs` feature). Sealed: a worker keeps
+/// one connection list per provider, so a provider is added in this
+/// module, not outside the crate.
+pub trait PoolProvider: Provider + sealed::Served {
+    /// The transport its connections count as.
+    const TRANSPORT: Transport;
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// A provider's context and the protection domain its connections are
+    /// built in.
+    pub struct Attached<P: Provider> {
+        pub ctx: Arc<P::Context>,
+        pub pd: Arc<P::Pd>,
+    }
+
+    impl<P: Provider> core::fmt::Debug for Attached<P> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.debug_struct("Attached")
+                .field("provider", &P::SCHEME)
+                .finish()
+        }
+    }
+
+    /// The providers attached to a [`WorkerSet`](super::WorkerSet).
+    #[derive(Default, Debug)]
+    pub struct Providers {
+        pub shm: Option<Attached<Shm>>,
+        pub roce: Option<Attached<Roce>>,
+        // With feature `ibverbs`: pub ibverbs: Option<Attached<Ibverbs>>,
+    }
+
+    /// Where a provider's connections go: its ring command and its slot.
+    pub trait Served: Provider {
+        fn command(ep: Box<Endpoint<Self>>) -> Command;
+        /// The endpoint of a command made by [`Served::command`].
+        fn take_back(cmd: Command) -> Option<Box<Endpoint<Self>>>;
+        fn slot(p: &Providers) -> &Option<Attached<Self>>;
+        fn slot_mut(p: &mut Providers) -> &mut Option<Attached<Self>>;
+    }
+
+    impl Served for Shm {
+        fn command(ep: Box<Endpoint<Shm>>) -> Command {
+            Command::AddShm(ep)
+        }
+        fn take_back(cmd: Command) -> Option<Box<Endpoint<Shm>>> {
+            match cmd {
+                Command::AddShm(ep) => Some(ep),
+                _ => None,
+            }
+        }
+        fn slot(p: &Providers) -> &Option<Attached<Shm>> {
+            &p.shm
+        }
+        fn slot_mut(p: &mut Providers) -> &mut Option<Attached<Shm>> {
+            &mut p.shm
+        }
+    }
+
+    impl Served for Roce {
+        fn command(ep: Box<Endpoint<Roce>>) -> Command {
+            Command::AddRoce(ep)
+        }
+        fn take_back(cmd: Command) -> Option<Box<Endpoint<Roce>>> {
+            match cmd {
+                Command::AddRoce(ep) => Some(ep),
+                _ => None,
+            }
+        }
+        fn slot(p: &Providers) -> &Option<Attached<Roce>> {
+            &p.roce
+        }
+        fn slot_mut(p: &mut Providers) -> &mut Option<Attached<Roce>> {
+            &mut p.roce
+        }
+    }
+}
+
+impl PoolProvider for Shm {
+    const TRANSPORT: Transport = Transport::Shm;
+}
+
+impl PoolProvider for Roce {
+    const TRANSPORT: Transport = Transport::Roce;
+}
+
+struct WorkerHandle {
+    ring: Arc<ArrayQueue<Command>>,
+    counters: Arc<WorkerCounters>,
+    thread: Option<JoinHandle<WorkerReport>>,
+}
+
+/// One pinned worker thread per configured core, each serving
+/// connections of every attached provider and ONC RPC/TCP connections in
+/// one loop (DESIGN s5, docs/WORKER.md).
+///
+/// ```text
+/// let mut set = WorkerSet::spawn(&cores, config, dispatcher)?;
+/// set.attach::<Shm>(shm_ctx)?;              // a PD per provider
+/// set.accept::<Shm>(&listener, timeout)?;   // RDMA: accept + hand off
+/// set.hand_off_tcp(stream)?;                // TCP: an accepted stream
+/// set.stop(grace)                           // -> ShutdownReport
+/// ```
+pub struct WorkerSet {
+    workers: Vec<WorkerHandle>,
+    providers: sealed::Providers,
+    config: WorkerConfig,
+}
+
+impl core::fmt::Debug for WorkerSet {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("WorkerSet")
+            .field("workers", &self.workers.len())
+            .field("shm", &self.providers.shm.is_some())
+            .field("roce", &self.providers.roce.is_some())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl WorkerSet {
+    /// Spawns one worker per entry of `cores` (`Some(core)`: pinned there
+    /// with core_affinity; `None`: not pinned) serving `dispatcher`, with
+    /// no provider attached yet (TCP connections need none).
+    ///
+    /// # Errors
+    /// [`WorkerError::CoreUnavailable`] for a core outside the process's
+    /// mask, [`WorkerError::PinFailed`], [`WorkerError::Spawn`],
+    /// [`WorkerError::NoWorkers`], [`WorkerError::Tcp`] for a bad
+    /// `config.tcp`.
+    pub fn spawn(
+        cores: &[Option<usize>],
+        config: WorkerConfig,
+        dispatcher: Arc<dyn Dispatcher>,
+    ) -> Result<WorkerSet, WorkerError> {
+        if cores.is_empty() {
+            return Err(WorkerError::NoWorkers);
+        }
+        config.tcp.validate()?;
+        let allowed: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        for core in cores.iter().flatten() {
+            if !allowed.contains(core) {
+                return Err(WorkerError::CoreUnavailable {
+                    core: *core,
+                    allowed,
+                });
+            }
+        }
+        let mut set = WorkerSet {
+            workers: Vec::with_capacity(cores.len()),
+            providers: sealed::Providers::default(),
+            config: config.clone(),
+        };
+        for (index, core) in cores.iter().copied().enumerate() {
+            let ring = Arc::new(ArrayQueue::new(config.ring_capacity.max(1)));
+            let counters = Arc::new(WorkerCounters::default());
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let worker = Worker {
+                index,
+                ring: ring.clone(),
+                counters: counters.clone(),
+                dispatcher: dispatcher.clone(),
+                config: config.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("rpcrdma-worker-{index}"))
+                .spawn(move || {
+                    if let Some(core) = core {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                            let _ = ready_tx.send(Err(WorkerError::PinFailed {
+                                worker: index,
+                                core,
+                            }));
+                            return WorkerReport {
+                                worker: index,
+                                ..WorkerReport::default()
+                            };
+                        }
+                    }
+                    let _ = ready_tx.send(Ok(()));
+                    worker.run()
+                })
+                .map_err(WorkerError::Spawn)?;
+            let started = ready_rx.recv().unwrap_or(Err(WorkerError::PinFailed {
+                worker: index,
+                core: core.unwrap_or(0),
+            }));
+            set.workers.push(WorkerHandle {
+                ring,
+                counters,
+                thread: Some(thread),
+            });
+            // On error the set (and its started workers) stops on drop.
+            started?;
+        }
+        Ok(set)
+    }
+
+    /// Attaches provider `P`: its connections will be built in one
+    /// protection domain allocated from `ctx`. Attaching again replaces
+    /// the context for connections built from then on.
+    ///
+    /// # Errors
+    /// [`WorkerError::Verbs`] when the PD cannot be allocated.
+    pub fn attach<P: PoolProvider>(&mut self, ctx: Arc<P::Context>) -> Result<(), WorkerError> {
+        let pd = Arc::new(ctx.alloc_pd()?);
+        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd });
+        Ok(())
+    }
+
+    /// The context of provider `P`, if attached.
+    pub fn context<P: PoolProvider>(&self) -> Option<&Arc<P::Context>> {
+        P::slot(&self.providers).as_ref().map(|a| &a.ctx)
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Never true for a spawned set.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Builds a connection's prepared side (memory registered, receives
+    /// posted) of provider `P` with its PD and the set's configuration.
+    ///
+    /// # Errors
+    /// [`WorkerError::NotAttached`], or as [`PreparedEndpoint::new`].
+    pub fn prepare<P: PoolProvider>(&self) -> Result<PreparedEndpoint<P>, WorkerError> {
+        let a = P::slot(&self.providers)
+            .as_ref()
+            .ok_or(WorkerError::NotAttached { scheme: P::SCHEME })?;
+        Ok(PreparedEndpoint::new(
+            &*a.ctx,
+            &*a.pd,
+            &self.config.endpoint,
+        )?)
+    }
+
+    /// Index of the worker with the fewest connections (every transport
+    /// counted).
+    pub fn least_loaded(&self) -> usize {
+        self.workers
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, w)| w.counters.connections.get())
+            .map_or(0, |(i, _)| i)
+    }
+
+    /// Pushes an `Add*` command on the least-loaded worker's ring (the
+    /// next one when that ring is full); gives it back when every ring is.
+    fn push(&self, mut cmd: Command, transport: Transport) -> Result<usize, Command> {
+        let first = self.least_loaded();
+        let n = self.workers.len();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let w = &self.workers[i];
+            // Count it before the worker sees it, so that concurrent
+            // hand-offs spread.
+            w.counters.connections.add(1);
+            w.counters.connections_by_transport[transport.index()].add(1);
+            match w.ring.push(cmd) {
+                Ok(()) => {
+                    if let Some(t) = &w.thread {
+                        t.thread().unpark();
+                    }
+                    return Ok(i);
+                }
+                Err(back) => {
+                    w.counters.connections.sub(1);
+                    w.counters.connections_by_transport[transport.index()].sub(1);
+                    cmd = back;
+                }
+            }
+        }
+        Err(cmd)
+    }
+
+    /// Hands `ep` to the least-loaded worker over its control ring; returns
+    /// the worker index.
+    ///
+    /// # Errors
+    /// The endpoint, when every ring is full.
+    pub fn hand_off<P: PoolProvider>(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
+        self.push(P::command(Box::new(ep)), P::TRANSPORT)
+            .map_err(|back| match P::take_back(back) {
+                Some(ep) => ep,
+                // A full ring hands back exactly what was pushed.
+                None => unreachable!("ring returned another command"),
+            })
+    }
+
+    /// Hands an accepted ONC RPC/TCP stream to the least-loaded worker;
+    /// returns the worker index. The worker makes it non-blocking and
+    /// serves it with its other connections (`dataplane::tcp`).
+    ///
+    /// # Errors
+    /// The stream, when every ring is full.
+    pub fn hand_off_tcp(&self, stream: TcpStream) -> Result<usize, TcpStream> {
+        self.push(Command::AddTcp(stream), Transport::Tcp)
+            .map_err(|back| match back {
+                Command::AddTcp(s) => s,
+                _ => unreachable!("ring returned another command"),
+            })
+    }
+
+    /// Waits up to `timeout` for one connection request on `listener` of
+    /// provider `P`, accepts it with our RFC 8797 private data (receives
+    /// pre-posted before the accept) and hands it to the least-loaded
+    /// worker. Returns the worker index.
+    ///
+    /// # Errors
+    /// [`WorkerError::Verbs`] (including
+    /// [`VerbsError::Timeout`](crate::verbs::VerbsError::Timeout)),
+    /// [`WorkerError::NotAttached`], [`WorkerError::Endpoint`],
+    /// [`WorkerError::Busy`].
+    pub fn accept<P: PoolProvider>(
+        &self,
+        listener: &P::Listener,
+        timeout: Duration,
+    ) -> Result<usize, WorkerError> {
+        let incoming = listener.accept(timeout)?;
+        let prepared = self.prepare::<P>()?;
+        let ep = prepared.accept(incoming)?;
+        self.hand_off(ep).map_err(|_| WorkerError::Busy)
+    }
+
+    /// The counters of every worker.
+    pub fn snapshot(&self) -> Vec<WorkerSnapshot> {
+        self.workers.iter().map(|w| w.counters.snapshot()).collect()
+    }
+
+    /// The shared counters of every worker (for a metrics exporter).
+    pub fn counters(&self) -> Vec<Arc<WorkerCounters>> {
+        self.workers.iter().map(|w| w.counters.clone()).collect()
+    }
+
+    /// Stops every worker: calls in progress get `grace` to finish (TCP
+    /// connections stop reading new calls, write their replies and shut
+    /// their side), then every connection is closed and flushed; the
+    /// report names any pool that did not come back full.
+    pub fn stop(mut self, grace: Duration) -> ShutdownReport {
+        self.stop_inner(grace)
+    }
+
+    fn stop_inner(&mut self, grace: Duration) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        for w in &self.workers {
+            let mut cmd = Command::Stop { grace };
+            // A full ring drains quickly: the worker is running.
+            while let Err(back) = w.ring.push(cmd) {
+                cmd = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if let Some(t) = &w.thread {
+                t.thread().unpark();
+            }
+        }
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            if let Some(t) = w.thread.take() {
+                match t.join() {
+                    Ok(r) => report.workers.push(r),
+                    Err(_) => report.panicked.push(i),
+                }
+            }
+        }
+        report
+    }
+}
+
+impl Drop for WorkerSet {
+    fn drop(&mut self) {
+        if self.workers.iter().any(|w| w.thread.is_some()) {
+            let _ = self.stop_inner(Duration::ZERO);
+        }
+    }
+}
+
+/// The workers serving one provider: a [`WorkerSet`] with only `P`
+/// attached (the API embedders and the tests use). Its workers are the
+/// same multi-transport loop, so [`WorkerPool::set`] may also take TCP
+/// streams.
+pub struct WorkerPool<P: PoolProvider> {
+    set: WorkerSet,
+    _provider: core::marker::PhantomData<fn() -> P>,
+}
+
+impl<P: PoolProvider> core::fmt::Debug for WorkerPool<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("provider", &P::SCHEME)
+            .field("workers", &self.set.len())
+            .field("config", &self.set.config)
+            .finish()
+    }
+}
+
+impl<P: PoolProvider> WorkerPool<P> {
+    /// Spawns one worker per entry of `cores` (`Some(core)`: pinned there
+    /// with core_affinity; `None`: not pinned) serving `dispatcher`. The
+    /// pool allocates one protection domain from `ctx` for its connections.
+    ///
+    /// # Errors
+    /// [`WorkerError::CoreUnavailable`] for a core outside the process's
+    /// mask, [`WorkerError::PinFailed`], [`WorkerError::Spawn`],
+    /// [`WorkerError::NoWorkers`], or a PD allocation error.
+    pub fn spawn(
+        ctx: Arc<P::Context>,
+        cores: &[Option<usize>],
+        config: WorkerConfig,
+        dispatcher: Arc<dyn Dispatcher>,
+    ) -> Result<WorkerPool<P>, WorkerError> {
+        let mut set = WorkerSet::spawn(cores, config, dispatcher)?;
+        set.attach::<P>(ctx)?;
+        Ok(WorkerPool {
+            set,
+            _provider: core::marker::PhantomData,
+        })
+    }
+
+    /// The multi-transport set underneath (e.g. to hand it TCP streams).
+    pub fn set(&self) -> &WorkerSet {
+        &self.set
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Never true for a spawned pool.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The provider context the pool's connections use.
+    pub fn context(&self) -> &Arc<P::Context> {
+        match self.set.context::<P>() {
+            Some(ctx) => ctx,
+            None => unreachable!("a WorkerPool attaches its provider at spawn"),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        self.set.config()
+    }
+
+    /// Builds a connection's prepared side (memory registered, receives
+    /// posted) with the pool's PD and configuration.
+    ///
+    /// # Errors
+    /// As [`PreparedEndpoint::new`].
+    pub fn prepare(&self) -> Result<PreparedEndpoint<P>, EndpointError> {
+        match P::slot(&self.set.providers) {
+            Some(a) => PreparedEndpoint::new(&*a.ctx, &*a.pd, &self.set.config.endpoint),
+            None => unreachable!("a WorkerPool attaches its provider at spawn"),
+        }
+    }
+
+    /// Index of the worker with the fewest connections.
+    pub fn least_loaded(&self) -> usize {
+        self.set.least_loaded()
+    }
+
+    /// Hands `ep` to the least-loaded worker over its control ring; returns
+    /// the worker index. On failure the endpoint is handed back.
+    ///
+    /// # Errors
+    /// The endpoint, when every ring is full.
+    pub fn hand_off(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
+        self.set.hand_off(ep)
+    }
+
+    /// Waits up to `timeout` for one connection request on `listener`,
+    /// accepts it with our RFC 8797 private data (receives pre-posted
+    /// before the accept) and hands it to the least-loaded worker. Returns
+    /// the worker index.
+    ///
+    /// # Errors
+    /// [`WorkerError::Verbs`] (including
+    /// [`VerbsError::Timeout`](crate::verbs::VerbsError::Timeout)),
+    /// [`WorkerError::Endpoint`], [`WorkerError::Busy`].
+    pub fn accept(&self, listener: &P::Listener, timeout: Duration) -> Result<usize, WorkerError> {
+        self.set.accept::<P>(listener, timeout)
+    }
+
+    /// The counters of every worker.
+    pub fn snapshot(&self) -> Vec<WorkerSnapshot> {
+        self.set.snapshot()
+    }
+
+    /// The shared counters of every worker (for a metrics exporter).
+    pub fn counters(&self) -> Vec<Arc<WorkerCounters>> {
+        self.set.counters()
+    }
+
+    /// Stops every worker: calls in progress get `grace` to finish, then
+    /// every connection is closed and flushed; the report names any pool
+    /// that did not come back full.
+    pub fn stop(self, grace: Duration) -> ShutdownReport {
+        self.set.stop(grace)
+    }
+}
