@@ -200,6 +200,21 @@ impl<P: Provider> Drop for EmbeddedServer<P> {
     }
 }
 
+/// Sets the calling thread's CPU mask to `cores` (best effort).
+fn set_affinity(cores: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes within it
+    // for ids below CPU_SETSIZE, which is checked.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cores {
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// A fresh URL for an embedded server of provider `scheme`.
 fn embedded_url(scheme: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -238,6 +253,10 @@ pub struct RdmaDriver<P: Provider> {
     url: String,
     server: Server<P>,
     client_core: Option<usize>,
+    /// The cores this thread could use before the client pinned it: a
+    /// server restarted later is spawned from this mask (the pool checks
+    /// its core against the spawning thread's mask).
+    allowed: Vec<usize>,
     client: Option<Client<P>>,
     /// The call in flight in each slot.
     slots: Vec<Option<CallHandle>>,
@@ -292,6 +311,11 @@ impl<P: Provider> RdmaDriver<P> {
             url,
             server,
             client_core: options.cores.map(|c| c.client),
+            allowed: core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.id)
+                .collect(),
             client: None,
             slots: Vec::new(),
             in_flight: 0,
@@ -364,10 +388,6 @@ impl<P: Provider> RpcDriver for RdmaDriver<P> {
 
     fn prepare(&mut self, spec: &RunSpec) -> Result<(), BenchError> {
         self.disconnect()?;
-        if let Some(core) = self.client_core {
-            // Best effort, as for the other transports' clients.
-            let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
-        }
         if let Server::Embedded(s) = &self.server {
             if spec.size > EMBEDDED_MAX_DATA || spec.depth > EMBEDDED_MAX_CREDITS {
                 return Err(BenchError::Unsupported {
@@ -382,10 +402,17 @@ impl<P: Provider> RpcDriver for RdmaDriver<P> {
                 let core = s.core;
                 // The old server goes first (its memory, its listener).
                 self.server = Server::Remote { pid: None };
+                if self.client_core.is_some() && !self.allowed.is_empty() {
+                    set_affinity(&self.allowed);
+                }
                 let server = EmbeddedServer::start(core, shape)?;
                 self.url = server.url.clone();
                 self.server = Server::Embedded(server);
             }
+        }
+        if let Some(core) = self.client_core {
+            // Best effort, as for the other transports' clients.
+            let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
         }
         let depth = spec.depth.max(1);
         let data = spec.size.max(1);
