@@ -90,6 +90,10 @@ pub trait RpcDriver {
 
 /// Empty polls before the adaptive idle policy starts yielding the core.
 const ADAPTIVE_SPINS: u32 = 256;
+/// Empty polls spent yielding before the adaptive policy naps.
+const ADAPTIVE_YIELDS: u32 = 16;
+/// One nap of the adaptive policy.
+const ADAPTIVE_NAP: Duration = Duration::from_micros(20);
 /// How long [`drive`] waits for one call before it declares a hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -346,7 +350,11 @@ fn idle(policy: Idle, polls: &mut u32) {
     match policy {
         Idle::Spin => std::hint::spin_loop(),
         Idle::Adaptive if *polls < ADAPTIVE_SPINS => std::hint::spin_loop(),
-        Idle::Adaptive => std::thread::yield_now(),
+        Idle::Adaptive if *polls < ADAPTIVE_SPINS + ADAPTIVE_YIELDS => std::thread::yield_now(),
+        // A sleeper is woken with the scheduler's wake-up credit; a thread
+        // that keeps yielding on a crowded core waits a whole scheduling
+        // period (tens of ms) for its turn (docs/BENCHMARKS.md).
+        Idle::Adaptive => std::thread::sleep(ADAPTIVE_NAP),
     }
 }
 

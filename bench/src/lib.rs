@@ -5,7 +5,9 @@
 //!   ([`transport::RunResult`]), the [`transport::Transport`] trait and
 //!   [`transport::open`] for `--connect` URLs;
 //! - [`driver`]: the generic timed loop and the [`driver::RpcDriver`] trait
-//!   an in-process transport implements (how to plug shm and tcp in);
+//!   an in-process transport implements (how to plug a transport in);
+//! - [`rdma`]: RPC over RDMA (`shm`, `roce`) with `dataplane::client`;
+//! - [`tcp`]: RPC over TCP with `dataplane::tcp`;
 //! - [`inproc`]: the no-transport reference driver;
 //! - [`tirpc`]: the libtirpc baseline peer (C server and client);
 //! - [`membw`]: single-core memcpy bandwidth (part of `floor`);
@@ -15,5 +17,7 @@ pub mod driver;
 pub mod inproc;
 pub mod membw;
 pub mod output;
+pub mod rdma;
+pub mod tcp;
 pub mod tirpc;
 pub mod transport;

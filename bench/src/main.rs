@@ -28,8 +28,9 @@ mod floor;
 #[command(name = "rpcrdma-bench", version, about, long_about = None)]
 struct Cli {
     /// Server: `tirpc` (embedded libtirpc server), `tirpc://IPV4:PORT`,
-    /// `inproc`, `shm://PATH`, `tcp://IP:PORT`, `roce://IP:PORT`. Without
-    /// it: the embedded default (shm once plugged in; tirpc for now).
+    /// `inproc`, `shm`, `tcp`, `roce` (embedded servers), `shm://PATH`,
+    /// `tcp://IP:PORT`, `roce://IP:PORT` (a running server such as
+    /// rpcrdmad). Without it: `shm` (embedded server).
     #[arg(long, value_name = "URL", global = true)]
     connect: Option<String>,
     /// Measured seconds per run (sweep: per point). Default: 2 for lat,
@@ -39,6 +40,10 @@ struct Cli {
     /// Also write everything measured to FILE as JSON.
     #[arg(long, value_name = "FILE", global = true)]
     json: Option<PathBuf>,
+    /// PID of the --connect server's process, to report its CPU time
+    /// (from /proc/PID/stat; without it the server CPU is n/a).
+    #[arg(long, value_name = "PID", global = true)]
+    server_pid: Option<u32>,
     /// Busy-poll for completions, never yield the core (default: spin a
     /// little, then yield).
     #[arg(long, global = true)]
@@ -384,11 +389,16 @@ fn main() -> ExitCode {
         _ => Cores::default_pair(),
     };
     let pin = if cli.no_pin { None } else { cores };
+    let idle = if cli.spin { Idle::Spin } else { Idle::Adaptive };
     let common = Common {
         connect: cli.connect,
         duration: cli.duration,
-        idle: if cli.spin { Idle::Spin } else { Idle::Adaptive },
-        open: OpenOptions { cores: pin },
+        idle,
+        open: OpenOptions {
+            cores: pin,
+            idle,
+            server_pid: cli.server_pid,
+        },
         cores: cores.map_or((0, 0), |c| (c.server, c.client)),
     };
     let spec = |op, size, depth, default_s| {

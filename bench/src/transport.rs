@@ -17,14 +17,21 @@
 //!   client process and reports the same figures.
 //!
 //! [`open`] maps a `--connect` URL (or none: the embedded default) to a
-//! transport. `shm://`, `tcp://` and `roce://` answer with
-//! [`BenchError::NotPlugged`] until their drivers exist; how to plug one in
-//! is in the [`driver`](crate::driver) module doc.
+//! transport: `shm` and `roce` are [`RdmaDriver`](crate::rdma::RdmaDriver)s,
+//! `tcp` a [`TcpDriver`](crate::tcp::TcpDriver), each with an embedded
+//! server when the URL names no address. How to plug another one in is in
+//! the [`driver`](crate::driver) module doc.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use dataplane::verbs::roce::Roce;
+use dataplane::verbs::shm::Shm;
+
+use crate::driver::Driven;
+use crate::rdma::RdmaDriver;
+use crate::tcp::TcpDriver;
 use crate::tirpc::{self, CpuTimes, Proc, TirpcError, TirpcResult, TirpcServer, Workload};
 
 /// The operation of a run.
@@ -318,14 +325,6 @@ impl RunResult {
 /// Errors of a benchmark run. Each names what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// The URL names a transport whose driver is not in this build yet.
-    #[error("transport `{scheme}` is not available in this build: {missing}")]
-    NotPlugged {
-        /// The URL scheme.
-        scheme: String,
-        /// What is missing, in one line.
-        missing: &'static str,
-    },
     /// The URL is not one this bench understands.
     #[error("cannot parse --connect {url:?}: {reason}")]
     BadUrl {
@@ -402,22 +401,26 @@ impl Cores {
 pub struct OpenOptions {
     /// Pin the embedded server and the client (`None`: no pinning).
     pub cores: Option<Cores>,
+    /// Idle policy an embedded server starts with (a run with another
+    /// policy restarts it).
+    pub idle: Idle,
+    /// PID of the `--connect` server's process, for its CPU figures
+    /// (`/proc/<pid>/stat`); `None`: not reported.
+    pub server_pid: Option<u32>,
 }
 
 /// The transports this bench knows, for `sweep` and the help text:
 /// (scheme, what it is, why it is missing or `None` when available).
-/// The lead plugs `shm` and `tcp` in by giving them a driver in [`open`]
-/// and setting their entry here to `None`.
 pub const TRANSPORTS: &[(&str, &str, Option<&str>)] = &[
     (
         "shm",
         "RPC over RDMA over the shm soft provider (embedded server on a pinned core)",
-        Some(SHM_MISSING),
+        None,
     ),
     (
         "tcp",
-        "RPC over TCP served by the dataplane workers",
-        Some(TCP_MISSING),
+        "RPC over TCP (dataplane::tcp; embedded server thread on a pinned core)",
+        None,
     ),
     (
         "tirpc",
@@ -426,8 +429,8 @@ pub const TRANSPORTS: &[(&str, &str, Option<&str>)] = &[
     ),
     (
         "roce",
-        "RPC over RDMA over RoCEv2 verbs",
-        Some(ROCE_MISSING),
+        "RPC over RDMA over the RoCEv2 soft provider (embedded server on a loopback address)",
+        None,
     ),
     (
         "inproc",
@@ -436,51 +439,31 @@ pub const TRANSPORTS: &[(&str, &str, Option<&str>)] = &[
     ),
 ];
 
-const SHM_MISSING: &str = "needs dataplane::client + dataplane::worker (RPC over RDMA over shm); not merged into this branch yet";
-const TCP_MISSING: &str =
-    "needs dataplane::tcp (RPC over TCP server and TcpClient); not merged into this branch yet";
-const ROCE_MISSING: &str = "needs the RoCE verbs provider and dataplane::client; not built yet";
-
-/// The transport the bench uses without `--connect`. It would be `shm`
-/// (embedded server, pinned cores); until the shm driver is plugged in it
-/// is `tirpc`, or `inproc` on a machine where the libtirpc peer was not
-/// built, and [`open`] says so on stderr.
+/// The transport the bench uses without `--connect`: RPC over RDMA over
+/// `shm`, with an embedded one-worker server on the server core.
 pub fn embedded_default() -> &'static str {
-    if tirpc::binaries().is_ok() {
-        "tirpc"
-    } else {
-        "inproc"
-    }
+    "shm"
 }
 
 /// Opens the transport `url` names, or the embedded default for `None`.
 ///
 /// URL forms: `tirpc` / `tirpc://` (embedded libtirpc server started here),
-/// `tirpc://IPV4:PORT` (a running `bench_prog_server`), `inproc`,
-/// `shm://...`, `tcp://...`, `roce://...`.
+/// `tirpc://IPV4:PORT` (a running `bench_prog_server`), `inproc`; `shm`,
+/// `tcp`, `roce` (embedded servers started here) and `shm://PATH`,
+/// `tcp://IP:PORT`, `roce://IP:PORT` (a running server, e.g. `rpcrdmad`).
 ///
 /// # Errors
-/// [`BenchError::NotPlugged`] for a transport not in this build (one line
-/// naming what is missing), [`BenchError::BadUrl`], and the transport's
-/// set-up errors (e.g. [`TirpcError::Unavailable`] without libtirpc).
+/// [`BenchError::BadUrl`], and the transport's set-up errors (e.g.
+/// [`TirpcError::Unavailable`] without libtirpc, an embedded server that
+/// cannot start).
 pub fn open(url: Option<&str>, options: &OpenOptions) -> Result<Box<dyn Transport>, BenchError> {
-    let url = match url {
+    let url: &str = match url {
         Some(u) => u,
-        None => {
-            let fallback = embedded_default();
-            eprintln!(
-                "note: no --connect: the embedded default would be shm ({SHM_MISSING}); using {fallback}"
-            );
-            fallback
-        }
+        None => embedded_default(),
     };
     let (scheme, rest) = match url.split_once("://") {
         Some((s, r)) => (s, r),
         None => (url, ""),
-    };
-    let missing = |missing| BenchError::NotPlugged {
-        scheme: scheme.to_owned(),
-        missing,
     };
     match scheme {
         "tirpc" if rest.is_empty() => Ok(Box::new(TirpcTransport::embedded(options)?)),
@@ -488,9 +471,20 @@ pub fn open(url: Option<&str>, options: &OpenOptions) -> Result<Box<dyn Transpor
         "inproc" => Ok(Box::new(crate::driver::Driven::new(
             crate::inproc::InProc::new(),
         ))),
-        "shm" => Err(missing(SHM_MISSING)),
-        "tcp" => Err(missing(TCP_MISSING)),
-        "roce" => Err(missing(ROCE_MISSING)),
+        "shm" if rest.is_empty() => Ok(Box::new(Driven::new(RdmaDriver::<Shm>::embedded(
+            "shm", options,
+        )?))),
+        "shm" => Ok(Box::new(Driven::new(RdmaDriver::<Shm>::connect(
+            "shm", url, options,
+        )))),
+        "roce" if rest.is_empty() => Ok(Box::new(Driven::new(RdmaDriver::<Roce>::embedded(
+            "roce", options,
+        )?))),
+        "roce" => Ok(Box::new(Driven::new(RdmaDriver::<Roce>::connect(
+            "roce", url, options,
+        )))),
+        "tcp" if rest.is_empty() => Ok(Box::new(Driven::new(TcpDriver::embedded(options)?))),
+        "tcp" => Ok(Box::new(Driven::new(TcpDriver::connect(url, options)?))),
         other => Err(BenchError::BadUrl {
             url: url.to_owned(),
             reason: format!(

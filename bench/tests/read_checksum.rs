@@ -1,11 +1,13 @@
 //! Bytes read through `read` are the bytes SOURCE produced: every reply of
 //! a checked READ run hashes (FNV-1a 64) to the hash of the SOURCE pattern
 //! computed here, at sizes around each threshold a transport may switch
-//! at: the 1 KiB and 4 KiB inline limits, the 64 KiB chunk boundary, and
-//! 1 MiB. ECHO is checked the same way at the inline thresholds.
+//! at: the 1 KiB and 4 KiB inline limits (of the data, and of a whole
+//! RPC-over-RDMA reply: 4096 bytes less the headers), the 64 KiB chunk
+//! boundary, and 1 MiB. ECHO is checked the same way at the inline
+//! thresholds.
 //!
-//! The same test runs for every transport in [`TRANSPORTS`]; the lead adds
-//! `shm` and `tcp` when their drivers are plugged in.
+//! The same test runs for every transport in [`TRANSPORTS`] (the RDMA and
+//! TCP ones with their embedded servers).
 
 use std::time::Duration;
 
@@ -13,13 +15,16 @@ use bench::tirpc::TirpcError;
 use bench::transport::{self, BenchError, Op, OpenOptions, RunSpec};
 
 /// `--connect` URLs under test.
-const TRANSPORTS: &[&str] = &["inproc", "tirpc"];
+const TRANSPORTS: &[&str] = &["inproc", "shm", "tcp", "roce", "tirpc"];
 
 const READ_SIZES: &[u32] = &[
     1,
     1023,
     1024,
     1025,
+    4036,
+    4040,
+    4044,
     4095,
     4096,
     4097,
@@ -73,7 +78,7 @@ fn read_replies_hash_to_the_source_pattern_around_every_threshold() {
 fn echo_replies_hash_to_the_pattern_at_the_inline_thresholds() {
     for url in TRANSPORTS {
         let Some(mut t) = open(url) else { continue };
-        for size in [1023, 1024, 1025, 4095, 4096, 4097] {
+        for size in [1023, 1024, 1025, 4000, 4036, 4040, 4044, 4095, 4096, 4097] {
             let mut spec = RunSpec::new(Op::Echo, size, 1, Duration::from_millis(30));
             spec.check = true;
             spec.warmup_calls = 2;

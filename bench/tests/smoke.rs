@@ -5,8 +5,8 @@
 //! The workloads run over every available transport of [`transports`]:
 //! `inproc` always, `tirpc` when the libtirpc peer was built (otherwise
 //! `skipped: libtirpc not installed`, or a failure under
-//! `RPCRDMA_REQUIRE_PEERS=1`). The lead adds `shm` and `tcp` here when
-//! their drivers are plugged in.
+//! `RPCRDMA_REQUIRE_PEERS=1`), and `shm`, `tcp`, `roce` with their
+//! embedded servers.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,7 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
 
 /// `--connect` URLs of the transports to smoke-test.
 fn transports() -> Vec<&'static str> {
-    let mut list = vec!["inproc"];
+    let mut list = vec!["inproc", "shm", "tcp", "roce"];
     match bench::tirpc::binaries() {
         Ok(_) => list.push("tirpc"),
         Err(e) if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") => {
@@ -188,7 +188,7 @@ fn sweep_writes_results_for_every_point_and_plots() {
             "0.05",
             "sweep",
             "--transports",
-            &format!("{list},shm"),
+            &format!("{list},nosuch"),
             "--sizes",
             "512,4k",
             "--depths",
@@ -216,10 +216,10 @@ fn sweep_writes_results_for_every_point_and_plots() {
             true,
         );
     }
-    // shm is not plugged in on this branch: reported, not fatal.
+    // A transport that does not open is reported, not fatal.
     let skipped = doc["skipped"].as_array().unwrap();
     assert!(
-        skipped.iter().any(|s| s["transport"] == "shm"),
+        skipped.iter().any(|s| s["transport"] == "nosuch"),
         "{skipped:?}"
     );
     let written = doc["plots"].as_array().unwrap();
@@ -266,18 +266,36 @@ fn floor_reports_ping_pongs_and_memcpy_bandwidth() {
 }
 
 #[test]
-fn unplugged_transports_fail_with_one_line_naming_what_is_missing() {
-    for (url, missing) in [
-        ("shm:///tmp/x.sock", "dataplane::client"),
-        ("tcp://127.0.0.1:1", "dataplane::tcp"),
-    ] {
-        let out = Command::new(BIN)
-            .args(["--connect", url, "lat", "--duration", "0.01"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(missing), "{stderr}");
+fn an_unknown_transport_fails_with_one_line_naming_the_known_ones() {
+    let out = Command::new(BIN)
+        .args(["--connect", "nosuch://x", "lat", "--duration", "0.01"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    for known in ["shm", "tcp", "roce", "tirpc", "inproc"] {
+        assert!(stderr.contains(known), "{stderr}");
     }
+}
+
+#[test]
+fn without_connect_the_bench_runs_rpc_over_shm() {
+    let json = scratch("default.json");
+    let out = Command::new(BIN)
+        .args(["--duration", "0.1", "--no-pin", "lat", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("shm: RPC over RDMA"), "{stdout}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    check_result(&doc["results"][0], "shm", "null", 1, false);
+    // The embedded worker is a thread of the bench: its CPU is measured.
+    assert!(doc["results"][0]["server_cpu"]["total_s"].as_f64().unwrap() >= 0.0);
 }
