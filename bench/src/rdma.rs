@@ -26,8 +26,10 @@ use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, CallHandle};
 use dataplane::service::bench::{encode_call, Args};
 use dataplane::service::ServiceTable;
-use dataplane::verbs::{Context, Provider, VerbsError};
-use dataplane::worker::{EndpointConfig, IdleStrategy, WorkerConfig, WorkerError, WorkerPool};
+use dataplane::verbs::{Context, VerbsError};
+use dataplane::worker::{
+    EndpointConfig, IdleStrategy, PoolProvider, WorkerConfig, WorkerError, WorkerPool,
+};
 
 use crate::driver::{thread_cpu_of, Reply, RpcDriver};
 use crate::tirpc::CpuTimes;
@@ -110,7 +112,7 @@ fn worker_tids() -> Vec<i32> {
 }
 
 /// A one-worker pool serving the bench program, and its acceptor.
-struct EmbeddedServer<P: Provider> {
+struct EmbeddedServer<P: PoolProvider> {
     url: String,
     pool: Option<Arc<WorkerPool<P>>>,
     stop: Arc<AtomicBool>,
@@ -120,7 +122,7 @@ struct EmbeddedServer<P: Provider> {
     core: Option<usize>,
 }
 
-impl<P: Provider> EmbeddedServer<P> {
+impl<P: PoolProvider> EmbeddedServer<P> {
     fn start(core: Option<usize>, shape: ServerShape) -> Result<Self, BenchError> {
         let url = embedded_url(P::SCHEME);
         let fail = |what: &str, e: &dyn std::fmt::Display| BenchError::Unsupported {
@@ -179,7 +181,7 @@ impl<P: Provider> EmbeddedServer<P> {
     }
 }
 
-impl<P: Provider> Drop for EmbeddedServer<P> {
+impl<P: PoolProvider> Drop for EmbeddedServer<P> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(a) = self.acceptor.take() {
@@ -242,13 +244,13 @@ fn embedded_url(scheme: &str) -> String {
 }
 
 /// Where the server is.
-enum Server<P: Provider> {
+enum Server<P: PoolProvider> {
     Embedded(EmbeddedServer<P>),
     Remote { pid: Option<u32> },
 }
 
 /// The RPC-over-RDMA client driver of provider `P`.
-pub struct RdmaDriver<P: Provider> {
+pub struct RdmaDriver<P: PoolProvider> {
     name: &'static str,
     url: String,
     server: Server<P>,
@@ -264,7 +266,7 @@ pub struct RdmaDriver<P: Provider> {
     target: ReplyTarget,
 }
 
-impl<P: Provider> RdmaDriver<P> {
+impl<P: PoolProvider> RdmaDriver<P> {
     /// A driver with its own server in this process (pinned to
     /// `options.cores.server`, polling with `options.idle`).
     ///
@@ -343,14 +345,14 @@ impl<P: Provider> RdmaDriver<P> {
     }
 }
 
-impl<P: Provider> Drop for RdmaDriver<P> {
+impl<P: PoolProvider> Drop for RdmaDriver<P> {
     fn drop(&mut self) {
         // The client goes before the embedded server it talks to.
         let _ = self.disconnect();
     }
 }
 
-impl<P: Provider> RpcDriver for RdmaDriver<P> {
+impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
     fn name(&self) -> &'static str {
         self.name
     }
