@@ -1222,20 +1222,6 @@ impl CompletionQueue for RoceCq {
                     got += 1;
                 }
             }
-            if qp.dropped && qp.is_drained() {
-                if let Some(c) = qp.conn {
-                    let keep = eng
-                        .cm
-                        .conns
-                        .get(&c.local_comm_id)
-                        .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
-                    if !keep {
-                        eng.cm.conns.remove(&c.local_comm_id);
-                    }
-                }
-                eng.qps.remove(&m.qpn);
-                prune = true;
-            }
         }
         if prune {
             members.retain(|m| lock(&m.dev.eng).qps.contains_key(&m.qpn));
@@ -1299,6 +1285,9 @@ pub struct RoceQp {
     dev: Arc<Device>,
     qpn: u32,
     pd: Arc<PdInner>,
+    /// Where the flushed completions of a dropped QP go (see `Drop`).
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
 }
 
 impl RoceQp {
@@ -1335,10 +1324,38 @@ impl RoceQp {
 }
 
 impl Drop for RoceQp {
+    /// Disconnects (DREQ), then removes the QP from its device at once:
+    /// nothing may rely on a CQ being polled again (the owner usually
+    /// drops its CQ right after the QP). The flushed work requests, with
+    /// their buffers, become orphan completions of their CQs, so they are
+    /// returned when the CQ is polled or dropped.
     fn drop(&mut self) {
         self.disconnect();
-        if let Some(qp) = lock(&self.dev.eng).qps.get_mut(&self.qpn) {
-            qp.dropped = true;
+        let removed = {
+            let mut eng = lock(&self.dev.eng);
+            let qp = eng.qps.remove(&self.qpn);
+            if let Some(c) = qp.as_ref().and_then(|q| q.conn) {
+                // A DREQ still being retried keeps its record (forgotten
+                // after DREQ_RETRIES); anything else goes now.
+                let keep = eng
+                    .cm
+                    .conns
+                    .get(&c.local_comm_id)
+                    .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
+                if !keep {
+                    eng.cm.conns.remove(&c.local_comm_id);
+                }
+            }
+            qp
+        };
+        if let Some(mut qp) = removed {
+            qp.enter_error(None, false);
+            lock(&self.recv_cq.orphans).extend(qp.recv_done.drain(..));
+            lock(&self.send_cq.orphans).extend(qp.send_done.drain(..));
+        }
+        // Not under the engine lock: `poll` takes members, then engines.
+        for cq in [&self.send_cq, &self.recv_cq] {
+            lock(&cq.members).retain(|m| !(m.qpn == self.qpn && Arc::ptr_eq(&m.dev, &self.dev)));
         }
     }
 }
@@ -1457,6 +1474,8 @@ impl PreparedQp<Roce> for RocePreparedQp {
             dev: dev.clone(),
             qpn,
             pd,
+            send_cq: self.send_cq.clone(),
+            recv_cq: self.recv_cq.clone(),
         };
         let mut resend_at = Instant::now() + CM_RETRY;
         let mut backoff = 0u32;
@@ -1816,7 +1835,13 @@ impl Incoming<Roce> for RoceIncoming {
         tx.flush();
         drop(eng);
         qp.attach(&dev, qpn);
-        Ok(RoceQp { dev, qpn, pd })
+        Ok(RoceQp {
+            dev,
+            qpn,
+            pd,
+            send_cq: qp.send_cq.clone(),
+            recv_cq: qp.recv_cq.clone(),
+        })
     }
 
     fn reject(mut self, private_data: &[u8]) -> Result<(), VerbsError> {

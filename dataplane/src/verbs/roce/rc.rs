@@ -135,8 +135,6 @@ pub(super) struct RcQp {
     pub conn: Option<ConnRef>,
     /// Our QP errored: a DREQ is to be sent by the CM.
     pub dreq_due: bool,
-    /// The handle was dropped: remove once drained.
-    pub dropped: bool,
     pub faults: Faults,
     // requester
     sq: VecDeque<SqEntry>,
@@ -300,7 +298,6 @@ impl RcQp {
             peer: None,
             conn: None,
             dreq_due: false,
-            dropped: false,
             faults: Faults::default(),
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
@@ -350,14 +347,6 @@ impl RcQp {
         self.epsn = peer_psn;
         self.una = self.next_psn;
         self.state = QpState::Rts;
-    }
-
-    pub fn is_drained(&self) -> bool {
-        self.state == QpState::Error
-            && self.sq.is_empty()
-            && self.rq.is_empty()
-            && self.send_done.is_empty()
-            && self.recv_done.is_empty()
     }
 
     fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32) {

@@ -645,3 +645,69 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     assert!(c.is_ok());
     assert_eq!(c.opcode, WcOpcode::Send);
 }
+
+/// A QP and CQ pair as `worker::endpoint::Endpoint` holds them, with
+/// `n` receive leases posted.
+fn prepared_with_leases(
+    ctx: &RoceContext,
+    pd: &RocePd,
+    slab: &Slab,
+    n: usize,
+) -> (RoceCq, RocePreparedQp) {
+    let cq = ctx.create_cq(16).unwrap();
+    let mut p = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    for _ in 0..n {
+        let b = slab.alloc().unwrap();
+        p.post_recv(RecvWr {
+            wr_id: b.wr_id(),
+            sgl: SgeList::one(Sge::whole(b)),
+        })
+        .unwrap();
+    }
+    (cq, p)
+}
+
+#[test]
+fn closed_queue_pairs_leave_their_device_and_return_their_buffers() {
+    // The per-test address: no other test's QPs on this device.
+    let (_, pip) = addrs();
+    let url = format!("roce://{pip}:7100?udp_port={UDP}&local={pip}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let slab = Slab::new(arena.clone(), 0, 1024, 64, mr.lkey(), WrKind::Recv).unwrap();
+    let qps_on_device = || lock(&listener.dev.eng).qps.len();
+    let base_qps = qps_on_device();
+    let base_arena_refs = Arc::strong_count(&arena);
+    for _ in 0..16 {
+        let (a_cq, a_pqp) = prepared_with_leases(&ctx, &pd, &slab, 3);
+        let (b_cq, b_pqp) = prepared_with_leases(&ctx, &pd, &slab, 3);
+        let (a_qp, mut b_qp) = std::thread::scope(|s| {
+            let t = s.spawn(|| b_pqp.connect(&url, b"", LONG).unwrap().0);
+            let inc = listener.accept(LONG).unwrap();
+            let a_qp = inc.accept(a_pqp, b"").unwrap();
+            (a_qp, t.join().unwrap())
+        });
+        // A send still queued when the connection goes.
+        let b = slab.alloc().unwrap();
+        b_qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Send,
+            SgeList::one(Sge::whole(b)),
+        ))
+        .unwrap();
+        assert_eq!(qps_on_device(), base_qps + 2);
+        // The way the worker's endpoint goes: QP, then its CQ, unpolled.
+        drop(a_qp);
+        drop(a_cq);
+        drop(b_qp);
+        drop(b_cq);
+    }
+    assert_eq!(qps_on_device(), base_qps, "closed QPs left on the device");
+    assert_eq!(slab.available(), slab.total(), "leases never returned");
+    assert_eq!(Arc::strong_count(&arena), base_arena_refs);
+}
