@@ -140,6 +140,10 @@ pub(super) struct RcQp {
     sq: VecDeque<SqEntry>,
     pub send_done: VecDeque<Completion>,
     next_psn: Psn,
+    /// One past the highest PSN put on the wire: ACKs and NAKs may only
+    /// cover PSNs the peer can have seen (`next_psn` also counts work
+    /// posted but not yet sent).
+    sent_end: Psn,
     una: Psn,
     sq_next: usize,
     retry_left: u8,
@@ -302,6 +306,7 @@ impl RcQp {
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
             next_psn: Psn::from_masked(random_u32()),
+            sent_end: Psn::default(),
             una: Psn::default(),
             sq_next: 0,
             retry_left: timers.retry_count,
@@ -346,6 +351,7 @@ impl RcQp {
         self.mtu = mtu;
         self.epsn = peer_psn;
         self.una = self.next_psn;
+        self.sent_end = self.next_psn;
         self.state = QpState::Rts;
     }
 
@@ -737,10 +743,25 @@ impl RcQp {
             rkey: e.remote.rkey,
             dma_len: e.total.saturating_sub(done_bytes),
         });
+        let end = e.last().next();
         let slot = tx.slot();
         if let Ok(n) = p.emit(slot) {
             tx.commit(n, peer.addr, Some(&mut self.faults));
         }
+        self.note_sent(end);
+    }
+
+    /// Records that every PSN before `end` has been transmitted.
+    fn note_sent(&mut self, end: Psn) {
+        if end.distance(self.sent_end) > 0 {
+            self.sent_end = end;
+        }
+    }
+
+    /// Whether an ACK/NAK PSN lies in [una, sent_end): acknowledged
+    /// nothing stale and nothing we have not sent.
+    fn in_ack_window(&self, psn: Psn) -> bool {
+        psn.distance(self.una) >= 0 && self.sent_end.distance(psn) > 0
     }
 
     fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
@@ -792,6 +813,7 @@ impl RcQp {
             };
             tx.commit(n, peer.addr, Some(&mut self.faults));
         }
+        self.note_sent(psn.next());
     }
 
     /// Rewinds transmission to `psn` (go-back-N).
@@ -872,7 +894,7 @@ impl RcQp {
     /// Cumulative acknowledgement of every PSN up to and including `psn`.
     fn ack_through(&mut self, psn: Psn, now: Instant) -> bool {
         // Ignore stale ACKs and ACKs for PSNs never sent.
-        if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+        if !self.in_ack_window(psn) {
             return false;
         }
         let mut implicit_nak = None;
@@ -924,7 +946,7 @@ impl RcQp {
                 self.rnr_left = self.caps.rnr_retry;
             }
             Syndrome::RnrNak { timer } => {
-                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                if !self.in_ack_window(psn) {
                     return;
                 }
                 self.ack_through(psn.sub(1), now);
@@ -942,7 +964,7 @@ impl RcQp {
                 self.timer = None;
             }
             Syndrome::Nak(code) => {
-                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                if !self.in_ack_window(psn) {
                     return;
                 }
                 self.ack_through(psn.sub(1), now);

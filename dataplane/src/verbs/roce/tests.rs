@@ -711,3 +711,54 @@ fn closed_queue_pairs_leave_their_device_and_return_their_buffers() {
     assert_eq!(slab.available(), slab.total(), "leases never returned");
     assert_eq!(Arc::strong_count(&arena), base_arena_refs);
 }
+
+/// An RC ACK or NAK from the fake peer to the provider's QP.
+fn fake_ack(fake: &Fake, qpn: u32, psn: u32, syndrome: Syndrome, msn: u32) {
+    let mut ack = RocePacket::new(
+        Bth::new(Opcode::RcAcknowledge, qpn, Psn::new(psn).unwrap()),
+        &[],
+    );
+    ack.aeth = Some(crate::wire::roce::Aeth { syndrome, msn });
+    fake.send(&ack);
+}
+
+#[test]
+fn an_ack_for_psns_posted_but_never_sent_is_ignored() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let psn = |i: u32| (p0 + i) & 0xFF_FFFF;
+    let post = |s: &mut Side, data: &[u8]| {
+        let mut b = s.local.alloc().unwrap();
+        assert!(b.fill(data));
+        s.qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Send,
+            SgeList::one(Sge::data(b)),
+        ))
+        .unwrap();
+    };
+    post(&mut s, b"zero");
+    let raw = fake.recv_rc();
+    assert_eq!(RocePacket::parse(&raw).unwrap().bth.psn.value(), psn(0));
+    // RNR NAK (timer code 0: 655 ms): nothing more goes out meanwhile, so
+    // the next two sends are posted (PSNs assigned) but not transmitted.
+    fake_ack(&fake, qpn, psn(0), Syndrome::RnrNak { timer: 0 }, 0);
+    std::thread::sleep(Duration::from_millis(20));
+    post(&mut s, b"one");
+    post(&mut s, b"two");
+    // A forged ACK through the last posted PSN, which nobody has seen.
+    fake_ack(&fake, qpn, psn(2), Syndrome::ACK, 3);
+    // Ignored: after the RNR wait all three go out, in order.
+    for i in 0..3 {
+        let raw = fake.recv_rc();
+        let p = RocePacket::parse(&raw).unwrap();
+        assert_eq!(p.bth.psn.value(), psn(i), "packet {i}");
+    }
+    fake_ack(&fake, qpn, psn(2), Syndrome::ACK, 3);
+    for _ in 0..3 {
+        assert!(next_completion(&s.cq).is_ok());
+    }
+}
