@@ -24,8 +24,9 @@
 //!
 //! # Hostile peers
 //! Every packet is parsed by the total decoders of `wire::roce` /
-//! `wire::ibcm`; a data packet is accepted only from the QP's peer address
-//! and only in PSN order; remote addresses are checked against the rkeys
+//! `wire::ibcm`; a REQ only if its path GID is its UDP source address; a
+//! data packet only from the QP's peer address and UDP source port
+//! (pinned by the first packet) and only in PSN order; QPNs are random; remote addresses are checked against the rkeys
 //! exposed on that connection (access, bounds) before any copy. A peer
 //! that breaks the protocol gets a NAK and its connection moves to error;
 //! nothing else is affected.
@@ -514,12 +515,15 @@ struct Engine {
     tx: Tx,
     rx: Rx,
     qps: HashMap<u32, RcQp>,
-    next_qpn: u32,
     cm: Cm,
     gsi_psn: Psn,
     verify_icrc: bool,
     /// Inbound packets dropped for a bad ICRC.
     bad_icrc: u64,
+    /// Packets dropped as spoofed: a REQ whose path GID is not its UDP
+    /// source address, or a data packet from the peer's address but not
+    /// from the UDP port its QP sends from.
+    spoofed: u64,
 }
 
 /// One UDP socket at a local address, shared by the process.
@@ -639,11 +643,11 @@ impl Device {
                 tx: Tx::new(fd, local),
                 rx: Rx::new(),
                 qps: HashMap::new(),
-                next_qpn: 0x100 | (random_u32() & 0xFFFF),
                 cm: Cm::default(),
                 gsi_psn: Psn::from_masked(random_u32()),
                 verify_icrc: cfg.verify_icrc,
                 bad_icrc: 0,
+                spoofed: 0,
             }),
         });
         devs.push((local, Arc::downgrade(&dev)));
@@ -706,10 +710,11 @@ impl Device {
 }
 
 impl Engine {
+    /// A fresh random 24-bit QPN: an off-path sender cannot guess the
+    /// QPN of a connection (it must also match address, port and PSN).
     fn alloc_qpn(&mut self) -> u32 {
         loop {
-            let q = self.next_qpn & 0xFF_FFFF;
-            self.next_qpn = self.next_qpn.wrapping_add(1);
+            let q = random_u32() & 0xFF_FFFF;
             // Never QPN 0 or 1 (QP0/QP1 are special, ROCE-NOTES s4).
             if q > 1 && !self.qps.contains_key(&q) {
                 return q;
@@ -747,6 +752,7 @@ impl Engine {
             gsi_psn,
             verify_icrc,
             bad_icrc,
+            spoofed,
             ..
         } = self;
         let data = rx.packet(i);
@@ -768,16 +774,28 @@ impl Engine {
         };
         if p.bth.dest_qpn == ibcm::GSI_QPN {
             if p.bth.opcode == Opcode::UdSendOnly {
-                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now);
+                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now, spoofed);
             }
             return;
         }
         let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
             return;
         };
-        // Only the connected peer may talk to this QP.
+        // Only the connected peer may talk to this QP: its address, and
+        // the UDP source port its QP sends from. rxe derives that port
+        // from its QPN (0xC000 + hash) and keeps it for the QP's life, as
+        // does this provider (its one socket), so the first packet from
+        // the peer's address pins it (the CM exchange does not carry it).
         if qp.peer.is_none_or(|peer| peer.addr.ip() != src.ip()) {
             return;
+        }
+        match qp.peer_src_port {
+            None => qp.peer_src_port = Some(src.port()),
+            Some(port) if port != src.port() => {
+                *spoofed += 1;
+                return;
+            }
+            Some(_) => {}
         }
         qp.on_packet(&p, now, tx);
     }
@@ -887,6 +905,7 @@ fn send_rej(
 }
 
 impl Cm {
+    #[allow(clippy::too_many_arguments)]
     fn on_mad(
         &mut self,
         payload: &[u8],
@@ -895,13 +914,23 @@ impl Cm {
         tx: &mut Tx,
         gsi_psn: &mut Psn,
         now: Instant,
+        spoofed: &mut u64,
     ) {
         let Ok(mad) = CmMad::parse(payload) else {
             return;
         };
         let port = tx.local.port();
         match mad.message {
-            CmMessage::Req(r) => self.on_req(&r, mad.tid, src, tx, gsi_psn),
+            CmMessage::Req(r) => {
+                // The REP goes to the address in the REQ's path: it must be
+                // the sender's, or anyone could aim our REPs (and bind a
+                // connection) at a third party.
+                if ibcm::gid_to_ip(r.primary_path.local_gid) != IpAddr::V4(*src.ip()) {
+                    *spoofed += 1;
+                    return;
+                }
+                self.on_req(&r, mad.tid, src, tx, gsi_psn)
+            }
             CmMessage::Rep(r) => {
                 let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
                     return;
@@ -1025,10 +1054,8 @@ impl Cm {
 
     fn on_req(&mut self, r: &Req<'_>, tid: u64, src: SocketAddrV4, tx: &mut Tx, gsi_psn: &mut Psn) {
         let port = tx.local.port();
-        let peer_ip = match ibcm::gid_to_ip(r.primary_path.local_gid) {
-            IpAddr::V4(v4) if !v4.is_unspecified() => v4,
-            _ => *src.ip(),
-        };
+        // Checked against the path GID by the caller.
+        let peer_ip = *src.ip();
         // A repeated REQ: answer with our REP again, or MRA while the
         // application has not decided yet.
         if let Some(rec) = self
@@ -1309,6 +1336,11 @@ impl RoceQp {
     /// `verify_icrc`).
     pub fn bad_icrc_count(&self) -> u64 {
         lock(&self.dev.eng).bad_icrc
+    }
+
+    /// Packets the device dropped as spoofed (see the module docs).
+    pub fn spoofed_count(&self) -> u64 {
+        lock(&self.dev.eng).spoofed
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {

@@ -132,6 +132,9 @@ pub(super) struct RcQp {
     pub mtu: Mtu,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
+    /// The UDP source port the peer's QP sends from (pinned by its first
+    /// packet).
+    pub peer_src_port: Option<u16>,
     pub conn: Option<ConnRef>,
     /// Our QP errored: a DREQ is to be sent by the CM.
     pub dreq_due: bool,
@@ -300,6 +303,7 @@ impl RcQp {
             mtu,
             timers,
             peer: None,
+            peer_src_port: None,
             conn: None,
             dreq_due: false,
             faults: Faults::default(),

@@ -110,7 +110,10 @@ impl Fake {
         let mut b = vec![0u8; p.buffer_len()];
         p.emit(&mut b).unwrap();
         let ip = Ipv4Header::plain_udp_socket(self.me.ip().octets(), self.peer.ip().octets());
-        let ports = UdpPorts { src: UDP, dst: UDP };
+        let ports = UdpPorts {
+            src: self.me.port(),
+            dst: UDP,
+        };
         icrc::seal_ipv4(&ip, ports, &mut b).unwrap();
         self.sock.send_to(&b, self.peer).unwrap();
     }
@@ -761,4 +764,113 @@ fn an_ack_for_psns_posted_but_never_sent_is_ignored() {
     for _ in 0..3 {
         assert!(next_completion(&s.cq).is_ok());
     }
+}
+
+/// A REQ from the fake peer for `service`, naming `gid_ip` as its source.
+fn fake_req<'a>(
+    comm_id: u32,
+    service: u16,
+    gid_ip: Ipv4Addr,
+    pip: Ipv4Addr,
+    private: &'a [u8],
+) -> Req<'a> {
+    Req {
+        local_comm_id: comm_id,
+        service_id: ibcm::tcp_service_id(service),
+        local_ca_guid: 2,
+        local_qkey: 0,
+        local_qpn: FAKE_QPN,
+        responder_resources: 1,
+        local_eecn: 0,
+        initiator_depth: 1,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport_type: 0,
+        end_to_end_flow_control: false,
+        starting_psn: Psn::new(FAKE_PSN).unwrap(),
+        local_cm_response_timeout: 20,
+        retry_count: 6,
+        pkey: 0xFFFF,
+        path_mtu: Mtu::Mtu1024,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport: 0,
+        primary_path: cm_path(gid_ip, pip, 18),
+        alternate_path: CmPath::default(),
+        private_data: private,
+    }
+}
+
+#[test]
+fn a_req_naming_another_source_address_is_dropped() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7004?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    // Claims to come from a third host: REPs would be reflected at it.
+    let victim = Ipv4Addr::new(127, 0, 0, 99);
+    fake.send_mad(&CmMad::new(
+        0x99,
+        CmMessage::Req(fake_req(0x1111, 7004, victim, pip, &private)),
+    ));
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Req(fake_req(0x2222, 7004, fip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).unwrap();
+    assert_eq!(inc.peer_ip(), Some(fip), "the spoofed REQ was queued");
+    assert_eq!(lock(&listener.dev.eng).spoofed, 1);
+}
+
+#[test]
+fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    // The peer's first packet (an ACK of our send) pins its UDP port.
+    let mut b = s.local.alloc().unwrap();
+    assert!(b.fill(b"ping"));
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    fake.recv_rc();
+    fake_ack(&fake, qpn, p0, Syndrome::ACK, 1);
+    assert!(next_completion(&s.cq).is_ok());
+    // Same address, another port, the right QPN and PSN: dropped.
+    let other = Fake {
+        sock: UdpSocket::bind((fip, UDP + 1)).unwrap(),
+        me: SocketAddrV4::new(fip, UDP + 1),
+        peer: fake.peer,
+        gsi_psn: Psn::default(),
+    };
+    let send = |f: &Fake, data: &[u8]| {
+        let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(FAKE_PSN).unwrap());
+        bth.ack_req = true;
+        f.send(&RocePacket::new(bth, data))
+    };
+    send(&other, b"evil");
+    send(&fake, b"good");
+    let raw = fake.recv_rc();
+    let (apsn, syn, _) = ack_of(&raw);
+    assert_eq!((apsn.value(), syn), (FAKE_PSN, Syndrome::ACK));
+    let c = next_completion(&s.cq);
+    assert!(c.is_ok());
+    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"good");
+    assert_eq!(s.qp.spoofed_count(), 1);
 }
