@@ -1343,6 +1343,12 @@ impl RoceQp {
         lock(&self.dev.eng).spoofed
     }
 
+    /// Packets the device could not send because they exceeded the path
+    /// MTU of the route (EMSGSIZE).
+    pub fn oversized_count(&self) -> u64 {
+        lock(&self.dev.eng).tx.oversized
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
         let mut eng = lock(&self.dev.eng);
         let Engine { qps, tx, .. } = &mut *eng;
@@ -1822,7 +1828,10 @@ impl Incoming<Roce> for RoceIncoming {
             },
             req.psn,
             ConnRef { local_comm_id },
-            req.mtu,
+            // The REQ's path MTU is the requester's; ours may be smaller
+            // (an oversized DF packet is refused with EMSGSIZE). The REP
+            // has no MTU field: each side sends within its own limit.
+            req.mtu.min(rc.mtu),
             req.responder_resources,
         );
         let rnr = rc.caps.rnr_retry.min(7);

@@ -805,7 +805,9 @@ fn fake_req<'a>(
 
 #[test]
 fn a_req_naming_another_source_address_is_dropped() {
-    let (pip, fip) = addrs();
+    // Addresses of this test only: its device counts only its packets.
+    let (_, pip) = addrs();
+    let (_, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let url = format!("roce://{pip}:7004?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
@@ -873,4 +875,61 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     assert!(c.is_ok());
     assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"good");
     assert_eq!(s.qp.spoofed_count(), 1);
+}
+
+#[test]
+fn accept_sends_within_the_smaller_of_its_own_and_the_requesters_mtu() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7005?udp_port={UDP}&mtu=256");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    // The requester announces 1024; we are configured for 256.
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Req(fake_req(0x3333, 7005, fip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let slab = Slab::new(arena, 0, 4096, 16, mr.lkey(), WrKind::Send).unwrap();
+    let pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let mut qp = inc.accept(pqp, b"").unwrap();
+    let m = fake.recv_mad();
+    let m = CmMad::parse(&m).unwrap();
+    let CmMessage::Rep(rep) = m.message else {
+        panic!("expected REP")
+    };
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Rtu(CommIds {
+            local_comm_id: 0x3333,
+            remote_comm_id: rep.local_comm_id,
+            private_data: &[],
+        }),
+    ));
+    let mut b = slab.alloc().unwrap();
+    assert!(b.fill(&[7u8; 600]));
+    qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(p.bth.opcode, Opcode::RcSendFirst);
+    assert_eq!(p.payload.len(), 256);
 }
