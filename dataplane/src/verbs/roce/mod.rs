@@ -83,14 +83,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b)
+#[cfg(test)]
+thread_local! {
+    /// Tests: make `random_u32` fail on this thread.
+    static FAIL_RANDOM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn random_u64() -> u64 {
-    (random_u32() as u64) << 32 | random_u32() as u64
+/// Random bits for keys, PSNs, QPNs and CM ids, which must not be
+/// predictable.
+///
+/// # Errors
+/// `VerbsError::Os` ("getrandom") if the OS has no randomness to give.
+fn random_u32() -> Result<u32, VerbsError> {
+    let err = |raw: Option<i32>| VerbsError::Os {
+        what: "getrandom",
+        source: nix::Error::from_raw(raw.unwrap_or(libc::EIO)),
+    };
+    #[cfg(test)]
+    if FAIL_RANDOM.with(|f| f.get()) {
+        return Err(err(Some(libc::ENOSYS)));
+    }
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_err(|e| err(e.raw_os_error()))?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn random_u64() -> Result<u64, VerbsError> {
+    Ok((random_u32()? as u64) << 32 | random_u32()? as u64)
 }
 
 /// Private data as handed to the application: IB CM carries fixed-size
@@ -414,6 +433,7 @@ impl ProtectionDomain<Roce> for RocePd {
                 recv_cq.inner.id,
                 self.cfg.mtu,
                 timers,
+                Psn::from_masked(random_u32()?),
             )),
             cfg: self.cfg,
             send_cq: send_cq.inner.clone(),
@@ -632,6 +652,7 @@ impl Device {
                 Err(e) => return Err(os_err("bind RoCE UDP socket", e)),
             }
         };
+        let gsi_psn = Psn::from_masked(random_u32()?);
         devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
         let dev = Arc::new(Device {
             local,
@@ -644,7 +665,7 @@ impl Device {
                 rx: Rx::new(),
                 qps: HashMap::new(),
                 cm: Cm::default(),
-                gsi_psn: Psn::from_masked(random_u32()),
+                gsi_psn,
                 verify_icrc: cfg.verify_icrc,
                 bad_icrc: 0,
                 spoofed: 0,
@@ -712,12 +733,12 @@ impl Device {
 impl Engine {
     /// A fresh random 24-bit QPN: an off-path sender cannot guess the
     /// QPN of a connection (it must also match address, port and PSN).
-    fn alloc_qpn(&mut self) -> u32 {
+    fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
         loop {
-            let q = random_u32() & 0xFF_FFFF;
+            let q = random_u32()? & 0xFF_FFFF;
             // Never QPN 0 or 1 (QP0/QP1 are special, ROCE-NOTES s4).
             if q > 1 && !self.qps.contains_key(&q) {
-                return q;
+                return Ok(q);
             }
         }
     }
@@ -861,8 +882,12 @@ fn emit_mad(mad: &CmMad<'_>) -> Option<[u8; MAD_LEN]> {
 
 fn send_dreq(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec) {
     let port = tx.local.port();
+    // The TID only pairs the DREP with this DREQ; without randomness (an
+    // error nobody on this path could act on) the comm ids serve.
+    let tid =
+        random_u64().unwrap_or(u64::from(rec.local_comm_id) << 32 | u64::from(rec.remote_comm_id));
     let m = CmMad::new(
-        random_u64(),
+        tid,
         CmMessage::Dreq(Dreq {
             local_comm_id: rec.local_comm_id,
             remote_comm_id: rec.remote_comm_id,
@@ -1287,13 +1312,16 @@ impl Drop for RocePreparedQp {
 impl RocePreparedQp {
     /// Moves the QP into `dev`'s engine under a fresh QPN and attaches it
     /// to its CQs.
-    fn install(&mut self, eng: &mut Engine) -> u32 {
+    ///
+    /// # Errors
+    /// `VerbsError::Os` if no random QPN can be drawn (nothing installed).
+    fn install(&mut self, eng: &mut Engine) -> Result<u32, VerbsError> {
+        let qpn = eng.alloc_qpn()?;
         let mut qp = self.qp.take().expect("prepared QP installed once");
-        let qpn = eng.alloc_qpn();
         qp.qpn = qpn;
         qp.faults = Faults::new(self.cfg.faults, qpn);
         eng.qps.insert(qpn, qp);
-        qpn
+        Ok(qpn)
     }
 
     /// Lists an installed QP with its CQs. Called without the engine lock:
@@ -1423,12 +1451,13 @@ impl PreparedQp<Roce> for RocePreparedQp {
         let local_ip = *dev.local.ip();
         let deadline = Instant::now() + timeout;
         let local_comm_id = loop {
-            let c = random_u32();
+            let c = random_u32()?;
             if c != 0 {
                 break c;
             }
         };
-        let tid = random_u64();
+        let tid = random_u64()?;
+        let src_port = 0x8000 | (random_u32()? as u16 & 0x7FFF);
         let pd = self
             .qp
             .as_ref()
@@ -1436,7 +1465,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .expect("not installed");
         let (qpn, mad) = {
             let mut eng = lock(&dev.eng);
-            let qpn = self.install(&mut eng);
+            let qpn = self.install(&mut eng)?;
             let qp = eng.qps.get_mut(&qpn).expect("just installed");
             // Options in the connect URL apply to this connection.
             qp.configure(
@@ -1449,7 +1478,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             qp.faults = Faults::new(cfg.faults, qpn);
             let mut private = [0u8; ibcm::private_len::REQ];
             RdmaCmHeader {
-                src_port: 0x8000 | (random_u32() as u16 & 0x7FFF),
+                src_port,
                 src: IpAddr::V4(local_ip),
                 dst: IpAddr::V4(*target.ip()),
             }
@@ -1805,19 +1834,21 @@ impl Incoming<Roce> for RoceIncoming {
         if private_data.len() > ibcm::private_len::REP {
             return Err(VerbsError::Limit("REP private data is at most 196 bytes"));
         }
-        let req = self.req.take().expect("not yet answered");
         let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
         let dev = self.dev.clone();
         let mut eng = lock(&dev.eng);
         let port = eng.local.port();
         let local_ip = *eng.local.ip();
-        let qpn = qp.install(&mut eng);
+        // Fallible steps first: on error the request is still ours to
+        // refuse (Drop sends a REJ).
         let local_comm_id = loop {
-            let c = random_u32();
+            let c = random_u32()?;
             if c != 0 && !eng.cm.conns.contains_key(&c) {
                 break c;
             }
         };
+        let qpn = qp.install(&mut eng)?;
+        let req = self.req.take().expect("not yet answered");
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
         let my_psn = rc.initial_psn();
         // The peer sends from the PSN in its REQ; we from the one in our REP.

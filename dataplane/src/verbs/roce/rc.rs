@@ -170,12 +170,6 @@ pub(super) struct RcQp {
     keys: Vec<Option<KeyEntry>>,
 }
 
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b)
-}
-
 /// Smallest RNR NAK timer code waiting at least `d` (IBTA table, rxe
 /// `rnrnak_usec`); code 0 (655 ms) if nothing smaller suffices.
 fn rnr_code(d: Duration) -> u8 {
@@ -292,6 +286,7 @@ impl RcQp {
         recv_cq: usize,
         mtu: Mtu,
         timers: Timers,
+        initial_psn: Psn,
     ) -> RcQp {
         RcQp {
             qpn: 0,
@@ -309,7 +304,7 @@ impl RcQp {
             faults: Faults::default(),
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
-            next_psn: Psn::from_masked(random_u32()),
+            next_psn: initial_psn,
             sent_end: Psn::default(),
             una: Psn::default(),
             sq_next: 0,
@@ -534,7 +529,7 @@ impl RcQp {
             .position(Option::is_none)
             .ok_or(VerbsError::Limit("key table of this connection is full"))?;
         let rkey = loop {
-            let r = (random_u32() << 8) | slot as u32;
+            let r = (super::random_u32()? << 8) | slot as u32;
             if r != 0 {
                 break r;
             }

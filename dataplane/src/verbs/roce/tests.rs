@@ -933,3 +933,33 @@ fn accept_sends_within_the_smaller_of_its_own_and_the_requesters_mtu() {
     assert_eq!(p.bth.opcode, Opcode::RcSendFirst);
     assert_eq!(p.payload.len(), 256);
 }
+
+#[test]
+fn without_randomness_qp_creation_and_expose_fail_instead_of_guessing() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    FAIL_RANDOM.with(|f| f.set(true));
+    // Key slot 0 used to spin forever here when every draw gave 0.
+    let exposed = s.qp.expose(&s.mr);
+    let cq = s._ctx.create_cq(4).unwrap();
+    let created = s._pd.create_qp(&cq, &cq, QpCaps::default());
+    FAIL_RANDOM.with(|f| f.set(false));
+    assert!(matches!(
+        exposed,
+        Err(VerbsError::Os {
+            what: "getrandom",
+            ..
+        })
+    ));
+    assert!(matches!(
+        created,
+        Err(VerbsError::Os {
+            what: "getrandom",
+            ..
+        })
+    ));
+    assert!(s.qp.expose(&s.mr).is_ok());
+}
