@@ -549,6 +549,10 @@ impl RcQp {
         match self.keys.get(slot) {
             Some(Some(k)) if k.rkey == rkey => {
                 self.keys[slot] = None;
+                // Reads done under this key must not be replayed to a
+                // duplicate request any more (IBTA 9.7.5.1.2 replays
+                // only what the key still grants).
+                self.read_res.retain(|r| r.rkey != rkey);
                 true
             }
             _ => false,
@@ -1274,6 +1278,15 @@ impl RcQp {
         let Some(r) = found else {
             return;
         };
+        // Re-check the key: it may have been invalidated (or the slot
+        // reused) since the original read.
+        if self
+            .check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_READ)
+            .is_none()
+            && reth.dma_len > 0
+        {
+            return;
+        }
         let idx = psn.distance(r.psn) as u32;
         if let Some(j) = self.read_jobs.iter_mut().find(|j| j.psn == r.psn) {
             j.sent = j.sent.min(idx);

@@ -963,3 +963,53 @@ fn without_randomness_qp_creation_and_expose_fail_instead_of_guessing() {
     ));
     assert!(s.qp.expose(&s.mr).is_ok());
 }
+
+#[test]
+fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let key = s.qp.expose(&s.mr).unwrap();
+    let psn = |k: u32| FAKE_PSN.wrapping_add(k) & 0xFF_FFFF;
+    let read = |k: u32| {
+        let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(k)));
+        bth.ack_req = true;
+        let mut p = RocePacket::new(bth, &[]);
+        p.reth = Some(Reth {
+            va: key.addr,
+            rkey: key.rkey,
+            dma_len: 100,
+        });
+        fake.send(&p);
+    };
+    read(0);
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.bth.psn.value()),
+        (Opcode::RcReadResponseOnly, psn(0))
+    );
+    // The application revokes the key.
+    s.qp.post_send(SendWr::new(
+        WrId::default(),
+        SendOp::LocalInv(key.rkey),
+        SgeList::new(),
+    ))
+    .unwrap();
+    assert!(next_completion(&s.cq).is_ok());
+    // A duplicate of the old read, then a new Send: only the Send's ACK
+    // comes back, no replayed data.
+    read(0);
+    let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::from_masked(psn(1)));
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"x"));
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.bth.psn.value()),
+        (Opcode::RcAcknowledge, psn(1)),
+        "the invalidated range was replayed"
+    );
+}
