@@ -211,6 +211,9 @@ pub(super) struct Tx {
     buf: Box<[u8]>,
     meta: [(u16, SocketAddrV4); TX_BATCH],
     n: usize,
+    /// Packets the kernel refused with EMSGSIZE (larger than the route's
+    /// MTU with DF set).
+    pub oversized: u64,
 }
 
 impl Tx {
@@ -221,6 +224,7 @@ impl Tx {
             buf: vec![0u8; SLOT * TX_BATCH].into_boxed_slice(),
             meta: [(0, local); TX_BATCH],
             n: 0,
+            oversized: 0,
         }
     }
 
@@ -323,7 +327,12 @@ impl Tx {
                     continue;
                 }
                 // EAGAIN (buffer full), ECONNREFUSED from an earlier ICMP,
-                // EMSGSIZE...: skip the head packet and go on.
+                // EMSGSIZE...: skip the head packet and go on (the
+                // transport retransmits); count EMSGSIZE, which no retry
+                // can cure (MTU above the route's, see docs/ROCE.md).
+                if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    self.oversized += 1;
+                }
                 off += 1;
             } else {
                 off += r as usize;

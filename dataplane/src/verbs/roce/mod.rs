@@ -24,8 +24,9 @@
 //!
 //! # Hostile peers
 //! Every packet is parsed by the total decoders of `wire::roce` /
-//! `wire::ibcm`; a data packet is accepted only from the QP's peer address
-//! and only in PSN order; remote addresses are checked against the rkeys
+//! `wire::ibcm`; a REQ only if its path GID is its UDP source address; a
+//! data packet only from the QP's peer address and UDP source port
+//! (pinned by the first packet) and only in PSN order; QPNs are random; remote addresses are checked against the rkeys
 //! exposed on that connection (access, bounds) before any copy. A peer
 //! that breaks the protocol gets a NAK and its connection moves to error;
 //! nothing else is affected.
@@ -82,14 +83,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b)
+#[cfg(test)]
+thread_local! {
+    /// Tests: make `random_u32` fail on this thread.
+    static FAIL_RANDOM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn random_u64() -> u64 {
-    (random_u32() as u64) << 32 | random_u32() as u64
+/// Random bits for keys, PSNs, QPNs and CM ids, which must not be
+/// predictable.
+///
+/// # Errors
+/// `VerbsError::Os` ("getrandom") if the OS has no randomness to give.
+fn random_u32() -> Result<u32, VerbsError> {
+    let err = |raw: Option<i32>| VerbsError::Os {
+        what: "getrandom",
+        source: nix::Error::from_raw(raw.unwrap_or(libc::EIO)),
+    };
+    #[cfg(test)]
+    if FAIL_RANDOM.with(|f| f.get()) {
+        return Err(err(Some(libc::ENOSYS)));
+    }
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_err(|e| err(e.raw_os_error()))?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn random_u64() -> Result<u64, VerbsError> {
+    Ok((random_u32()? as u64) << 32 | random_u32()? as u64)
 }
 
 /// Private data as handed to the application: IB CM carries fixed-size
@@ -413,6 +433,7 @@ impl ProtectionDomain<Roce> for RocePd {
                 recv_cq.inner.id,
                 self.cfg.mtu,
                 timers,
+                Psn::from_masked(random_u32()?),
             )),
             cfg: self.cfg,
             send_cq: send_cq.inner.clone(),
@@ -514,12 +535,15 @@ struct Engine {
     tx: Tx,
     rx: Rx,
     qps: HashMap<u32, RcQp>,
-    next_qpn: u32,
     cm: Cm,
     gsi_psn: Psn,
     verify_icrc: bool,
     /// Inbound packets dropped for a bad ICRC.
     bad_icrc: u64,
+    /// Packets dropped as spoofed: a REQ whose path GID is not its UDP
+    /// source address, or a data packet from the peer's address but not
+    /// from the UDP port its QP sends from.
+    spoofed: u64,
 }
 
 /// One UDP socket at a local address, shared by the process.
@@ -628,6 +652,7 @@ impl Device {
                 Err(e) => return Err(os_err("bind RoCE UDP socket", e)),
             }
         };
+        let gsi_psn = Psn::from_masked(random_u32()?);
         devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
         let dev = Arc::new(Device {
             local,
@@ -639,11 +664,11 @@ impl Device {
                 tx: Tx::new(fd, local),
                 rx: Rx::new(),
                 qps: HashMap::new(),
-                next_qpn: 0x100 | (random_u32() & 0xFFFF),
                 cm: Cm::default(),
-                gsi_psn: Psn::from_masked(random_u32()),
+                gsi_psn,
                 verify_icrc: cfg.verify_icrc,
                 bad_icrc: 0,
+                spoofed: 0,
             }),
         });
         devs.push((local, Arc::downgrade(&dev)));
@@ -706,13 +731,14 @@ impl Device {
 }
 
 impl Engine {
-    fn alloc_qpn(&mut self) -> u32 {
+    /// A fresh random 24-bit QPN: an off-path sender cannot guess the
+    /// QPN of a connection (it must also match address, port and PSN).
+    fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
         loop {
-            let q = self.next_qpn & 0xFF_FFFF;
-            self.next_qpn = self.next_qpn.wrapping_add(1);
+            let q = random_u32()? & 0xFF_FFFF;
             // Never QPN 0 or 1 (QP0/QP1 are special, ROCE-NOTES s4).
             if q > 1 && !self.qps.contains_key(&q) {
-                return q;
+                return Ok(q);
             }
         }
     }
@@ -747,6 +773,7 @@ impl Engine {
             gsi_psn,
             verify_icrc,
             bad_icrc,
+            spoofed,
             ..
         } = self;
         let data = rx.packet(i);
@@ -768,16 +795,28 @@ impl Engine {
         };
         if p.bth.dest_qpn == ibcm::GSI_QPN {
             if p.bth.opcode == Opcode::UdSendOnly {
-                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now);
+                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now, spoofed);
             }
             return;
         }
         let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
             return;
         };
-        // Only the connected peer may talk to this QP.
+        // Only the connected peer may talk to this QP: its address, and
+        // the UDP source port its QP sends from. rxe derives that port
+        // from its QPN (0xC000 + hash) and keeps it for the QP's life, as
+        // does this provider (its one socket), so the first packet from
+        // the peer's address pins it (the CM exchange does not carry it).
         if qp.peer.is_none_or(|peer| peer.addr.ip() != src.ip()) {
             return;
+        }
+        match qp.peer_src_port {
+            None => qp.peer_src_port = Some(src.port()),
+            Some(port) if port != src.port() => {
+                *spoofed += 1;
+                return;
+            }
+            Some(_) => {}
         }
         qp.on_packet(&p, now, tx);
     }
@@ -843,8 +882,12 @@ fn emit_mad(mad: &CmMad<'_>) -> Option<[u8; MAD_LEN]> {
 
 fn send_dreq(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec) {
     let port = tx.local.port();
+    // The TID only pairs the DREP with this DREQ; without randomness (an
+    // error nobody on this path could act on) the comm ids serve.
+    let tid =
+        random_u64().unwrap_or(u64::from(rec.local_comm_id) << 32 | u64::from(rec.remote_comm_id));
     let m = CmMad::new(
-        random_u64(),
+        tid,
         CmMessage::Dreq(Dreq {
             local_comm_id: rec.local_comm_id,
             remote_comm_id: rec.remote_comm_id,
@@ -887,6 +930,7 @@ fn send_rej(
 }
 
 impl Cm {
+    #[allow(clippy::too_many_arguments)]
     fn on_mad(
         &mut self,
         payload: &[u8],
@@ -895,13 +939,23 @@ impl Cm {
         tx: &mut Tx,
         gsi_psn: &mut Psn,
         now: Instant,
+        spoofed: &mut u64,
     ) {
         let Ok(mad) = CmMad::parse(payload) else {
             return;
         };
         let port = tx.local.port();
         match mad.message {
-            CmMessage::Req(r) => self.on_req(&r, mad.tid, src, tx, gsi_psn),
+            CmMessage::Req(r) => {
+                // The REP goes to the address in the REQ's path: it must be
+                // the sender's, or anyone could aim our REPs (and bind a
+                // connection) at a third party.
+                if ibcm::gid_to_ip(r.primary_path.local_gid) != IpAddr::V4(*src.ip()) {
+                    *spoofed += 1;
+                    return;
+                }
+                self.on_req(&r, mad.tid, src, tx, gsi_psn)
+            }
             CmMessage::Rep(r) => {
                 let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
                     return;
@@ -1025,10 +1079,8 @@ impl Cm {
 
     fn on_req(&mut self, r: &Req<'_>, tid: u64, src: SocketAddrV4, tx: &mut Tx, gsi_psn: &mut Psn) {
         let port = tx.local.port();
-        let peer_ip = match ibcm::gid_to_ip(r.primary_path.local_gid) {
-            IpAddr::V4(v4) if !v4.is_unspecified() => v4,
-            _ => *src.ip(),
-        };
+        // Checked against the path GID by the caller.
+        let peer_ip = *src.ip();
         // A repeated REQ: answer with our REP again, or MRA while the
         // application has not decided yet.
         if let Some(rec) = self
@@ -1222,20 +1274,6 @@ impl CompletionQueue for RoceCq {
                     got += 1;
                 }
             }
-            if qp.dropped && qp.is_drained() {
-                if let Some(c) = qp.conn {
-                    let keep = eng
-                        .cm
-                        .conns
-                        .get(&c.local_comm_id)
-                        .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
-                    if !keep {
-                        eng.cm.conns.remove(&c.local_comm_id);
-                    }
-                }
-                eng.qps.remove(&m.qpn);
-                prune = true;
-            }
         }
         if prune {
             members.retain(|m| lock(&m.dev.eng).qps.contains_key(&m.qpn));
@@ -1274,13 +1312,16 @@ impl Drop for RocePreparedQp {
 impl RocePreparedQp {
     /// Moves the QP into `dev`'s engine under a fresh QPN and attaches it
     /// to its CQs.
-    fn install(&mut self, eng: &mut Engine) -> u32 {
+    ///
+    /// # Errors
+    /// `VerbsError::Os` if no random QPN can be drawn (nothing installed).
+    fn install(&mut self, eng: &mut Engine) -> Result<u32, VerbsError> {
+        let qpn = eng.alloc_qpn()?;
         let mut qp = self.qp.take().expect("prepared QP installed once");
-        let qpn = eng.alloc_qpn();
         qp.qpn = qpn;
         qp.faults = Faults::new(self.cfg.faults, qpn);
         eng.qps.insert(qpn, qp);
-        qpn
+        Ok(qpn)
     }
 
     /// Lists an installed QP with its CQs. Called without the engine lock:
@@ -1299,6 +1340,9 @@ pub struct RoceQp {
     dev: Arc<Device>,
     qpn: u32,
     pd: Arc<PdInner>,
+    /// Where the flushed completions of a dropped QP go (see `Drop`).
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
 }
 
 impl RoceQp {
@@ -1322,6 +1366,17 @@ impl RoceQp {
         lock(&self.dev.eng).bad_icrc
     }
 
+    /// Packets the device dropped as spoofed (see the module docs).
+    pub fn spoofed_count(&self) -> u64 {
+        lock(&self.dev.eng).spoofed
+    }
+
+    /// Packets the device could not send because they exceeded the path
+    /// MTU of the route (EMSGSIZE).
+    pub fn oversized_count(&self) -> u64 {
+        lock(&self.dev.eng).tx.oversized
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
         let mut eng = lock(&self.dev.eng);
         let Engine { qps, tx, .. } = &mut *eng;
@@ -1335,10 +1390,38 @@ impl RoceQp {
 }
 
 impl Drop for RoceQp {
+    /// Disconnects (DREQ), then removes the QP from its device at once:
+    /// nothing may rely on a CQ being polled again (the owner usually
+    /// drops its CQ right after the QP). The flushed work requests, with
+    /// their buffers, become orphan completions of their CQs, so they are
+    /// returned when the CQ is polled or dropped.
     fn drop(&mut self) {
         self.disconnect();
-        if let Some(qp) = lock(&self.dev.eng).qps.get_mut(&self.qpn) {
-            qp.dropped = true;
+        let removed = {
+            let mut eng = lock(&self.dev.eng);
+            let qp = eng.qps.remove(&self.qpn);
+            if let Some(c) = qp.as_ref().and_then(|q| q.conn) {
+                // A DREQ still being retried keeps its record (forgotten
+                // after DREQ_RETRIES); anything else goes now.
+                let keep = eng
+                    .cm
+                    .conns
+                    .get(&c.local_comm_id)
+                    .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
+                if !keep {
+                    eng.cm.conns.remove(&c.local_comm_id);
+                }
+            }
+            qp
+        };
+        if let Some(mut qp) = removed {
+            qp.enter_error(None, false);
+            lock(&self.recv_cq.orphans).extend(qp.recv_done.drain(..));
+            lock(&self.send_cq.orphans).extend(qp.send_done.drain(..));
+        }
+        // Not under the engine lock: `poll` takes members, then engines.
+        for cq in [&self.send_cq, &self.recv_cq] {
+            lock(&cq.members).retain(|m| !(m.qpn == self.qpn && Arc::ptr_eq(&m.dev, &self.dev)));
         }
     }
 }
@@ -1368,12 +1451,13 @@ impl PreparedQp<Roce> for RocePreparedQp {
         let local_ip = *dev.local.ip();
         let deadline = Instant::now() + timeout;
         let local_comm_id = loop {
-            let c = random_u32();
+            let c = random_u32()?;
             if c != 0 {
                 break c;
             }
         };
-        let tid = random_u64();
+        let tid = random_u64()?;
+        let src_port = 0x8000 | (random_u32()? as u16 & 0x7FFF);
         let pd = self
             .qp
             .as_ref()
@@ -1381,7 +1465,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .expect("not installed");
         let (qpn, mad) = {
             let mut eng = lock(&dev.eng);
-            let qpn = self.install(&mut eng);
+            let qpn = self.install(&mut eng)?;
             let qp = eng.qps.get_mut(&qpn).expect("just installed");
             // Options in the connect URL apply to this connection.
             qp.configure(
@@ -1394,7 +1478,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             qp.faults = Faults::new(cfg.faults, qpn);
             let mut private = [0u8; ibcm::private_len::REQ];
             RdmaCmHeader {
-                src_port: 0x8000 | (random_u32() as u16 & 0x7FFF),
+                src_port,
                 src: IpAddr::V4(local_ip),
                 dst: IpAddr::V4(*target.ip()),
             }
@@ -1457,6 +1541,8 @@ impl PreparedQp<Roce> for RocePreparedQp {
             dev: dev.clone(),
             qpn,
             pd,
+            send_cq: self.send_cq.clone(),
+            recv_cq: self.recv_cq.clone(),
         };
         let mut resend_at = Instant::now() + CM_RETRY;
         let mut backoff = 0u32;
@@ -1748,19 +1834,21 @@ impl Incoming<Roce> for RoceIncoming {
         if private_data.len() > ibcm::private_len::REP {
             return Err(VerbsError::Limit("REP private data is at most 196 bytes"));
         }
-        let req = self.req.take().expect("not yet answered");
         let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
         let dev = self.dev.clone();
         let mut eng = lock(&dev.eng);
         let port = eng.local.port();
         let local_ip = *eng.local.ip();
-        let qpn = qp.install(&mut eng);
+        // Fallible steps first: on error the request is still ours to
+        // refuse (Drop sends a REJ).
         let local_comm_id = loop {
-            let c = random_u32();
+            let c = random_u32()?;
             if c != 0 && !eng.cm.conns.contains_key(&c) {
                 break c;
             }
         };
+        let qpn = qp.install(&mut eng)?;
+        let req = self.req.take().expect("not yet answered");
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
         let my_psn = rc.initial_psn();
         // The peer sends from the PSN in its REQ; we from the one in our REP.
@@ -1771,7 +1859,10 @@ impl Incoming<Roce> for RoceIncoming {
             },
             req.psn,
             ConnRef { local_comm_id },
-            req.mtu,
+            // The REQ's path MTU is the requester's; ours may be smaller
+            // (an oversized DF packet is refused with EMSGSIZE). The REP
+            // has no MTU field: each side sends within its own limit.
+            req.mtu.min(rc.mtu),
             req.responder_resources,
         );
         let rnr = rc.caps.rnr_retry.min(7);
@@ -1816,7 +1907,13 @@ impl Incoming<Roce> for RoceIncoming {
         tx.flush();
         drop(eng);
         qp.attach(&dev, qpn);
-        Ok(RoceQp { dev, qpn, pd })
+        Ok(RoceQp {
+            dev,
+            qpn,
+            pd,
+            send_cq: qp.send_cq.clone(),
+            recv_cq: qp.recv_cq.clone(),
+        })
     }
 
     fn reject(mut self, private_data: &[u8]) -> Result<(), VerbsError> {

@@ -132,16 +132,21 @@ pub(super) struct RcQp {
     pub mtu: Mtu,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
+    /// The UDP source port the peer's QP sends from (pinned by its first
+    /// packet).
+    pub peer_src_port: Option<u16>,
     pub conn: Option<ConnRef>,
     /// Our QP errored: a DREQ is to be sent by the CM.
     pub dreq_due: bool,
-    /// The handle was dropped: remove once drained.
-    pub dropped: bool,
     pub faults: Faults,
     // requester
     sq: VecDeque<SqEntry>,
     pub send_done: VecDeque<Completion>,
     next_psn: Psn,
+    /// One past the highest PSN put on the wire: ACKs and NAKs may only
+    /// cover PSNs the peer can have seen (`next_psn` also counts work
+    /// posted but not yet sent).
+    sent_end: Psn,
     una: Psn,
     sq_next: usize,
     retry_left: u8,
@@ -163,12 +168,6 @@ pub(super) struct RcQp {
     /// Reads we may have outstanding: the peer's responder resources.
     max_rd: u32,
     keys: Vec<Option<KeyEntry>>,
-}
-
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b)
 }
 
 /// Smallest RNR NAK timer code waiting at least `d` (IBTA table, rxe
@@ -287,6 +286,7 @@ impl RcQp {
         recv_cq: usize,
         mtu: Mtu,
         timers: Timers,
+        initial_psn: Psn,
     ) -> RcQp {
         RcQp {
             qpn: 0,
@@ -298,13 +298,14 @@ impl RcQp {
             mtu,
             timers,
             peer: None,
+            peer_src_port: None,
             conn: None,
             dreq_due: false,
-            dropped: false,
             faults: Faults::default(),
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
-            next_psn: Psn::from_masked(random_u32()),
+            next_psn: initial_psn,
+            sent_end: Psn::default(),
             una: Psn::default(),
             sq_next: 0,
             retry_left: timers.retry_count,
@@ -349,15 +350,8 @@ impl RcQp {
         self.mtu = mtu;
         self.epsn = peer_psn;
         self.una = self.next_psn;
+        self.sent_end = self.next_psn;
         self.state = QpState::Rts;
-    }
-
-    pub fn is_drained(&self) -> bool {
-        self.state == QpState::Error
-            && self.sq.is_empty()
-            && self.rq.is_empty()
-            && self.send_done.is_empty()
-            && self.recv_done.is_empty()
     }
 
     fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32) {
@@ -535,7 +529,7 @@ impl RcQp {
             .position(Option::is_none)
             .ok_or(VerbsError::Limit("key table of this connection is full"))?;
         let rkey = loop {
-            let r = (random_u32() << 8) | slot as u32;
+            let r = (super::random_u32()? << 8) | slot as u32;
             if r != 0 {
                 break r;
             }
@@ -555,6 +549,10 @@ impl RcQp {
         match self.keys.get(slot) {
             Some(Some(k)) if k.rkey == rkey => {
                 self.keys[slot] = None;
+                // Reads done under this key must not be replayed to a
+                // duplicate request any more (IBTA 9.7.5.1.2 replays
+                // only what the key still grants).
+                self.read_res.retain(|r| r.rkey != rkey);
                 true
             }
             _ => false,
@@ -748,10 +746,25 @@ impl RcQp {
             rkey: e.remote.rkey,
             dma_len: e.total.saturating_sub(done_bytes),
         });
+        let end = e.last().next();
         let slot = tx.slot();
         if let Ok(n) = p.emit(slot) {
             tx.commit(n, peer.addr, Some(&mut self.faults));
         }
+        self.note_sent(end);
+    }
+
+    /// Records that every PSN before `end` has been transmitted.
+    fn note_sent(&mut self, end: Psn) {
+        if end.distance(self.sent_end) > 0 {
+            self.sent_end = end;
+        }
+    }
+
+    /// Whether an ACK/NAK PSN lies in [una, sent_end): acknowledged
+    /// nothing stale and nothing we have not sent.
+    fn in_ack_window(&self, psn: Psn) -> bool {
+        psn.distance(self.una) >= 0 && self.sent_end.distance(psn) > 0
     }
 
     fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
@@ -803,6 +816,7 @@ impl RcQp {
             };
             tx.commit(n, peer.addr, Some(&mut self.faults));
         }
+        self.note_sent(psn.next());
     }
 
     /// Rewinds transmission to `psn` (go-back-N).
@@ -883,7 +897,7 @@ impl RcQp {
     /// Cumulative acknowledgement of every PSN up to and including `psn`.
     fn ack_through(&mut self, psn: Psn, now: Instant) -> bool {
         // Ignore stale ACKs and ACKs for PSNs never sent.
-        if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+        if !self.in_ack_window(psn) {
             return false;
         }
         let mut implicit_nak = None;
@@ -935,7 +949,7 @@ impl RcQp {
                 self.rnr_left = self.caps.rnr_retry;
             }
             Syndrome::RnrNak { timer } => {
-                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                if !self.in_ack_window(psn) {
                     return;
                 }
                 self.ack_through(psn.sub(1), now);
@@ -953,7 +967,7 @@ impl RcQp {
                 self.timer = None;
             }
             Syndrome::Nak(code) => {
-                if psn.distance(self.una) < 0 || self.next_psn.distance(psn) <= 0 {
+                if !self.in_ack_window(psn) {
                     return;
                 }
                 self.ack_through(psn.sub(1), now);
@@ -1264,6 +1278,15 @@ impl RcQp {
         let Some(r) = found else {
             return;
         };
+        // Re-check the key: it may have been invalidated (or the slot
+        // reused) since the original read.
+        if self
+            .check_remote(reth.va, reth.rkey, reth.dma_len, Access::REMOTE_READ)
+            .is_none()
+            && reth.dma_len > 0
+        {
+            return;
+        }
         let idx = psn.distance(r.psn) as u32;
         if let Some(j) = self.read_jobs.iter_mut().find(|j| j.psn == r.psn) {
             j.sent = j.sent.min(idx);

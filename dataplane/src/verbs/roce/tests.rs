@@ -110,7 +110,10 @@ impl Fake {
         let mut b = vec![0u8; p.buffer_len()];
         p.emit(&mut b).unwrap();
         let ip = Ipv4Header::plain_udp_socket(self.me.ip().octets(), self.peer.ip().octets());
-        let ports = UdpPorts { src: UDP, dst: UDP };
+        let ports = UdpPorts {
+            src: self.me.port(),
+            dst: UDP,
+        };
         icrc::seal_ipv4(&ip, ports, &mut b).unwrap();
         self.sock.send_to(&b, self.peer).unwrap();
     }
@@ -644,4 +647,369 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     let c = next_completion(&cq);
     assert!(c.is_ok());
     assert_eq!(c.opcode, WcOpcode::Send);
+}
+
+/// A QP and CQ pair as `worker::endpoint::Endpoint` holds them, with
+/// `n` receive leases posted.
+fn prepared_with_leases(
+    ctx: &RoceContext,
+    pd: &RocePd,
+    slab: &Slab,
+    n: usize,
+) -> (RoceCq, RocePreparedQp) {
+    let cq = ctx.create_cq(16).unwrap();
+    let mut p = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    for _ in 0..n {
+        let b = slab.alloc().unwrap();
+        p.post_recv(RecvWr {
+            wr_id: b.wr_id(),
+            sgl: SgeList::one(Sge::whole(b)),
+        })
+        .unwrap();
+    }
+    (cq, p)
+}
+
+#[test]
+fn closed_queue_pairs_leave_their_device_and_return_their_buffers() {
+    // The per-test address: no other test's QPs on this device.
+    let (_, pip) = addrs();
+    let url = format!("roce://{pip}:7100?udp_port={UDP}&local={pip}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let slab = Slab::new(arena.clone(), 0, 1024, 64, mr.lkey(), WrKind::Recv).unwrap();
+    let qps_on_device = || lock(&listener.dev.eng).qps.len();
+    let base_qps = qps_on_device();
+    let base_arena_refs = Arc::strong_count(&arena);
+    for _ in 0..16 {
+        let (a_cq, a_pqp) = prepared_with_leases(&ctx, &pd, &slab, 3);
+        let (b_cq, b_pqp) = prepared_with_leases(&ctx, &pd, &slab, 3);
+        let (a_qp, mut b_qp) = std::thread::scope(|s| {
+            let t = s.spawn(|| b_pqp.connect(&url, b"", LONG).unwrap().0);
+            let inc = listener.accept(LONG).unwrap();
+            let a_qp = inc.accept(a_pqp, b"").unwrap();
+            (a_qp, t.join().unwrap())
+        });
+        // A send still queued when the connection goes.
+        let b = slab.alloc().unwrap();
+        b_qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Send,
+            SgeList::one(Sge::whole(b)),
+        ))
+        .unwrap();
+        assert_eq!(qps_on_device(), base_qps + 2);
+        // The way the worker's endpoint goes: QP, then its CQ, unpolled.
+        drop(a_qp);
+        drop(a_cq);
+        drop(b_qp);
+        drop(b_cq);
+    }
+    assert_eq!(qps_on_device(), base_qps, "closed QPs left on the device");
+    assert_eq!(slab.available(), slab.total(), "leases never returned");
+    assert_eq!(Arc::strong_count(&arena), base_arena_refs);
+}
+
+/// An RC ACK or NAK from the fake peer to the provider's QP.
+fn fake_ack(fake: &Fake, qpn: u32, psn: u32, syndrome: Syndrome, msn: u32) {
+    let mut ack = RocePacket::new(
+        Bth::new(Opcode::RcAcknowledge, qpn, Psn::new(psn).unwrap()),
+        &[],
+    );
+    ack.aeth = Some(crate::wire::roce::Aeth { syndrome, msn });
+    fake.send(&ack);
+}
+
+#[test]
+fn an_ack_for_psns_posted_but_never_sent_is_ignored() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let psn = |i: u32| (p0 + i) & 0xFF_FFFF;
+    let post = |s: &mut Side, data: &[u8]| {
+        let mut b = s.local.alloc().unwrap();
+        assert!(b.fill(data));
+        s.qp.post_send(SendWr::new(
+            b.wr_id(),
+            SendOp::Send,
+            SgeList::one(Sge::data(b)),
+        ))
+        .unwrap();
+    };
+    post(&mut s, b"zero");
+    let raw = fake.recv_rc();
+    assert_eq!(RocePacket::parse(&raw).unwrap().bth.psn.value(), psn(0));
+    // RNR NAK (timer code 0: 655 ms): nothing more goes out meanwhile, so
+    // the next two sends are posted (PSNs assigned) but not transmitted.
+    fake_ack(&fake, qpn, psn(0), Syndrome::RnrNak { timer: 0 }, 0);
+    std::thread::sleep(Duration::from_millis(20));
+    post(&mut s, b"one");
+    post(&mut s, b"two");
+    // A forged ACK through the last posted PSN, which nobody has seen.
+    fake_ack(&fake, qpn, psn(2), Syndrome::ACK, 3);
+    // Ignored: after the RNR wait all three go out, in order.
+    for i in 0..3 {
+        let raw = fake.recv_rc();
+        let p = RocePacket::parse(&raw).unwrap();
+        assert_eq!(p.bth.psn.value(), psn(i), "packet {i}");
+    }
+    fake_ack(&fake, qpn, psn(2), Syndrome::ACK, 3);
+    for _ in 0..3 {
+        assert!(next_completion(&s.cq).is_ok());
+    }
+}
+
+/// A REQ from the fake peer for `service`, naming `gid_ip` as its source.
+fn fake_req<'a>(
+    comm_id: u32,
+    service: u16,
+    gid_ip: Ipv4Addr,
+    pip: Ipv4Addr,
+    private: &'a [u8],
+) -> Req<'a> {
+    Req {
+        local_comm_id: comm_id,
+        service_id: ibcm::tcp_service_id(service),
+        local_ca_guid: 2,
+        local_qkey: 0,
+        local_qpn: FAKE_QPN,
+        responder_resources: 1,
+        local_eecn: 0,
+        initiator_depth: 1,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport_type: 0,
+        end_to_end_flow_control: false,
+        starting_psn: Psn::new(FAKE_PSN).unwrap(),
+        local_cm_response_timeout: 20,
+        retry_count: 6,
+        pkey: 0xFFFF,
+        path_mtu: Mtu::Mtu1024,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport: 0,
+        primary_path: cm_path(gid_ip, pip, 18),
+        alternate_path: CmPath::default(),
+        private_data: private,
+    }
+}
+
+#[test]
+fn a_req_naming_another_source_address_is_dropped() {
+    // Addresses of this test only: its device counts only its packets.
+    let (_, pip) = addrs();
+    let (_, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7004?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    // Claims to come from a third host: REPs would be reflected at it.
+    let victim = Ipv4Addr::new(127, 0, 0, 99);
+    fake.send_mad(&CmMad::new(
+        0x99,
+        CmMessage::Req(fake_req(0x1111, 7004, victim, pip, &private)),
+    ));
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Req(fake_req(0x2222, 7004, fip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).unwrap();
+    assert_eq!(inc.peer_ip(), Some(fip), "the spoofed REQ was queued");
+    assert_eq!(lock(&listener.dev.eng).spoofed, 1);
+}
+
+#[test]
+fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    // The peer's first packet (an ACK of our send) pins its UDP port.
+    let mut b = s.local.alloc().unwrap();
+    assert!(b.fill(b"ping"));
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    fake.recv_rc();
+    fake_ack(&fake, qpn, p0, Syndrome::ACK, 1);
+    assert!(next_completion(&s.cq).is_ok());
+    // Same address, another port, the right QPN and PSN: dropped.
+    let other = Fake {
+        sock: UdpSocket::bind((fip, UDP + 1)).unwrap(),
+        me: SocketAddrV4::new(fip, UDP + 1),
+        peer: fake.peer,
+        gsi_psn: Psn::default(),
+    };
+    let send = |f: &Fake, data: &[u8]| {
+        let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(FAKE_PSN).unwrap());
+        bth.ack_req = true;
+        f.send(&RocePacket::new(bth, data))
+    };
+    send(&other, b"evil");
+    send(&fake, b"good");
+    let raw = fake.recv_rc();
+    let (apsn, syn, _) = ack_of(&raw);
+    assert_eq!((apsn.value(), syn), (FAKE_PSN, Syndrome::ACK));
+    let c = next_completion(&s.cq);
+    assert!(c.is_ok());
+    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"good");
+    assert_eq!(s.qp.spoofed_count(), 1);
+}
+
+#[test]
+fn accept_sends_within_the_smaller_of_its_own_and_the_requesters_mtu() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7005?udp_port={UDP}&mtu=256");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    // The requester announces 1024; we are configured for 256.
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Req(fake_req(0x3333, 7005, fip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let slab = Slab::new(arena, 0, 4096, 16, mr.lkey(), WrKind::Send).unwrap();
+    let pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let mut qp = inc.accept(pqp, b"").unwrap();
+    let m = fake.recv_mad();
+    let m = CmMad::parse(&m).unwrap();
+    let CmMessage::Rep(rep) = m.message else {
+        panic!("expected REP")
+    };
+    fake.send_mad(&CmMad::new(
+        0xBB,
+        CmMessage::Rtu(CommIds {
+            local_comm_id: 0x3333,
+            remote_comm_id: rep.local_comm_id,
+            private_data: &[],
+        }),
+    ));
+    let mut b = slab.alloc().unwrap();
+    assert!(b.fill(&[7u8; 600]));
+    qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(p.bth.opcode, Opcode::RcSendFirst);
+    assert_eq!(p.payload.len(), 256);
+}
+
+#[test]
+fn without_randomness_qp_creation_and_expose_fail_instead_of_guessing() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    FAIL_RANDOM.with(|f| f.set(true));
+    // Key slot 0 used to spin forever here when every draw gave 0.
+    let exposed = s.qp.expose(&s.mr);
+    let cq = s._ctx.create_cq(4).unwrap();
+    let created = s._pd.create_qp(&cq, &cq, QpCaps::default());
+    FAIL_RANDOM.with(|f| f.set(false));
+    assert!(matches!(
+        exposed,
+        Err(VerbsError::Os {
+            what: "getrandom",
+            ..
+        })
+    ));
+    assert!(matches!(
+        created,
+        Err(VerbsError::Os {
+            what: "getrandom",
+            ..
+        })
+    ));
+    assert!(s.qp.expose(&s.mr).is_ok());
+}
+
+#[test]
+fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let key = s.qp.expose(&s.mr).unwrap();
+    let psn = |k: u32| FAKE_PSN.wrapping_add(k) & 0xFF_FFFF;
+    let read = |k: u32| {
+        let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(k)));
+        bth.ack_req = true;
+        let mut p = RocePacket::new(bth, &[]);
+        p.reth = Some(Reth {
+            va: key.addr,
+            rkey: key.rkey,
+            dma_len: 100,
+        });
+        fake.send(&p);
+    };
+    read(0);
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.bth.psn.value()),
+        (Opcode::RcReadResponseOnly, psn(0))
+    );
+    // The application revokes the key.
+    s.qp.post_send(SendWr::new(
+        WrId::default(),
+        SendOp::LocalInv(key.rkey),
+        SgeList::new(),
+    ))
+    .unwrap();
+    assert!(next_completion(&s.cq).is_ok());
+    // A duplicate of the old read, then a new Send: only the Send's ACK
+    // comes back, no replayed data.
+    read(0);
+    let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::from_masked(psn(1)));
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"x"));
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.bth.psn.value()),
+        (Opcode::RcAcknowledge, psn(1)),
+        "the invalidated range was replayed"
+    );
 }
