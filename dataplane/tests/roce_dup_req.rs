@@ -1,6 +1,5 @@
-//! Reproducer of a `roce` provider bug found by the daemon tests (issue 7,
-//! "Show"; reported, not fixed here: `verbs/roce` belongs to the
-//! `roce-provider` branch).
+//! Regression test of a `roce` provider bug found by the daemon tests
+//! (issue 7, "Show"; fixed by remembering held requests in the CM state).
 //!
 //! `Listener::accept` takes the REQ out of the listener's queue, and the
 //! connection record only appears when `Incoming::accept` sends the REP.
@@ -11,9 +10,6 @@
 //! under a loaded `cargo test --workspace`: two connections accepted for
 //! one client). Expected: the repeated REQ gets an MRA (or nothing), never
 //! a second `Incoming`.
-//!
-//! Ignored until the provider fix lands: run with
-//! `cargo test -p dataplane --test roce_dup_req -- --ignored`.
 mod support;
 
 use std::time::Duration;
@@ -33,7 +29,6 @@ fn caps() -> QpCaps {
 }
 
 #[test]
-#[ignore = "roce provider bug: a REQ retransmitted while the Incoming is held becomes a second request"]
 fn req_retransmitted_while_accepting_is_not_a_second_request() {
     let url = loopback_url("");
     let ctx = Roce::open(&url).unwrap();

@@ -528,6 +528,19 @@ struct ConnRec {
 struct Cm {
     listeners: HashMap<u16, VecDeque<PendingReq>>,
     conns: HashMap<u32, ConnRec>,
+    /// Requests the application took with `Listener::accept` and has not
+    /// answered yet, as (peer, its comm id): a REQ the peer resends
+    /// meanwhile gets an MRA, not a second queue entry (else one client
+    /// would be accepted twice).
+    held: Vec<(Ipv4Addr, u32)>,
+}
+
+impl Cm {
+    /// Forgets a held request (answered or dropped).
+    fn release_held(&mut self, peer_ip: Ipv4Addr, remote_comm_id: u32) {
+        self.held
+            .retain(|&(ip, id)| !(ip == peer_ip && id == remote_comm_id));
+    }
 }
 
 struct Engine {
@@ -1097,7 +1110,7 @@ impl Cm {
         let pending = self.listeners.values().any(|q| {
             q.iter()
                 .any(|p| p.peer_ip == peer_ip && p.remote_comm_id == r.local_comm_id)
-        });
+        }) || self.held.contains(&(peer_ip, r.local_comm_id));
         if pending {
             let m = CmMad::new(
                 tid,
@@ -1775,6 +1788,7 @@ impl Listener<Roce> for RoceListener {
                     .get_mut(&self.port)
                     .and_then(VecDeque::pop_front)
                 {
+                    eng.cm.held.push((req.peer_ip, req.remote_comm_id));
                     return Ok(RoceIncoming {
                         dev: self.dev.clone(),
                         req: Some(req),
@@ -1809,6 +1823,7 @@ impl Drop for RoceIncoming {
         // Neither accepted nor rejected: refuse, so the peer stops waiting.
         if let Some(r) = self.req.take() {
             let mut eng = lock(&self.dev.eng);
+            eng.cm.release_held(r.peer_ip, r.remote_comm_id);
             let Engine { tx, gsi_psn, .. } = &mut *eng;
             send_rej(
                 tx,
@@ -1849,6 +1864,7 @@ impl Incoming<Roce> for RoceIncoming {
         };
         let qpn = qp.install(&mut eng)?;
         let req = self.req.take().expect("not yet answered");
+        eng.cm.release_held(req.peer_ip, req.remote_comm_id);
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
         let my_psn = rc.initial_psn();
         // The peer sends from the PSN in its REQ; we from the one in our REP.
@@ -1922,6 +1938,7 @@ impl Incoming<Roce> for RoceIncoming {
         }
         let r = self.req.take().expect("not yet answered");
         let mut eng = lock(&self.dev.eng);
+        eng.cm.release_held(r.peer_ip, r.remote_comm_id);
         let Engine { tx, gsi_psn, .. } = &mut *eng;
         send_rej(
             tx,
