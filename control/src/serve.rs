@@ -125,6 +125,12 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
             Hugepages::Prefer => Backing::Auto,
             Hugepages::Required => Backing::Huge,
         },
+        // The daemon answers calls and offers no responder-provided read
+        // chunks: its peers never need a key to its memory.
+        expose_memory: engine.reply_read_chunks
+            || engine
+                .extensions
+                .contains(engine::Extensions::RESPONDER_READ_CHUNKS),
         ..EndpointConfig::default()
     }
 }

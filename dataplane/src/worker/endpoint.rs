@@ -136,6 +136,14 @@ pub struct EndpointConfig {
     /// Page size of the connection's arena (hugepages when available by
     /// default; the daemon maps `memory.hugepages` here).
     pub backing: Backing,
+    /// Grant the peer remote access to the connection's memory. A
+    /// requester must (the responder reads its read chunks and writes its
+    /// write and reply chunks); a responder only needs it for
+    /// responder-provided read chunks, so a server that does not offer
+    /// them sets this to false and its peer gets no key at all (with the
+    /// `shm` provider receive buffers are still shared for Sends, see
+    /// docs/VERBS.md "Known gaps").
+    pub expose_memory: bool,
     /// Receiver-not-ready retries before a Send fails (7: forever).
     pub rnr_retry: u8,
     /// Wait between receiver-not-ready retries. Credits (RFC 5666 s3.3)
@@ -155,6 +163,7 @@ impl Default for EndpointConfig {
             backlog: 512,
             connect_timeout: Duration::from_secs(10),
             backing: Backing::Auto,
+            expose_memory: true,
             rnr_retry: 6,
             rnr_timer: Duration::from_millis(250),
         }
@@ -440,14 +449,17 @@ impl<P: Provider> Endpoint<P> {
         config: EndpointConfig,
     ) -> Result<Endpoint<P>, EndpointError> {
         // One key for the whole arena, valid on this connection only; the
-        // engine advertises exact windows of it (docs/ENGINE.md).
-        let key = qp.expose(&mem.mr)?;
-        let base = key.addr;
-        let bufs = conn.buffers_mut();
-        for i in 0..bufs.count() {
-            let id = engine::BufId(i as u32);
-            let addr = base + bufs.slab_offset(id) as u64;
-            bufs.set_remote_key(id, key.rkey, addr);
+        // engine advertises exact windows of it (docs/ENGINE.md). None at
+        // all when the peer never needs one (`expose_memory`).
+        if config.expose_memory {
+            let key = qp.expose(&mem.mr)?;
+            let base = key.addr;
+            let bufs = conn.buffers_mut();
+            for i in 0..bufs.count() {
+                let id = engine::BufId(i as u32);
+                let addr = base + bufs.slab_offset(id) as u64;
+                bufs.set_remote_key(id, key.rkey, addr);
+            }
         }
         Ok(Endpoint {
             qp,
