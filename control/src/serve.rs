@@ -277,6 +277,18 @@ impl DataPath {
     }
 }
 
+impl Drop for DataPath {
+    /// A data path dropped without [`DataPath::finish`] (a later listener
+    /// failed at start, or an embedding application lets go of it) still
+    /// stops its acceptors; the workers stop when their set is dropped.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for h in self.acceptors.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 /// Attaches provider `P` to the workers when a listener uses it: its
 /// context is opened on the first such listener's URL.
 fn attach<P: PoolProvider>(config: &Config, set: &mut WorkerSet) -> Result<(), ServeError> {

@@ -94,8 +94,11 @@ impl Default for IdleStrategy {
 
 /// Idle iterations spent spinning before yielding (adaptive).
 const IDLE_SPINS: u32 = 1024;
-/// Idle iterations spent yielding before parking (adaptive).
-const IDLE_YIELDS: u32 = 64;
+/// Idle iterations spent yielding before parking (adaptive). Few: on a
+/// crowded core a `sched_yield` can cost a whole CFS period, so a long
+/// yield phase is slower than a short park (measured with the bench
+/// client, docs/BENCHMARKS.md).
+const IDLE_YIELDS: u32 = 16;
 
 /// Idle state of one polling loop (also used by the client).
 #[derive(Debug, Clone, Copy)]
