@@ -482,6 +482,41 @@ pub enum VerbsError {
     Unavailable(String),
 }
 
+/// The checks every provider applies to [`ProtectionDomain::register`]:
+/// a non-empty range inside the arena, and remote write only with local
+/// write (as ibverbs requires).
+///
+/// # Errors
+/// [`VerbsError::InvalidRegistration`] naming the rule broken.
+pub(crate) fn check_registration(
+    arena: &Arena,
+    offset: usize,
+    len: usize,
+    access: Access,
+) -> Result<(), VerbsError> {
+    if offset.checked_add(len).is_none_or(|end| end > arena.len()) || len == 0 {
+        return Err(VerbsError::InvalidRegistration("range outside the arena"));
+    }
+    if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(VerbsError::InvalidRegistration(
+            "REMOTE_WRITE requires LOCAL_WRITE",
+        ));
+    }
+    Ok(())
+}
+
+/// The index of a free slot of a software provider's key table (the
+/// first `None`, else a new one at the end); lkey = index + 1.
+pub(crate) fn free_slot<T>(table: &mut Vec<Option<T>>) -> usize {
+    match table.iter().position(Option::is_none) {
+        Some(s) => s,
+        None => {
+            table.push(None);
+            table.len() - 1
+        }
+    }
+}
+
 /// A verbs provider: the family of types one implementation supplies.
 pub trait Provider: Sized + 'static {
     /// An opened device.

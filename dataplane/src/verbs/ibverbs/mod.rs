@@ -324,14 +324,7 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
         len: usize,
         access: Access,
     ) -> Result<IbvMr, VerbsError> {
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > arena.len()) {
-            return Err(VerbsError::InvalidRegistration("range outside the arena"));
-        }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(VerbsError::InvalidRegistration(
-                "remote write needs local write",
-            ));
-        }
+        super::check_registration(arena, offset, len, access)?;
         let flags = mr_access(access, self.inner.dev.mw_type2);
         // SAFETY: offset + len is inside the arena (checked above).
         let addr = unsafe { arena.as_ptr().add(offset) };

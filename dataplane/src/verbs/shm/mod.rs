@@ -233,22 +233,9 @@ impl ProtectionDomain<Shm> for ShmPd {
         len: usize,
         access: Access,
     ) -> Result<ShmMr, VerbsError> {
-        if offset.checked_add(len).is_none_or(|end| end > arena.len()) || len == 0 {
-            return Err(VerbsError::InvalidRegistration("range outside the arena"));
-        }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(VerbsError::InvalidRegistration(
-                "REMOTE_WRITE requires LOCAL_WRITE",
-            ));
-        }
+        super::check_registration(arena, offset, len, access)?;
         let mut mrs = lock(&self.inner.mrs);
-        let slot = match mrs.iter().position(Option::is_none) {
-            Some(s) => s,
-            None => {
-                mrs.push(None);
-                mrs.len() - 1
-            }
-        };
+        let slot = super::free_slot(&mut mrs);
         let info = MrInfo {
             lkey: slot as u32 + 1,
             arena: arena.clone(),
