@@ -7,6 +7,7 @@
 //! comes from `RPCRDMA_CONFORMANCE_ADDR` (default 127.0.0.1). See
 //! docs/IBVERBS.md for running it on rxe.
 #![cfg(feature = "ibverbs")]
+#[macro_use]
 mod conformance;
 
 use dataplane::verbs::ibverbs::{probe, Ibverbs};
@@ -40,45 +41,4 @@ fn child_peer() {
     conformance::child_main::<Ibverbs>(conformance::cases());
 }
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod in_process {
-            $(#[test] fn $name() {
-                if super::have_device() {
-                    super::conformance::in_process::<super::Ibverbs>(stringify!($name));
-                }
-            })*
-        }
-        mod cross_process {
-            $(#[test] fn $name() {
-                if super::have_device() {
-                    super::conformance::cross_process::<super::Ibverbs>(stringify!($name), "child_peer");
-                }
-            })*
-        }
-        #[test]
-        fn every_case_is_listed() {
-            let listed = [$(stringify!($name)),*];
-            for c in conformance::cases::<Ibverbs>() {
-                assert!(listed.contains(&c.name), "case {} not run", c.name);
-            }
-        }
-    };
-}
-
-suite!(
-    send_recv_sizes_and_order,
-    rnr_retry_exceeded,
-    local_length_error,
-    write_then_send_visibility,
-    rdma_read,
-    write_with_immediate,
-    send_with_invalidate,
-    local_invalidate,
-    bad_rkey,
-    out_of_bounds,
-    wrong_access_flag,
-    flush_on_close,
-    peer_death_mid_transfer,
-    many_qps_256,
-);
+provider_suite!(Ibverbs, have_device);

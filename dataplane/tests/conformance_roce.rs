@@ -4,6 +4,7 @@
 //! the passive peer, see `child_peer`; the child sends from a per-process
 //! 127.128.0.0/9 alias since the parent owns the listening address).
 //! Inbound ICRCs are verified (`unique_url` adds `?verify_icrc=1`).
+#[macro_use]
 mod conformance;
 
 use dataplane::verbs::roce::Roce;
@@ -15,37 +16,4 @@ fn child_peer() {
     conformance::child_main::<Roce>(conformance::cases());
 }
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod in_process {
-            $(#[test] fn $name() { super::conformance::in_process::<super::Roce>(stringify!($name)); })*
-        }
-        mod cross_process {
-            $(#[test] fn $name() { super::conformance::cross_process::<super::Roce>(stringify!($name), "child_peer"); })*
-        }
-        #[test]
-        fn every_case_is_listed() {
-            let listed = [$(stringify!($name)),*];
-            for c in conformance::cases::<Roce>() {
-                assert!(listed.contains(&c.name), "case {} not run", c.name);
-            }
-        }
-    };
-}
-
-suite!(
-    send_recv_sizes_and_order,
-    rnr_retry_exceeded,
-    local_length_error,
-    write_then_send_visibility,
-    rdma_read,
-    write_with_immediate,
-    send_with_invalidate,
-    local_invalidate,
-    bad_rkey,
-    out_of_bounds,
-    wrong_access_flag,
-    flush_on_close,
-    peer_death_mid_transfer,
-    many_qps_256,
-);
+provider_suite!(Roce);

@@ -12,6 +12,65 @@
 //! and checks that every slab is back to its configured total.
 #![allow(dead_code)]
 
+/// Instantiates the whole suite for one provider: `provider_suite!(Shm)`,
+/// or with a guard run before each case (`provider_suite!(Ibverbs,
+/// have_device)`: the case runs only when it returns true). Each case runs
+/// in process and cross process (the test binary must also have a
+/// `child_peer` test calling [`child_main`]); `every_case_is_listed` keeps
+/// the list below in step with [`cases`]. Use with `#[macro_use] mod
+/// conformance;`.
+macro_rules! provider_suite {
+    ($provider:ident) => {
+        fn always() -> bool {
+            true
+        }
+        provider_suite!($provider, always);
+    };
+    ($provider:ident, $guard:ident) => {
+        provider_suite!(@cases $provider, $guard;
+            send_recv_sizes_and_order,
+            rnr_retry_exceeded,
+            local_length_error,
+            write_then_send_visibility,
+            rdma_read,
+            write_with_immediate,
+            send_with_invalidate,
+            local_invalidate,
+            bad_rkey,
+            out_of_bounds,
+            wrong_access_flag,
+            flush_on_close,
+            peer_death_mid_transfer,
+            many_qps_256,
+        );
+    };
+    (@cases $provider:ident, $guard:ident; $($name:ident),* $(,)?) => {
+        mod in_process {
+            use super::*;
+            $(#[test] fn $name() {
+                if $guard() {
+                    conformance::in_process::<$provider>(stringify!($name));
+                }
+            })*
+        }
+        mod cross_process {
+            use super::*;
+            $(#[test] fn $name() {
+                if $guard() {
+                    conformance::cross_process::<$provider>(stringify!($name), "child_peer");
+                }
+            })*
+        }
+        #[test]
+        fn every_case_is_listed() {
+            let listed = [$(stringify!($name)),*];
+            for c in conformance::cases::<$provider>() {
+                assert!(listed.contains(&c.name), "case {} not run", c.name);
+            }
+        }
+    };
+}
+
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
