@@ -42,6 +42,8 @@ use crate::mem::{Arena, Buf, WrId};
 pub mod ibverbs;
 pub mod roce;
 pub mod shm;
+mod soft_mr;
+pub use soft_mr::SoftMr;
 
 /// Most scatter/gather elements in one work request.
 pub const MAX_SGE: usize = 4;
@@ -503,18 +505,6 @@ pub(crate) fn check_registration(
         ));
     }
     Ok(())
-}
-
-/// The index of a free slot of a software provider's key table (the
-/// first `None`, else a new one at the end); lkey = index + 1.
-pub(crate) fn free_slot<T>(table: &mut Vec<Option<T>>) -> usize {
-    match table.iter().position(Option::is_none) {
-        Some(s) => s,
-        None => {
-            table.push(None);
-            table.len() - 1
-        }
-    }
 }
 
 /// A verbs provider: the family of types one implementation supplies.

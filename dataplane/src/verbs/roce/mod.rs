@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use self::io::{bind_udp, Faults, Rx, Tx, RX_BATCH};
 use self::rc::{ConnRef, PeerPath, RcQp, Timers, MAX_RD};
+use super::soft_mr::MrTable;
 use super::*;
 use crate::mem::Arena;
 use crate::wire::ibcm::{
@@ -291,7 +292,7 @@ impl Context<Roce> for RoceContext {
     fn alloc_pd(&self) -> Result<RocePd, VerbsError> {
         Ok(RocePd {
             inner: Arc::new(PdInner {
-                mrs: Mutex::new(Vec::new()),
+                mrs: Arc::default(),
             }),
             cfg: self.config(),
         })
@@ -331,35 +332,15 @@ impl Context<Roce> for RoceContext {
 // ---------------------------------------------------------------------------
 // Protection domains and memory regions
 
-#[derive(Debug, Clone)]
-struct MrInfo {
-    lkey: u32,
-    arena: Arc<Arena>,
-    addr: u64,
-    len: u64,
-    access: Access,
-}
-
 #[derive(Debug)]
 pub(crate) struct PdInner {
-    mrs: Mutex<Vec<Option<MrInfo>>>,
+    mrs: Arc<MrTable>,
 }
 
 impl PdInner {
     /// Whether an SGE lies in a live registration of this PD with `need`.
-    fn check_local(&self, sge: &Sge, need: Access) -> bool {
-        if !sge.in_bounds() {
-            return false;
-        }
-        let mrs = lock(&self.mrs);
-        let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
-            return false;
-        };
-        let addr = sge.addr();
-        mr.lkey == sge.buf.lkey()
-            && mr.access.contains(need)
-            && addr >= mr.addr
-            && addr + sge.len as u64 <= mr.addr + mr.len
+    pub(crate) fn check_local(&self, sge: &Sge, need: Access) -> bool {
+        self.mrs.check_local(sge, need)
     }
 }
 
@@ -378,21 +359,7 @@ impl ProtectionDomain<Roce> for RocePd {
         len: usize,
         access: Access,
     ) -> Result<RoceMr, VerbsError> {
-        super::check_registration(arena, offset, len, access)?;
-        let mut mrs = lock(&self.inner.mrs);
-        let slot = super::free_slot(&mut mrs);
-        let info = MrInfo {
-            lkey: slot as u32 + 1,
-            arena: arena.clone(),
-            addr: arena.as_ptr() as u64 + offset as u64,
-            len: len as u64,
-            access,
-        };
-        mrs[slot] = Some(info.clone());
-        Ok(RoceMr {
-            pd: self.inner.clone(),
-            info,
-        })
+        self.inner.mrs.register(arena, offset, len, access)
     }
 
     fn create_qp(
@@ -430,35 +397,7 @@ impl ProtectionDomain<Roce> for RocePd {
 }
 
 /// A registered memory region; deregistered on drop.
-#[derive(Debug)]
-pub struct RoceMr {
-    pd: Arc<PdInner>,
-    info: MrInfo,
-}
-
-impl MemoryRegion for RoceMr {
-    fn lkey(&self) -> u32 {
-        self.info.lkey
-    }
-    fn addr(&self) -> u64 {
-        self.info.addr
-    }
-    fn len(&self) -> usize {
-        self.info.len as usize
-    }
-    fn access(&self) -> Access {
-        self.info.access
-    }
-}
-
-impl Drop for RoceMr {
-    fn drop(&mut self) {
-        let mut mrs = lock(&self.pd.mrs);
-        if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
-            *slot = None;
-        }
-    }
-}
+pub type RoceMr = super::SoftMr<Roce>;
 
 // ---------------------------------------------------------------------------
 // Devices
@@ -1692,7 +1631,7 @@ impl QueuePair<Roce> for RoceQp {
     }
 
     fn expose(&mut self, mr: &RoceMr) -> Result<RemoteKey, VerbsError> {
-        if !Arc::ptr_eq(&mr.pd, &self.pd) {
+        if !mr.belongs_to(&self.pd.mrs) {
             return Err(VerbsError::InvalidRegistration(
                 "memory region of another PD",
             ));

@@ -49,6 +49,7 @@ use nix::sys::socket::{
 };
 
 use self::shared::*;
+use super::soft_mr::{MrInfo, MrTable};
 use super::*;
 use crate::mem::{Arena, Backing, PeerAccess};
 
@@ -143,7 +144,7 @@ impl Context<Shm> for ShmContext {
         Ok(ShmPd {
             inner: Arc::new(PdInner {
                 ctx: self.inner.clone(),
-                mrs: Mutex::new(Vec::new()),
+                mrs: Arc::default(),
             }),
         })
     }
@@ -186,36 +187,16 @@ impl Context<Shm> for ShmContext {
     }
 }
 
-#[derive(Debug, Clone)]
-struct MrInfo {
-    lkey: u32,
-    arena: Arc<Arena>,
-    addr: u64,
-    len: u64,
-    access: Access,
-}
-
 #[derive(Debug)]
 struct PdInner {
     ctx: Arc<CtxInner>,
-    mrs: Mutex<Vec<Option<MrInfo>>>,
+    mrs: Arc<MrTable>,
 }
 
 impl PdInner {
     /// Whether an SGE lies in a live registration of this PD with `need`.
     fn check_local(&self, sge: &Sge, need: Access) -> bool {
-        if !sge.in_bounds() {
-            return false;
-        }
-        let mrs = lock(&self.mrs);
-        let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
-            return false;
-        };
-        let addr = sge.addr();
-        mr.lkey == sge.buf.lkey()
-            && mr.access.contains(need)
-            && addr >= mr.addr
-            && addr + sge.len as u64 <= mr.addr + mr.len
+        self.mrs.check_local(sge, need)
     }
 }
 
@@ -233,21 +214,7 @@ impl ProtectionDomain<Shm> for ShmPd {
         len: usize,
         access: Access,
     ) -> Result<ShmMr, VerbsError> {
-        super::check_registration(arena, offset, len, access)?;
-        let mut mrs = lock(&self.inner.mrs);
-        let slot = super::free_slot(&mut mrs);
-        let info = MrInfo {
-            lkey: slot as u32 + 1,
-            arena: arena.clone(),
-            addr: arena.as_ptr() as u64 + offset as u64,
-            len: len as u64,
-            access,
-        };
-        mrs[slot] = Some(info.clone());
-        Ok(ShmMr {
-            pd: self.inner.clone(),
-            info,
-        })
+        self.inner.mrs.register(arena, offset, len, access)
     }
 
     fn create_qp(
@@ -293,37 +260,8 @@ impl ProtectionDomain<Shm> for ShmPd {
     }
 }
 
-/// A registered memory region; deregistered on drop (buffers carved from it
-/// then fail with a local protection error).
-#[derive(Debug)]
-pub struct ShmMr {
-    pd: Arc<PdInner>,
-    info: MrInfo,
-}
-
-impl MemoryRegion for ShmMr {
-    fn lkey(&self) -> u32 {
-        self.info.lkey
-    }
-    fn addr(&self) -> u64 {
-        self.info.addr
-    }
-    fn len(&self) -> usize {
-        self.info.len as usize
-    }
-    fn access(&self) -> Access {
-        self.info.access
-    }
-}
-
-impl Drop for ShmMr {
-    fn drop(&mut self) {
-        let mut mrs = lock(&self.pd.mrs);
-        if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
-            *slot = None;
-        }
-    }
-}
+/// A registered memory region; deregistered on drop.
+pub type ShmMr = super::SoftMr<Shm>;
 
 #[derive(Debug)]
 struct CqInner {
@@ -1520,7 +1458,7 @@ impl QueuePair<Shm> for ShmQp {
     }
 
     fn expose(&mut self, mr: &ShmMr) -> Result<RemoteKey, VerbsError> {
-        if !Arc::ptr_eq(&mr.pd, &lock(&self.shared.inner).pd) {
+        if !mr.belongs_to(&lock(&self.shared.inner).pd.mrs) {
             return Err(VerbsError::InvalidRegistration(
                 "memory region of another PD",
             ));
