@@ -12,7 +12,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, DdpItem};
@@ -176,33 +175,6 @@ fn metric(body: &str, name: &str) -> u64 {
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
-}
-
-fn promtool_accepts(body: &str) {
-    let Some(promtool) = require_peer("promtool") else {
-        return;
-    };
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

@@ -227,3 +227,32 @@ impl Daemon {
         Daemon { child, lines, rx }
     }
 }
+
+/// `promtool check metrics` accepts `body` (the real-peer rule applies:
+/// without promtool, skipped or failed per RPCRDMA_REQUIRE_PEERS).
+pub fn promtool_accepts(body: &str) {
+    let Some(promtool) = require_peer("promtool") else {
+        return;
+    };
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
