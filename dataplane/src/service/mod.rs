@@ -194,6 +194,21 @@ pub enum Dispatch {
     Drop,
 }
 
+/// What a worker (RDMA or TCP) does with a call message: the seam between
+/// the transports and the services. [`ServiceTable`] implements it; tests
+/// plug in any handler.
+pub trait Dispatcher: Send + Sync + 'static {
+    /// Handles the RPC call message `call` (XDR, as received), writing the
+    /// whole RPC reply message into `reply`.
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch;
+}
+
+impl Dispatcher for ServiceTable {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
+        ServiceTable::dispatch(self, call, reply)
+    }
+}
+
 /// Why [`ServiceTable::register`] refused a service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RegisterError {

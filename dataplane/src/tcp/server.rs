@@ -10,8 +10,8 @@ use nix::sys::socket::{send, MsgFlags};
 use super::buf::{InBuf, OutBuf, ZeroedBuf};
 use super::{Readiness, TcpConfig, TcpError, TcpStats};
 use crate::engine::Instant;
+use crate::service::{Dispatch, Dispatcher};
 use crate::wire::rpc::{write_record_header, RecordMarker, RecordReassembler};
-use crate::worker::{Dispatched, Dispatcher};
 
 /// A non-blocking TCP listener.
 #[derive(Debug)]
@@ -393,7 +393,7 @@ fn answer<D: Dispatcher + ?Sized>(
 ) {
     let (mark, body) = output.reserve_mut().split_at_mut(RecordMarker::LEN);
     match services.dispatch(record, body) {
-        Dispatched::Reply { len, .. } => {
+        Dispatch::Reply { len, .. } => {
             // Over TCP the DDP-eligible item simply stays inline. One
             // fragment: len <= max_reply_len, which the config keeps
             // under 2^31.
@@ -404,7 +404,7 @@ fn answer<D: Dispatcher + ?Sized>(
                 stats.records_dropped += 1;
             }
         }
-        Dispatched::Drop => stats.records_dropped += 1,
+        Dispatch::Drop => stats.records_dropped += 1,
     }
 }
 

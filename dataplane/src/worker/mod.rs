@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
-use crate::engine::{self, DdpItem, Event, IncomingCall, OutgoingReply};
+use crate::engine::{self, Event, IncomingCall, OutgoingReply};
 use crate::tcp::{TcpConfig, TcpError};
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
@@ -36,40 +36,9 @@ mod run;
 pub use endpoint::{Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, POLL_BURST};
 pub use pool::{PoolProvider, WorkerPool, WorkerSet};
 
-/// What a worker does with a call message: the seam to the service layer
-/// (`service::ServiceTable` implements it).
-pub trait Dispatcher: Send + Sync + 'static {
-    /// Handles the RPC call message `call` (XDR, as received), writing the
-    /// whole RPC reply message into `reply`.
-    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatched;
-}
-
-/// Outcome of [`Dispatcher::dispatch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dispatched {
-    /// The reply is `reply[..len]`; `ddp` marks its DDP-eligible result.
-    Reply {
-        /// Length of the reply message.
-        len: usize,
-        /// The DDP-eligible item, if any.
-        ddp: Option<DdpItem>,
-    },
-    /// No reply (RFC 5531 lets a server drop a call it cannot parse).
-    Drop,
-}
-
-/// The service layer's table is what the daemon runs: [`Dispatched`] is
-/// [`crate::service::Dispatch`] one to one. (The trait keeps the loop
-/// testable with any handler; this impl lives here because the worker is
-/// where the two meet.)
-impl Dispatcher for crate::service::ServiceTable {
-    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatched {
-        match crate::service::ServiceTable::dispatch(self, call, reply) {
-            crate::service::Dispatch::Reply { len, ddp } => Dispatched::Reply { len, ddp },
-            crate::service::Dispatch::Drop => Dispatched::Drop,
-        }
-    }
-}
+/// The seam to the service layer, defined there (`service::Dispatcher`);
+/// `Dispatched` is the name the worker's users know for `service::Dispatch`.
+pub use crate::service::{Dispatch as Dispatched, Dispatcher};
 
 /// How a worker waits when a loop iteration found nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
