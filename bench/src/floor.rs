@@ -59,6 +59,13 @@ pub struct FloorReport {
     pub memcpy: bench::membw::MemcpyReport,
 }
 
+impl Stats {
+    /// The median round trip.
+    pub fn median_ns(&self) -> u64 {
+        self.median
+    }
+}
+
 fn stats(mut v: Vec<u64>) -> Stats {
     v.sort_unstable();
     let mean = v.iter().sum::<u64>() as f64 / v.len() as f64;

@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 mod floor;
+mod targets;
 
 /// Measure RPC-over-RDMA latency, message rate and bulk throughput against
 /// RPC over TCP and the physical floor of this machine.
@@ -154,6 +155,19 @@ enum Cmd {
     Floor {
         /// Round trips per ping-pong.
         #[arg(long, default_value_t = 200_000)]
+        iters: u64,
+        /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
+        #[arg(long, value_parser = parse_size)]
+        memcpy_size: Option<u32>,
+    },
+    /// Every figure issue 6 sets a target for, in one run: the floor, shm
+    /// and libtirpc NULL latency, shm message rate, shm and TCP READ 256
+    /// KiB at depth 8 (busy-polling), and CPU per GB (adaptive), printed
+    /// as the ratios the targets name with met / missed by how much.
+    /// Embedded servers only (--connect is ignored).
+    Targets {
+        /// Round trips per floor ping-pong.
+        #[arg(long, default_value_t = 100_000)]
         iters: u64,
         /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
         #[arg(long, value_parser = parse_size)]
@@ -437,6 +451,17 @@ fn main() -> ExitCode {
             doc["floor"] = json!(report);
             Ok(doc)
         }
+        Some(Cmd::Targets { iters, memcpy_size }) => {
+            let bytes = memcpy_size.map_or_else(bench::membw::default_buffer_bytes, |b| b as usize);
+            let duration = common.duration(2.0);
+            targets::run(&common.open, common.cores, duration, iters.max(100), bytes).map(
+                |report| {
+                    let mut doc = header("targets", &common);
+                    doc["targets"] = json!(report);
+                    doc
+                },
+            )
+        }
         Some(Cmd::FloorPeer {
             url,
             page,
@@ -448,7 +473,7 @@ fn main() -> ExitCode {
         }
         None => {
             eprintln!(
-                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, floor (--help); transports: {}",
+                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, floor, targets (--help); transports: {}",
                 TRANSPORTS
                     .iter()
                     .map(|t| format!("{}{}", t.0, if t.2.is_some() { " (not built)" } else { "" }))

@@ -266,6 +266,53 @@ fn floor_reports_ping_pongs_and_memcpy_bandwidth() {
 }
 
 #[test]
+fn targets_reports_every_target_with_a_verdict() {
+    let json = scratch("targets.json");
+    let doc = run(
+        &[
+            "--duration",
+            "0.1",
+            "targets",
+            "--iters",
+            "2000",
+            "--memcpy-size",
+            "4m",
+        ],
+        &json,
+    );
+    check_header(&doc, "targets");
+    let t = &doc["targets"];
+    positive(&t["floor"]["raw_pingpong"], "median_ns");
+    positive(&t["floor"]["memcpy"], "best_gb_per_s");
+    let tirpc = bench::tirpc::binaries().is_ok();
+    let runs = t["runs"].as_array().expect("runs");
+    // shm NULL, rate, READ spin + adaptive; tcp READ spin + adaptive;
+    // libtirpc NULL when built.
+    assert_eq!(runs.len(), 6 + usize::from(tirpc), "{runs:?}");
+    for r in runs {
+        positive(r, "calls_per_s");
+        positive(&r["latency"], "p50_ns");
+    }
+    let rows = t["targets"].as_array().expect("targets");
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in rows {
+        let verdict = &row["verdict"];
+        let tirpc_row = row["target"].as_str().unwrap().contains("libtirpc");
+        if tirpc_row && !tirpc {
+            assert_eq!(verdict, "not_measured", "{row}");
+            continue;
+        }
+        positive(row, "measured");
+        positive(row, "goal");
+        // Met, or missed by a factor above 1.
+        assert!(
+            verdict == "met" || verdict["missed"]["by"].as_f64().unwrap() > 1.0,
+            "{row}"
+        );
+    }
+}
+
+#[test]
 fn an_unknown_transport_fails_with_one_line_naming_the_known_ones() {
     let out = Command::new(BIN)
         .args(["--connect", "nosuch://x", "lat", "--duration", "0.01"])
