@@ -355,7 +355,7 @@ fn spawn_acceptor<P: PoolProvider>(
         Arc::clone(registry),
     );
     std::thread::Builder::new()
-        .name(format!("rpcrdma-accept-{index}"))
+        .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
             let counters = registry.listener(index);
             while !stop.load(Ordering::SeqCst) {
@@ -397,7 +397,7 @@ fn spawn_tcp_acceptor(
     );
     let wait = PollTimeout::try_from(ACCEPT_POLL).unwrap_or(PollTimeout::MAX);
     std::thread::Builder::new()
-        .name(format!("rpcrdma-accept-{index}"))
+        .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
             let counters = registry.listener(index);
             while !stop.load(Ordering::SeqCst) {

@@ -401,15 +401,15 @@ fn bench_program_over_tcp_every_size() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The names of process `pid`'s threads that are rpcrdmad workers. The
-/// kernel keeps 15 bytes of a thread name, so `rpcrdma-worker-0` reads
-/// `rpcrdma-worker-` in `comm`.
+/// The names of process `pid`'s threads that are rpcrdmad workers, as the
+/// kernel shows them in `comm` (15 bytes at most: the names are short
+/// enough that the worker index survives).
 fn worker_threads(pid: u32) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("/proc/PID/task")
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .map(|c| c.trim().to_string())
-        .filter(|c| c.starts_with("rpcrdma-worker"))
+        .filter(|c| c.starts_with("rpcrdma-w"))
         .collect();
     names.sort();
     names
@@ -438,7 +438,7 @@ fn one_worker_thread_serves_shm_roce_and_tcp_at_once() {
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     let started = d.wait_for_line("started");
     assert!(started.contains("1 worker(s)"), "{started}");
-    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-worker-"]);
+    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-w0"]);
 
     let sizes = [0usize, 1, 4096, 64 << 10, 1 << 20, 4 << 20];
     let clients: Vec<std::thread::JoinHandle<u64>> = vec![
@@ -459,7 +459,7 @@ fn one_worker_thread_serves_shm_roce_and_tcp_at_once() {
     }
 
     // Still one worker thread; every call counted on worker 0.
-    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-worker-"]);
+    assert_eq!(worker_threads(d.child.id()), ["rpcrdma-w0"]);
     let body = scrape_until(metrics, "rpcrdma_worker_rpcs_total{worker=\"0\"", calls);
     for (url, accepted) in [(shm.as_str(), 1), (roce, 1), (tcp, 3)] {
         assert_eq!(

@@ -114,6 +114,13 @@ struct WorkerHandle {
     thread: Option<JoinHandle<WorkerReport>>,
 }
 
+/// The name of worker thread `index`: `rpcrdma-wN`. Linux keeps 15 bytes of
+/// a thread name (`/proc/PID/task/*/comm`, `top -H`, `perf`), so a longer
+/// prefix would cut the index off and every worker would look the same.
+pub(crate) fn worker_thread_name(index: usize) -> String {
+    format!("rpcrdma-w{index}")
+}
+
 /// One pinned worker thread per configured core, each serving
 /// connections of every attached provider and ONC RPC/TCP connections in
 /// one loop (DESIGN s5, docs/WORKER.md).
@@ -191,7 +198,7 @@ impl WorkerSet {
                 config: config.clone(),
             };
             let thread = std::thread::Builder::new()
-                .name(format!("rpcrdma-worker-{index}"))
+                .name(worker_thread_name(index))
                 .spawn(move || {
                     if let Some(core) = core {
                         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
@@ -535,5 +542,19 @@ impl<P: PoolProvider> WorkerPool<P> {
     /// that did not come back full.
     pub fn stop(self, grace: Duration) -> ShutdownReport {
         self.set.stop(grace)
+    }
+}
+
+#[cfg(test)]
+mod thread_name_tests {
+    use super::worker_thread_name;
+
+    #[test]
+    fn worker_thread_names_keep_their_index_within_the_kernel_limit() {
+        for index in [0, 7, 63, 999_999] {
+            let name = worker_thread_name(index);
+            assert!(name.len() <= 15, "{name} is cut in comm");
+            assert!(name.ends_with(&index.to_string()));
+        }
     }
 }
