@@ -82,6 +82,9 @@ pub struct Workers {
     pub idle: IdleStrategy,
     /// Longest sleep of the `adaptive` strategy, in microseconds.
     pub park_max_us: u32,
+    /// Connections (every listener, every transport) served at once;
+    /// requests beyond it are refused.
+    pub max_connections: u32,
 }
 
 impl Default for Workers {
@@ -90,6 +93,7 @@ impl Default for Workers {
             cores: vec![0],
             idle: IdleStrategy::Adaptive,
             park_max_us: 1000,
+            max_connections: 1024,
         }
     }
 }
@@ -592,6 +596,13 @@ impl Config {
             &[Key("workers"), Key("park_max_us")],
             "workers.park_max_us",
             w.park_max_us.into(),
+            1,
+            1_000_000,
+        )?;
+        range(
+            &[Key("workers"), Key("max_connections")],
+            "workers.max_connections",
+            w.max_connections.into(),
             1,
             1_000_000,
         )?;

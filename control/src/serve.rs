@@ -158,6 +158,7 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
                 park_max: Duration::from_micros(c.workers.park_max_us.into()),
             },
         },
+        max_connections: c.workers.max_connections as usize,
         ..WorkerConfig::default()
     }
 }
@@ -408,6 +409,12 @@ fn spawn_tcp_acceptor(
                     continue;
                 }
                 let accepted = acceptor.accept_ready(TCP_ACCEPT_BATCH, |stream, peer| {
+                    if let Err(e) = set.admit() {
+                        metrics::add(&counters.rejected, 1);
+                        tracing::warn!("{url}: {peer} refused: {e}");
+                        drop(stream);
+                        return;
+                    }
                     match set.hand_off_tcp(stream) {
                         Ok(worker) => {
                             metrics::add(&counters.accepted, 1);

@@ -529,3 +529,57 @@ fn sixty_four_concurrent_clients() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `workers.max_connections`: a TCP connection beyond the limit is closed
+/// at once and counted as rejected, with one warning naming the key; the
+/// served client is untouched.
+#[test]
+fn tcp_connections_beyond_max_connections_are_refused() {
+    let dir = scratch_dir("serve-limit");
+    let tcp = "tcp://127.0.0.41:20341";
+    let metrics: SocketAddr = "127.0.0.1:19486".parse().unwrap();
+    let cfg = write_file(
+        &dir,
+        "limit.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{tcp}\"\n\n[workers]\ncores = [0]\nidle = \"adaptive\"\n\
+             max_connections = 1\n\n[metrics]\naddress = \"{metrics}\"\n\n\
+             [rpcbind]\nregister = false\n"
+        ),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let config = TcpClientConfig::for_data(4096, 1);
+    let mut served = TcpClient::connect_url(tcp, config.clone()).expect("tcp connect");
+    tcp_call(&mut served, Args::Null);
+
+    // The kernel completes the handshake; the daemon then closes the
+    // stream without reading it, so the call fails instead of hanging.
+    let mut refused = TcpClient::connect_url(tcp, config).expect("tcp connect");
+    let failed = refused.call(Args::Null, 0).is_err() || {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            match refused.poll(|_| {}) {
+                Err(_) => break true,
+                Ok(_) if std::time::Instant::now() > deadline => break false,
+                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            }
+        }
+    };
+    assert!(failed, "the connection beyond the limit was served");
+    d.wait_for_line("workers.max_connections");
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(
+        metric(
+            &body,
+            &format!("rpcrdma_listener_rejected_total{{listener=\"{tcp}\"}}")
+        ),
+        1,
+        "{body}"
+    );
+    // The first connection still works.
+    tcp_call(&mut served, Args::Null);
+    drop(served);
+    stop_cleanly(&mut d);
+    let _ = std::fs::remove_dir_all(dir);
+}

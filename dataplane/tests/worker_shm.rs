@@ -481,3 +481,50 @@ fn dropped_call_closes_only_its_connection() {
     assert_clean(&report);
     assert_eq!(report.workers[0].counters.errors_dropped_calls, 1);
 }
+
+/// `max_connections`: a request beyond the limit is rejected before any
+/// memory is set up for it (the client sees the rejection, the served
+/// client is untouched), and the place frees when a connection closes.
+#[test]
+fn connections_beyond_the_limit_are_refused_until_one_closes() {
+    let server = Server::start_with(1, engine_config(64 * 1024, 4), |c| c.max_connections = 1);
+    let config = client_config(engine_config(64 * 1024, 4));
+    let null = |client: &mut Client<Shm>| {
+        let call = client
+            .call(ReplyTarget::Inline, |xid, buf| {
+                encode_call(xid, NULL, Arg::None, buf)
+            })
+            .unwrap();
+        assert!(matches!(
+            client.wait(call).unwrap(),
+            CallOutcome::Reply { .. }
+        ));
+        assert!(client.release(call));
+    };
+    let mut first = Client::<Shm>::connect(&server.url, config).unwrap();
+    null(&mut first);
+    assert_eq!(server.pool().connections(), 1);
+
+    let refused = Client::<Shm>::connect(&server.url, config);
+    assert!(refused.is_err(), "a second connection was accepted");
+    // The served client did not notice.
+    null(&mut first);
+    assert_eq!(server.pool().connections(), 1);
+
+    first.close().unwrap();
+    // The worker uncounts the connection once it has flushed it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.pool().connections() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connection never uncounted"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut again = Client::<Shm>::connect(&server.url, config).unwrap();
+    null(&mut again);
+    again.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.rpcs, 3);
+}

@@ -111,6 +111,9 @@ impl Idler {
     }
 }
 
+/// Default of [`WorkerConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// Worker configuration.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -128,6 +131,12 @@ pub struct WorkerConfig {
     /// Limits of the ONC RPC/TCP connections a worker serves (the daemon
     /// sets both message limits to `transport.max_message`).
     pub tcp: TcpConfig,
+    /// Connections of every transport the whole set serves at once. A
+    /// request beyond it is refused before any memory is set up for it
+    /// (an RDMA connection is rejected, a TCP stream closed), so a peer
+    /// that opens connections in a loop cannot exhaust the node's
+    /// registered memory (each connection holds its buffers for life).
+    pub max_connections: usize,
 }
 
 impl Default for WorkerConfig {
@@ -144,6 +153,7 @@ impl Default for WorkerConfig {
             connections_hint: 64,
             drain_timeout: Duration::from_secs(5),
             tcp: TcpConfig::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -429,6 +439,12 @@ pub enum WorkerError {
     /// Every worker's control ring is full, or the pool is stopping.
     #[error("no worker can take the connection (control rings full or stopping)")]
     Busy,
+    /// The set already serves `max_connections`; the request was refused.
+    #[error("connection limit reached: {limit} connections already served (raise `workers.max_connections` if the node has memory for more)")]
+    ConnectionLimit {
+        /// The configured limit.
+        limit: usize,
+    },
     /// No context of this provider was attached to the worker set.
     #[error("no {scheme} provider attached to the workers")]
     NotAttached {

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
-use crate::verbs::{Context as _, Listener as _, Provider};
+use crate::verbs::{Context as _, Incoming as _, Listener as _, Provider};
 
 /// A verbs provider the workers serve: every provider built in (`Shm`,
 /// `Roce`; `Ibverbs` with the `ibverbs` feature). Sealed: a worker keeps
@@ -318,6 +318,30 @@ impl WorkerSet {
         Err(cmd)
     }
 
+    /// Connections the set serves now, every transport (counted at
+    /// hand-off, uncounted when a worker drops them).
+    pub fn connections(&self) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.counters.connections.get() as usize)
+            .sum()
+    }
+
+    /// Whether one more connection may be taken
+    /// ([`WorkerConfig::max_connections`]). Acceptors ask before setting a
+    /// connection up; concurrent acceptors of several listeners may
+    /// overshoot by one each.
+    ///
+    /// # Errors
+    /// [`WorkerError::ConnectionLimit`].
+    pub fn admit(&self) -> Result<(), WorkerError> {
+        let limit = self.config.max_connections;
+        if self.connections() >= limit {
+            return Err(WorkerError::ConnectionLimit { limit });
+        }
+        Ok(())
+    }
+
     /// Hands `ep` to the least-loaded worker over its control ring; returns
     /// the worker index.
     ///
@@ -355,13 +379,19 @@ impl WorkerSet {
     /// [`WorkerError::Verbs`] (including
     /// [`VerbsError::Timeout`](crate::verbs::VerbsError::Timeout)),
     /// [`WorkerError::NotAttached`], [`WorkerError::Endpoint`],
-    /// [`WorkerError::Busy`].
+    /// [`WorkerError::Busy`], [`WorkerError::ConnectionLimit`] (the request
+    /// was rejected).
     pub fn accept<P: PoolProvider>(
         &self,
         listener: &P::Listener,
         timeout: Duration,
     ) -> Result<usize, WorkerError> {
         let incoming = listener.accept(timeout)?;
+        if let Err(e) = self.admit() {
+            // Refused before any memory is registered for it.
+            incoming.reject(&[])?;
+            return Err(e);
+        }
         let prepared = self.prepare::<P>()?;
         let ep = prepared.accept(incoming)?;
         self.hand_off(ep).map_err(|_| WorkerError::Busy)
@@ -522,7 +552,8 @@ impl<P: PoolProvider> WorkerPool<P> {
     /// # Errors
     /// [`WorkerError::Verbs`] (including
     /// [`VerbsError::Timeout`](crate::verbs::VerbsError::Timeout)),
-    /// [`WorkerError::Endpoint`], [`WorkerError::Busy`].
+    /// [`WorkerError::Endpoint`], [`WorkerError::Busy`],
+    /// [`WorkerError::ConnectionLimit`] (the request was rejected).
     pub fn accept(&self, listener: &P::Listener, timeout: Duration) -> Result<usize, WorkerError> {
         self.set.accept::<P>(listener, timeout)
     }
@@ -530,6 +561,11 @@ impl<P: PoolProvider> WorkerPool<P> {
     /// The counters of every worker.
     pub fn snapshot(&self) -> Vec<WorkerSnapshot> {
         self.set.snapshot()
+    }
+
+    /// Connections the pool serves now (see [`WorkerSet::connections`]).
+    pub fn connections(&self) -> usize {
+        self.set.connections()
     }
 
     /// The shared counters of every worker (for a metrics exporter).
