@@ -550,7 +550,7 @@ fn tcp_connections_beyond_max_connections_are_refused() {
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
     let config = TcpClientConfig::for_data(4096, 1);
-    let mut served = TcpClient::connect_url(tcp, config.clone()).expect("tcp connect");
+    let mut served = TcpClient::connect_url(tcp, config).expect("tcp connect");
     tcp_call(&mut served, Args::Null);
 
     // The kernel completes the handshake; the daemon then closes the
