@@ -29,6 +29,7 @@ use dataplane::service::ServiceTable;
 use dataplane::verbs::{Context, VerbsError};
 use dataplane::worker::{
     EndpointConfig, IdleStrategy, PoolProvider, WorkerConfig, WorkerError, WorkerPool,
+    WORKER_THREAD_PREFIX,
 };
 
 use crate::driver::{thread_cpu_of, Reply, RpcDriver};
@@ -106,7 +107,7 @@ fn worker_tids() -> Vec<i32> {
         let e = e.ok()?;
         let tid: i32 = e.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        comm.starts_with("rpcrdma-worker").then_some(tid)
+        comm.starts_with(WORKER_THREAD_PREFIX).then_some(tid)
     })
     .collect()
 }

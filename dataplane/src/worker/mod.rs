@@ -34,7 +34,7 @@ mod pool;
 mod run;
 
 pub use endpoint::{Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, POLL_BURST};
-pub use pool::{PoolProvider, WorkerPool, WorkerSet};
+pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
 /// `Dispatched` is the name the worker's users know for `service::Dispatch`.

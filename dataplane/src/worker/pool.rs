@@ -118,8 +118,12 @@ struct WorkerHandle {
 /// a thread name (`/proc/PID/task/*/comm`, `top -H`, `perf`), so a longer
 /// prefix would cut the index off and every worker would look the same.
 pub(crate) fn worker_thread_name(index: usize) -> String {
-    format!("rpcrdma-w{index}")
+    format!("{WORKER_THREAD_PREFIX}{index}")
 }
+
+/// What every worker thread's name starts with (tools that find the
+/// workers among a process's threads match on it).
+pub const WORKER_THREAD_PREFIX: &str = "rpcrdma-w";
 
 /// One pinned worker thread per configured core, each serving
 /// connections of every attached provider and ONC RPC/TCP connections in
