@@ -77,6 +77,8 @@ impl TargetRow {
 pub struct TargetsReport {
     /// The physical references.
     pub floor: FloorReport,
+    /// memcpy over the READ target's working set (8 x 256 KiB, cached).
+    pub memcpy_working_set: bench::membw::MemcpyReport,
     /// Every transport run, in the order taken.
     pub runs: Vec<RunResult>,
     /// Transports that could not be opened, with the reason.
@@ -167,6 +169,29 @@ pub fn run(
     })?;
     let raw_ns = floor.raw_pingpong.median_ns() as f64;
     let memcpy_mb_s = floor.memcpy.best_gb_per_s * 1000.0;
+    // The floor's memcpy runs out of cache (buffers 4x the LLC); the READ
+    // below cycles 8 buffers of 256 KiB per side, which stay cached. The
+    // memcpy of that same working set is the like-for-like reference.
+    let memcpy_set = std::thread::scope(|s| {
+        s.spawn(|| {
+            bench::membw::measure_blocks(
+                256 << 10,
+                8,
+                duration.min(Duration::from_millis(500)),
+                Some(cores.0),
+            )
+        })
+        .join()
+    })
+    .map_err(|_| BenchError::Call {
+        transport: "floor",
+        reason: "the working-set memcpy panicked".to_owned(),
+    })?;
+    let memcpy_set_mb_s = memcpy_set.best_gb_per_s * 1000.0;
+    println!(
+        "memcpy, one core, 8 x 256 KiB blocks (the READ's working set, in cache): best {:.2} GB/s, mean {:.2} GB/s over {} rounds",
+        memcpy_set.best_gb_per_s, memcpy_set.mean_gb_per_s, memcpy_set.copies
+    );
 
     let (mut runs, mut skipped) = (Vec::new(), Vec::new());
     let spec = |op, size, depth, idle| {
@@ -228,6 +253,16 @@ pub fn run(
             format!("{} / {memcpy_mb_s:.0} MB/s", show(mb(&shm_read), "MB/s")),
         ),
         TargetRow::new(
+            "shm READ 256 KiB depth 8 / memcpy of its working set",
+            div(mb(&shm_read), Some(memcpy_set_mb_s)),
+            0.8,
+            false,
+            format!(
+                "{} / {memcpy_set_mb_s:.0} MB/s",
+                show(mb(&shm_read), "MB/s")
+            ),
+        ),
+        TargetRow::new(
             "shm READ 256 KiB depth 8 / RPC over TCP",
             div(mb(&shm_read), mb(&tcp_read)),
             3.0,
@@ -249,6 +284,7 @@ pub fn run(
     print_table(&targets);
     Ok(TargetsReport {
         floor,
+        memcpy_working_set: memcpy_set,
         runs,
         skipped,
         targets,

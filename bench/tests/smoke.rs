@@ -284,6 +284,8 @@ fn targets_reports_every_target_with_a_verdict() {
     let t = &doc["targets"];
     positive(&t["floor"]["raw_pingpong"], "median_ns");
     positive(&t["floor"]["memcpy"], "best_gb_per_s");
+    positive(&t["memcpy_working_set"], "best_gb_per_s");
+    assert_eq!(t["memcpy_working_set"]["blocks"], 8);
     let tirpc = bench::tirpc::binaries().is_ok();
     let runs = t["runs"].as_array().expect("runs");
     // shm NULL, rate, READ spin + adaptive; tcp READ spin + adaptive;
@@ -294,7 +296,7 @@ fn targets_reports_every_target_with_a_verdict() {
         positive(&r["latency"], "p50_ns");
     }
     let rows = t["targets"].as_array().expect("targets");
-    assert_eq!(rows.len(), 6, "{rows:?}");
+    assert_eq!(rows.len(), 7, "{rows:?}");
     for row in rows {
         let verdict = &row["verdict"];
         let tirpc_row = row["target"].as_str().unwrap().contains("libtirpc");
