@@ -102,7 +102,7 @@ pub fn measure_blocks(
             b
         })
         .collect();
-    let mut dst: Vec<Vec<u8>> = src.iter().map(|b| b.clone()).collect();
+    let mut dst: Vec<Vec<u8>> = src.to_vec();
     let (mut best, mut total, mut copies) = (f64::INFINITY, 0.0f64, 0u32);
     let start = Instant::now();
     while copies < 3 || start.elapsed() < duration {
