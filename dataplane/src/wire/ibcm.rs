@@ -105,6 +105,8 @@ pub mod attr {
 pub mod rej_reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;
+    /// Timeout: the peer did not answer (here: no RTU after our REPs).
+    pub const TIMEOUT: u16 = 4;
     /// Invalid service ID (nobody listens).
     pub const INVALID_SERVICE_ID: u16 = 8;
     /// Stale connection.

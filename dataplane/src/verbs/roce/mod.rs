@@ -75,6 +75,11 @@ pub const MAX_REQ_PRIVATE_DATA: usize = ibcm::private_len::REQ - RDMA_CM_HEADER_
 const CM_RETRY: Duration = Duration::from_millis(500);
 /// DREQ retransmissions before the connection is forgotten.
 const DREQ_RETRIES: u8 = 3;
+/// REP retransmissions (every [`CM_RETRY`]) while the passive side waits
+/// for the RTU; then the connection fails (REJ "timeout", QP to error).
+/// Without the limit a peer that never completes the handshake would hold
+/// an accepted connection, and its memory, forever.
+const REP_RETRIES: u8 = 3;
 /// Connection requests a listener queues before rejecting.
 const LISTEN_BACKLOG: usize = 1024;
 /// `recvmmsg` batches per progress call (bounds the work of one poll).
@@ -420,7 +425,11 @@ struct PendingReq {
 enum ConnState {
     /// Active: REQ sent, waiting for REP (or REJ / MRA).
     ReqSent,
-    /// Active: REP received, RTU sent. Passive: REP sent.
+    /// Passive: REP sent, waiting for the RTU (or the first packet of the
+    /// peer's QP, which implies it); the REP is resent at `next`, `left`
+    /// more times, then the connection fails.
+    RepSent { next: Instant, left: u8 },
+    /// Active: REP received, RTU sent. Passive: RTU (or data) received.
     Established,
     /// Active: the peer refused, with its private data.
     Rejected(Vec<u8>),
@@ -698,7 +707,7 @@ impl Engine {
         for qp in qps.values_mut() {
             qp.tick(now, tx);
         }
-        self.send_dreqs(now);
+        self.cm_timers(now);
         self.tx.flush();
     }
 
@@ -757,11 +766,22 @@ impl Engine {
             }
             Some(_) => {}
         }
+        if qp.awaiting_rtu {
+            // The peer's QP talks to us: it has our REP, so this stands
+            // for an RTU that was lost or is still on its way.
+            qp.awaiting_rtu = false;
+            if let Some(rec) = qp.conn.and_then(|c| cm.conns.get_mut(&c.local_comm_id)) {
+                if matches!(rec.state, ConnState::RepSent { .. }) {
+                    rec.state = ConnState::Established;
+                }
+            }
+        }
         qp.on_packet(&p, now, tx);
     }
 
-    /// DREQs for QPs that entered the error state, and DREQ retries.
-    fn send_dreqs(&mut self, now: Instant) {
+    /// CM timers: DREQs for QPs that entered the error state, DREQ
+    /// retries, and REP retries while a passive connection awaits its RTU.
+    fn cm_timers(&mut self, now: Instant) {
         let Engine {
             tx,
             qps,
@@ -785,6 +805,36 @@ impl Engine {
         }
         let mut forget = None;
         for rec in cm.conns.values_mut() {
+            if let ConnState::RepSent { next, left } = &mut rec.state {
+                if now >= *next {
+                    if *left == 0 {
+                        // No RTU and no packet: the requester is gone or
+                        // never meant to finish. Tell it and fail the QP
+                        // (its owner sees the flush and drops it).
+                        send_rej(
+                            tx,
+                            gsi_psn,
+                            rec.peer_ip,
+                            0,
+                            rec.local_comm_id,
+                            rec.remote_comm_id,
+                            ibcm::rej_reason::TIMEOUT,
+                            &[],
+                        );
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.awaiting_rtu = false;
+                            qp.enter_error(None, false);
+                        }
+                        forget = Some(rec.local_comm_id);
+                        continue;
+                    }
+                    *left -= 1;
+                    *next = now + CM_RETRY;
+                    let (peer, port) = (rec.peer_ip, tx.local.port());
+                    send_mad(tx, gsi_psn, peer, port, &rec.mad[..]);
+                }
+                continue;
+            }
             if let ConnState::DreqSent { next, left } = &mut rec.state {
                 if now >= *next {
                     if *left == 0 {
@@ -945,7 +995,20 @@ impl Cm {
                     _ => {}
                 }
             }
-            CmMessage::Rtu(_) => {}
+            CmMessage::Rtu(ids) => {
+                if let Some(rec) = self.conns.get_mut(&ids.remote_comm_id) {
+                    if !rec.active
+                        && rec.peer_ip == *src.ip()
+                        && rec.remote_comm_id == ids.local_comm_id
+                        && matches!(rec.state, ConnState::RepSent { .. })
+                    {
+                        rec.state = ConnState::Established;
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.awaiting_rtu = false;
+                        }
+                    }
+                }
+            }
             CmMessage::Rej(j) => {
                 let Some(rec) = self.conns.get_mut(&j.remote_comm_id) else {
                     return;
@@ -1027,7 +1090,10 @@ impl Cm {
             .values()
             .find(|c| !c.active && c.peer_ip == peer_ip && c.remote_comm_id == r.local_comm_id)
         {
-            if matches!(rec.state, ConnState::Established) {
+            if matches!(
+                rec.state,
+                ConnState::Established | ConnState::RepSent { .. }
+            ) {
                 let mad = *rec.mad;
                 send_mad(tx, gsi_psn, peer_ip, port, &mad);
             }
@@ -1654,7 +1720,7 @@ impl QueuePair<Roce> for RoceQp {
             qp.enter_error(None, true);
         }
         let now = Instant::now();
-        eng.send_dreqs(now);
+        eng.cm_timers(now);
         eng.tx.flush();
     }
 }
@@ -1792,6 +1858,7 @@ impl Incoming<Roce> for RoceIncoming {
         let req = self.req.take().expect("not yet answered");
         eng.cm.release_held(req.peer_ip, req.remote_comm_id);
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
+        rc.awaiting_rtu = true;
         let my_psn = rc.initial_psn();
         // The peer sends from the PSN in its REQ; we from the one in our REP.
         rc.bind(
@@ -1837,7 +1904,10 @@ impl Incoming<Roce> for RoceIncoming {
                 qpn,
                 remote_qpn: req.remote_qpn,
                 active: false,
-                state: ConnState::Established,
+                state: ConnState::RepSent {
+                    next: Instant::now() + CM_RETRY,
+                    left: REP_RETRIES,
+                },
                 mad: Box::new(mad),
                 peer_private: Vec::new(),
                 quiet_until: None,

@@ -138,6 +138,10 @@ pub(super) struct RcQp {
     pub conn: Option<ConnRef>,
     /// Our QP errored: a DREQ is to be sent by the CM.
     pub dreq_due: bool,
+    /// Passive side: our REP is out and neither the RTU nor a packet of
+    /// the peer's QP has come back yet (the first such packet implies the
+    /// RTU; the device's CM then stops resending the REP).
+    pub awaiting_rtu: bool,
     pub faults: Faults,
     // requester
     sq: VecDeque<SqEntry>,
@@ -301,6 +305,7 @@ impl RcQp {
             peer_src_port: None,
             conn: None,
             dreq_due: false,
+            awaiting_rtu: false,
             faults: Faults::default(),
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),

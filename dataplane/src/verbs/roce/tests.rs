@@ -1013,3 +1013,138 @@ fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
         "the invalidated range was replayed"
     );
 }
+
+/// The provider's side of a connection the fake requested and the
+/// provider accepted: the REP is out, no RTU sent yet. One receive is
+/// posted.
+struct Accepted {
+    fake: Fake,
+    cq: RoceCq,
+    _qp: RoceQp,
+    fake_comm_id: u32,
+    our_comm_id: u32,
+    our_qpn: u32,
+    _recv: Slab,
+    _mr: RoceMr,
+    _pd: RocePd,
+    _listener: RoceListener,
+    _ctx: RoceContext,
+}
+
+fn accepted_without_rtu(port: u16) -> Accepted {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:{port}?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    let fake_comm_id = 0x4000 + u32::from(port);
+    fake.send_mad(&CmMad::new(
+        0xCC,
+        CmMessage::Req(fake_req(fake_comm_id, port, fip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let arena = Arena::with_backing(1 << 16, crate::mem::Backing::Small).unwrap();
+    let mr = pd
+        .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
+        .unwrap();
+    let recv = Slab::new(arena, 0, 4096, 16, mr.lkey(), WrKind::Recv).unwrap();
+    let mut pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let b = recv.alloc().unwrap();
+    pqp.post_recv(RecvWr {
+        wr_id: b.wr_id(),
+        sgl: SgeList::one(Sge::whole(b)),
+    })
+    .unwrap();
+    let qp = inc.accept(pqp, b"").unwrap();
+    let m = fake.recv_mad();
+    let CmMessage::Rep(rep) = CmMad::parse(&m).unwrap().message else {
+        panic!("expected REP")
+    };
+    assert_eq!(rep.remote_comm_id, fake_comm_id);
+    Accepted {
+        fake,
+        cq,
+        fake_comm_id,
+        our_comm_id: rep.local_comm_id,
+        our_qpn: rep.local_qpn,
+        _qp: qp,
+        _recv: recv,
+        _mr: mr,
+        _pd: pd,
+        _listener: listener,
+        _ctx: ctx,
+    }
+}
+
+/// A requester that never sends the RTU (nor anything else) gets our REP
+/// again, `REP_RETRIES` times, then a REJ "timeout"; the accepted QP goes
+/// to the error state (its receive is flushed), so the connection and its
+/// memory do not stay behind.
+#[test]
+fn without_an_rtu_the_rep_is_resent_then_the_connection_fails() {
+    let a = accepted_without_rtu(7006);
+    for _ in 0..REP_RETRIES {
+        let m = a.fake.recv_mad();
+        let CmMessage::Rep(rep) = CmMad::parse(&m).unwrap().message else {
+            panic!("expected the REP again")
+        };
+        assert_eq!(
+            (rep.local_comm_id, rep.remote_comm_id),
+            (a.our_comm_id, a.fake_comm_id)
+        );
+    }
+    let m = a.fake.recv_mad();
+    let CmMessage::Rej(j) = CmMad::parse(&m).unwrap().message else {
+        panic!("expected REJ after the last REP")
+    };
+    assert_eq!(j.reason, ibcm::rej_reason::TIMEOUT);
+    assert_eq!(
+        (j.local_comm_id, j.remote_comm_id),
+        (a.our_comm_id, a.fake_comm_id)
+    );
+    let c = next_completion(&a.cq);
+    assert!(!c.is_ok(), "the receive should be flushed: {:?}", c.status);
+}
+
+/// The first packet of the requester's QP stands for a lost RTU: the
+/// connection is established and the REP is not resent.
+#[test]
+fn a_packet_of_the_peer_stands_for_a_lost_rtu() {
+    let a = accepted_without_rtu(7007);
+    let mut bth = Bth::new(Opcode::RcSendOnly, a.our_qpn, Psn::new(FAKE_PSN).unwrap());
+    bth.ack_req = true;
+    a.fake.send(&RocePacket::new(bth, b"no rtu"));
+    let c = next_completion(&a.cq);
+    assert!(c.is_ok());
+    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"no rtu");
+    drop(c);
+    // Longer than every REP retry together: only the ACK of our Send may
+    // arrive, never a REP or a REJ.
+    a.fake
+        .sock
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let quiet_until = Instant::now() + CM_RETRY * (u32::from(REP_RETRIES) + 2);
+    let mut buf = [0u8; 9000];
+    while Instant::now() < quiet_until {
+        let Ok((n, _)) = a.fake.sock.recv_from(&mut buf) else {
+            continue;
+        };
+        let p = RocePacket::parse(&buf[..n]).unwrap();
+        assert_ne!(
+            p.bth.dest_qpn,
+            ibcm::GSI_QPN,
+            "a CM message after the peer's first packet"
+        );
+    }
+}
