@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::engine::{
-    self, decode_conf_rdma_reply, encode_conf_rdma_call, CallFailure, CallHandle, DdpItem, Event,
-    OutgoingCall, ReplyExpect, SendCallError,
+    self, decode_conf_rdma_reply, encode_conf_rdma_call, AppChunks, CallFailure, CallHandle,
+    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, Context, Provider, VerbsError};
@@ -237,6 +237,7 @@ impl<P: Provider> Client<P> {
             message: self.call_buf.get(..len).ok_or(ClientError::Encode)?,
             ddp,
             reply,
+            app: AppChunks::NONE,
         };
         let handle = self.ep.connection_mut().send_call(now, &call)?;
         self.ep.flush();

@@ -10,8 +10,8 @@ mod support;
 use std::collections::VecDeque;
 
 use dataplane::engine::{
-    Access, BufId, Config, Connection, DdpItem, Event, Instant, OutgoingCall, OutgoingReply,
-    ReplyExpect, WcStatus, WorkRequest, WrId,
+    Access, AppChunks, BufId, Config, Connection, DdpItem, Event, Instant, OutgoingCall,
+    OutgoingReply, ReplyExpect, WcStatus, WorkRequest, WrId,
 };
 use dataplane::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
 use dataplane::wire::xdr::{Decoder, Encoder};
@@ -269,6 +269,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
                     message: msg,
                     ddp: *ddp,
                     reply: *reply,
+                    app: AppChunks::NONE,
                 };
                 w.conns[0].send_call(Instant(0), &call).unwrap();
                 sent += 1;

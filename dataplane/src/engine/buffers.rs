@@ -71,6 +71,11 @@ pub enum BufClass {
     Message,
     /// The destination of a DDP-eligible reply item (write chunk target).
     Ddp,
+    /// The application memory ([`super::Config::app_memory`]), or a view:
+    /// a per-slot descriptor pointed at a range of it for one call
+    /// ([`BufferTable::retarget`]), so that each call has its own exposure
+    /// window.
+    App,
 }
 
 /// What a peer may currently do to a buffer.
@@ -242,6 +247,31 @@ impl BufferTable {
         if let Some(d) = self.descs.get_mut(id.0 as usize) {
             d.rkey = rkey;
             d.addr = addr;
+        }
+    }
+
+    /// Points view `view` at `len` bytes at `offset` of buffer `base`
+    /// (its bytes, its address; the view keeps its own rkey, which the
+    /// worker set to the one key of the whole memory). The view's exposure
+    /// is withdrawn. False, changing nothing, if the range is outside
+    /// `base`.
+    pub(crate) fn retarget(&mut self, view: BufId, base: BufId, offset: u32, len: u32) -> bool {
+        let Some(b) = self.desc(base).copied() else {
+            return false;
+        };
+        if u64::from(offset) + u64::from(len) > u64::from(b.len) {
+            return false;
+        }
+        match self.descs.get_mut(view.0 as usize) {
+            Some(v) => {
+                v.start = b.start + offset as usize;
+                v.len = len;
+                v.addr = b.addr.wrapping_add(u64::from(offset));
+                v.access = Access::None;
+                v.window = (0, 0);
+                true
+            }
+            None => false,
         }
     }
 

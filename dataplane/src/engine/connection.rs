@@ -153,6 +153,8 @@ pub struct Connection {
     pub(super) config: Config,
     pub(super) closed: Option<CloseReason>,
     pub(super) bufs: BufferTable,
+    /// The application memory ([`Config::app_memory`]), if any.
+    pub(super) app_buf: Option<BufId>,
     /// Scratch for the header being parsed; reused, never reallocated.
     pub(super) rx_hdr: TransportHeader,
     /// Scratch for the header being built.
@@ -243,7 +245,16 @@ impl Connection {
     fn layout(
         c: &Config,
         b: &mut BufferTableBuilder,
-    ) -> Result<(Vec<RecvBuf>, Vec<ErrBuf>, Vec<CallSlot>, Vec<ServeSlot>), ConfigError> {
+    ) -> Result<
+        (
+            Vec<RecvBuf>,
+            Vec<ErrBuf>,
+            Vec<CallSlot>,
+            Vec<ServeSlot>,
+            Option<BufId>,
+        ),
+        ConfigError,
+    > {
         if [
             c.inline_recv_size,
             c.inline_send_size,
@@ -287,7 +298,8 @@ impl Connection {
                     + w(c.max_call_size)
                     + w(c.max_reply_size)
                     + w(c.max_ddp_size))
-            + w(n_serve) * (w(c.inline_send_size) + w(c.max_call_size) + w(c.max_reply_size));
+            + w(n_serve) * (w(c.inline_send_size) + w(c.max_call_size) + w(c.max_reply_size))
+            + w(c.app_memory);
         if total > (isize::MAX as u128) / 2 {
             return Err(ConfigError::TooMuchMemory);
         }
@@ -311,7 +323,9 @@ impl Connection {
             .map(|_| CallSlot::new(b, c))
             .collect();
         let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(b, c)).collect();
-        Ok((recvs, err_bufs, calls, serves))
+        // Last, so that the other buffers keep their offsets.
+        let app = (c.app_memory > 0).then(|| b.add(BufClass::App, c.app_memory));
+        Ok((recvs, err_bufs, calls, serves, app))
     }
 
     fn build(
@@ -320,7 +334,7 @@ impl Connection {
     ) -> Result<Connection, ConfigError> {
         let c = &config;
         let mut b = BufferTableBuilder::default();
-        let (recvs, err_bufs, calls, serves) = Self::layout(c, &mut b)?;
+        let (recvs, err_bufs, calls, serves, app_buf) = Self::layout(c, &mut b)?;
         let n_serve = serves.len() as u32;
         let n_recv = recvs.len();
         let n_calls = calls.len();
@@ -355,6 +369,7 @@ impl Connection {
             config,
             closed: None,
             bufs,
+            app_buf,
             rx_hdr: TransportHeader::with_capacity(&c.limits),
             tx_hdr: TransportHeader::with_capacity(&c.limits),
             recvs: conn_recvs,

@@ -4,8 +4,8 @@
 use std::collections::VecDeque;
 
 use super::{
-    BufId, Config, Connection, Instant, OutgoingCall, OutgoingReply, ReplyExpect, WcStatus,
-    WorkRequest, WrId,
+    AppChunks, BufId, Config, Connection, Instant, OutgoingCall, OutgoingReply, ReplyExpect,
+    WcStatus, WorkRequest, WrId,
 };
 
 /// Feeds `data` to one [`Connection`] as the bytes of received messages and
@@ -73,6 +73,7 @@ pub fn fuzz_recv(data: &[u8]) {
                     max_len: 16 * 1024,
                     ddp_max: (i == 2).then_some(32 * 1024),
                 },
+                app: AppChunks::NONE,
             },
         );
     }

@@ -139,6 +139,11 @@ pub struct Config {
     pub call_timeout: Option<Duration>,
     /// Chunk-list limits applied when parsing the peer's headers.
     pub limits: Limits,
+    /// Bytes of application memory in the connection's registered memory
+    /// (0: none): ranges of it serve as write-chunk targets and read-chunk
+    /// sources of calls ([`AppChunks`]), registered once with the
+    /// connection.
+    pub app_memory: u32,
 }
 
 impl Config {
@@ -176,6 +181,7 @@ impl Default for Config {
             error_buffers: 4,
             call_timeout: None,
             limits: Limits::DEFAULT,
+            app_memory: 0,
         }
     }
 }
@@ -261,6 +267,43 @@ pub struct OutgoingCall<'a> {
     pub ddp: Option<DdpItem>,
     /// What the reply may look like.
     pub reply: ReplyExpect,
+    /// Chunks in the connection's application memory instead of the call
+    /// slot's own buffers (directed operations, docs/CLIENT.md).
+    pub app: AppChunks,
+}
+
+/// A byte range of the connection's application memory
+/// ([`Config::app_memory`], [`Connection::app_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppSlice {
+    /// Offset in the application memory.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// Where a call's chunks live when the application provides them: the
+/// registered memory is reused by every call, so nothing is registered
+/// or copied per call (the Sun NFS/RDMA paper's s9.2 wish).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppChunks {
+    /// Write chunk target (RFC 5666 s3.6): the responder RDMA-writes the
+    /// reply's DDP-eligible result here. Replaces `reply.ddp_max`.
+    pub write: Option<AppSlice>,
+    /// Read chunk source (RFC 5666 s3.4): the bytes of the call's DDP item
+    /// ([`OutgoingCall::ddp`]), which are then *not* in `message`: the
+    /// message holds everything before the item's data (up to and
+    /// including its length word) followed by everything after its data
+    /// and padding, exactly what travels inline (s3.7).
+    pub read: Option<AppSlice>,
+}
+
+impl AppChunks {
+    /// No application memory: the slot's buffers, as before.
+    pub const NONE: AppChunks = AppChunks {
+        write: None,
+        read: None,
+    };
 }
 
 /// An outgoing reply.
@@ -405,6 +448,10 @@ pub enum SendCallError {
     /// `max_ddp_size`.
     #[error("expected reply larger than the configured maximum")]
     ReplyTooLarge,
+    /// An [`AppChunks`] range lies outside the connection's application
+    /// memory (or it has none).
+    #[error("application memory range outside the connection's app_memory")]
+    BadAppSlice,
 }
 
 /// Why [`Connection::send_reply`] refused a reply. The call stays
@@ -441,6 +488,16 @@ fn ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
     item.offset % 4 == 0
         && item.offset >= 4
         && end <= msg.len() as u64
+        && msg[item.offset as usize - 4..item.offset as usize] == item.len.to_be_bytes()
+}
+
+/// [`ddp_item_fits`] for an item whose data is not in `msg`
+/// ([`AppChunks::read`]): its length word ends at `item.offset`, where the
+/// data would start, and the rest of the message follows.
+fn app_ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
+    item.offset % 4 == 0
+        && item.offset >= 4
+        && item.offset as usize <= msg.len()
         && msg[item.offset as usize - 4..item.offset as usize] == item.len.to_be_bytes()
 }
 

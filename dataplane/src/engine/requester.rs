@@ -20,8 +20,8 @@ use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
 use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
 use super::{
-    ddp_item_fits, roundup4, CallFailure, CallHandle, Config, Connection, DdpItem, Event,
-    OutgoingCall, ReplyExpect, SendCallError,
+    app_ddp_item_fits, ddp_item_fits, roundup4, AppSlice, CallFailure, CallHandle, Config,
+    Connection, DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
 use crate::wire::rpcrdma::{
@@ -83,6 +83,14 @@ pub(super) struct CallSlot {
     reply_buf: BufId,
     /// The DDP-eligible result (write chunk target).
     ddp_buf: BufId,
+    /// Views of the application memory for this call's write chunk target
+    /// and read chunk source (retargeted per call, [`AppChunks`]).
+    write_view: BufId,
+    read_view: BufId,
+    /// This call's write chunk target: `ddp_buf` or `write_view`.
+    write_buf: BufId,
+    /// The DDP item's bytes are in `read_view`, not in the message.
+    app_read: bool,
     msg_len: u32,
     plan: CallPlan,
     write_chunk: Option<u32>,
@@ -101,14 +109,24 @@ pub(super) struct CallSlot {
 
 impl CallSlot {
     pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> CallSlot {
+        let (send_buf, call_buf, reply_buf, ddp_buf) = (
+            b.add(BufClass::Send, c.inline_send_size),
+            b.add(BufClass::Message, c.max_call_size),
+            b.add(BufClass::Message, c.max_reply_size),
+            b.add(BufClass::Ddp, c.max_ddp_size),
+        );
         CallSlot {
             state: CallState::Free,
             generation: 0,
             xid: 0,
-            send_buf: b.add(BufClass::Send, c.inline_send_size),
-            call_buf: b.add(BufClass::Message, c.max_call_size),
-            reply_buf: b.add(BufClass::Message, c.max_reply_size),
-            ddp_buf: b.add(BufClass::Ddp, c.max_ddp_size),
+            send_buf,
+            call_buf,
+            reply_buf,
+            ddp_buf,
+            write_view: b.add(BufClass::App, 0),
+            read_view: b.add(BufClass::App, 0),
+            write_buf: ddp_buf,
+            app_read: false,
             msg_len: 0,
             plan: CallPlan::Inline,
             write_chunk: None,
@@ -193,30 +211,65 @@ impl Connection {
         if msg.len() > self.config.max_call_size as usize {
             return Err(SendCallError::TooLarge);
         }
-        if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
-            return Err(SendCallError::BadDdpItem);
+        let app_len = self.app_buf.map_or(0, |b| self.bufs.buf_len(b));
+        let in_app = |a: AppSlice| u64::from(a.offset) + u64::from(a.len) <= u64::from(app_len);
+        if call.app.write.is_some_and(|a| !in_app(a)) || call.app.read.is_some_and(|a| !in_app(a)) {
+            return Err(SendCallError::BadAppSlice);
         }
-        if call.reply.max_len > self.config.max_reply_size
-            || call
-                .reply
-                .ddp_max
-                .is_some_and(|d| d > self.config.max_ddp_size)
-        {
+        // The message length the peer sees: with an application read
+        // source, the item's data and padding are not in `message`.
+        let wire_len = match (call.app.read, call.ddp) {
+            (None, _) => {
+                if call.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
+                    return Err(SendCallError::BadDdpItem);
+                }
+                msg.len()
+            }
+            (Some(a), Some(d)) if a.len == d.len && app_ddp_item_fits(&d, msg) => {
+                msg.len() + crate::wire::xdr::roundup(d.len as usize)
+            }
+            (Some(_), _) => return Err(SendCallError::BadDdpItem),
+        };
+        if wire_len > self.config.max_call_size as usize {
+            return Err(SendCallError::TooLarge);
+        }
+        let mut reply = call.reply;
+        if let Some(w) = call.app.write {
+            // The target is the application's range, not the slot's DDP
+            // buffer: its length is the write chunk offered.
+            reply.ddp_max = Some(w.len);
+        } else if reply.ddp_max.is_some_and(|d| d > self.config.max_ddp_size) {
+            return Err(SendCallError::ReplyTooLarge);
+        }
+        if reply.max_len > self.config.max_reply_size {
             return Err(SendCallError::ReplyTooLarge);
         }
         let send_limit = self
             .config
             .inline_send_size
             .min(self.config.peer_inline_recv_size);
-        let (plan, write_chunk, reply_chunk) = plan_call(
+        let (mut plan, write_chunk, reply_chunk) = plan_call(
             send_limit as usize,
             self.config
                 .inline_recv_size
                 .min(self.config.peer_inline_send_size) as usize,
-            msg.len(),
+            wire_len,
             call.ddp,
-            call.reply,
+            reply,
         )?;
+        if let (Some(_), Some(d)) = (call.app.read, call.ddp) {
+            // A directed read source always goes by read chunk (the peer
+            // pulls it from the application's memory): fitting inline
+            // means the chunked form fits too; a long call cannot carry
+            // it (its data would have to be in the message).
+            plan = match plan {
+                CallPlan::Inline | CallPlan::ReadChunk { .. } => CallPlan::ReadChunk {
+                    position: d.offset,
+                    len: d.len,
+                },
+                CallPlan::Long => return Err(SendCallError::TooLarge),
+            };
+        }
         let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
         let deadline = self.config.call_timeout.map(|t| now.saturating_add(t));
         let s = &mut self.calls[idx as usize];
@@ -229,7 +282,23 @@ impl Connection {
         s.deadline = deadline;
         s.reply_len = 0;
         s.ddp_len = None;
+        s.app_read = call.app.read.is_some();
+        s.write_buf = if call.app.write.is_some() {
+            s.write_view
+        } else {
+            s.ddp_buf
+        };
         let (call_buf, generation) = (s.call_buf, s.generation);
+        let (write_view, read_view) = (s.write_view, s.read_view);
+        if let Some(app) = self.app_buf {
+            // Checked against the application memory above.
+            if let Some(w) = call.app.write {
+                self.bufs.retarget(write_view, app, w.offset, w.len);
+            }
+            if let Some(r) = call.app.read {
+                self.bufs.retarget(read_view, app, r.offset, r.len);
+            }
+        }
         match self.bufs.bytes_mut(call_buf).get_mut(..msg.len()) {
             Some(dst) => dst.copy_from_slice(msg),
             // The call buffer is max_call_size long: unreachable.
@@ -261,7 +330,24 @@ impl Connection {
     /// The DDP-eligible result the responder wrote into our write chunk.
     pub fn reply_ddp(&self, call: CallHandle) -> Option<&[u8]> {
         let s = self.ready_slot(call)?;
-        self.bufs.bytes(s.ddp_buf).get(..s.ddp_len? as usize)
+        self.bufs.bytes(s.write_buf).get(..s.ddp_len? as usize)
+    }
+
+    /// The application memory ([`Config::app_memory`] bytes; empty
+    /// without). The engine reads and writes only the ranges of calls in
+    /// flight ([`super::AppChunks`]); keeping the application off those
+    /// ranges meanwhile is the caller's part (`dataplane::client` refuses
+    /// access to them).
+    pub fn app_memory(&self) -> &[u8] {
+        self.app_buf.map_or(&[], |b| self.bufs.bytes(b))
+    }
+
+    /// [`Connection::app_memory`], writable.
+    pub fn app_memory_mut(&mut self) -> &mut [u8] {
+        match self.app_buf {
+            Some(b) => self.bufs.bytes_mut(b),
+            None => &mut [],
+        }
     }
 
     /// Gives the slot of an answered call back. False for a stale handle.
@@ -300,13 +386,30 @@ impl Connection {
     ///      / xid vers=1 credits=requested RDMA_NOMSG read_list(position 0) write_list reply_chunk
     ///      ; long call, s5.1
     /// write_list  = one chunk, one segment over the slot's DDP buffer   (s3.6)
+    ///             ; or over the application's range (directed operation)
     /// reply_chunk = one segment over the slot's reply buffer            (s5.2)
+    /// read chunk  = over the call buffer at the item's position, or over
+    ///               the application's range when the item's data is not
+    ///               in the message (directed operation)
     /// ```
     fn encode_call(&mut self, idx: usize) {
         let s = &self.calls[idx];
         let (xid, plan, msg_len, wc, rc) = (s.xid, s.plan, s.msg_len, s.write_chunk, s.reply_chunk);
-        let (send_buf, call_buf, reply_buf, ddp_buf, generation) =
-            (s.send_buf, s.call_buf, s.reply_buf, s.ddp_buf, s.generation);
+        let (send_buf, call_buf, reply_buf, write_buf, generation) = (
+            s.send_buf,
+            s.call_buf,
+            s.reply_buf,
+            s.write_buf,
+            s.generation,
+        );
+        // Where the read chunk's bytes are: in the call buffer at their XDR
+        // position, or in the application's range (then the message holds
+        // no data and no padding for the item).
+        let (read_src, read_off, app_read) = if s.app_read {
+            (s.read_view, 0, true)
+        } else {
+            (s.call_buf, 0, false)
+        };
         let h = &mut self.tx_hdr;
         h.chunks.clear();
         h.xid = xid;
@@ -317,7 +420,11 @@ impl Connection {
             CallPlan::Inline => {}
             CallPlan::ReadChunk { position, len } => h.chunks.push_read(ReadSegment {
                 position,
-                segment: self.bufs.segment(call_buf, position, len),
+                segment: if app_read {
+                    self.bufs.segment(read_src, read_off, len)
+                } else {
+                    self.bufs.segment(call_buf, position, len)
+                },
             }),
             CallPlan::Long => {
                 h.body = MessageBody::NoMsg;
@@ -331,7 +438,7 @@ impl Connection {
         if let Some(w) = wc {
             ok &= h
                 .chunks
-                .push_write_chunk(&[self.bufs.segment(ddp_buf, 0, w)])
+                .push_write_chunk(&[self.bufs.segment(write_buf, 0, w)])
                 .is_ok();
         }
         if let Some(r) = rc {
@@ -359,7 +466,11 @@ impl Connection {
                 hlen + msg_len as usize
             }
             CallPlan::ReadChunk { position, len } => {
-                let after = position + roundup4(u64::from(len)) as u32;
+                let after = if app_read {
+                    position
+                } else {
+                    position + roundup4(u64::from(len)) as u32
+                };
                 let head = LocalSlice {
                     buf: call_buf,
                     offset: 0,
@@ -378,13 +489,16 @@ impl Connection {
         };
         match plan {
             CallPlan::Inline => {}
+            CallPlan::ReadChunk { len, .. } if app_read => {
+                self.expose(read_src, Access::RemoteRead, read_off, len)
+            }
             CallPlan::ReadChunk { position, len } => {
                 self.expose(call_buf, Access::RemoteRead, position, len)
             }
             CallPlan::Long => self.expose(call_buf, Access::RemoteRead, 0, msg_len),
         }
         if let Some(w) = wc {
-            self.expose(ddp_buf, Access::RemoteWrite, 0, w);
+            self.expose(write_buf, Access::RemoteWrite, 0, w);
         }
         if let Some(r) = rc {
             self.expose(reply_buf, Access::RemoteWrite, 0, r);
@@ -433,8 +547,14 @@ impl Connection {
             self.granted = g.clamp(1, self.config.max_outstanding_calls);
         }
         let s = &self.calls[idx];
-        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
-        for buf in [a, b, c] {
+        let bufs = [
+            s.call_buf,
+            s.reply_buf,
+            s.ddp_buf,
+            s.write_view,
+            s.read_view,
+        ];
+        for buf in bufs {
             self.bufs.unexpose(buf);
         }
         if self.calls[idx].state == CallState::Abandoned {
@@ -832,8 +952,14 @@ impl Connection {
         s.state = CallState::Free;
         s.generation = s.generation.wrapping_add(1);
         s.deadline = None;
-        let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
-        for buf in [a, b, c] {
+        let bufs = [
+            s.call_buf,
+            s.reply_buf,
+            s.ddp_buf,
+            s.write_view,
+            s.read_view,
+        ];
+        for buf in bufs {
             self.bufs.unexpose(buf);
         }
         self.call_free.push(idx as u32);
@@ -910,8 +1036,14 @@ impl Connection {
                 _ => {}
             }
             let s = &self.calls[idx];
-            let (a, b, c) = (s.call_buf, s.reply_buf, s.ddp_buf);
-            for buf in [a, b, c] {
+            let bufs = [
+                s.call_buf,
+                s.reply_buf,
+                s.ddp_buf,
+                s.write_view,
+                s.read_view,
+            ];
+            for buf in bufs {
                 self.bufs.unexpose(buf);
             }
         }

@@ -65,6 +65,7 @@ pub(super) fn send(
                 message: &msg,
                 ddp: ddp.then_some(item),
                 reply,
+                app: AppChunks::NONE,
             },
         )
         .expect("send_call")
@@ -723,7 +724,8 @@ fn engine_peer_close_fails_outstanding_calls_and_drains() {
             &OutgoingCall {
                 message: &echo_call(3, b"").0,
                 ddp: None,
-                reply: expect(64, None)
+                reply: expect(64, None),
+                app: AppChunks::NONE,
             }
         ),
         Err(SendCallError::Closed)
@@ -794,6 +796,7 @@ fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
                         if rrc_on && i % 4 == 1 { 512 } else { 64 * KIB },
                         (i % 3 == 0).then_some(64 * KIB),
                     ),
+                    app: AppChunks::NONE,
                 },
             );
         }
@@ -975,6 +978,7 @@ fn conf_call(p: &mut Pair, msg: &[u8]) -> CallHandle {
                 message: msg,
                 ddp: None,
                 reply: expect(512, None),
+                app: AppChunks::NONE,
             },
         )
         .expect("conf call")
@@ -1550,6 +1554,7 @@ mod hostile {
                     message: &m,
                     ddp: (i != 2).then_some(item),
                     reply: expect(64 * KIB, (i == 1).then_some(64 * KIB)),
+                    app: AppChunks::NONE,
                 });
             }
             p.drive_with(&mut |_, _, _, _| {});
@@ -1832,6 +1837,7 @@ fn engine_calls_in_both_directions_share_one_connection() {
                         message: &msg,
                         ddp: Some(item),
                         reply: expect(32 * KIB, Some(32 * KIB)),
+                        app: AppChunks::NONE,
                     },
                 )
                 .unwrap();
@@ -1884,6 +1890,7 @@ fn long_calls_same_xid_both_ways(mut p: Pair, reply: ReplyExpect) -> Pair {
                     message: &msg,
                     ddp: None,
                     reply,
+                    app: AppChunks::NONE,
                 },
             )
             .unwrap();
@@ -2156,5 +2163,149 @@ fn extensions_conf_rdma_unknown_version_is_prog_mismatch_1_to_2() {
         AcceptStatus::Success
     ));
     assert!(crate::wire::conf2::is_plain_version_one(st));
+    close_and_check_leaks(&mut p);
+}
+
+// ---------------------------------------------------------------------------
+// Application memory: directed operations (docs/CLIENT.md)
+
+/// A call whose read chunk source and write chunk target are ranges of
+/// the application memory: the message carries no item data, the server
+/// sees the whole call, the result lands in the application's range, and
+/// nothing stays exposed once the reply is in.
+#[test]
+fn app_memory_serves_as_read_chunk_source_and_write_chunk_target() {
+    const APP: u32 = 256 * KIB;
+    let client = Config {
+        app_memory: APP,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, cfg());
+    let data = payload(100_001, 7);
+    p.conn(CLIENT).app_memory_mut()[..data.len()].copy_from_slice(&data);
+    let (full, item) = echo_call(9, &data);
+    // Head up to and including the length word; no data, no padding.
+    let head = &full[..item.offset as usize];
+    let target = AppSlice {
+        offset: 128 * KIB,
+        len: data.len() as u32,
+    };
+    let now = p.now;
+    let out_of_range = OutgoingCall {
+        message: head,
+        ddp: Some(item),
+        reply: expect(200 * KIB, None),
+        app: AppChunks {
+            write: Some(AppSlice {
+                offset: APP - 8,
+                len: 16,
+            }),
+            read: None,
+        },
+    };
+    assert_eq!(
+        p.conn(CLIENT).send_call(now, &out_of_range).unwrap_err(),
+        SendCallError::BadAppSlice
+    );
+    let h = p
+        .conn(CLIENT)
+        .send_call(
+            now,
+            &OutgoingCall {
+                message: head,
+                ddp: Some(item),
+                reply: expect(200 * KIB, None),
+                app: AppChunks {
+                    write: Some(target),
+                    read: Some(AppSlice {
+                        offset: 0,
+                        len: data.len() as u32,
+                    }),
+                },
+            },
+        )
+        .expect("send_call");
+    // Read source, write target and the reply chunk (the reply might not fit inline).
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 3);
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![full.clone()], "the server sees the whole call");
+    let call_send = p.sends_from(CLIENT).next().unwrap().to_vec();
+    let hd = header(&call_send);
+    assert_eq!(hd.chunks.reads().len(), 1);
+    assert_eq!(hd.chunks.reads()[0].position, item.offset);
+    assert_eq!(hd.chunks.reads()[0].segment.length, data.len() as u32);
+    assert_eq!(
+        call_send.len() - hd.buffer_len(),
+        head.len(),
+        "no data inline"
+    );
+    let w = hd.chunks.write_chunks().next().expect("a write chunk");
+    assert_eq!(w.len_bytes(), u64::from(target.len));
+    assert_eq!(returned_payload(&p, h), data);
+    let t = target.offset as usize;
+    assert_eq!(
+        &p.peers[CLIENT].conn.app_memory()[t..t + data.len()],
+        &data[..],
+        "the result is in the application's range"
+    );
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 0);
+    close_and_check_leaks(&mut p);
+}
+
+/// A small directed read source still goes by read chunk (the peer pulls
+/// it from the application's memory), and an item that does not match
+/// its length word is refused.
+#[test]
+fn a_small_app_read_source_goes_by_read_chunk() {
+    let client = Config {
+        app_memory: 64 * KIB,
+        ..cfg()
+    };
+    let mut p = Pair::new(client, cfg());
+    let data = payload(10, 1);
+    p.conn(CLIENT).app_memory_mut()[100..110].copy_from_slice(&data);
+    let (full, item) = echo_call(3, &data);
+    let head = &full[..item.offset as usize];
+    let app = AppChunks {
+        write: None,
+        read: Some(AppSlice {
+            offset: 100,
+            len: 10,
+        }),
+    };
+    let now = p.now;
+    let bad = DdpItem { len: 11, ..item };
+    let refused = p.conn(CLIENT).send_call(
+        now,
+        &OutgoingCall {
+            message: head,
+            ddp: Some(bad),
+            reply: expect(4 * KIB, None),
+            app,
+        },
+    );
+    assert_eq!(refused.unwrap_err(), SendCallError::BadDdpItem);
+    let h = p
+        .conn(CLIENT)
+        .send_call(
+            now,
+            &OutgoingCall {
+                message: head,
+                ddp: Some(item),
+                reply: expect(4 * KIB, None),
+                app,
+            },
+        )
+        .unwrap();
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![full]);
+    assert_eq!(
+        header(p.sends_from(CLIENT).next().unwrap())
+            .chunks
+            .reads()
+            .len(),
+        1
+    );
+    assert_eq!(returned_payload(&p, h), data);
     close_and_check_leaks(&mut p);
 }
