@@ -9,6 +9,14 @@
 //! [`Client::ddp`]) and given back with [`Client::release`]. Calls pipeline
 //! up to the engine's `max_outstanding_calls` (and the server's grant).
 //! Nothing allocates per call in steady state.
+//!
+//! Application memory and directed operations (docs/CLIENT.md): with
+//! `endpoint.engine.app_memory` bytes configured, [`Client::register`]
+//! hands out keys ([`MemKey`]) for ranges of memory registered once with
+//! the connection; [`Client::call_directed`] uses them as the call's
+//! read-chunk source and/or write-chunk target, numbers the operation
+//! ([`OpId`], increasing), and [`Client::barrier`] reports the high-water
+//! mark of completed operations, after the RDS zero-copy proposal.
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -107,6 +115,111 @@ pub enum ClientError {
     /// Closing left resources in use.
     #[error("resources still in use after close: {0:?}")]
     Leak(engine::Resources),
+    /// A [`MemKey`] that is not (or no longer) registered.
+    #[error("unknown or deregistered memory key")]
+    BadKey,
+    /// A range outside its registered region.
+    #[error("range {offset}+{len} outside the registered region of {region_len} bytes")]
+    OutOfRange {
+        /// Offset asked for.
+        offset: u32,
+        /// Length asked for.
+        len: u32,
+        /// The region's length.
+        region_len: u32,
+    },
+    /// The range belongs to an operation in flight until it completes
+    /// (see [`Client::barrier`]).
+    #[error("range in use by directed operation {0:?} until it completes")]
+    InFlight(OpId),
+    /// No room for the region in the connection's application memory, or
+    /// every region slot taken.
+    #[error("cannot register {len} bytes: {why} (configure endpoint.engine.app_memory)")]
+    NoAppMemory {
+        /// Bytes asked for.
+        len: u32,
+        /// What ran out.
+        why: &'static str,
+    },
+}
+
+/// Regions a client registers at most at once.
+pub const MAX_REGIONS: usize = 64;
+
+/// A key for a registered range of the connection's application memory
+/// (the RDS proposal's "key": obtained once, used by many directed
+/// operations). Valid on this client's connection only, until
+/// [`Client::deregister`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemKey {
+    index: u32,
+    generation: u32,
+}
+
+/// A byte range of a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemRange {
+    /// The region.
+    pub key: MemKey,
+    /// Offset in the region.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// What a directed operation moves through application memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Directed {
+    /// The call's DDP-eligible argument: the server pulls it from here by
+    /// RDMA Read (a read chunk, RFC 5666 s3.4). The encoded message then
+    /// stops after the item's length word and continues after its data
+    /// and padding (the data is not copied into the message).
+    pub source: Option<MemRange>,
+    /// The reply's DDP-eligible result: the server RDMA-writes it here (a
+    /// write chunk, RFC 5666 s3.6).
+    pub target: Option<MemRange>,
+}
+
+/// A directed operation's number: increasing by one per operation on a
+/// client, starting at 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+/// What [`Client::barrier`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Barrier {
+    /// Every operation up to and including this one has completed
+    /// (replied or failed); `OpId(0)` when none has.
+    pub high_water: OpId,
+    /// Whether the operation asked about (and all before it) completed.
+    pub complete: bool,
+}
+
+/// A registered region: its place in the application memory.
+#[derive(Debug, Clone, Copy, Default)]
+struct Region {
+    start: u32,
+    len: u32,
+    generation: u32,
+    live: bool,
+    /// Directed operations in flight on it.
+    in_flight: u32,
+}
+
+/// A directed operation in flight, by call slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct OpSlot {
+    op: u64,
+    active: bool,
+    /// Absolute ranges in the application memory and the region index.
+    source: Option<(u32, u32, u32)>,
+    target: Option<(u32, u32, u32)>,
+}
+
+fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
+    let (a0, a1) = (u64::from(a.0), u64::from(a.0) + u64::from(a.1));
+    let (b0, b1) = (u64::from(b.0), u64::from(b.0) + u64::from(b.1));
+    a0 < b1 && b0 < a1
 }
 
 /// An RPC-over-RDMA client connection.
@@ -123,6 +236,10 @@ pub struct Client<P: Provider = Shm> {
     config: ClientConfig,
     next_xid: u32,
     conf: Option<ConfigRdmaReply>,
+    regions: Vec<Region>,
+    /// Directed operations by call slot index.
+    ops: Vec<OpSlot>,
+    next_op: u64,
 }
 
 impl<P: Provider> core::fmt::Debug for Client<P> {
@@ -158,6 +275,9 @@ impl<P: Provider> Client<P> {
             // Start somewhere unpredictable-ish per connection.
             next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
             conf: None,
+            regions: Vec::with_capacity(MAX_REGIONS),
+            ops: vec![OpSlot::default(); slots],
+            next_op: 1,
         };
         if config.conf_rdma {
             client.conf_rdma()?;
@@ -244,6 +364,292 @@ impl<P: Provider> Client<P> {
         Ok(handle)
     }
 
+    /// Registers `len` bytes of the connection's application memory
+    /// (`endpoint.engine.app_memory`) and returns their key. The memory
+    /// was registered with the connection when it was set up: this only
+    /// reserves a range of it (first fit, 64-byte aligned), so it is cheap,
+    /// but it is meant to be done once and the key reused.
+    ///
+    /// # Errors
+    /// [`ClientError::NoAppMemory`].
+    pub fn register(&mut self, len: u32) -> Result<MemKey, ClientError> {
+        let total = self.ep.connection().app_memory().len() as u64;
+        let no = |why| ClientError::NoAppMemory { len, why };
+        if len == 0 {
+            return Err(no("empty region"));
+        }
+        // First fit between the live regions, in address order.
+        let mut start = 0u64;
+        loop {
+            let end = start + u64::from(len);
+            let clash = self
+                .regions
+                .iter()
+                .filter(|r| r.live)
+                .find(|r| overlaps((start as u32, len), (r.start, r.len)) || end > total);
+            match clash {
+                None if end <= total => break,
+                None => return Err(no("not enough application memory left")),
+                Some(r) => {
+                    start = (u64::from(r.start) + u64::from(r.len)).next_multiple_of(64);
+                    if start + u64::from(len) > total {
+                        return Err(no("not enough application memory left"));
+                    }
+                }
+            }
+        }
+        let region = Region {
+            start: start as u32,
+            len,
+            generation: 0,
+            live: true,
+            in_flight: 0,
+        };
+        let index = match self.regions.iter().position(|r| !r.live) {
+            Some(i) => {
+                let generation = self.regions[i].generation;
+                self.regions[i] = Region {
+                    generation,
+                    ..region
+                };
+                i
+            }
+            None if self.regions.len() < MAX_REGIONS => {
+                self.regions.push(region);
+                self.regions.len() - 1
+            }
+            None => return Err(no("every region slot is taken")),
+        };
+        Ok(MemKey {
+            index: index as u32,
+            generation: self.regions[index].generation,
+        })
+    }
+
+    /// Deregisters `key`: it no longer names memory (a later use is
+    /// [`ClientError::BadKey`]) and its range may be registered again.
+    ///
+    /// # Errors
+    /// [`ClientError::BadKey`]; [`ClientError::InFlight`] while a directed
+    /// operation uses the region.
+    pub fn deregister(&mut self, key: MemKey) -> Result<(), ClientError> {
+        let i = self.region_index(key)?;
+        if self.regions[i].in_flight > 0 {
+            let op = self.ops.iter().find(|o| {
+                o.active
+                    && (o.source.map(|s| s.2) == Some(i as u32)
+                        || o.target.map(|t| t.2) == Some(i as u32))
+            });
+            return Err(ClientError::InFlight(OpId(op.map_or(0, |o| o.op))));
+        }
+        let r = &mut self.regions[i];
+        r.live = false;
+        r.generation = r.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    fn region_index(&self, key: MemKey) -> Result<usize, ClientError> {
+        let i = key.index as usize;
+        match self.regions.get(i) {
+            Some(r) if r.live && r.generation == key.generation => Ok(i),
+            _ => Err(ClientError::BadKey),
+        }
+    }
+
+    /// The absolute range of `len` bytes at `offset` of `key`'s region.
+    fn absolute(&self, key: MemKey, offset: u32, len: u32) -> Result<(u32, u32, u32), ClientError> {
+        let i = self.region_index(key)?;
+        let r = self.regions[i];
+        if u64::from(offset) + u64::from(len) > u64::from(r.len) {
+            return Err(ClientError::OutOfRange {
+                offset,
+                len,
+                region_len: r.len,
+            });
+        }
+        Ok((r.start + offset, len, i as u32))
+    }
+
+    /// The first operation in flight whose range overlaps `range`:
+    /// targets always, sources too when `sources`.
+    fn busy(&self, range: (u32, u32), sources: bool) -> Option<OpId> {
+        self.ops.iter().filter(|o| o.active).find_map(|o| {
+            let hit =
+                |r: Option<(u32, u32, u32)>| r.is_some_and(|(s, l, _)| overlaps(range, (s, l)));
+            (hit(o.target) || (sources && hit(o.source))).then_some(OpId(o.op))
+        })
+    }
+
+    /// Reads `len` bytes at `offset` of a registered region.
+    ///
+    /// # Errors
+    /// [`ClientError::BadKey`], [`ClientError::OutOfRange`];
+    /// [`ClientError::InFlight`] while the server may still write the
+    /// range (a directed operation's target).
+    pub fn region(&self, key: MemKey, offset: u32, len: u32) -> Result<&[u8], ClientError> {
+        let (start, len, _) = self.absolute(key, offset, len)?;
+        if let Some(op) = self.busy((start, len), false) {
+            return Err(ClientError::InFlight(op));
+        }
+        let a = start as usize;
+        Ok(&self.ep.connection().app_memory()[a..a + len as usize])
+    }
+
+    /// Writes into `len` bytes at `offset` of a registered region.
+    ///
+    /// # Errors
+    /// As [`Client::region`], and [`ClientError::InFlight`] also while the
+    /// server may still read the range (a directed operation's source).
+    pub fn region_mut(
+        &mut self,
+        key: MemKey,
+        offset: u32,
+        len: u32,
+    ) -> Result<&mut [u8], ClientError> {
+        let (start, len, _) = self.absolute(key, offset, len)?;
+        if let Some(op) = self.busy((start, len), true) {
+            return Err(ClientError::InFlight(op));
+        }
+        let a = start as usize;
+        Ok(&mut self.ep.connection_mut().app_memory_mut()[a..a + len as usize])
+    }
+
+    /// Queues a directed operation: a call whose DDP-eligible argument
+    /// comes from, and/or whose DDP-eligible result goes to, registered
+    /// application memory (no copy, no registration per call). `encode`
+    /// is as for [`Client::call`], except that with a `source` the
+    /// message stops after the item's XDR length word (which must hold
+    /// `source.len`) and goes on after its data and padding; the
+    /// `DdpItem` it returns names where the data would be. Returns the
+    /// call and the operation's id; the ranges belong to the operation
+    /// until it completes ([`Client::barrier`]).
+    ///
+    /// # Errors
+    /// [`ClientError::BadKey`], [`ClientError::OutOfRange`],
+    /// [`ClientError::InFlight`] (the target overlaps a range in flight,
+    /// or the source overlaps a target in flight), [`ClientError::Encode`],
+    /// [`ClientError::Call`].
+    pub fn call_directed(
+        &mut self,
+        op: Directed,
+        encode: impl FnOnce(u32, &mut [u8]) -> Option<(usize, Option<DdpItem>)>,
+    ) -> Result<(CallHandle, OpId), ClientError> {
+        let source = op
+            .source
+            .map(|r| self.absolute(r.key, r.offset, r.len))
+            .transpose()?;
+        let target = op
+            .target
+            .map(|r| self.absolute(r.key, r.offset, r.len))
+            .transpose()?;
+        if let Some((s, l, _)) = target {
+            if let Some(busy) = self.busy((s, l), true) {
+                return Err(ClientError::InFlight(busy));
+            }
+        }
+        if let Some((s, l, _)) = source {
+            if let Some(busy) = self.busy((s, l), false) {
+                return Err(ClientError::InFlight(busy));
+            }
+        }
+        let xid = self.next_xid;
+        self.next_xid = self.next_xid.wrapping_add(1);
+        let (len, ddp) = encode(xid, &mut self.call_buf).ok_or(ClientError::Encode)?;
+        let cfg = self.ep.connection().config();
+        let reply = ReplyExpect {
+            max_len: match target {
+                Some((_, l, _)) => cfg
+                    .max_reply_size
+                    .min(cfg.inline_recv_size.saturating_add(l)),
+                None => cfg.inline_recv_size.min(cfg.max_reply_size),
+            },
+            ddp_max: None,
+        };
+        let app = AppChunks {
+            write: target.map(|(offset, len, _)| engine::AppSlice { offset, len }),
+            read: source.map(|(offset, len, _)| engine::AppSlice { offset, len }),
+        };
+        let now = self.now();
+        let call = OutgoingCall {
+            message: self.call_buf.get(..len).ok_or(ClientError::Encode)?,
+            ddp,
+            reply,
+            app,
+        };
+        let handle = self.ep.connection_mut().send_call(now, &call)?;
+        self.ep.flush();
+        let id = self.next_op;
+        self.next_op += 1;
+        for (_, _, region) in source.iter().chain(target.iter()) {
+            self.regions[*region as usize].in_flight += 1;
+        }
+        self.ops[handle.slot()] = OpSlot {
+            op: id,
+            active: true,
+            source,
+            target,
+        };
+        Ok((handle, OpId(id)))
+    }
+
+    /// The directed operation of `call`, if any, is complete: its ranges
+    /// go back to the application.
+    fn complete_op(&mut self, call: CallHandle) {
+        let Some(o) = self.ops.get_mut(call.slot()) else {
+            return;
+        };
+        if !o.active {
+            return;
+        }
+        o.active = false;
+        let (source, target) = (o.source, o.target);
+        for (_, _, region) in source.iter().chain(target.iter()) {
+            if let Some(r) = self.regions.get_mut(*region as usize) {
+                r.in_flight = r.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The high-water mark: every directed operation up to and including
+    /// it has completed (replied or failed).
+    pub fn high_water(&self) -> OpId {
+        let oldest_in_flight = self.ops.iter().filter(|o| o.active).map(|o| o.op).min();
+        OpId(oldest_in_flight.unwrap_or(self.next_op) - 1)
+    }
+
+    /// Whether operation `op` and every one before it completed (no
+    /// waiting: call [`Client::poll`] or use [`Client::barrier_wait`]).
+    pub fn barrier(&self, op: OpId) -> Barrier {
+        let high_water = self.high_water();
+        Barrier {
+            high_water,
+            complete: op <= high_water,
+        }
+    }
+
+    /// Makes progress until [`Client::barrier`] of `op` is complete.
+    ///
+    /// # Errors
+    /// [`ClientError::Timeout`] after `wait_timeout`.
+    pub fn barrier_wait(&mut self, op: OpId) -> Result<Barrier, ClientError> {
+        let mut idler = Idler::new(self.config.idle);
+        let start = std::time::Instant::now();
+        loop {
+            let b = self.barrier(op);
+            if b.complete {
+                return Ok(b);
+            }
+            if self.progress() > 0 {
+                idler.reset();
+                continue;
+            }
+            if start.elapsed() > self.config.wait_timeout {
+                return Err(ClientError::Timeout);
+            }
+            idler.idle(None);
+        }
+    }
+
     /// One round of progress: completions, timers, events, posting.
     /// Returns how much happened (0: idle).
     pub fn progress(&mut self) -> usize {
@@ -255,10 +661,13 @@ impl<P: Provider> Client<P> {
             match ev {
                 Event::ReplyArrived {
                     call, len, ddp_len, ..
-                } => self
-                    .done
-                    .push_back((call, CallOutcome::Reply { len, ddp_len })),
+                } => {
+                    self.complete_op(call);
+                    self.done
+                        .push_back((call, CallOutcome::Reply { len, ddp_len }))
+                }
                 Event::CallFailed { call, reason, .. } => {
+                    self.complete_op(call);
                     self.done.push_back((call, CallOutcome::Failed(reason)))
                 }
                 // A client serves no calls: the engine answers CONF_RDMA

@@ -11,10 +11,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::client::{CallOutcome, Client, Directed, MemKey, MemRange, ReplyTarget};
+use dataplane::engine::DdpItem;
 use dataplane::verbs::shm::Shm;
 use dataplane::wire::rpc::ReplyHeader;
+use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
 use dataplane::wire::xdr::Decoder;
+use dataplane::wire::xdr::Encoder;
 use dataplane::worker::{Dispatched, Dispatcher};
 use support::alloc_counter::{measure, thread_allocations, CountingAllocator};
 use support::worker_harness::*;
@@ -65,14 +68,64 @@ fn echo_checked(client: &mut Client, payload: &[u8], ddp: bool, target: ReplyTar
     assert!(client.release(call));
 }
 
+/// A directed ECHO (docs/CLIENT.md): the argument pulled from `from`, the
+/// result written into `into`, both application memory; checked
+/// byte-exact, then a barrier on its operation id.
+fn directed_echo(client: &mut Client, from: MemKey, into: MemKey, len: u32) {
+    let (call, op) = client
+        .call_directed(
+            Directed {
+                source: Some(MemRange {
+                    key: from,
+                    offset: 0,
+                    len,
+                }),
+                target: Some(MemRange {
+                    key: into,
+                    offset: 0,
+                    len,
+                }),
+            },
+            |xid, buf| {
+                let mut e = Encoder::new(buf);
+                CallHeader::new(
+                    xid,
+                    BENCH_PROGRAM,
+                    1,
+                    ECHO,
+                    OpaqueAuth::None,
+                    OpaqueAuth::None,
+                )
+                .emit(&mut e)
+                .ok()?;
+                e.put_u32(len).ok()?;
+                let offset = e.position() as u32;
+                Some((e.position(), Some(DdpItem { offset, len })))
+            },
+        )
+        .unwrap();
+    assert!(client.barrier_wait(op).unwrap().complete);
+    assert!(matches!(
+        client.wait(call).unwrap(),
+        CallOutcome::Reply { .. }
+    ));
+    assert!(client.release(call));
+    let sent = client.region(from, 0, len).unwrap();
+    let got = client.region(into, 0, len).unwrap();
+    assert!(sent == got, "directed echo differs");
+}
+
 /// Every path in turn: inline, read chunk + write chunk, long call + reply
-/// chunk, and a pipelined burst.
+/// chunk, a pipelined burst, and a directed operation through application
+/// memory.
 fn round(
     client: &mut Client,
     small: &[u8],
     big: &[u8],
     calls: &mut [Option<dataplane::engine::CallHandle>; 4],
+    keys: (MemKey, MemKey),
 ) -> usize {
+    directed_echo(client, keys.0, keys.1, big.len() as u32);
     echo_checked(client, small, true, ReplyTarget::Inline);
     echo_checked(
         client,
@@ -100,7 +153,7 @@ fn round(
         ));
         assert!(client.release(call));
     }
-    7
+    8
 }
 
 #[test]
@@ -114,20 +167,26 @@ fn design_s4_no_heap_allocation_per_rpc_on_worker_and_client() {
         next: AtomicUsize::new(0),
     });
     let server = Server::with_dispatcher(1, engine_config(MAX, 4), sampling.clone());
-    let mut client =
-        Client::<Shm>::connect(&server.url, client_config(engine_config(MAX, 4))).unwrap();
+    let mut engine = engine_config(MAX, 4);
+    engine.app_memory = 2 * MAX;
+    let mut client = Client::<Shm>::connect(&server.url, client_config(engine)).unwrap();
     let small = pattern(200, 1);
     let big = pattern(100_000, 2);
+    let keys = (client.register(MAX).unwrap(), client.register(MAX).unwrap());
+    client
+        .region_mut(keys.0, 0, big.len() as u32)
+        .unwrap()
+        .copy_from_slice(&big);
     let mut calls = [None; 4];
     let mut done = 0;
     while done < WARMUP {
-        done += round(&mut client, &small, &big, &mut calls);
+        done += round(&mut client, &small, &big, &mut calls, keys);
     }
     let warm_index = sampling.next.load(Ordering::Relaxed);
     let (n, client_alloc) = measure(|| {
         let mut n = 0;
         while n < MEASURED {
-            n += round(&mut client, &small, &big, &mut calls);
+            n += round(&mut client, &small, &big, &mut calls, keys);
         }
         n
     });

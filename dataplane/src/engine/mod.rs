@@ -222,6 +222,15 @@ pub struct CallHandle {
     generation: u32,
 }
 
+impl CallHandle {
+    /// The requester slot the call occupies, below
+    /// `max_outstanding_calls`: a caller can keep per-call state in an
+    /// array indexed by it (no map, no allocation).
+    pub fn slot(&self) -> usize {
+        self.index as usize
+    }
+}
+
 /// Handle of a call the peer sent us (responder side), to answer with
 /// [`Connection::send_reply`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
