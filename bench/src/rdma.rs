@@ -22,9 +22,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
+use dataplane::client::{
+    CallOutcome, Client, ClientConfig, Directed, MemKey, MemRange, ReplyTarget,
+};
 use dataplane::engine::{self, CallHandle};
-use dataplane::service::bench::{encode_call, Args};
+use dataplane::service::bench::{encode_call, encode_call_directed, Args};
 use dataplane::service::ServiceTable;
 use dataplane::verbs::{Context, VerbsError};
 use dataplane::worker::{
@@ -265,6 +267,16 @@ pub struct RdmaDriver<P: PoolProvider> {
     slots: Vec<Option<CallHandle>>,
     in_flight: u32,
     target: ReplyTarget,
+    /// READ and WRITE runs: application memory registered once, one range
+    /// of `slot_bytes` per slot, used by directed operations
+    /// (docs/CLIENT.md): the result lands there, the argument is pulled
+    /// from there.
+    app: Option<MemKey>,
+    slot_bytes: u32,
+    /// The argument (address, length) each slot's range holds, so that
+    /// it is copied in once, not per call (a gateway's data is already in
+    /// its registered memory).
+    loaded: Vec<Option<(usize, usize)>>,
 }
 
 impl<P: PoolProvider> RdmaDriver<P> {
@@ -323,6 +335,9 @@ impl<P: PoolProvider> RdmaDriver<P> {
             slots: Vec::new(),
             in_flight: 0,
             target: ReplyTarget::Inline,
+            app: None,
+            slot_bytes: 0,
+            loaded: Vec::new(),
         }
     }
 
@@ -423,17 +438,33 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             Op::Read | Op::Echo => ReplyTarget::WriteChunk { max_ddp: data },
             Op::Null | Op::Write => ReplyTarget::Inline,
         };
+        let directed = matches!(spec.op, Op::Read | Op::Write);
+        self.slot_bytes = data.next_multiple_of(64);
+        let mut engine = engine_config(data, depth);
+        if directed {
+            engine.app_memory = depth * self.slot_bytes;
+        }
         let config = ClientConfig {
             endpoint: EndpointConfig {
-                engine: engine_config(data, depth),
+                engine,
                 ..EndpointConfig::default()
             },
             conf_rdma: false,
             idle: idle_strategy(spec.idle),
             wait_timeout: Duration::from_secs(60),
         };
-        let client = Client::<P>::connect(&self.url, config)
+        let mut client = Client::<P>::connect(&self.url, config)
             .map_err(|e| self.call_error(format!("connect {}: {e}", self.url)))?;
+        self.app = if directed {
+            Some(
+                client
+                    .register(depth * self.slot_bytes)
+                    .map_err(|e| self.call_error(format!("register: {e}")))?,
+            )
+        } else {
+            None
+        };
+        self.loaded = vec![None; depth as usize];
         self.client = Some(client);
         self.slots = vec![None; depth as usize];
         self.in_flight = 0;
@@ -452,11 +483,60 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
         let Some(entry) = self.slots.get_mut(slot as usize) else {
             return Err(fail(format!("slot {slot} beyond the prepared depth")));
         };
-        let handle = client
-            .call(self.target, |xid, buf| {
-                encode_call(buf, xid, args).ok().map(|c| (c.len, c.ddp))
-            })
-            .map_err(|e| fail(e.to_string()))?;
+        let handle = match (self.app, args) {
+            (Some(key), Args::Source(n)) => {
+                let target = MemRange {
+                    key,
+                    offset: slot * self.slot_bytes,
+                    len: n,
+                };
+                client
+                    .call_directed(
+                        Directed {
+                            source: None,
+                            target: Some(target),
+                        },
+                        |xid, buf| encode_call(buf, xid, args).ok().map(|c| (c.len, c.ddp)),
+                    )
+                    .map_err(|e| fail(e.to_string()))?
+                    .0
+            }
+            (Some(key), Args::Sink(data)) => {
+                let source = MemRange {
+                    key,
+                    offset: slot * self.slot_bytes,
+                    len: data.len() as u32,
+                };
+                let have = Some((data.as_ptr() as usize, data.len()));
+                let loaded = &mut self.loaded[slot as usize];
+                if *loaded != have {
+                    client
+                        .region_mut(key, source.offset, source.len)
+                        .map_err(|e| fail(e.to_string()))?
+                        .copy_from_slice(data);
+                    *loaded = have;
+                }
+                client
+                    .call_directed(
+                        Directed {
+                            source: Some(source),
+                            target: None,
+                        },
+                        |xid, buf| {
+                            encode_call_directed(buf, xid, args)
+                                .ok()
+                                .map(|c| (c.len, c.ddp))
+                        },
+                    )
+                    .map_err(|e| fail(e.to_string()))?
+                    .0
+            }
+            _ => client
+                .call(self.target, |xid, buf| {
+                    encode_call(buf, xid, args).ok().map(|c| (c.len, c.ddp))
+                })
+                .map_err(|e| fail(e.to_string()))?,
+        };
         *entry = Some(handle);
         self.in_flight += 1;
         Ok(())

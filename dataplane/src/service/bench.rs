@@ -205,6 +205,44 @@ pub fn encode_call(out: &mut [u8], xid: u32, args: Args<'_>) -> Result<EncodedCa
     })
 }
 
+/// [`encode_call`] for a directed call whose DDP item (the data of ECHO or
+/// SINK) the server pulls from application memory (docs/CLIENT.md): the
+/// message stops after the item's length word, and the returned item
+/// names where the data would start. NULL and SOURCE encode as usual.
+///
+/// # Errors
+/// As [`encode_call`].
+pub fn encode_call_directed(
+    out: &mut [u8],
+    xid: u32,
+    args: Args<'_>,
+) -> Result<EncodedCall, WireError> {
+    let (Args::Echo(data) | Args::Sink(data)) = args else {
+        return encode_call(out, xid, args);
+    };
+    if data.len() > MAX_DATA as usize {
+        return Err(WireError::LimitExceeded);
+    }
+    let header = CallHeader::new(
+        xid,
+        PROGRAM,
+        VERSION,
+        args.procedure() as u32,
+        OpaqueAuth::None,
+        OpaqueAuth::None,
+    );
+    let mut enc = Encoder::new(out);
+    header.emit(&mut enc)?;
+    enc.put_u32(data.len() as u32)?;
+    Ok(EncodedCall {
+        len: enc.position(),
+        ddp: Some(DdpItem {
+            offset: enc.position() as u32,
+            len: data.len() as u32,
+        }),
+    })
+}
+
 /// Why a bench reply is not a successful result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ReplyError {
