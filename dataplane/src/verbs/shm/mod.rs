@@ -398,6 +398,14 @@ struct Conn {
     rq_front_seq: u64,
     /// Peer receives we consumed.
     peer_recv_tail: u64,
+    /// Last values read of the peer's receive head and of its tail of our
+    /// descriptors. Both only grow, so a stale copy under-counts the
+    /// peer's receives and our ring's free room: safe. They are read
+    /// again only when the copy says "none left", which keeps the Send
+    /// path off two cache lines the peer writes on every message (each
+    /// read of them would be a cross-core miss).
+    peer_recv_head_seen: u64,
+    peer_desc_tail_seen: u64,
     out_regions: Vec<OutRegion>,
     in_regions: Vec<Option<Mapping>>,
     keys: Vec<Option<KeySlot>>,
@@ -537,10 +545,13 @@ impl Conn {
         self.desc_head = head;
     }
 
-    fn desc_space(&self) -> bool {
+    fn desc_space(&mut self) -> bool {
         let cap = self.layout.desc_cap as u64;
-        let peer_tail = self.peer_word(W_PEER_DESC_TAIL);
-        self.desc_head.wrapping_sub(peer_tail) < cap
+        if self.desc_head.wrapping_sub(self.peer_desc_tail_seen) < cap {
+            return true;
+        }
+        self.peer_desc_tail_seen = self.peer_word(W_PEER_DESC_TAIL);
+        self.desc_head.wrapping_sub(self.peer_desc_tail_seen) < cap
     }
 
     fn set_flag(&self, flag: u64) {
@@ -837,10 +848,13 @@ impl Conn {
 
     /// Peer receives available to us, or `Err` if the peer's counter is
     /// garbage.
-    fn peer_recvs(&self) -> Result<u64, WcStatus> {
-        let avail = self
-            .peer_word(W_RECV_HEAD)
-            .wrapping_sub(self.peer_recv_tail);
+    fn peer_recvs(&mut self) -> Result<u64, WcStatus> {
+        let seen = self.peer_recv_head_seen.wrapping_sub(self.peer_recv_tail);
+        if seen > 0 && seen <= self.peer_layout.rq_cap as u64 {
+            return Ok(seen);
+        }
+        self.peer_recv_head_seen = self.peer_word(W_RECV_HEAD);
+        let avail = self.peer_recv_head_seen.wrapping_sub(self.peer_recv_tail);
         if avail > self.peer_layout.rq_cap as u64 {
             return Err(WcStatus::RemInvReqErr);
         }
@@ -1223,6 +1237,8 @@ impl ShmPreparedQp {
                 recv_head: 0,
                 rq_front_seq: 0,
                 peer_recv_tail: 0,
+                peer_recv_head_seen: 0,
+                peer_desc_tail_seen: 0,
                 out_regions: Vec::new(),
                 in_regions: Vec::new(),
                 keys: vec![None; inner.layout.key_cap as usize],
