@@ -359,18 +359,9 @@ impl<P: Provider> Client<P> {
             reply,
             app: AppChunks::NONE,
         };
-        // Queued, not posted: the next progress() posts every call queued
-        // since, as one list (one lock and one pass over the send queue
-        // for a burst instead of one per call). wait() and poll() make
-        // progress first, so a lone call goes out at once.
         let handle = self.ep.connection_mut().send_call(now, &call)?;
+        self.ep.flush();
         Ok(handle)
-    }
-
-    /// Posts the calls queued since the last progress now (poll, wait and
-    /// progress do it too).
-    pub fn flush(&mut self) -> usize {
-        self.ep.flush()
     }
 
     /// Registers `len` bytes of the connection's application memory
@@ -586,6 +577,7 @@ impl<P: Provider> Client<P> {
             app,
         };
         let handle = self.ep.connection_mut().send_call(now, &call)?;
+        self.ep.flush();
         let id = self.next_op;
         self.next_op += 1;
         for (_, _, region) in source.iter().chain(target.iter()) {
@@ -661,10 +653,8 @@ impl<P: Provider> Client<P> {
     /// One round of progress: completions, timers, events, posting.
     /// Returns how much happened (0: idle).
     pub fn progress(&mut self) -> usize {
-        // Calls queued since the last round go out before anything else.
-        let mut work = self.ep.flush();
         let now = self.now();
-        work += self.ep.poll_completions(now, &mut self.wcs);
+        let mut work = self.ep.poll_completions(now, &mut self.wcs);
         self.ep.handle_timeouts(now);
         while let Some(ev) = self.ep.poll_event() {
             work += 1;
