@@ -77,6 +77,9 @@ impl TargetRow {
 pub struct TargetsReport {
     /// The physical references.
     pub floor: FloorReport,
+    /// The floor taken again after the transport runs (how far the
+    /// machine's own figures moved meanwhile).
+    pub floor_after: FloorReport,
     /// memcpy over the READ target's working set (8 x 256 KiB, cached).
     pub memcpy_working_set: bench::membw::MemcpyReport,
     /// Every transport run, in the order taken.
@@ -211,6 +214,28 @@ pub fn run(
     let shm_cpu = measure("shm", &read_cpu, options, &mut skipped, &mut runs)?;
     let tcp_cpu = measure("tcp", &read_cpu, options, &mut skipped, &mut runs)?;
 
+    // The floor again, after the transports: on a VM the two vCPUs may
+    // sit on cores that share a cache or not, and that changes from one
+    // minute to the next (the raw ping-pong moved between 140 and 430 ns
+    // here); a ratio is only as steady as that placement, so say how far
+    // it moved during this run.
+    let floor_after = std::thread::scope(|s| {
+        s.spawn(|| floor::run(iters, cores, 4 << 20, Duration::ZERO))
+            .join()
+    })
+    .map_err(|_| BenchError::Call {
+        transport: "floor",
+        reason: "the second floor measurement panicked".to_owned(),
+    })?;
+    let raw_after_ns = floor_after.raw_pingpong.median_ns() as f64;
+    println!(
+        "raw cache-line ping-pong before / after the transport runs: {raw_ns:.0} / {raw_after_ns:.0} ns{}",
+        if (raw_after_ns / raw_ns.max(1.0) - 1.0).abs() > 0.25 {
+            " (moved: vCPU placement changed during the run; the latency ratio is unsteady)"
+        } else {
+            ""
+        }
+    );
     let p50 = |r: &Option<RunResult>| r.as_ref().map(|r| r.latency.p50_ns as f64);
     let mb = |r: &Option<RunResult>| r.as_ref().map(|r| r.mb_per_s);
     let cpu = |r: &Option<RunResult>| r.as_ref().and_then(cpu_per_gb);
@@ -284,6 +309,7 @@ pub fn run(
     print_table(&targets);
     Ok(TargetsReport {
         floor,
+        floor_after,
         memcpy_working_set: memcpy_set,
         runs,
         skipped,

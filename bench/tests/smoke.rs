@@ -285,6 +285,7 @@ fn targets_reports_every_target_with_a_verdict() {
     positive(&t["floor"]["raw_pingpong"], "median_ns");
     positive(&t["floor"]["memcpy"], "best_gb_per_s");
     positive(&t["memcpy_working_set"], "best_gb_per_s");
+    positive(&t["floor_after"]["raw_pingpong"], "median_ns");
     assert_eq!(t["memcpy_working_set"]["blocks"], 8);
     let tirpc = bench::tirpc::binaries().is_ok();
     let runs = t["runs"].as_array().expect("runs");
