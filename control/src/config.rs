@@ -296,6 +296,9 @@ pub struct Transport {
     /// (what a read chunk may bring in, what a reply may carry out).
     /// Every credit reserves this much (sparse) memory per connection.
     pub max_message: u32,
+    /// Seconds without a received message (and nothing in flight) after
+    /// which an RDMA connection is closed; 0: never.
+    pub idle_timeout_s: u32,
 }
 
 /// Default `transport.max_message`: 1 MiB of data plus 4 KiB of headers.
@@ -309,6 +312,9 @@ impl Default for Transport {
             inline_send: 4096,
             max_rdma_read: 16,
             max_message: DEFAULT_MAX_MESSAGE,
+            // Linux's RPC server ages idle transports out on this period
+            // (as our TCP connections do).
+            idle_timeout_s: 360,
         }
     }
 }
@@ -674,6 +680,13 @@ impl Config {
             t.max_message.into(),
             4096,
             (64 << 20) + 4096,
+        )?;
+        range(
+            &[Key("transport"), Key("idle_timeout_s")],
+            "transport.idle_timeout_s",
+            t.idle_timeout_s.into(),
+            0,
+            7 * 24 * 3600,
         )?;
         if t.max_message % 4 != 0 {
             return Err(sem(

@@ -116,6 +116,7 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
         inbound_rdma_read: t.max_rdma_read,
         serve_conf_rdma: true,
         limits: c.chunks.to_wire_limits(),
+        idle_timeout: (t.idle_timeout_s > 0).then(|| Duration::from_secs(t.idle_timeout_s.into())),
         ..engine::Config::default()
     };
     EndpointConfig {

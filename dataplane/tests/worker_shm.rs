@@ -528,3 +528,42 @@ fn connections_beyond_the_limit_are_refused_until_one_closes() {
     assert_clean(&report);
     assert_eq!(report.workers[0].counters.rpcs, 3);
 }
+
+/// `engine::Config::idle_timeout` on the server: a connection that stays
+/// quiet that long is closed by the worker (not counted as an error), its
+/// memory comes back, and the client sees the connection gone.
+#[test]
+fn an_idle_connection_is_closed_by_the_server() {
+    let server = Server::start_with(1, engine_config(64 * 1024, 4), |c| {
+        c.endpoint.engine.idle_timeout = Some(Duration::from_millis(300));
+    });
+    let mut client =
+        Client::<Shm>::connect(&server.url, client_config(engine_config(64 * 1024, 4))).unwrap();
+    let call = client
+        .call(ReplyTarget::Inline, |xid, buf| {
+            encode_call(xid, NULL, Arg::None, buf)
+        })
+        .unwrap();
+    assert!(matches!(
+        client.wait(call).unwrap(),
+        CallOutcome::Reply { .. }
+    ));
+    assert!(client.release(call));
+    // Quiet now: the worker closes the connection once the timeout passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.pool().connections() != 0 {
+        assert!(std::time::Instant::now() < deadline, "never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The client learns it at its next progress.
+    while client.endpoint().close_reason().is_none() {
+        assert!(std::time::Instant::now() < deadline, "client never noticed");
+        client.progress();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = client.close();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+    assert_eq!(report.workers[0].counters.rpcs, 1);
+    assert_eq!(report.workers[0].counters.errors_connection, 0);
+}

@@ -39,6 +39,8 @@ pub struct Stats {
     pub stale_completions: u64,
     /// Calls the peer sent beyond our grant (each closes the connection).
     pub credit_overruns: u64,
+    /// Connections closed by [`super::Config::idle_timeout`] (0 or 1).
+    pub idle_closes: u64,
     /// Replies and errors whose XID matches none of our calls: dropped.
     pub unmatched_replies: u64,
     /// Replies to calls that had already timed out: dropped.
@@ -155,6 +157,8 @@ pub struct Connection {
     pub(super) bufs: BufferTable,
     /// The application memory ([`Config::app_memory`]), if any.
     pub(super) app_buf: Option<BufId>,
+    /// When a message last arrived (or the idle clock started).
+    pub(super) last_activity: Instant,
     /// Scratch for the header being parsed; reused, never reallocated.
     pub(super) rx_hdr: TransportHeader,
     /// Scratch for the header being built.
@@ -370,6 +374,7 @@ impl Connection {
             closed: None,
             bufs,
             app_buf,
+            last_activity: Instant::ZERO,
             rx_hdr: TransportHeader::with_capacity(&c.limits),
             tx_hdr: TransportHeader::with_capacity(&c.limits),
             recvs: conn_recvs,
@@ -497,6 +502,7 @@ impl Connection {
                 self.timers.stop(t);
                 match t {
                     Timer::CallTimeout => self.expire_calls(now),
+                    Timer::Idle => self.check_idle(now),
                     Timer::DoneReclaim => self.reclaim_exposed_replies(now),
                 }
             }
@@ -509,6 +515,9 @@ impl Connection {
         let Some(i) = self.take_recv(wr_id) else {
             return;
         };
+        // One store per message; the idle timer itself is re-armed only
+        // when it fires (check_idle).
+        self.last_activity = now;
         if self.closed.is_some() {
             return;
         }
@@ -621,6 +630,39 @@ impl Connection {
             error_sends_busy: self.err_bufs.iter().filter(|e| e.busy).count() as u32,
             reads_in_flight: self.reads_in_flight,
             buffers_exposed: self.bufs.exposed_count() as u32,
+        }
+    }
+
+    /// Starts the idle clock ([`Config::idle_timeout`]) at `now`: the
+    /// worker calls it when it takes the connection over, so that a peer
+    /// that never sends anything is timed out too. Nothing without an
+    /// idle timeout.
+    pub fn start_idle_clock(&mut self, now: Instant) {
+        if let Some(t) = self.config.idle_timeout {
+            self.last_activity = now;
+            self.timers.set(Timer::Idle, now.saturating_add(t));
+        }
+    }
+
+    /// [`Timer::Idle`] fired: close if the connection was idle for the
+    /// whole timeout, else wait for the new deadline.
+    fn check_idle(&mut self, now: Instant) {
+        let Some(t) = self.config.idle_timeout else {
+            return;
+        };
+        let due = self.last_activity.saturating_add(t);
+        let r = self.resources();
+        let busy = self.outstanding > 0 || r.call_slots_busy > 0 || r.serve_slots_busy > 0;
+        if now >= due && !busy {
+            self.stats.idle_closes += 1;
+            self.close_with(CloseReason::Idle);
+        } else {
+            let next = if now >= due {
+                now.saturating_add(t)
+            } else {
+                due
+            };
+            self.timers.set(Timer::Idle, next);
         }
     }
 

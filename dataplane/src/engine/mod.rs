@@ -144,6 +144,13 @@ pub struct Config {
     /// sources of calls ([`AppChunks`]), registered once with the
     /// connection.
     pub app_memory: u32,
+    /// Close the connection after this long without a received message
+    /// while nothing is in flight (no call being served, none of ours
+    /// outstanding). `None` (the default): never. A server sets it so
+    /// that peers that vanished without a word (a crashed RoCE client
+    /// sends no disconnect, and a server that only answers never notices)
+    /// do not hold their connection's memory forever.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -182,6 +189,7 @@ impl Default for Config {
             call_timeout: None,
             limits: Limits::DEFAULT,
             app_memory: 0,
+            idle_timeout: None,
         }
     }
 }
@@ -380,6 +388,9 @@ pub enum CloseReason {
     CreditOverrun,
     /// A work request completed with an error: the queue pair is dead.
     TransportError(WcStatus),
+    /// Nothing was received and nothing was in flight for
+    /// [`Config::idle_timeout`].
+    Idle,
 }
 
 /// What the engine tells the application.

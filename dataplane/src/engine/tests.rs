@@ -2309,3 +2309,35 @@ fn a_small_app_read_source_goes_by_read_chunk() {
     assert_eq!(returned_payload(&p, h), data);
     close_and_check_leaks(&mut p);
 }
+
+/// `Config::idle_timeout`: a server connection that has received nothing
+/// for the timeout while nothing was in flight closes itself
+/// (`CloseReason::Idle`); the timeout counts from the last message, not
+/// from the start of the clock.
+#[test]
+fn an_idle_connection_closes_after_idle_timeout() {
+    let second = core::time::Duration::from_secs(1);
+    let server = Config {
+        idle_timeout: Some(second),
+        ..cfg()
+    };
+    let mut p = Pair::new(cfg(), server);
+    let now = p.now;
+    p.conn(SERVER).start_idle_clock(now);
+    // Half a second in, a call: it is answered, the clock restarts.
+    p.now = p.now.saturating_add(second / 2);
+    let h = send(&mut p, 5, b"still here", false, expect(512, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), b"still here");
+    let s = &p.peers[SERVER].conn;
+    assert_eq!(s.close_reason(), Some(CloseReason::Idle));
+    assert_eq!(s.stats().idle_closes, 1);
+    assert!(
+        p.now >= Instant::ZERO.saturating_add(second + second / 2),
+        "closed {:?} after the call, before a whole timeout of quiet",
+        p.now
+    );
+    assert!(p.peers[SERVER].events.contains(&Event::ConnectionLost {
+        reason: CloseReason::Idle
+    }));
+}

@@ -39,13 +39,18 @@ pub enum Timer {
     /// side, RFC 5666 s3.8): on expiry its memory is withdrawn even though
     /// no RDMA_DONE came.
     DoneReclaim = 1,
+    /// [`super::Config::idle_timeout`]: checked when it fires; a
+    /// connection with nothing in flight that received nothing for that
+    /// long is closed ([`super::CloseReason::Idle`]), otherwise the timer
+    /// is armed again for the new deadline.
+    Idle = 2,
 }
 
 impl Timer {
     /// Number of timers.
-    pub const COUNT: usize = 2;
+    pub const COUNT: usize = 3;
     /// Every timer, in index order.
-    pub const ALL: [Timer; Timer::COUNT] = [Timer::CallTimeout, Timer::DoneReclaim];
+    pub const ALL: [Timer; Timer::COUNT] = [Timer::CallTimeout, Timer::DoneReclaim, Timer::Idle];
 }
 
 /// One optional deadline per [`Timer`].

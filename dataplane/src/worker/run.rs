@@ -169,8 +169,8 @@ impl Worker {
             while let Some(cmd) = self.ring.pop() {
                 work += 1;
                 match cmd {
-                    Command::AddShm(ep) => self.add(&mut conns.shm, ep, phase, &mut report),
-                    Command::AddRoce(ep) => self.add(&mut conns.roce, ep, phase, &mut report),
+                    Command::AddShm(ep) => self.add(&mut conns.shm, ep, now, phase, &mut report),
+                    Command::AddRoce(ep) => self.add(&mut conns.roce, ep, now, phase, &mut report),
                     Command::AddTcp(stream) => {
                         report.connections += 1;
                         c.connections_total.add(1);
@@ -272,9 +272,12 @@ impl Worker {
         &self,
         eps: &mut Vec<Box<Endpoint<P>>>,
         mut ep: Box<Endpoint<P>>,
+        now: engine::Instant,
         phase: Phase,
         report: &mut WorkerReport,
     ) {
+        // The idle timeout (engine::Config::idle_timeout) counts from here.
+        ep.connection_mut().start_idle_clock(now);
         report.connections += 1;
         self.counters.connections_total.add(1);
         if matches!(phase, Phase::Draining { .. }) {
@@ -303,7 +306,12 @@ impl Worker {
                         self.serve(now, ep, call, &mut scratch.reply);
                     }
                     Event::ConnectionLost { reason } => {
-                        if reason != engine::CloseReason::Local {
+                        // Closing an idle connection is housekeeping, not
+                        // an error.
+                        if !matches!(
+                            reason,
+                            engine::CloseReason::Local | engine::CloseReason::Idle
+                        ) {
                             c.errors_connection.add(1);
                         }
                     }
