@@ -999,6 +999,14 @@ impl Connection {
                     let s = &mut self.calls[idx];
                     s.state = CallState::Abandoned;
                     s.deadline = None;
+                    // The slot's own buffers stay exposed until the answer
+                    // (or close): nobody else uses them. Application
+                    // memory goes back to the application with this
+                    // failure, so the peer loses access to it now.
+                    let (wv, rv) = (s.write_view, s.read_view);
+                    self.bufs.unexpose(wv);
+                    self.bufs.unexpose(rv);
+                    let s = &self.calls[idx];
                     self.events.push_back(Event::CallFailed {
                         call: CallHandle {
                             index: idx as u32,

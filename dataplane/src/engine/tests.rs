@@ -2341,3 +2341,55 @@ fn an_idle_connection_closes_after_idle_timeout() {
         reason: CloseReason::Idle
     }));
 }
+
+/// A directed call that times out gives its application range back with
+/// the failure, so the range is no longer exposed to the peer even though
+/// the slot waits for a late answer (its own buffers stay exposed).
+#[test]
+fn a_timed_out_call_withdraws_its_application_range_at_once() {
+    let client = Config {
+        app_memory: 64 * KIB,
+        call_timeout: Some(core::time::Duration::from_millis(5)),
+        ..cfg()
+    };
+    let mut p = Pair::new(client, cfg());
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Send { from: SERVER, .. } => Fault::Drop,
+        _ => Fault::Deliver,
+    });
+    let data = payload(3000, 4);
+    let (msg, item) = echo_call(8, &data);
+    let now = p.now;
+    p.conn(CLIENT)
+        .send_call(
+            now,
+            &OutgoingCall {
+                message: &msg,
+                ddp: Some(item),
+                reply: expect(4 * KIB, None),
+                app: AppChunks {
+                    write: Some(AppSlice {
+                        offset: 1024,
+                        len: 3000,
+                    }),
+                    read: None,
+                },
+            },
+        )
+        .unwrap();
+    assert_eq!(p.peers[CLIENT].conn.resources().buffers_exposed, 1);
+    p.drive();
+    assert_eq!(failures(&p), vec![(8, CallFailure::Timeout)]);
+    let c = &p.peers[CLIENT].conn;
+    assert_eq!(
+        c.resources().call_slots_busy,
+        1,
+        "still waiting for a late answer"
+    );
+    assert_eq!(
+        c.resources().buffers_exposed,
+        0,
+        "the application range is withdrawn"
+    );
+    close_and_check_leaks(&mut p);
+}
