@@ -546,17 +546,7 @@ impl Connection {
         if let Some(g) = grant {
             self.granted = g.clamp(1, self.config.max_outstanding_calls);
         }
-        let s = &self.calls[idx];
-        let bufs = [
-            s.call_buf,
-            s.reply_buf,
-            s.ddp_buf,
-            s.write_view,
-            s.read_view,
-        ];
-        for buf in bufs {
-            self.bufs.unexpose(buf);
-        }
+        self.unexpose_call(idx);
         if self.calls[idx].state == CallState::Abandoned {
             self.stats.late_replies += 1;
             self.finish_call(idx);
@@ -947,11 +937,10 @@ impl Connection {
         }
     }
 
-    fn free_call(&mut self, idx: usize) {
-        let s = &mut self.calls[idx];
-        s.state = CallState::Free;
-        s.generation = s.generation.wrapping_add(1);
-        s.deadline = None;
+    /// Withdraws every exposure of slot `idx`: its own buffers and its
+    /// views of the application memory.
+    fn unexpose_call(&mut self, idx: usize) {
+        let s = &self.calls[idx];
         let bufs = [
             s.call_buf,
             s.reply_buf,
@@ -962,6 +951,14 @@ impl Connection {
         for buf in bufs {
             self.bufs.unexpose(buf);
         }
+    }
+
+    fn free_call(&mut self, idx: usize) {
+        let s = &mut self.calls[idx];
+        s.state = CallState::Free;
+        s.generation = s.generation.wrapping_add(1);
+        s.deadline = None;
+        self.unexpose_call(idx);
         self.call_free.push(idx as u32);
     }
 
@@ -1043,17 +1040,7 @@ impl Connection {
                 CallState::Abandoned => self.finish_call(idx),
                 _ => {}
             }
-            let s = &self.calls[idx];
-            let bufs = [
-                s.call_buf,
-                s.reply_buf,
-                s.ddp_buf,
-                s.write_view,
-                s.read_view,
-            ];
-            for buf in bufs {
-                self.bufs.unexpose(buf);
-            }
+            self.unexpose_call(idx);
         }
     }
 }

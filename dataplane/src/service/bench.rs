@@ -165,12 +165,8 @@ impl Args<'_> {
     }
 }
 
-/// Encodes a version 1 call with an AUTH_NONE credential into `out`.
-///
-/// # Errors
-/// [`WireError::BufferTooShort`] if it does not fit,
-/// [`WireError::LimitExceeded`] for data longer than [`MAX_DATA`].
-pub fn encode_call(out: &mut [u8], xid: u32, args: Args<'_>) -> Result<EncodedCall, WireError> {
+/// An encoder over `out` holding the RPC call header of `args`.
+fn call_header<'a>(out: &'a mut [u8], xid: u32, args: &Args<'_>) -> Result<Encoder<'a>, WireError> {
     let header = CallHeader::new(
         xid,
         PROGRAM,
@@ -181,6 +177,16 @@ pub fn encode_call(out: &mut [u8], xid: u32, args: Args<'_>) -> Result<EncodedCa
     );
     let mut enc = Encoder::new(out);
     header.emit(&mut enc)?;
+    Ok(enc)
+}
+
+/// Encodes a version 1 call with an AUTH_NONE credential into `out`.
+///
+/// # Errors
+/// [`WireError::BufferTooShort`] if it does not fit,
+/// [`WireError::LimitExceeded`] for data longer than [`MAX_DATA`].
+pub fn encode_call(out: &mut [u8], xid: u32, args: Args<'_>) -> Result<EncodedCall, WireError> {
+    let mut enc = call_header(out, xid, &args)?;
     let ddp = match args {
         Args::Null => None,
         Args::Source(count) => {
@@ -223,16 +229,7 @@ pub fn encode_call_directed(
     if data.len() > MAX_DATA as usize {
         return Err(WireError::LimitExceeded);
     }
-    let header = CallHeader::new(
-        xid,
-        PROGRAM,
-        VERSION,
-        args.procedure() as u32,
-        OpaqueAuth::None,
-        OpaqueAuth::None,
-    );
-    let mut enc = Encoder::new(out);
-    header.emit(&mut enc)?;
+    let mut enc = call_header(out, xid, &args)?;
     enc.put_u32(data.len() as u32)?;
     Ok(EncodedCall {
         len: enc.position(),
