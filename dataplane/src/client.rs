@@ -206,14 +206,22 @@ struct Region {
     in_flight: u32,
 }
 
+/// A range of the application memory and the region it belongs to.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Offset in the application memory (not in the region).
+    start: u32,
+    len: u32,
+    region: u32,
+}
+
 /// A directed operation in flight, by call slot.
 #[derive(Debug, Clone, Copy, Default)]
 struct OpSlot {
     op: u64,
     active: bool,
-    /// Absolute ranges in the application memory and the region index.
-    source: Option<(u32, u32, u32)>,
-    target: Option<(u32, u32, u32)>,
+    source: Option<Span>,
+    target: Option<Span>,
 }
 
 fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
@@ -378,24 +386,19 @@ impl<P: Provider> Client<P> {
         if len == 0 {
             return Err(no("empty region"));
         }
-        // First fit between the live regions, in address order.
+        // First fit: move past every live region in the way.
         let mut start = 0u64;
         loop {
-            let end = start + u64::from(len);
+            if start + u64::from(len) > total {
+                return Err(no("not enough application memory left"));
+            }
             let clash = self
                 .regions
                 .iter()
-                .filter(|r| r.live)
-                .find(|r| overlaps((start as u32, len), (r.start, r.len)) || end > total);
+                .find(|r| r.live && overlaps((start as u32, len), (r.start, r.len)));
             match clash {
-                None if end <= total => break,
-                None => return Err(no("not enough application memory left")),
-                Some(r) => {
-                    start = (u64::from(r.start) + u64::from(r.len)).next_multiple_of(64);
-                    if start + u64::from(len) > total {
-                        return Err(no("not enough application memory left"));
-                    }
-                }
+                None => break,
+                Some(r) => start = (u64::from(r.start) + u64::from(r.len)).next_multiple_of(64),
             }
         }
         let region = Region {
@@ -437,8 +440,8 @@ impl<P: Provider> Client<P> {
         if self.regions[i].in_flight > 0 {
             let op = self.ops.iter().find(|o| {
                 o.active
-                    && (o.source.map(|s| s.2) == Some(i as u32)
-                        || o.target.map(|t| t.2) == Some(i as u32))
+                    && (o.source.map(|s| s.region) == Some(i as u32)
+                        || o.target.map(|t| t.region) == Some(i as u32))
             });
             return Err(ClientError::InFlight(OpId(op.map_or(0, |o| o.op))));
         }
@@ -457,7 +460,7 @@ impl<P: Provider> Client<P> {
     }
 
     /// The absolute range of `len` bytes at `offset` of `key`'s region.
-    fn absolute(&self, key: MemKey, offset: u32, len: u32) -> Result<(u32, u32, u32), ClientError> {
+    fn absolute(&self, key: MemKey, offset: u32, len: u32) -> Result<Span, ClientError> {
         let i = self.region_index(key)?;
         let r = self.regions[i];
         if u64::from(offset) + u64::from(len) > u64::from(r.len) {
@@ -467,15 +470,18 @@ impl<P: Provider> Client<P> {
                 region_len: r.len,
             });
         }
-        Ok((r.start + offset, len, i as u32))
+        Ok(Span {
+            start: r.start + offset,
+            len,
+            region: i as u32,
+        })
     }
 
     /// The first operation in flight whose range overlaps `range`:
     /// targets always, sources too when `sources`.
     fn busy(&self, range: (u32, u32), sources: bool) -> Option<OpId> {
         self.ops.iter().filter(|o| o.active).find_map(|o| {
-            let hit =
-                |r: Option<(u32, u32, u32)>| r.is_some_and(|(s, l, _)| overlaps(range, (s, l)));
+            let hit = |r: Option<Span>| r.is_some_and(|r| overlaps(range, (r.start, r.len)));
             (hit(o.target) || (sources && hit(o.source))).then_some(OpId(o.op))
         })
     }
@@ -487,7 +493,7 @@ impl<P: Provider> Client<P> {
     /// [`ClientError::InFlight`] while the server may still write the
     /// range (a directed operation's target).
     pub fn region(&self, key: MemKey, offset: u32, len: u32) -> Result<&[u8], ClientError> {
-        let (start, len, _) = self.absolute(key, offset, len)?;
+        let Span { start, len, .. } = self.absolute(key, offset, len)?;
         if let Some(op) = self.busy((start, len), false) {
             return Err(ClientError::InFlight(op));
         }
@@ -506,7 +512,7 @@ impl<P: Provider> Client<P> {
         offset: u32,
         len: u32,
     ) -> Result<&mut [u8], ClientError> {
-        let (start, len, _) = self.absolute(key, offset, len)?;
+        let Span { start, len, .. } = self.absolute(key, offset, len)?;
         if let Some(op) = self.busy((start, len), true) {
             return Err(ClientError::InFlight(op));
         }
@@ -542,13 +548,13 @@ impl<P: Provider> Client<P> {
             .target
             .map(|r| self.absolute(r.key, r.offset, r.len))
             .transpose()?;
-        if let Some((s, l, _)) = target {
-            if let Some(busy) = self.busy((s, l), true) {
+        if let Some(t) = target {
+            if let Some(busy) = self.busy((t.start, t.len), true) {
                 return Err(ClientError::InFlight(busy));
             }
         }
-        if let Some((s, l, _)) = source {
-            if let Some(busy) = self.busy((s, l), false) {
+        if let Some(s) = source {
+            if let Some(busy) = self.busy((s.start, s.len), false) {
                 return Err(ClientError::InFlight(busy));
             }
         }
@@ -558,16 +564,22 @@ impl<P: Provider> Client<P> {
         let cfg = self.ep.connection().config();
         let reply = ReplyExpect {
             max_len: match target {
-                Some((_, l, _)) => cfg
+                Some(t) => cfg
                     .max_reply_size
-                    .min(cfg.inline_recv_size.saturating_add(l)),
+                    .min(cfg.inline_recv_size.saturating_add(t.len)),
                 None => cfg.inline_recv_size.min(cfg.max_reply_size),
             },
             ddp_max: None,
         };
         let app = AppChunks {
-            write: target.map(|(offset, len, _)| engine::AppSlice { offset, len }),
-            read: source.map(|(offset, len, _)| engine::AppSlice { offset, len }),
+            write: target.map(|t| engine::AppSlice {
+                offset: t.start,
+                len: t.len,
+            }),
+            read: source.map(|s| engine::AppSlice {
+                offset: s.start,
+                len: s.len,
+            }),
         };
         let now = self.now();
         let call = OutgoingCall {
@@ -580,8 +592,8 @@ impl<P: Provider> Client<P> {
         self.ep.flush();
         let id = self.next_op;
         self.next_op += 1;
-        for (_, _, region) in source.iter().chain(target.iter()) {
-            self.regions[*region as usize].in_flight += 1;
+        for span in source.iter().chain(target.iter()) {
+            self.regions[span.region as usize].in_flight += 1;
         }
         self.ops[handle.slot()] = OpSlot {
             op: id,
@@ -603,8 +615,8 @@ impl<P: Provider> Client<P> {
         }
         o.active = false;
         let (source, target) = (o.source, o.target);
-        for (_, _, region) in source.iter().chain(target.iter()) {
-            if let Some(r) = self.regions.get_mut(*region as usize) {
+        for span in source.iter().chain(target.iter()) {
+            if let Some(r) = self.regions.get_mut(span.region as usize) {
                 r.in_flight = r.in_flight.saturating_sub(1);
             }
         }
