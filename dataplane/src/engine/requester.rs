@@ -262,12 +262,16 @@ impl Connection {
             // pulls it from the application's memory): fitting inline
             // means the chunked form fits too; a long call cannot carry
             // it (its data would have to be in the message).
+            let wsegs = usize::from(write_chunk.is_some());
+            let chunked = chunked_header_len(1, wsegs, wsegs, reply_chunk.map(|_| 1)) + msg.len();
             plan = match plan {
-                CallPlan::Inline | CallPlan::ReadChunk { .. } => CallPlan::ReadChunk {
-                    position: d.offset,
-                    len: d.len,
-                },
-                CallPlan::Long => return Err(SendCallError::TooLarge),
+                CallPlan::Inline | CallPlan::ReadChunk { .. } if chunked <= send_limit as usize => {
+                    CallPlan::ReadChunk {
+                        position: d.offset,
+                        len: d.len,
+                    }
+                }
+                _ => return Err(SendCallError::TooLarge),
             };
         }
         let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
