@@ -207,6 +207,16 @@ pub struct Connection {
     pub(super) inval: super::inval::DoneInvalidate,
 }
 
+/// A connection's buffers and slots, as [`Connection::layout`] cut them.
+struct Layout {
+    recvs: Vec<RecvBuf>,
+    err_bufs: Vec<ErrBuf>,
+    calls: Vec<CallSlot>,
+    serves: Vec<ServeSlot>,
+    /// The application memory, last in the slab.
+    app: Option<BufId>,
+}
+
 impl Connection {
     /// Builds a connection: allocates its slab, slots and queues once, and
     /// queues a [`WorkRequest::PostRecv`] for every receive buffer (poll
@@ -245,20 +255,7 @@ impl Connection {
     }
 
     /// Checks `c` and adds every buffer to `b`, in the one fixed order.
-    #[allow(clippy::type_complexity)]
-    fn layout(
-        c: &Config,
-        b: &mut BufferTableBuilder,
-    ) -> Result<
-        (
-            Vec<RecvBuf>,
-            Vec<ErrBuf>,
-            Vec<CallSlot>,
-            Vec<ServeSlot>,
-            Option<BufId>,
-        ),
-        ConfigError,
-    > {
+    fn layout(c: &Config, b: &mut BufferTableBuilder) -> Result<Layout, ConfigError> {
         if [
             c.inline_recv_size,
             c.inline_send_size,
@@ -329,7 +326,13 @@ impl Connection {
         let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(b, c)).collect();
         // Last, so that the other buffers keep their offsets.
         let app = (c.app_memory > 0).then(|| b.add(BufClass::App, c.app_memory));
-        Ok((recvs, err_bufs, calls, serves, app))
+        Ok(Layout {
+            recvs,
+            err_bufs,
+            calls,
+            serves,
+            app,
+        })
     }
 
     fn build(
@@ -338,7 +341,13 @@ impl Connection {
     ) -> Result<Connection, ConfigError> {
         let c = &config;
         let mut b = BufferTableBuilder::default();
-        let (recvs, err_bufs, calls, serves, app_buf) = Self::layout(c, &mut b)?;
+        let Layout {
+            recvs,
+            err_bufs,
+            calls,
+            serves,
+            app: app_buf,
+        } = Self::layout(c, &mut b)?;
         let n_serve = serves.len() as u32;
         let n_recv = recvs.len();
         let n_calls = calls.len();
@@ -651,8 +660,10 @@ impl Connection {
             return;
         };
         let due = self.last_activity.saturating_add(t);
+        // A call of ours in flight holds a call slot; one of the peer's
+        // being served holds a serve slot.
         let r = self.resources();
-        let busy = self.outstanding > 0 || r.call_slots_busy > 0 || r.serve_slots_busy > 0;
+        let busy = r.call_slots_busy > 0 || r.serve_slots_busy > 0;
         if now >= due && !busy {
             self.stats.idle_closes += 1;
             self.close_with(CloseReason::Idle);

@@ -505,15 +505,13 @@ pub enum ReplyError {
 /// chunk length against, RFC 5666 s3.4), data and padding inside it.
 fn ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
     let end = u64::from(item.offset) + crate::wire::xdr::roundup(item.len as usize) as u64;
-    item.offset % 4 == 0
-        && item.offset >= 4
-        && end <= msg.len() as u64
-        && msg[item.offset as usize - 4..item.offset as usize] == item.len.to_be_bytes()
+    app_ddp_item_fits(item, msg) && end <= msg.len() as u64
 }
 
 /// [`ddp_item_fits`] for an item whose data is not in `msg`
-/// ([`AppChunks::read`]): its length word ends at `item.offset`, where the
-/// data would start, and the rest of the message follows.
+/// ([`AppChunks::read`]): aligned, its length word (holding `len`) ends at
+/// `item.offset`, where the data would start, and the rest of the message
+/// follows.
 fn app_ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
     item.offset % 4 == 0
         && item.offset >= 4
