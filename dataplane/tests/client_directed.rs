@@ -8,8 +8,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dataplane::client::{
@@ -19,69 +18,18 @@ use dataplane::engine::DdpItem;
 use dataplane::service::bench::{pattern_mismatch, PROGRAM};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
-use dataplane::verbs::{Context, Provider, VerbsError};
+use dataplane::verbs::Provider;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
 use dataplane::wire::xdr::Encoder;
-use dataplane::worker::{EndpointConfig, PoolProvider, WorkerConfig, WorkerError, WorkerPool};
+use dataplane::worker::PoolProvider;
 use support::worker_harness::{
-    adaptive, bench_service, client_config, decode_opaque_reply, engine_config, sock_url, ECHO,
-    SINK, SOURCE,
+    assert_clean, bench_service, client_config, decode_opaque_reply, engine_config, sock_url,
+    Server, ECHO, SINK, SOURCE,
 };
 
 const MAX: u32 = 1 << 20;
 const APP: u32 = 8 << 20;
 const DEPTH: u32 = 8;
-
-struct Server<P: PoolProvider> {
-    url: String,
-    pool: Option<Arc<WorkerPool<P>>>,
-    stop: Arc<AtomicBool>,
-    acceptor: Option<std::thread::JoinHandle<()>>,
-}
-
-impl<P: PoolProvider> Server<P> {
-    fn start(url: String) -> Server<P> {
-        let ctx = Arc::new(P::open(&url).expect("open"));
-        let listener = ctx.listen(&url).expect("listen");
-        let mut endpoint = EndpointConfig {
-            engine: engine_config(MAX, DEPTH),
-            ..EndpointConfig::default()
-        };
-        endpoint.engine.max_outstanding_calls = 1;
-        let config = WorkerConfig {
-            endpoint,
-            idle: adaptive(),
-            ..WorkerConfig::default()
-        };
-        let pool = Arc::new(WorkerPool::<P>::spawn(ctx, &[None], config, bench_service()).unwrap());
-        let stop = Arc::new(AtomicBool::new(false));
-        let acceptor = {
-            let (pool, stop) = (pool.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match pool.accept(&listener, Duration::from_millis(20)) {
-                        Ok(_) | Err(WorkerError::Verbs(VerbsError::Timeout)) => {}
-                        Err(e) => eprintln!("accept: {e}"),
-                    }
-                }
-            })
-        };
-        Server {
-            url,
-            pool: Some(pool),
-            stop,
-            acceptor: Some(acceptor),
-        }
-    }
-
-    fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.acceptor.take().unwrap().join().unwrap();
-        let pool = Arc::try_unwrap(self.pool.take().unwrap()).expect("pool still shared");
-        let report = pool.stop(Duration::from_secs(2));
-        assert!(report.is_clean(), "{report:?}");
-    }
-}
 
 fn roce_url() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -173,7 +121,10 @@ fn expect_reply<P: Provider>(
 }
 
 fn directed_operations<P: PoolProvider>(url: String) {
-    let server = Server::<P>::start(url);
+    // A server connection sends no calls: one requester slot.
+    let server = Server::<P>::at(url, 1, engine_config(MAX, DEPTH), bench_service(), |c| {
+        c.endpoint.engine.max_outstanding_calls = 1
+    });
     let mut c = connect::<P>(&server.url);
 
     // Keys: registered once, reused by every operation below.
@@ -334,7 +285,7 @@ fn directed_operations<P: PoolProvider>(url: String) {
 
     assert_eq!(c.endpoint().resources().buffers_exposed, 0);
     c.close().expect("clean close");
-    server.stop();
+    assert_clean(&server.stop(Duration::from_secs(2)));
 }
 
 #[test]

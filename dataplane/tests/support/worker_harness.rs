@@ -11,11 +11,12 @@ use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, DdpItem};
 use dataplane::service::ServiceTable;
 use dataplane::verbs::shm::Shm;
-use dataplane::verbs::{Context, Provider};
+use dataplane::verbs::Context;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth, ReplyHeader};
 use dataplane::wire::xdr::{Decoder, Encoder};
 use dataplane::worker::{
-    Dispatcher, EndpointConfig, IdleStrategy, ShutdownReport, WorkerConfig, WorkerPool,
+    Dispatcher, EndpointConfig, IdleStrategy, PoolProvider, ShutdownReport, WorkerConfig,
+    WorkerPool,
 };
 
 pub const BENCH_PROGRAM: u32 = dataplane::service::bench::PROGRAM;
@@ -126,15 +127,16 @@ pub fn client_config(engine: engine::Config) -> ClientConfig {
     }
 }
 
-/// A worker pool and an acceptor thread on a fresh socket.
-pub struct Server {
+/// A worker pool and an acceptor thread: `shm` on a fresh socket
+/// (`start*`), or any provider at a given URL (`at`).
+pub struct Server<P: PoolProvider = Shm> {
     pub url: String,
-    pool: Option<Arc<WorkerPool<Shm>>>,
+    pool: Option<Arc<WorkerPool<P>>>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
 }
 
-impl Server {
+impl Server<Shm> {
     pub fn start(workers: usize, engine: engine::Config) -> Server {
         Server::with_dispatcher(workers, engine, bench_service())
     }
@@ -161,8 +163,20 @@ impl Server {
         dispatcher: Arc<dyn Dispatcher>,
         tweak: impl FnOnce(&mut WorkerConfig),
     ) -> Server {
-        let url = sock_url();
-        let ctx = Arc::new(Shm::open(&url).unwrap());
+        Server::at(sock_url(), workers, engine, dispatcher, tweak)
+    }
+}
+
+impl<P: PoolProvider> Server<P> {
+    /// A pool of provider `P` listening at `url`.
+    pub fn at(
+        url: String,
+        workers: usize,
+        engine: engine::Config,
+        dispatcher: Arc<dyn Dispatcher>,
+        tweak: impl FnOnce(&mut WorkerConfig),
+    ) -> Server<P> {
+        let ctx = Arc::new(P::open(&url).unwrap());
         let listener = ctx.listen(&url).unwrap();
         let mut config = WorkerConfig {
             endpoint: EndpointConfig {
@@ -179,7 +193,7 @@ impl Server {
         let cores: Vec<Option<usize>> = (0..workers)
             .map(|i| allowed.get(i % allowed.len().max(1)).copied())
             .collect();
-        let pool = Arc::new(WorkerPool::<Shm>::spawn(ctx, &cores, config, dispatcher).unwrap());
+        let pool = Arc::new(WorkerPool::<P>::spawn(ctx, &cores, config, dispatcher).unwrap());
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
             let (pool, stop) = (pool.clone(), stop.clone());
@@ -203,7 +217,7 @@ impl Server {
         }
     }
 
-    pub fn pool(&self) -> &WorkerPool<Shm> {
+    pub fn pool(&self) -> &WorkerPool<P> {
         self.pool.as_ref().unwrap()
     }
 
