@@ -187,43 +187,65 @@ enum Cmd {
     },
 }
 
-/// A one-line progress display on stderr while runs are under way (only
-/// when stderr is a terminal): label, runs done, elapsed/expected time.
+/// Progress on stderr while runs are under way: on a terminal a one-line
+/// display redrawn in place (label, runs done, elapsed/expected time);
+/// otherwise (a pipe, a log file) a plain line every
+/// [`PROGRESS_LINE_EVERY`], so a long sweep is never silent.
 struct Progress {
     state: Arc<Mutex<(String, usize)>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// How often a non-terminal stderr gets a progress line.
+const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
+
 impl Progress {
     fn start(total_runs: usize, expected: Duration) -> Progress {
         let state = Arc::new(Mutex::new((String::new(), 0usize)));
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::io::stderr().is_terminal().then(|| {
+        let terminal = std::io::stderr().is_terminal();
+        if total_runs > 1 {
+            eprintln!(
+                "{total_runs} runs, about {:.0} s",
+                expected.as_secs_f64().ceil()
+            );
+        }
+        let thread = {
             let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let t0 = Instant::now();
+                let mut last_line = t0;
                 while !stop.load(Ordering::Relaxed) {
-                    let (label, done) = state.lock().map(|s| s.clone()).unwrap_or_default();
-                    let frac =
-                        (t0.elapsed().as_secs_f64() / expected.as_secs_f64().max(1e-3)).min(1.0);
-                    let bar = (frac * 30.0) as usize;
-                    eprint!(
-                        "\r[{}{}] {done}/{total_runs} runs, {:.0}/{:.0} s  {label:<40}",
-                        "#".repeat(bar),
-                        " ".repeat(30 - bar),
-                        t0.elapsed().as_secs_f64(),
-                        expected.as_secs_f64()
-                    );
                     std::thread::sleep(Duration::from_millis(200));
+                    let (label, done) = state.lock().map(|s| s.clone()).unwrap_or_default();
+                    let elapsed = t0.elapsed().as_secs_f64();
+                    if terminal {
+                        let frac = (elapsed / expected.as_secs_f64().max(1e-3)).min(1.0);
+                        let bar = (frac * 30.0) as usize;
+                        eprint!(
+                            "\r[{}{}] {done}/{total_runs} runs, {elapsed:.0}/{:.0} s  {label:<40}",
+                            "#".repeat(bar),
+                            " ".repeat(30 - bar),
+                            expected.as_secs_f64()
+                        );
+                    } else if last_line.elapsed() >= PROGRESS_LINE_EVERY {
+                        last_line = Instant::now();
+                        eprintln!(
+                            "progress: {done}/{total_runs} runs, {elapsed:.0}/{:.0} s, now {label}",
+                            expected.as_secs_f64()
+                        );
+                    }
                 }
-                eprint!("\r{:100}\r", "");
+                if terminal {
+                    eprint!("\r{:100}\r", "");
+                }
             })
-        });
+        };
         Progress {
             state,
             stop,
-            thread,
+            thread: Some(thread),
         }
     }
 
