@@ -142,6 +142,11 @@ pub struct RoceConfig {
     pub verify_icrc: bool,
     /// Test-only fault injection on data-path packets.
     pub faults: FaultPolicy,
+    /// Test-only: the PSN every QP of this context expects first (the
+    /// Starting PSN it announces) instead of a random one, so a test can
+    /// put the wrap of the 24-bit PSN where it wants it. Never use it in
+    /// production: PSNs must be unpredictable.
+    pub initial_psn: Option<Psn>,
 }
 
 impl Default for RoceConfig {
@@ -154,6 +159,7 @@ impl Default for RoceConfig {
             retry_count: 7,
             verify_icrc: false,
             faults: FaultPolicy::default(),
+            initial_psn: None,
         }
     }
 }
@@ -240,6 +246,10 @@ fn parse_url(url: &str, base: RoceConfig) -> Result<(SocketAddrV4, RoceConfig), 
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
             "faults" => cfg.faults = FaultPolicy::parse(v).ok_or_else(|| bad("bad faults"))?,
+            "initial_psn" => {
+                let psn = v.parse().ok().and_then(Psn::new);
+                cfg.initial_psn = Some(psn.ok_or_else(|| bad("initial_psn must be 0..2^24"))?);
+            }
             _ => return Err(bad("unknown option")),
         }
     }
@@ -392,7 +402,10 @@ impl ProtectionDomain<Roce> for RocePd {
                 recv_cq.inner.id,
                 self.cfg.mtu,
                 timers,
-                Psn::from_masked(random_u32()?),
+                match self.cfg.initial_psn {
+                    Some(psn) => psn,
+                    None => Psn::from_masked(random_u32()?),
+                },
             )),
             cfg: self.cfg,
             send_cq: send_cq.inner.clone(),
@@ -972,8 +985,9 @@ impl Cm {
                         rec.remote_qpn = r.local_qpn;
                         rec.peer_private = trim_private(r.private_data);
                         if let Some(qp) = qps.get_mut(&rec.qpn) {
-                            // We send from the PSN we announced in the REQ;
-                            // the peer from the one in its REP.
+                            // We send from the PSN the REP announced (the
+                            // first the peer expects); the peer sends from
+                            // the one our REQ announced.
                             qp.bind(
                                 PeerPath {
                                     addr: SocketAddrV4::new(rec.peer_ip, port),
@@ -1860,7 +1874,8 @@ impl Incoming<Roce> for RoceIncoming {
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
         rc.awaiting_rtu = true;
         let my_psn = rc.initial_psn();
-        // The peer sends from the PSN in its REQ; we from the one in our REP.
+        // We send from the PSN the REQ announced (the first the requester
+        // expects); the requester sends from the one in our REP.
         rc.bind(
             PeerPath {
                 addr: SocketAddrV4::new(req.peer_ip, port),

@@ -309,7 +309,8 @@ impl RcQp {
             faults: Faults::default(),
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
-            next_psn: initial_psn,
+            // Set by `bind` from the peer's announcement.
+            next_psn: Psn::default(),
             sent_end: Psn::default(),
             una: Psn::default(),
             sq_next: 0,
@@ -320,7 +321,8 @@ impl RcQp {
             reread_at: None,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
-            epsn: Psn::default(),
+            // What we announce in our REQ or REP: the peer sends from it.
+            epsn: initial_psn,
             msn: 0,
             nak_sent: false,
             ack_due: false,
@@ -339,13 +341,19 @@ impl RcQp {
         self.retry_left = timers.retry_count;
     }
 
-    /// The PSN we will send first (announced in REQ/REP).
+    /// The PSN we expect to receive first, drawn at creation: the Starting
+    /// PSN of our REQ or REP. In the IB CM (IBA 12.7, and Linux
+    /// `drivers/infiniband/core/cm.c`, which rdma_cm and so every kernel
+    /// and rdma-core peer uses) the Starting PSN a side announces is the
+    /// one *it receives from*: the peer sets its send PSN to it. Only
+    /// meaningful before [`bind`](Self::bind).
     pub fn initial_psn(&self) -> Psn {
-        self.next_psn
+        self.epsn
     }
 
-    /// Connects the transport: the peer sends from `peer_psn` (what it
-    /// announced), we from our own announced PSN.
+    /// Connects the transport: we send from `peer_psn` (the Starting PSN
+    /// the peer announced, the first it expects), and expect the peer's
+    /// first packet at our own announced [`initial_psn`](Self::initial_psn).
     /// `peer_rd` is the peer's responder resources (how many of our RDMA
     /// Reads it can hold).
     pub fn bind(&mut self, peer: PeerPath, peer_psn: Psn, conn: ConnRef, mtu: Mtu, peer_rd: u8) {
@@ -353,9 +361,9 @@ impl RcQp {
         self.peer = Some(peer);
         self.conn = Some(conn);
         self.mtu = mtu;
-        self.epsn = peer_psn;
-        self.una = self.next_psn;
-        self.sent_end = self.next_psn;
+        self.next_psn = peer_psn;
+        self.una = peer_psn;
+        self.sent_end = peer_psn;
         self.state = QpState::Rts;
     }
 

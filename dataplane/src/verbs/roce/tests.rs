@@ -121,9 +121,14 @@ impl Fake {
     fn send_mad(&mut self, m: &CmMad<'_>) {
         let mut mad = [0u8; MAD_LEN];
         m.emit(&mut mad).unwrap();
+        self.send_raw_mad(&mad);
+    }
+
+    /// A MAD laid out byte by byte by the test, not by our encoder.
+    fn send_raw_mad(&mut self, mad: &[u8; MAD_LEN]) {
         let psn = self.gsi_psn;
         self.gsi_psn = psn.next();
-        self.send(&gsi_packet(psn, &mad));
+        self.send(&gsi_packet(psn, mad));
     }
 }
 
@@ -258,12 +263,95 @@ fn accept_as_fake(fake: &mut Fake, provider_ip: Ipv4Addr, fake_ip: Ipv4Addr) -> 
     (req.starting_psn.value(), req.local_qpn)
 }
 
+/// The direction of the CM's Starting PSN, checked against bytes laid out
+/// as Linux's CM (`cm_format_rep` in `drivers/infiniband/core/cm.c`) puts
+/// them on the wire, not through our own CM encoder: a REP's Starting PSN
+/// is the PSN its sender expects first, so our first Send carries it; and
+/// our REQ's Starting PSN is the PSN we expect, so the peer's first Send
+/// at that PSN is accepted and ACKed. Both of our sides once read it the
+/// other way round, agreed with each other, and a Linux rxe peer NAKed the
+/// first Send of either with "PSN sequence error".
+#[test]
+fn the_starting_psn_is_what_its_sender_expects() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let raw_req = fake.recv_mad();
+    let m = CmMad::parse(&raw_req).unwrap();
+    let CmMessage::Req(req) = m.message else {
+        panic!("expected REQ, got {:?}", m.message)
+    };
+    // REQ: Starting PSN in bytes 44..47 of the CM data (after the 24-byte
+    // MAD header), the top 24 bits of that big-endian word.
+    let d = &raw_req[24..];
+    let req_psn = u32::from_be_bytes([0, d[44], d[45], d[46]]);
+    assert_eq!(req_psn, req.starting_psn.value());
+    let req_comm_id = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+    let req_qpn = u32::from_be_bytes([0, d[32], d[33], d[34]]);
+    assert_eq!(req_qpn, req.local_qpn);
+
+    // REP, byte by byte. MAD header: base version 1, class CM (7), class
+    // version 2, method Send (3), status 0, TID echoed, attribute REP
+    // (0x0013), modifier 0.
+    const REP_PSN: u32 = 0x12_3456;
+    let mut rep = [0u8; MAD_LEN];
+    rep[..4].copy_from_slice(&[1, 0x07, 2, 0x03]);
+    rep[8..16].copy_from_slice(&raw_req[8..16]);
+    rep[16..18].copy_from_slice(&0x0013u16.to_be_bytes());
+    let r = &mut rep[24..];
+    r[0..4].copy_from_slice(&0x77u32.to_be_bytes()); // local comm id
+    r[4..8].copy_from_slice(&req_comm_id.to_be_bytes()); // remote comm id
+    r[12..15].copy_from_slice(&FAKE_QPN.to_be_bytes()[1..]); // local QPN
+    r[20..23].copy_from_slice(&REP_PSN.to_be_bytes()[1..]); // starting PSN
+    r[24] = 1; // responder resources
+    r[25] = 1; // initiator depth
+    r[26] = 15 << 3; // target ACK delay
+    r[27] = 7 << 5; // RNR retry count
+    r[28..36].copy_from_slice(&1u64.to_be_bytes()); // local CA GUID
+    r[36..41].copy_from_slice(b"world"); // private data
+    fake.send_raw_mad(&rep);
+    let rtu = fake.recv_mad();
+    assert!(matches!(
+        CmMad::parse(&rtu).unwrap().message,
+        CmMessage::Rtu(_)
+    ));
+    let mut s = t.join().unwrap();
+
+    // Our first Send goes out at the REP's Starting PSN.
+    let mut b = s.local.alloc().unwrap();
+    assert!(b.fill(b"first"));
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.bth.dest_qpn),
+        (Opcode::RcSendOnly, FAKE_QPN)
+    );
+    assert_eq!(p.bth.psn.value(), REP_PSN, "our first Send's PSN");
+    fake_ack(&fake, req_qpn, REP_PSN, Syndrome::ACK, 1);
+    let c = next_completion(&s.cq);
+    assert!(c.is_ok(), "{:?} {:?}", c.opcode, c.status);
+
+    // The peer's first Send comes at our REQ's Starting PSN: accepted,
+    // delivered, ACKed at that PSN (not a sequence-error NAK).
+    let mut bth = Bth::new(Opcode::RcSendOnly, req_qpn, Psn::new(req_psn).unwrap());
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"from linux"));
+    let (apsn, syn, msn) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
+}
+
 fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
     format!("roce://{fake_ip}:7000?udp_port={UDP}&local={provider_ip}&verify_icrc=1{extra}")
 }
 
 #[test]
-fn requester_uses_its_announced_psn_retransmits_then_retry_exceeded() {
+fn requester_sends_from_the_psn_of_the_rep_retransmits_then_retry_exceeded() {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, "&retry=2&ack_timeout_ms=5"), b"world");
@@ -278,12 +366,13 @@ fn requester_uses_its_announced_psn_retransmits_then_retry_exceeded() {
     ))
     .unwrap();
     // The original and `retry` retransmissions of the same packet: the PSN
-    // announced in our REQ, to the QPN in the peer's REP.
+    // the peer's REP announced (the first it expects), to its QPN.
+    assert_ne!(req_psn, FAKE_PSN);
     for _ in 0..3 {
         let raw = fake.recv_rc();
         let p = RocePacket::parse(&raw).unwrap();
         assert_eq!(p.bth.opcode, Opcode::RcSendOnly);
-        assert_eq!(p.bth.psn.value(), req_psn);
+        assert_eq!(p.bth.psn.value(), FAKE_PSN);
         assert_eq!(p.bth.dest_qpn, FAKE_QPN);
         assert!(p.bth.ack_req);
         assert_eq!(p.payload, b"ping");
@@ -311,8 +400,13 @@ fn ack_of(raw: &[u8]) -> (Psn, Syndrome, u32) {
 fn responder_acks_wraps_naks_once_and_replays_reads() {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
-    let t = side(&url(fip, pip, ""), b"world");
-    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    // The provider announces (expects) FAKE_PSN, two before the wrap.
+    let t = side(
+        &url(fip, pip, &format!("&initial_psn={FAKE_PSN}")),
+        b"world",
+    );
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    assert_eq!(req_psn, FAKE_PSN);
     let mut s = t.join().unwrap();
     let key = s.qp.expose(&s.mr).unwrap();
     let psn = |k: u32| FAKE_PSN.wrapping_add(k) & 0xFF_FFFF;
@@ -322,7 +416,7 @@ fn responder_acks_wraps_naks_once_and_replays_reads() {
         fake.send(&RocePacket::new(bth, payload));
     };
 
-    // A three-packet Send starting from the PSN of our REP, across the
+    // A three-packet Send starting from the PSN of the provider's REQ, across the
     // 2^24 wrap; the ACK names the last PSN with MSN 1.
     let body: Vec<u8> = (0..2058u32).map(|i| i as u8).collect();
     send(Opcode::RcSendFirst, 0, &body[..1024], false);
@@ -607,12 +701,10 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
             private_data: &[],
         }),
     ));
-    // We expect the PSN of the REQ...
-    let mut bth = Bth::new(
-        Opcode::RcSendOnly,
-        rep.local_qpn,
-        Psn::new(FAKE_PSN).unwrap(),
-    );
+    // The Starting PSN a side announces is the one it expects first
+    // (Linux cm.c): the peer sends from the PSN of our REP...
+    assert_ne!(rep.starting_psn.value(), FAKE_PSN);
+    let mut bth = Bth::new(Opcode::RcSendOnly, rep.local_qpn, rep.starting_psn);
     bth.ack_req = true;
     fake.send(&RocePacket::new(bth, b"to you"));
     let c = next_completion(&cq);
@@ -620,8 +712,8 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"to you");
     drop(c);
     let (apsn, syn, _) = ack_of(&fake.recv_rc());
-    assert_eq!((apsn.value(), syn), (FAKE_PSN, Syndrome::ACK));
-    // ... and send from the PSN of our REP.
+    assert_eq!((apsn, syn), (rep.starting_psn, Syndrome::ACK));
+    // ... and we send from the PSN of its REQ.
     let mut out = slab.alloc().unwrap();
     assert!(out.fill(b"to me"));
     qp.post_send(SendWr::new(
@@ -632,11 +724,15 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     .unwrap();
     let raw = fake.recv_rc();
     let p = RocePacket::parse(&raw).unwrap();
-    assert_eq!(p.bth.psn, rep.starting_psn);
+    assert_eq!(p.bth.psn.value(), FAKE_PSN);
     assert_eq!(p.bth.dest_qpn, FAKE_QPN);
     assert_eq!(p.payload, b"to me");
     let mut ack = RocePacket::new(
-        Bth::new(Opcode::RcAcknowledge, rep.local_qpn, rep.starting_psn),
+        Bth::new(
+            Opcode::RcAcknowledge,
+            rep.local_qpn,
+            Psn::new(FAKE_PSN).unwrap(),
+        ),
         &[],
     );
     ack.aeth = Some(crate::wire::roce::Aeth {
@@ -730,9 +826,10 @@ fn an_ack_for_psns_posted_but_never_sent_is_ignored() {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, ""), b"world");
-    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
-    let psn = |i: u32| (p0 + i) & 0xFF_FFFF;
+    // The provider sends from the PSN of the fake's REP.
+    let psn = |i: u32| FAKE_PSN.wrapping_add(i) & 0xFF_FFFF;
     let post = |s: &mut Side, data: &[u8]| {
         let mut b = s.local.alloc().unwrap();
         assert!(b.fill(data));
@@ -840,7 +937,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, ""), b"world");
-    let (p0, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
     // The peer's first packet (an ACK of our send) pins its UDP port.
     let mut b = s.local.alloc().unwrap();
@@ -852,7 +949,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     ))
     .unwrap();
     fake.recv_rc();
-    fake_ack(&fake, qpn, p0, Syndrome::ACK, 1);
+    fake_ack(&fake, qpn, FAKE_PSN, Syndrome::ACK, 1);
     assert!(next_completion(&s.cq).is_ok());
     // Same address, another port, the right QPN and PSN: dropped.
     let other = Fake {
@@ -862,7 +959,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
         gsi_psn: Psn::default(),
     };
     let send = |f: &Fake, data: &[u8]| {
-        let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(FAKE_PSN).unwrap());
+        let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
         bth.ack_req = true;
         f.send(&RocePacket::new(bth, data))
     };
@@ -870,7 +967,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     send(&fake, b"good");
     let raw = fake.recv_rc();
     let (apsn, syn, _) = ack_of(&raw);
-    assert_eq!((apsn.value(), syn), (FAKE_PSN, Syndrome::ACK));
+    assert_eq!((apsn.value(), syn), (req_psn, Syndrome::ACK));
     let c = next_completion(&s.cq);
     assert!(c.is_ok());
     assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"good");
@@ -969,10 +1066,11 @@ fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, ""), b"world");
-    let (_req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    // The fake sends from the PSN the provider's REQ announced.
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
     let key = s.qp.expose(&s.mr).unwrap();
-    let psn = |k: u32| FAKE_PSN.wrapping_add(k) & 0xFF_FFFF;
+    let psn = |k: u32| req_psn.wrapping_add(k) & 0xFF_FFFF;
     let read = |k: u32| {
         let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(k)));
         bth.ack_req = true;
@@ -1024,6 +1122,8 @@ struct Accepted {
     fake_comm_id: u32,
     our_comm_id: u32,
     our_qpn: u32,
+    /// The Starting PSN of our REP: the first PSN we expect from the fake.
+    our_psn: Psn,
     _recv: Slab,
     _mr: RoceMr,
     _pd: RocePd,
@@ -1077,6 +1177,7 @@ fn accepted_without_rtu(port: u16) -> Accepted {
         fake_comm_id,
         our_comm_id: rep.local_comm_id,
         our_qpn: rep.local_qpn,
+        our_psn: rep.starting_psn,
         _qp: qp,
         _recv: recv,
         _mr: mr,
@@ -1121,7 +1222,7 @@ fn without_an_rtu_the_rep_is_resent_then_the_connection_fails() {
 #[test]
 fn a_packet_of_the_peer_stands_for_a_lost_rtu() {
     let a = accepted_without_rtu(7007);
-    let mut bth = Bth::new(Opcode::RcSendOnly, a.our_qpn, Psn::new(FAKE_PSN).unwrap());
+    let mut bth = Bth::new(Opcode::RcSendOnly, a.our_qpn, a.our_psn);
     bth.ack_req = true;
     a.fake.send(&RocePacket::new(bth, b"no rtu"));
     let c = next_completion(&a.cq);
