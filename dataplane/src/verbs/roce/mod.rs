@@ -144,8 +144,9 @@ pub struct RoceConfig {
     pub faults: FaultPolicy,
     /// Test-only: the PSN every QP of this context expects first (the
     /// Starting PSN it announces) instead of a random one, so a test can
-    /// put the wrap of the 24-bit PSN where it wants it. Never use it in
-    /// production: PSNs must be unpredictable.
+    /// put the wrap of the 24-bit PSN where it wants it. Only the unit
+    /// tests' `initial_psn=` URL option sets it: PSNs must be
+    /// unpredictable.
     pub initial_psn: Option<Psn>,
 }
 
@@ -246,6 +247,9 @@ fn parse_url(url: &str, base: RoceConfig) -> Result<(SocketAddrV4, RoceConfig), 
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
             "faults" => cfg.faults = FaultPolicy::parse(v).ok_or_else(|| bad("bad faults"))?,
+            // Unit tests only: a URL of a real deployment cannot make PSNs
+            // predictable.
+            #[cfg(test)]
             "initial_psn" => {
                 let psn = v.parse().ok().and_then(Psn::new);
                 cfg.initial_psn = Some(psn.ok_or_else(|| bad("initial_psn must be 0..2^24"))?);
