@@ -24,8 +24,6 @@
 //! failure (port or socket in use, no hugepages when required, ...).
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -437,26 +435,26 @@ fn check_shm_path(path: &Path) -> Result<(), String> {
             tracing::info!("created directory {} for the shm socket", dir.display());
         }
     }
-    match std::fs::symlink_metadata(path) {
-        Err(_) => Ok(()),
-        Ok(m) if !m.file_type().is_socket() => Err(format!(
+    use dataplane::verbs::shm::{probe_socket, SocketProbe};
+    match probe_socket(path) {
+        Ok(SocketProbe::Absent) => Ok(()),
+        Ok(SocketProbe::NotASocket) => Err(format!(
             "{} exists and is not a socket; remove it or change the url",
             path.display()
         )),
-        Ok(_) => match UnixStream::connect(path) {
-            Ok(_) => Err(format!(
-                "socket {} is in use by a running process (another rpcrdmad?); \
-                 stop it or change the url",
+        Ok(SocketProbe::Live { pid }) => Err(format!(
+            "socket {} is in use by {} (another rpcrdmad?); stop it or change the url",
+            path.display(),
+            pid.map_or("a running process".to_owned(), |p| format!("process {p}"))
+        )),
+        Ok(SocketProbe::Stale) => {
+            tracing::info!(
+                "stale socket {} (nobody listens) will be replaced",
                 path.display()
-            )),
-            Err(_) => {
-                tracing::info!(
-                    "stale socket {} will be replaced when the shm provider starts",
-                    path.display()
-                );
-                Ok(())
-            }
-        },
+            );
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot check socket {}: {e}", path.display())),
     }
 }
 

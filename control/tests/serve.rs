@@ -583,3 +583,45 @@ fn tcp_connections_beyond_max_connections_are_refused() {
     stop_cleanly(&mut d);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Two daemons on one shm path: the second refuses to start with one line
+/// naming the first one's PID, and leaves its socket alone; the first keeps
+/// serving, before and after the second's attempt, and still cleans up.
+#[test]
+fn a_second_daemon_on_the_same_shm_path_refuses_and_the_first_keeps_serving() {
+    let dir = scratch_dir("serve-two-daemons");
+    let url = format!("shm://{}/d.sock", dir.display());
+    let sock = dir.join("d.sock");
+    let first_cfg = daemon_config(&dir, &url, "127.0.0.1:19487".parse().unwrap(), "");
+    let mut first = Daemon::spawn(&["--config", first_cfg.to_str().unwrap()]);
+    first.wait_for_line("started");
+    let mut client = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("connect");
+    simple_call(&mut client, Args::Null, ReplyTarget::Inline);
+
+    // The second: same path, its own metrics port and config file.
+    let second_dir = scratch_dir("serve-two-daemons-2");
+    let second_cfg = daemon_config(&second_dir, &url, "127.0.0.1:19488".parse().unwrap(), "");
+    let (code, _, err) = run(&["--config", second_cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{err}");
+    let refusals: Vec<&str> = err.lines().filter(|l| !l.contains(" WARN ")).collect();
+    assert_eq!(refusals.len(), 1, "{err}");
+    let pid = first.child.id();
+    assert!(
+        refusals[0].contains(&format!("in use by process {pid}")),
+        "the refusal does not name the first daemon ({pid}): {err}"
+    );
+    assert!(sock.exists(), "the second daemon removed the live socket");
+
+    // The established client and a new one are both still served.
+    simple_call(&mut client, Args::Null, ReplyTarget::Inline);
+    let mut again = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("reconnect");
+    assert_eq!(
+        simple_call(&mut again, Args::Echo(b"still here"), ReplyTarget::Inline),
+        b"still here"
+    );
+    drop((client, again));
+    stop_cleanly(&mut first);
+    assert!(!sock.exists(), "the first daemon left its socket behind");
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(second_dir);
+}

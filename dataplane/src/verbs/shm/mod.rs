@@ -38,7 +38,7 @@
 //! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -100,6 +100,64 @@ fn socket_path(url: &str) -> Result<PathBuf, VerbsError> {
         return Err(bad("socket path too long"));
     }
     Ok(PathBuf::from(path))
+}
+
+/// What is at an shm listener's socket path, found by connecting to it the
+/// way a client would (`SOCK_SEQPACKET`: a stream connect cannot reach a
+/// seqpacket listener, and would call every live socket stale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketProbe {
+    /// Nothing at the path.
+    Absent,
+    /// A socket file nobody listens on (its process died): safe to replace.
+    Stale,
+    /// A process listens on it; `pid` from SO_PEERCRED when the connect
+    /// got through (a listener of another socket type gives none).
+    Live {
+        /// The listening process, when the kernel told us.
+        pid: Option<i32>,
+    },
+    /// Something that is not a socket (a file, a directory).
+    NotASocket,
+}
+
+/// Probes `path` (see [`SocketProbe`]). The probe connection is closed at
+/// once without a HELLO; a listener of ours sees a peer that left.
+///
+/// # Errors
+/// [`VerbsError::Os`] when the answer is neither of the above (e.g.
+/// EACCES: the directory or socket is not ours to connect to).
+pub fn probe_socket(path: &Path) -> Result<SocketProbe, VerbsError> {
+    use nix::errno::Errno;
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(_) => return Ok(SocketProbe::Absent),
+        Ok(m) if !m.file_type().is_socket() => return Ok(SocketProbe::NotASocket),
+        Ok(_) => {}
+    }
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(os("socket"))?;
+    let addr = UnixAddr::new(path).map_err(os("socket address"))?;
+    match connect(sock.as_raw_fd(), &addr) {
+        Ok(()) => {
+            let pid = getsockopt(&sock, PeerCredentials).ok().map(|c| c.pid());
+            Ok(SocketProbe::Live { pid })
+        }
+        // A full backlog still means somebody listens; a listener of
+        // another socket type too.
+        Err(Errno::EAGAIN | Errno::EPROTOTYPE) => Ok(SocketProbe::Live { pid: None }),
+        Err(Errno::ECONNREFUSED) => Ok(SocketProbe::Stale),
+        Err(Errno::ENOENT) => Ok(SocketProbe::Absent),
+        Err(source) => Err(VerbsError::Os {
+            what: "probe of the socket path",
+            source,
+        }),
+    }
 }
 
 fn os(what: &'static str) -> impl Fn(nix::Error) -> VerbsError {
@@ -169,12 +227,26 @@ impl Context<Shm> for ShmContext {
             None,
         )
         .map_err(os("socket"))?;
-        // A stale socket file from a dead process would make bind fail.
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| {
-            use std::os::unix::fs::FileTypeExt;
-            m.file_type().is_socket()
-        }) {
-            let _ = std::fs::remove_file(&path);
+        // A stale socket file from a dead process would make bind fail, so
+        // it is replaced; a live one never is (its server would become
+        // unreachable, and stay so after we are gone).
+        match probe_socket(&path)? {
+            SocketProbe::Absent => {}
+            SocketProbe::Stale => {
+                let _ = std::fs::remove_file(&path);
+            }
+            SocketProbe::Live { pid } => {
+                return Err(VerbsError::Unavailable(format!(
+                    "{url}: the socket is in use by {}; stop it or choose another path",
+                    pid.map_or("another process".to_owned(), |p| format!("process {p}"))
+                )))
+            }
+            SocketProbe::NotASocket => {
+                return Err(VerbsError::Unavailable(format!(
+                    "{url}: {} exists and is not a socket; remove it or choose another path",
+                    path.display()
+                )))
+            }
         }
         let addr = UnixAddr::new(&path).map_err(os("socket address"))?;
         bind(sock.as_raw_fd(), &addr).map_err(os("bind"))?;

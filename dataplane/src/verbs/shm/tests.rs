@@ -296,6 +296,58 @@ fn garbage_on_the_setup_socket() {
     assert!(matches!(listener.accept(T), Err(VerbsError::Protocol(_))));
 }
 
+/// A live listener's socket is never replaced; a stale one (its listener
+/// gone, the file left behind) is, and a non-socket is refused.
+#[test]
+fn a_live_socket_is_never_replaced() {
+    let path = format!("/tmp/rpcrdma-live-sock-{}.sock", std::process::id());
+    let url = format!("shm://{path}");
+    let ctx = Shm::open(&url).unwrap();
+    let first = ctx.listen(&url).unwrap();
+    let me = std::process::id() as i32;
+    assert_eq!(
+        probe_socket(Path::new(&path)).unwrap(),
+        SocketProbe::Live { pid: Some(me) }
+    );
+    let err = ctx.listen(&url).unwrap_err().to_string();
+    assert!(err.contains(&format!("in use by process {me}")), "{err}");
+    // The first still accepts: its file is where it was.
+    assert!(Path::new(&path).exists());
+    let (pqp, _cq, _pd, _s, _r, _ro, _m) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"", T).map(|_| ()));
+    // The two probes (ours and the refused listen's) come first: peers
+    // that left without a HELLO.
+    let mut hang_ups = 0;
+    let inc = loop {
+        match first.accept(T) {
+            Ok(inc) => break inc,
+            Err(VerbsError::Protocol("hang-up")) if hang_ups < 2 => hang_ups += 1,
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    assert_eq!(hang_ups, 2);
+    drop(inc);
+    let _ = h.join().unwrap();
+    // Left behind by a process that died (a bound, unlistened socket file
+    // stands for it): stale, replaced.
+    drop(first);
+    let stale = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    drop(stale);
+    assert_eq!(probe_socket(Path::new(&path)).unwrap(), SocketProbe::Stale);
+    let second = ctx.listen(&url).unwrap();
+    drop(second);
+    // Not a socket: refused, left alone.
+    std::fs::write(&path, b"x").unwrap();
+    assert_eq!(
+        probe_socket(Path::new(&path)).unwrap(),
+        SocketProbe::NotASocket
+    );
+    assert!(ctx.listen(&url).is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), b"x");
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn uid_allow_list() {
     let url = format!("shm:///tmp/rpcrdma-hostile-uid-{}.sock", std::process::id());
