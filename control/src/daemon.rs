@@ -23,7 +23,7 @@
 //! good file), 2 for a bad configuration or bad arguments, 1 for a startup
 //! failure (port or socket in use, no hugepages when required, ...).
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -65,21 +65,7 @@ pub fn main() -> i32 {
     init_logging();
 
     if let Some(path) = &args.check_config {
-        return match Config::load(path) {
-            Ok(c) => {
-                println!(
-                    "{}: ok ({} worker(s), {} listener(s))",
-                    path.display(),
-                    c.workers.cores.len(),
-                    c.listeners.len()
-                );
-                EXIT_OK
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                EXIT_CONFIG
-            }
-        };
+        return check_config(path);
     }
 
     let config = match &args.config {
@@ -456,6 +442,167 @@ fn check_shm_path(path: &Path) -> Result<(), String> {
         }
         Err(e) => Err(format!("cannot check socket {}: {e}", path.display())),
     }
+}
+
+/// `--check-config FILE`: the file's own rules, then everything about this
+/// host that start would refuse and that can be known without binding a
+/// port. One line per problem (`FILE:LINE: key: message` where the key's
+/// line is known), then exit 2; or `FILE: ok (...)` and one line naming
+/// what was not checked, exit 0.
+fn check_config(path: &Path) -> i32 {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let file = path.display();
+    let problems = preflight(&config);
+    for p in &problems {
+        match p.needle.as_deref().and_then(|n| line_of(&text, n)) {
+            Some(line) => eprintln!("{file}:{line}: {}: {}", p.key, p.message),
+            None => eprintln!("{file}: {}: {}", p.key, p.message),
+        }
+    }
+    if !problems.is_empty() {
+        return EXIT_CONFIG;
+    }
+    println!(
+        "{file}: ok ({} worker(s), {} listener(s))",
+        config.workers.cores.len(),
+        config.listeners.len()
+    );
+    println!(
+        "{file}: not checked (known only when serving): that the ports are free to bind, \
+         that rpcbind answers, that RDMA peers can reach the addresses"
+    );
+    EXIT_OK
+}
+
+/// The 1-based line of the first occurrence of `needle` in `text`.
+fn line_of(text: &str, needle: &str) -> Option<usize> {
+    let at = text.find(needle)?;
+    Some(text[..at].matches('\n').count() + 1)
+}
+
+/// A reason the daemon would refuse to start on this host.
+#[derive(Debug)]
+pub struct Problem {
+    /// The configuration key (`listeners[1].url`, `metrics.address`).
+    pub key: String,
+    /// Text to find the key's line by (the value as written).
+    pub needle: Option<String>,
+    /// What is wrong and what to do, one line.
+    pub message: String,
+}
+
+/// Every startup check that needs no bound port, applied to `config` on
+/// this host: listener addresses on this host, providers this build
+/// serves, shm socket paths free (no live listener) and their directory
+/// creatable, the metrics address on this host, hugepages when required.
+/// (Cores outside the affinity mask are refused by [`Config::load`].)
+pub fn preflight(config: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (index, l) in config.listeners.iter().enumerate() {
+        let url = l.url.to_string();
+        let reason = match &l.url {
+            ProviderUrl::Tcp(a) | ProviderUrl::Roce(a) => address_on_this_host(a.ip()).err(),
+            ProviderUrl::Ibverbs(a) => address_on_this_host(a.ip())
+                .and_then(|()| check_ibverbs(*a))
+                .err(),
+            ProviderUrl::Shm { path } => shm_path_usable(path).err(),
+        };
+        if let Some(message) = reason {
+            out.push(Problem {
+                key: format!("listeners[{index}].url"),
+                needle: Some(url.clone()),
+                message: format!("cannot listen on {url}: {message}"),
+            });
+        }
+    }
+    if config.metrics.enabled {
+        if let Err(message) = address_on_this_host(config.metrics.address.ip()) {
+            out.push(Problem {
+                key: "metrics.address".to_owned(),
+                needle: Some(config.metrics.address.to_string()),
+                message: format!(
+                    "cannot serve metrics on {}: {message}",
+                    config.metrics.address
+                ),
+            });
+        }
+    }
+    if config.memory.hugepages == Hugepages::Required {
+        let (free, total) = hugepages_free().unwrap_or((0, 0));
+        if let Err(e) = hugepage_verdict(Hugepages::Required, free, total) {
+            out.push(Problem {
+                key: "memory.hugepages".to_owned(),
+                needle: Some("hugepages".to_owned()),
+                message: e.to_string(),
+            });
+        }
+    }
+    out
+}
+
+/// Whether `ip` is one this host answers on: the unspecified address, any
+/// of 127.0.0.0/8 (Linux answers for the whole block on `lo`), or an
+/// address assigned to an interface.
+fn address_on_this_host(ip: IpAddr) -> Result<(), String> {
+    if ip.is_unspecified() || ip.is_loopback() {
+        return Ok(());
+    }
+    let ours = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("cannot list this host's addresses: {e}"))?
+        .filter_map(|a| a.address)
+        .any(|a| {
+            a.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(ip)
+                || a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(ip)
+        });
+    if ours {
+        Ok(())
+    } else {
+        Err(format!(
+            "address {ip} is not assigned to any interface of this host (see `ip addr`)"
+        ))
+    }
+}
+
+/// An shm socket path with no live listener, whose directory exists and is
+/// writable or can be created (nothing is created here).
+fn shm_path_usable(path: &Path) -> Result<(), String> {
+    use dataplane::verbs::shm::{probe_socket, SocketProbe};
+    match probe_socket(path) {
+        Ok(SocketProbe::Absent | SocketProbe::Stale) => {}
+        Ok(SocketProbe::NotASocket) => {
+            return Err(format!("{} exists and is not a socket", path.display()))
+        }
+        Ok(SocketProbe::Live { pid }) => {
+            return Err(format!(
+                "socket {} is in use by {} (another rpcrdmad?); stop it or change the url",
+                path.display(),
+                pid.map_or("a running process".to_owned(), |p| format!("process {p}"))
+            ))
+        }
+        Err(e) => return Err(format!("cannot check socket {}: {e}", path.display())),
+    }
+    // The nearest existing ancestor must let us create what is missing.
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        if d.exists() {
+            return nix::unistd::access(d, nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK)
+                .map_err(|e| {
+                    format!(
+                        "cannot create the socket under {}: {e} (run as root, or choose a path you own)",
+                        d.display()
+                    )
+                });
+        }
+        dir = d.parent();
+    }
+    Ok(())
 }
 
 /// The rpcbind mappings of this daemon.
