@@ -304,7 +304,9 @@ fn single(command: &str, spec: RunSpec, common: &Common) -> Result<serde_json::V
     if let Some(p) = &progress {
         p.set(format!("{} {}", t.name(), spec.op.name()), 0);
     }
-    let r = t.run(&spec)?;
+    let r = t
+        .run(&spec)
+        .map_err(|e| transport::explain_size_limit(e, &spec))?;
     drop(progress);
     print_results(std::slice::from_ref(&r));
     if let Some(c) = &r.check {
@@ -390,7 +392,10 @@ fn sweep(
                     let mut spec = RunSpec::new(op, size, depth, duration);
                     spec.idle = common.idle;
                     spec.warmup_calls = 10;
-                    results.push(t.run(&spec)?);
+                    results.push(
+                        t.run(&spec)
+                            .map_err(|e| transport::explain_size_limit(e, &spec))?,
+                    );
                     done += 1;
                 }
             }

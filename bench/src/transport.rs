@@ -362,6 +362,41 @@ pub enum BenchError {
     },
 }
 
+/// `transport.max_message` of an `rpcrdmad` left at its default (1 MiB of
+/// data plus 4 KiB of headers): the bench cannot learn a server's limit
+/// over the wire (CONF_RDMA carries inline sizes only), so an error names
+/// the default and the key to raise.
+pub const RPCRDMAD_DEFAULT_MAX_MESSAGE: u32 = (1 << 20) + 4096;
+
+/// Turns the bare failure of a call that is larger than a default server
+/// takes (ERR_CHUNK over RDMA, RFC 8166 s4.5; a closed connection over
+/// TCP) into one line naming both sizes and the server's key. Other
+/// errors, and calls within the default, pass unchanged.
+pub fn explain_size_limit(err: BenchError, spec: &RunSpec) -> BenchError {
+    let BenchError::Call { transport, reason } = &err else {
+        return err;
+    };
+    let refused = reason.contains("PeerChunkError")
+        || reason.contains("reset by peer")
+        || reason.contains("closed");
+    // ECHO's reply is as large as its call; READ's reply, WRITE's call.
+    let message = u64::from(spec.size) + 256;
+    if !refused || spec.op == Op::Null || message <= u64::from(RPCRDMAD_DEFAULT_MAX_MESSAGE) {
+        return err;
+    }
+    BenchError::Call {
+        transport,
+        reason: format!(
+            "the server refused the {} call of {} bytes ({reason}): a message of about {message} bytes \
+             exceeds the server's transport.max_message ({RPCRDMAD_DEFAULT_MAX_MESSAGE} bytes \
+             unless configured otherwise); raise transport.max_message in the server's \
+             configuration or use a smaller --size",
+            spec.op.name().to_uppercase(),
+            spec.size,
+        ),
+    }
+}
+
 /// A benchmark transport: runs a [`RunSpec`] and reports a [`RunResult`].
 /// Called once per run; the per-call loop lives inside.
 pub trait Transport {
@@ -692,4 +727,40 @@ pub fn tempfile_path(what: &str) -> std::path::PathBuf {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+#[cfg(test)]
+mod size_limit_tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_call_past_the_default_limit_names_the_key_and_both_sizes() {
+        let spec = RunSpec::new(Op::Echo, 2 << 20, 1, Duration::from_secs(1));
+        let err = BenchError::Call {
+            transport: "shm",
+            reason: "call failed: PeerChunkError".to_owned(),
+        };
+        let line = explain_size_limit(err, &spec).to_string();
+        assert!(line.contains("transport.max_message"), "{line}");
+        assert!(line.contains(&(2u32 << 20).to_string()), "{line}");
+        assert!(line.contains("1052672"), "{line}");
+        assert_eq!(line.lines().count(), 1);
+        // Within the default, or another failure: unchanged.
+        let small = RunSpec::new(Op::Echo, 4096, 1, Duration::from_secs(1));
+        let err = BenchError::Call {
+            transport: "shm",
+            reason: "call failed: PeerChunkError".to_owned(),
+        };
+        assert_eq!(
+            explain_size_limit(err, &small).to_string(),
+            "shm: call failed: call failed: PeerChunkError"
+        );
+        let other = BenchError::Call {
+            transport: "tcp",
+            reason: "connect 127.0.0.1:1: refused".to_owned(),
+        };
+        assert!(!explain_size_limit(other, &spec)
+            .to_string()
+            .contains("max_message"));
+    }
 }
