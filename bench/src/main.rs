@@ -160,7 +160,7 @@ enum Cmd {
         #[arg(long, value_parser = parse_size)]
         memcpy_size: Option<u32>,
     },
-    /// Every figure issue 6 sets a target for, in one run: the floor, shm
+    /// Every performance target of docs/BENCHMARKS.md, in one run: the floor, shm
     /// and libtirpc NULL latency, shm message rate, shm and TCP READ 256
     /// KiB at depth 8 (busy-polling), and CPU per GB (adaptive), printed
     /// as the ratios the targets name with met / missed by how much.

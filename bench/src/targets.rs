@@ -1,4 +1,4 @@
-//! `targets`: every figure issue 6 sets a target for, measured in one run
+//! `targets`: every performance target of docs/BENCHMARKS.md, measured in one run
 //! and reported as the ratio the target names (docs/BENCHMARKS.md).
 //!
 //! Ratios only mean something when both sides ran on the same machine in
@@ -31,7 +31,7 @@ pub enum Verdict {
 /// One target and what this run measured for it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetRow {
-    /// The target as the issue states it.
+    /// The target as docs/BENCHMARKS.md states it.
     pub target: &'static str,
     /// The measured ratio (or absolute figure for the message rate).
     pub measured: Option<f64>,

@@ -1,6 +1,6 @@
 //! The libtirpc baseline peer: the bench program served and driven by plain
 //! ONC RPC over TCP, the status quo a user would pick instead of RDMA
-//! (DESIGN s9; the comparison is the Sun NFS/RDMA paper's, s7.3).
+//! (the comparison is the Sun NFS/RDMA paper's, s7.3).
 //!
 //! `bench/build.rs` generates C stubs from `bench/tirpc/bench_prog.x` with
 //! rpcgen and links two executables against libtirpc: a server

@@ -1,4 +1,4 @@
-//! DESIGN s4: no heap allocation per RPC in steady state on the bench's
+//! No heap allocation per RPC in steady state on the bench's
 //! client side, for every in-process transport (`shm`, `tcp`, `roce`) and
 //! every workload shape (NULL, pipelined NULL, ECHO across the inline
 //! limit, READ into write chunks, WRITE as read chunks). The embedded

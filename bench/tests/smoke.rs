@@ -1,6 +1,6 @@
 //! Every `rpcrdma-bench` subcommand, run for a fraction of a second with
 //! `--json`: the document has the fields a reader relies on and the
-//! figures are positive. Never a statement about speed (DESIGN s9).
+//! figures are positive. Never a statement about speed.
 //!
 //! The workloads run over every available transport of [`transports`]:
 //! `inproc` always, `tirpc` when the libtirpc peer was built (otherwise

@@ -1,6 +1,6 @@
 //! `dataplane::tcp` against a real ONC RPC peer nobody here wrote: the
 //! libtirpc client and server that `bench/build.rs` generates with rpcgen
-//! from `bench/tirpc/bench_prog.x` (DESIGN s9).
+//! from `bench/tirpc/bench_prog.x`.
 //!
 //! - The libtirpc client calls our `TcpServer` (polled in a thread on
 //!   127.0.0.1:0): its `verify` mode checks NULL, ECHO, SINK and SOURCE
@@ -45,7 +45,7 @@ fn peer_available() -> bool {
     }
 }
 
-/// Spin, then yield, then sleep briefly (the `adaptive` idle, DESIGN s5).
+/// Spin, then yield, then sleep briefly (the workers' `adaptive` idle).
 #[derive(Default)]
 struct Idle(u32);
 

@@ -1,7 +1,7 @@
 //! The libtirpc baseline peer end to end: the rpcgen-built server and client
 //! over loopback TCP. Correctness is checked byte for byte; the workloads are
 //! only checked to report sane, positive figures (benchmarks are never timed
-//! tests, DESIGN s9).
+//! tests; docs/TESTING.md).
 //!
 //! Real-peer rule: when the peer could not be built (rpcgen or libtirpc
 //! missing), the tests fail under `RPCRDMA_REQUIRE_PEERS=1` and otherwise

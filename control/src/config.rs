@@ -98,7 +98,7 @@ impl Default for Workers {
     }
 }
 
-/// The idle strategy of the workers (DESIGN s5).
+/// The idle strategy of the workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleStrategy {
     /// Busy-poll forever: lowest latency, one full core per worker.
@@ -379,7 +379,7 @@ impl Default for Memory {
     }
 }
 
-/// Hugepage policy of the worker arenas (DESIGN s4).
+/// Hugepage policy of the worker arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
     /// Never: 4 KiB pages.

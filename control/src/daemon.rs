@@ -15,8 +15,8 @@
 //! rpcbind registration, so a client that finds us through rpcbind finds a
 //! listener that answers.
 //!
-//! rpcbind is unregistered before the grace period rather than after it
-//! (the issue lists it after): once the daemon stops accepting, a client
+//! rpcbind is unregistered before the grace period rather than after it:
+//! once the daemon stops accepting, a client
 //! that still finds it through rpcbind would only be refused.
 //!
 //! Exit codes: 0 after a clean shutdown (and for `--check-config` of a

@@ -1,5 +1,5 @@
 //! RoCEv2 between two hosts, played by two network namespaces joined by a
-//! veth pair that the test creates (issue 7, "Show"): the real `rpcrdmad`
+//! veth pair that the test creates: the real `rpcrdmad`
 //! runs in namespace A with a `roce://10.77.0.1:20049` listener, the
 //! client (this test binary, re-executed under `ip netns exec B`) connects
 //! from 10.77.0.2 with `Client::<Roce>`. Nothing crosses loopback: every

@@ -1,6 +1,5 @@
 //! The real `rpcrdmad` binary, started as a separate process, serving the
-//! bench program over `shm` and `roce` to `dataplane::client` (issue 5,
-//! "Show") and over ONC RPC/TCP to `dataplane::tcp::TcpClient` (issue 6),
+//! bench program over `shm` and `roce` to `dataplane::client` and over ONC RPC/TCP to `dataplane::tcp::TcpClient`,
 //! all from the same workers.
 //!
 //! Sizes 0 B .. 16 MiB, each through the paths a requester can choose
@@ -378,7 +377,7 @@ fn stop_cleanly(d: &mut Daemon) {
     );
 }
 
-/// The same calls over ONC RPC/TCP with record marking (issue 6): the
+/// The same calls over ONC RPC/TCP with record marking: the
 /// daemon's `tcp://` listener, served by its workers.
 #[test]
 fn bench_program_over_tcp_every_size() {

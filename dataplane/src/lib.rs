@@ -1,6 +1,6 @@
 //! The data path of the rpcrdma appliance.
 //!
-//! Layering (imports point down only; see `DESIGN.md` s2 in the shared plan):
+//! Layering (imports point down only; docs/ARCHITECTURE.md):
 //!
 //! ```text
 //!   service, client          RpcService trait, requester API

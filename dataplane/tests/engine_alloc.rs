@@ -1,4 +1,4 @@
-//! DESIGN s4: no heap allocation per RPC in steady state. Two engines are
+//! No heap allocation per RPC in steady state. Two engines are
 //! driven through the public API by a minimal in-line provider that itself
 //! allocates nothing after set-up, under a counting global allocator;
 //! after a warm-up, 10,000 RPCs over every path (inline, read chunk, long call,
@@ -280,7 +280,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
     };
     round(&mut w, 0..24); // warm-up
     let before = w.ops;
-    // Issue 4: at least 10,000 RPCs after warm-up, every path, no heap.
+    // At least 10,000 RPCs after warm-up, every path, no heap.
     const MEASURED_RPCS: usize = 10_000;
     let (sent, allocated) = measure(|| {
         let mut sent = 0;

@@ -1,5 +1,5 @@
 //! The RoCE and IB CM codecs allocate nothing, on parse or on emit into a
-//! caller buffer (DESIGN s8), measured with the counting allocator over the
+//! caller buffer, measured with the counting allocator over the
 //! `fuzz/seeds/roce_packet` inputs, every truncation of each and each aligned
 //! word in turn set to 0xFFFFFFFF.
 

@@ -1,5 +1,5 @@
 //! Regression test of a `roce` provider bug found by the daemon tests
-//! (issue 7, "Show"; fixed by remembering held requests in the CM state).
+//! (fixed by remembering held requests in the CM state).
 //!
 //! `Listener::accept` takes the REQ out of the listener's queue, and the
 //! connection record only appears when `Incoming::accept` sends the REP.

@@ -1,4 +1,4 @@
-//! ONC RPC over TCP end to end (issue 6): a `TcpServer` polled in its own
+//! ONC RPC over TCP end to end: a `TcpServer` polled in its own
 //! thread on 127.0.0.1, `TcpClient`s in others. Byte-exact ECHO of every
 //! size up to the program's 16 MiB maximum, SOURCE pattern checks, 64
 //! clients at once, and a client sending garbage that loses only its own
@@ -19,7 +19,7 @@ use dataplane::tcp::{TcpClient, TcpClientConfig, TcpConfig, TcpServer, TcpStats}
 /// Guards against hangs only; never a statement about speed.
 const HANG: Duration = Duration::from_secs(300);
 
-/// Spin, then yield, then sleep briefly (the `adaptive` idle, DESIGN s5).
+/// Spin, then yield, then sleep briefly (the workers' `adaptive` idle).
 #[derive(Default)]
 struct Idle(u32);
 

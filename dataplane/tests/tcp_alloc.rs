@@ -1,4 +1,4 @@
-//! DESIGN s4 over TCP: no heap allocation per RPC in steady state. A
+//! Over TCP too: no heap allocation per RPC in steady state. A
 //! `TcpServer` and a `TcpClient` are polled from one thread (so the
 //! per-thread counting allocator sees both sides); after a warm-up that
 //! touches every buffer, thousands of pipelined RPCs of every procedure,

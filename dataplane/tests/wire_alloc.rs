@@ -1,5 +1,5 @@
 //! The decoders allocate nothing, or no more than their input justifies
-//! (DESIGN s8; issue 2's hostile-input rule), measured with a counting
+//! (hostile input costs only what it carries), measured with a counting
 //! global allocator over the fuzz corpora plus generated hostile inputs.
 
 mod support;

@@ -449,7 +449,7 @@ fn hostile_corpus() {
 // The data path in caller buffers only: emit, frame, reassemble, parse.
 // (Counting allocations needs a `#[global_allocator]`, i.e. `unsafe` or a
 // crate that installs one for every test binary of this crate: left to the
-// crate-wide counting-allocator test of DESIGN s4, which can wrap this
+// crate-wide counting-allocator test (tests/wire_alloc.rs), which can wrap this
 // sequence or `fuzz_parse`.)
 
 #[test]

@@ -1,4 +1,4 @@
-//! DESIGN s4: no heap allocation per RPC in steady state, on both sides of
+//! No heap allocation per RPC in steady state, on both sides of
 //! a worker + client pair over `shm`. The client is measured on the test
 //! thread; the worker is measured from inside its own thread by a
 //! dispatcher that samples the worker thread's allocation count at every

@@ -24,7 +24,7 @@ use crate::wire::rpcrdma::Segment;
 /// Memory the engine cuts its buffers from: any byte region that lives as
 /// long as the connection. [`super::Connection::new`] uses a private
 /// `Box<[u8]>`; [`super::Connection::with_memory`] takes another, e.g. a
-/// registered, shareable (memfd) region from the mem issue's arena, so
+/// registered, shareable (memfd) region from the `mem` arena, so
 /// that a provider can reach the buffers one-sidedly. The engine never
 /// resizes it and reads or writes only inside the ranges of its buffers.
 pub trait SlabMemory: core::fmt::Debug + Send {

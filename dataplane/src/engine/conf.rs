@@ -2,7 +2,7 @@
 //! engine speaks it.
 //!
 //! Responder: with [`Config::serve_conf_rdma`] the engine answers program
-//! 100417 itself, in-band, from its configuration (DESIGN s5): version 1
+//! 100417 itself, in-band, from its configuration: version 1
 //! procedure 1 takes the client's limits and returns ours; version 2
 //! procedure 1 (docs/EXTENSIONS.md) does the same and also exchanges
 //! extension advertisements, and both sides then use

@@ -16,7 +16,7 @@ use crate::wire::rpcrdma::{
 };
 
 /// Counters of everything the engine dropped, refused or noticed. Data-path
-/// errors are cheap values counted here (DESIGN s10).
+/// errors are cheap values counted here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Calls posted (Send of a call).

@@ -566,7 +566,7 @@ impl Connection {
         let has_reads = !self.rx_hdr.chunks.reads().is_empty();
         // RDMA_DONE exists only between peers that negotiated
         // responder-provided read chunks (RFC 8166 retired it): a plain
-        // Version One peer never receives one (DESIGN s6).
+        // Version One peer never receives one.
         let done_due = has_reads && self.reply_read_chunks();
         if has_reads && !done_due {
             self.stats.unnegotiated_read_list_replies += 1;

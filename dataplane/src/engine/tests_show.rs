@@ -1,4 +1,4 @@
-//! Engine tests for the issue 4 "Show" items: the read-chunk length vs XDR
+//! Engine tests for the behaviours docs/ENGINE.md promises: the read-chunk length vs XDR
 //! count cross-check, a credit overrun isolated to its connection, and
 //! multi-megabyte calls and replies, an RDMA_DONE for an unknown XID.
 //! Named after the RFC 5666 section

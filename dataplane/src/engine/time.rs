@@ -1,6 +1,6 @@
 //! Time as the engine sees it: a number the caller passes in.
 //!
-//! The engine never reads a clock (DESIGN s2). The worker passes the
+//! The engine never reads a clock. The worker passes the
 //! monotonic time of its polling loop; the test harness passes virtual
 //! time. [`Instant`] is a plain count of nanoseconds from an arbitrary
 //! origin chosen by the caller, so both work without conversion and the

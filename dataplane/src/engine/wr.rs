@@ -108,7 +108,7 @@ pub struct LocalSlice {
     pub len: u32,
 }
 
-/// One operation for the provider, as plain data (DESIGN s2: the engine
+/// One operation for the provider, as plain data (the engine
 /// knows no provider types). Every request is signaled: its completion
 /// comes back through [`super::Connection::handle_completion`] (or
 /// [`super::Connection::handle_recv`] for receives), which is when the

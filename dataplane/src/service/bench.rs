@@ -1,4 +1,4 @@
-//! The bench program (DESIGN s7), served by [`BenchService`], and the
+//! The bench program, served by [`BenchService`], and the
 //! call encoders and reply decoders its clients use.
 //!
 //! The contract is `bench/tirpc/bench_prog.x` (docs/PROTOCOL.md, "Bench

@@ -3,7 +3,7 @@
 //! built-in bench program ([`bench`]).
 //!
 //! # Where this runs
-//! Inside a worker, run to completion, between two polls (DESIGN s5, s7):
+//! Inside a worker, run to completion, between two polls:
 //! the worker hands [`ServiceTable::dispatch`] the reassembled call message
 //! (the engine has already pulled any read chunks) and a preallocated
 //! reply buffer; the service writes its results with a [`ReplyWriter`] and

@@ -1,7 +1,7 @@
 //! ONC RPC over TCP with record marking (RFC 5531 s11), served by the same
 //! [`ServiceTable`](crate::service::ServiceTable) as RPC-over-RDMA and
 //! polled by the same workers, so the bench compares transports with the
-//! same services in the same process (issue 6).
+//! same services in the same process.
 //!
 //! # Pieces
 //! - [`TcpAcceptor`]: a non-blocking listener; [`TcpAcceptor::accept_ready`]
@@ -21,7 +21,7 @@
 //!   XID, poll-driven.
 //!
 //! # Where this sits
-//! Beside the worker loop (DESIGN s2, s5): it imports `wire` (record
+//! Beside the worker loop: it imports `wire` (record
 //! marking, RPC headers) and `service` (dispatch, the bench program
 //! encoders) and does its own socket I/O, so it is not sans-IO like the
 //! engine; it is the TCP counterpart of "engine + provider" in one piece,

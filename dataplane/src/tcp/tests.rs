@@ -18,7 +18,7 @@ use crate::wire::rpc::{
 /// Guards against hangs only; never a statement about speed.
 const HANG: Duration = Duration::from_secs(60);
 
-/// Spin, then yield, then sleep briefly (the `adaptive` idle of DESIGN s5).
+/// Spin, then yield, then sleep briefly (the workers' `adaptive` idle).
 struct Idle(u32);
 
 impl Idle {

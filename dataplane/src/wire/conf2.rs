@@ -1,4 +1,4 @@
-//! CONF_RDMA version 2: our extension negotiation (DESIGN s6), built on
+//! CONF_RDMA version 2: our extension negotiation, built on
 //! the CONF_RDMA program of RFC 5666 s6 and the transport property model
 //! that draft-dnoveck-rpcrdma-rtrext-02 s8 extends.
 //!
@@ -109,7 +109,7 @@ impl Extensions {
     }
 }
 
-/// The negotiation rule (DESIGN s6): an extension is on only when both
+/// The negotiation rule: an extension is on only when both
 /// peers advertised it. For a peer that answered PROG_MISMATCH to
 /// version 2, pass [`Extensions::EMPTY`] as `theirs`.
 pub const fn negotiate(ours: Extensions, theirs: Extensions) -> Extensions {

@@ -39,7 +39,7 @@ use crate::verbs::{
 };
 use crate::wire::rpcrdma::{PrivateData, PRIVATE_DATA_LEN};
 
-/// Completions taken from a completion queue per poll (DESIGN s5).
+/// Completions taken from a completion queue per poll.
 pub const POLL_BURST: usize = 32;
 
 /// Packs an engine work-request id into the id the verbs layer carries:

@@ -1,5 +1,5 @@
 //! Pinned polling workers: where the engine meets a verbs provider
-//! (DESIGN s2, s5; docs/WORKER.md).
+//! (docs/WORKER.md).
 //!
 //! A [`WorkerSet`] runs one thread per configured core, and each thread
 //! serves every transport: the RDMA connections of every attached provider

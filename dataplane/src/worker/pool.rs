@@ -127,7 +127,7 @@ pub const WORKER_THREAD_PREFIX: &str = "rpcrdma-w";
 
 /// One pinned worker thread per configured core, each serving
 /// connections of every attached provider and ONC RPC/TCP connections in
-/// one loop (DESIGN s5, docs/WORKER.md).
+/// one loop (docs/WORKER.md).
 ///
 /// ```text
 /// let mut set = WorkerSet::spawn(&cores, config, dispatcher)?;
