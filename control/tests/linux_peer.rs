@@ -1,0 +1,518 @@
+//! A real Linux kernel as the peer: Debian's kernel in qemu
+//! (`deploy/linux-peer`), rdma_rxe on its NIC, knfsd serving NFS over RDMA
+//! on port 20049. Our `Client<Roce>` talks to it from inside the network
+//! namespace the script made (this test's thread joins it with setns), so
+//! every RoCEv2 packet, connection setup included, is judged by the Linux
+//! RDMA stack and every RPC-over-RDMA header by Linux's svcrdma.
+//!
+//! * NFS NULL, versions 3 and 4, over RDMA;
+//! * MOUNT v3 over TCP (the guest's mountd) for the export's root handle;
+//! * FSINFO for the server's largest READ and WRITE, LOOKUP of a 1 MiB
+//!   file the guest wrote, READ of all of it: Linux RDMA-Writes the data
+//!   into our write chunks; byte-exact against the pattern;
+//! * WRITE of 1 MiB (FILE_SYNC) whose data Linux pulls from our read
+//!   chunks with RDMA Reads, then READ back, byte-exact;
+//! * READDIRPLUS of a 300-entry directory, its replies in our reply
+//!   chunk, every entry counted once.
+//!
+//! Needs root, qemu, busybox-static and the NFS/RDMA userland on the host
+//! (`deploy/linux-peer` says what is missing). The real-peer rule: without
+//! them the test fails under `RPCRDMA_REQUIRE_PEERS=1` and otherwise prints
+//! `skipped: ...` and passes. The guest is powered off and the namespace
+//! deleted when the test ends, panics included.
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
+use dataplane::engine::{self, DdpItem};
+use dataplane::verbs::roce::Roce;
+use dataplane::wire::rpc::{AcceptStatus, AuthSys, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
+use dataplane::wire::xdr::{Decoder, Encoder};
+use dataplane::worker::{EndpointConfig, IdleStrategy};
+use support::*;
+
+const GUEST: &str = "198.18.0.2";
+const HOST: &str = "198.18.0.1";
+const NFS_PROGRAM: u32 = 100_003;
+const MOUNT_PROGRAM: u32 = 100_005;
+const MIB: usize = 1 << 20;
+/// Our limits: a 1 MiB READ or WRITE and its headers.
+const MAX_MESSAGE: u32 = (MIB + 64 * 1024) as u32;
+
+fn skip(why: &str) {
+    if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
+    }
+    println!("skipped: {why}");
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/linux-peer")
+}
+
+/// A booted guest; powered off and its namespace deleted on drop.
+struct Peer {
+    dir: PathBuf,
+    netns: String,
+}
+
+impl Peer {
+    fn boot() -> Option<Peer> {
+        if !nix::unistd::geteuid().is_root() {
+            skip("root not available (the Linux peer needs a namespace, a tap and qemu)");
+            return None;
+        }
+        for tool in [
+            "qemu-system-x86_64",
+            "busybox",
+            "rdma",
+            "rpc.nfsd",
+            "depmod",
+            "ip",
+        ] {
+            if find_tool(tool).is_none() {
+                skip(&format!("{tool} not installed (see deploy/linux-peer)"));
+                return None;
+            }
+        }
+        let dir = scratch_dir("linux-peer");
+        let out = Command::new(script())
+            .arg("up")
+            .arg(&dir)
+            .output()
+            .expect("run deploy/linux-peer");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        println!("{stderr}");
+        let netns = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("netns "))
+            .map(str::to_owned);
+        let peer = Peer {
+            dir,
+            netns: netns.clone().unwrap_or_default(),
+        };
+        assert!(
+            out.status.success() && netns.is_some(),
+            "deploy/linux-peer up failed: {stdout}{stderr}"
+        );
+        Some(peer)
+    }
+
+    /// Runs `cmd` in the guest; its output, panicking when it fails.
+    fn run(&self, cmd: &str) -> String {
+        let out = Command::new(script())
+            .arg("run")
+            .arg(&self.dir)
+            .arg("--")
+            .arg(cmd)
+            .output()
+            .expect("run deploy/linux-peer run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "guest: {cmd}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
+    /// Runs `f` on a thread that lives in the guest's network namespace
+    /// (network namespaces are per thread; sockets made there stay there).
+    fn in_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.netns);
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).expect("open the namespace");
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("the thread in the namespace panicked")
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("down").arg(&self.dir).status();
+        if std::env::var("KEEP_LINUX_PEER").is_err() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// ONC RPC calls, encoded by hand from RFC 1813's XDR
+
+fn auth() -> OpaqueAuth<'static> {
+    OpaqueAuth::Sys(AuthSys::new(0, b"rpcrdma-test", 0, 0, &[0]).unwrap())
+}
+
+/// The call header, then `args` writes the arguments; returns the length
+/// and the DDP item `args` reported.
+fn encode(
+    buf: &mut [u8],
+    xid: u32,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    args: impl FnOnce(&mut Encoder<'_>) -> Option<Option<DdpItem>>,
+) -> Option<(usize, Option<DdpItem>)> {
+    let mut e = Encoder::new(buf);
+    CallHeader::new(xid, prog, vers, proc_, auth(), OpaqueAuth::None)
+        .emit(&mut e)
+        .ok()?;
+    let ddp = args(&mut e)?;
+    Some((e.position(), ddp))
+}
+
+/// The results of an accepted, successful reply (after its header).
+fn results(reply: &[u8], xid: u32) -> &[u8] {
+    let (h, len) = ReplyHeader::parse(reply).expect("reply header");
+    assert_eq!(h.xid, xid);
+    match h.body {
+        ReplyBody::Accepted(a) => assert_eq!(a.status, AcceptStatus::Success, "{h:?}"),
+        ReplyBody::Denied(d) => panic!("denied: {d:?}"),
+    }
+    &reply[len..]
+}
+
+/// `post_op_attr`: a present flag and, if set, 84 bytes of `fattr3`.
+fn skip_post_op_attr(d: &mut Decoder<'_>) {
+    if d.get_bool().unwrap() {
+        d.skip(84).unwrap();
+    }
+}
+
+/// `wcc_data`: pre_op_attr (flag + 24 bytes) and post_op_attr.
+fn skip_wcc_data(d: &mut Decoder<'_>) {
+    if d.get_bool().unwrap() {
+        d.skip(24).unwrap();
+    }
+    skip_post_op_attr(d);
+}
+
+struct Nfs {
+    client: Client<Roce>,
+}
+
+impl Nfs {
+    fn connect() -> Nfs {
+        let config = ClientConfig {
+            endpoint: EndpointConfig {
+                engine: engine::Config {
+                    inline_recv_size: 4096,
+                    inline_send_size: 4096,
+                    credits: 8,
+                    max_outstanding_calls: 8,
+                    max_call_size: MAX_MESSAGE,
+                    max_reply_size: MAX_MESSAGE,
+                    max_ddp_size: MIB as u32,
+                    ..engine::Config::default()
+                },
+                ..EndpointConfig::default()
+            },
+            // knfsd serves no CONF_RDMA program.
+            conf_rdma: false,
+            idle: IdleStrategy::Adaptive {
+                park_max: Duration::from_micros(200),
+            },
+            wait_timeout: PATIENCE,
+        };
+        let url = format!("roce://{GUEST}:20049?local={HOST}");
+        let client =
+            Client::<Roce>::connect(&url, config).unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        Nfs { client }
+    }
+
+    /// One call; `check` gets the results and the write-chunk data.
+    fn call<T>(
+        &mut self,
+        vers: u32,
+        proc_: u32,
+        target: ReplyTarget,
+        args: impl FnOnce(&mut Encoder<'_>) -> Option<Option<DdpItem>>,
+        check: impl FnOnce(&[u8], Option<&[u8]>) -> T,
+    ) -> T {
+        let mut sent_xid = 0;
+        let h = self
+            .client
+            .call(target, |xid, buf| {
+                sent_xid = xid;
+                encode(buf, xid, NFS_PROGRAM, vers, proc_, args)
+            })
+            .expect("call");
+        match self.client.wait(h).expect("wait") {
+            CallOutcome::Reply { .. } => {}
+            CallOutcome::Failed(f) => panic!("NFSv{vers} procedure {proc_} failed: {f:?}"),
+        }
+        let reply = self.client.reply(h).unwrap();
+        let out = check(results(reply, sent_xid), self.client.ddp(h));
+        assert!(self.client.release(h));
+        out
+    }
+}
+
+/// MOUNT v3 MNT over TCP with record marking: the export's root handle.
+fn mount_root(export: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect((GUEST, 20048)).expect("connect mountd");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = vec![0u8; 1024];
+    let (len, _) = encode(&mut buf[4..], 7, MOUNT_PROGRAM, 3, 1, |e| {
+        e.put_string(export).ok()?;
+        Some(None)
+    })
+    .unwrap();
+    buf[..4].copy_from_slice(&(0x8000_0000u32 | len as u32).to_be_bytes());
+    s.write_all(&buf[..4 + len]).unwrap();
+    let mut mark = [0u8; 4];
+    s.read_exact(&mut mark).unwrap();
+    let rlen = (u32::from_be_bytes(mark) & 0x7FFF_FFFF) as usize;
+    let mut reply = vec![0u8; rlen];
+    s.read_exact(&mut reply).unwrap();
+    let mut d = Decoder::new(results(&reply, 7));
+    assert_eq!(d.get_u32().unwrap(), 0, "MNT status");
+    d.get_opaque(64).unwrap().to_vec()
+}
+
+/// Byte `i` of the guest's test file (deploy/linux-peer-guest).
+fn pattern(i: usize) -> u8 {
+    ((i * 7 + 3) % 256) as u8
+}
+
+#[test]
+fn knfsd_serves_our_roce_client() {
+    let Some(peer) = Peer::boot() else {
+        return;
+    };
+    println!("{}", peer.run("rdma link show; cat /proc/fs/nfsd/portlist"));
+    let stats = peer.in_netns(|| {
+        let mut nfs = Nfs::connect();
+
+        // NULL, NFSv3 and NFSv4: no arguments, no results.
+        for vers in [3, 4] {
+            nfs.call(
+                vers,
+                0,
+                ReplyTarget::Inline,
+                |_| Some(None),
+                |r, _| assert!(r.is_empty(), "NULL v{vers} returned {} bytes", r.len()),
+            );
+        }
+
+        let root = mount_root("/export");
+        let lookup = |nfs: &mut Nfs, name: &'static str| -> Vec<u8> {
+            let root = root.clone();
+            nfs.call(
+                3,
+                3,
+                ReplyTarget::Inline,
+                move |e| {
+                    e.put_opaque(&root).ok()?;
+                    e.put_string(name).ok()?;
+                    Some(None)
+                },
+                |r, _| {
+                    let mut d = Decoder::new(r);
+                    assert_eq!(d.get_u32().unwrap(), 0, "LOOKUP {name} status");
+                    d.get_opaque(64).unwrap().to_vec()
+                },
+            )
+        };
+        let file = lookup(&mut nfs, "file1m");
+
+        // FSINFO: the largest READ and WRITE this server takes (knfsd sizes
+        // them from the guest's memory).
+        let (rtmax, wtmax) = {
+            let root = root.clone();
+            nfs.call(
+                3,
+                19,
+                ReplyTarget::Inline,
+                move |e| {
+                    e.put_opaque(&root).ok()?;
+                    Some(None)
+                },
+                |r, _| {
+                    let mut d = Decoder::new(r);
+                    assert_eq!(d.get_u32().unwrap(), 0, "FSINFO status");
+                    skip_post_op_attr(&mut d);
+                    let rtmax = d.get_u32().unwrap() as usize;
+                    let (_rtpref, _rtmult) = (d.get_u32().unwrap(), d.get_u32().unwrap());
+                    (rtmax, d.get_u32().unwrap() as usize)
+                },
+            )
+        };
+        assert!(
+            rtmax >= 4096 && wtmax >= 4096,
+            "rtmax {rtmax} wtmax {wtmax}"
+        );
+
+        // READ `len` bytes at `offset`: (data, eof, placed by RDMA Write).
+        let read = |nfs: &mut Nfs, file: &[u8], offset: usize, len: usize| {
+            let file = file.to_vec();
+            nfs.call(
+                3,
+                6,
+                ReplyTarget::WriteChunk {
+                    max_ddp: len as u32,
+                },
+                move |e| {
+                    e.put_opaque(&file).ok()?;
+                    e.put_u64(offset as u64).ok()?;
+                    e.put_u32(len as u32).ok()?;
+                    Some(None)
+                },
+                |r, placed| {
+                    let mut d = Decoder::new(r);
+                    assert_eq!(d.get_u32().unwrap(), 0, "READ status");
+                    skip_post_op_attr(&mut d);
+                    let count = d.get_u32().unwrap() as usize;
+                    let eof = d.get_bool().unwrap();
+                    // RFC 8267 s4.3: READ's data is DDP-eligible; with a
+                    // write chunk offered, Linux writes it there and the
+                    // inline XDR keeps the opaque's length only.
+                    let data = match placed {
+                        Some(p) => p.to_vec(),
+                        None => d.get_opaque(MIB).unwrap().to_vec(),
+                    };
+                    assert_eq!(data.len(), count);
+                    (data, eof, placed.is_some())
+                },
+            )
+        };
+        // The whole file, in READs of rtmax: (bytes, READs, all placed).
+        let read_all = |nfs: &mut Nfs, file: &[u8]| {
+            let (mut out, mut reads, mut all_placed) = (Vec::new(), 0, true);
+            loop {
+                let (data, eof, placed) = read(nfs, file, out.len(), rtmax.min(MIB));
+                reads += 1;
+                all_placed &= placed || data.is_empty();
+                out.extend_from_slice(&data);
+                assert!(reads <= MIB / 4096 + 1, "READ made no progress");
+                if eof || data.is_empty() {
+                    return (out, reads, all_placed);
+                }
+            }
+        };
+
+        // READ 1 MiB: Linux RDMA-Writes each piece into our write chunk.
+        let (data, reads, placed) = read_all(&mut nfs, &file);
+        assert_eq!(data.len(), MIB);
+        assert!(placed, "READ data did not come by RDMA Write");
+        let bad = data.iter().enumerate().position(|(i, &b)| b != pattern(i));
+        assert_eq!(bad, None, "READ data differs from the guest's file");
+
+        // WRITE 1 MiB (FILE_SYNC) in pieces of wtmax: the data goes in a
+        // read chunk, Linux pulls it with RDMA Reads from our memory.
+        let new: Vec<u8> = (0..MIB)
+            .map(|i| (i * 13 + 5) as u8 ^ (i >> 12) as u8)
+            .collect();
+        let mut written = 0;
+        let mut writes = 0;
+        while written < MIB {
+            let piece = new[written..(written + wtmax).min(MIB)].to_vec();
+            let (file, offset) = (file.clone(), written);
+            let count = nfs.call(
+                3,
+                7,
+                ReplyTarget::Inline,
+                move |e| {
+                    e.put_opaque(&file).ok()?;
+                    e.put_u64(offset as u64).ok()?;
+                    e.put_u32(piece.len() as u32).ok()?;
+                    e.put_u32(2).ok()?; // FILE_SYNC
+                    let at = e.position() as u32 + 4;
+                    e.put_opaque(&piece).ok()?;
+                    // RFC 8267 s4.3: WRITE's data is DDP-eligible.
+                    Some(Some(DdpItem {
+                        offset: at,
+                        len: piece.len() as u32,
+                    }))
+                },
+                |r, _| {
+                    let mut d = Decoder::new(r);
+                    assert_eq!(d.get_u32().unwrap(), 0, "WRITE status");
+                    skip_wcc_data(&mut d);
+                    let count = d.get_u32().unwrap() as usize;
+                    assert_eq!(d.get_u32().unwrap(), 2, "WRITE committed");
+                    count
+                },
+            );
+            assert!(count > 0, "WRITE wrote nothing");
+            written += count;
+            writes += 1;
+        }
+        let (back, _, _) = read_all(&mut nfs, &file);
+        assert!(back == new, "the file read back differs from what we wrote");
+        println!("rtmax {rtmax} wtmax {wtmax}: {reads} READ(s), {writes} WRITE(s) of 1 MiB");
+
+        // READDIRPLUS of 300 entries, replies in our reply chunk.
+        let dir = lookup(&mut nfs, "dir300");
+        let mut names = std::collections::BTreeSet::new();
+        let (mut cookie, mut verf) = (0u64, [0u8; 8]);
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds < 100, "READDIRPLUS never reached eof");
+            let dir = dir.clone();
+            let (done, next, v) = nfs.call(
+                3,
+                17,
+                ReplyTarget::ReplyChunk,
+                move |e| {
+                    e.put_opaque(&dir).ok()?;
+                    e.put_u64(cookie).ok()?;
+                    e.put_opaque_fixed(&verf).ok()?;
+                    e.put_u32(32 * 1024).ok()?; // dircount
+                    e.put_u32(64 * 1024).ok()?; // maxcount: past our inline size
+                    Some(None)
+                },
+                |r, _| {
+                    // Larger than our inline receive: it came in the reply
+                    // chunk (RDMA_NOMSG), written by Linux.
+                    assert!(
+                        r.len() > 4096 || rounds > 1,
+                        "READDIRPLUS reply of {}",
+                        r.len()
+                    );
+                    let mut d = Decoder::new(r);
+                    assert_eq!(d.get_u32().unwrap(), 0, "READDIRPLUS status");
+                    skip_post_op_attr(&mut d);
+                    let mut v = [0u8; 8];
+                    v.copy_from_slice(d.get_opaque_fixed(8).unwrap());
+                    let mut last = cookie;
+                    while d.get_bool().unwrap() {
+                        let _fileid = d.get_u64().unwrap();
+                        let name = d.get_string(255).unwrap().to_vec();
+                        last = d.get_u64().unwrap();
+                        skip_post_op_attr(&mut d);
+                        if d.get_bool().unwrap() {
+                            d.get_opaque(64).unwrap();
+                        }
+                        assert!(names.insert(name), "an entry came twice");
+                    }
+                    (d.get_bool().unwrap(), last, v)
+                },
+            );
+            cookie = next;
+            verf = v;
+            if done {
+                break;
+            }
+        }
+        let ours = names
+            .iter()
+            .filter(|n| n.starts_with(b"entry-with-a-longish-name-"))
+            .count();
+        assert_eq!(ours, 300, "READDIRPLUS entries");
+        (rounds, names.len())
+    });
+    println!("READDIRPLUS: {} round(s), {} names", stats.0, stats.1);
+    println!("netns client: done");
+}
