@@ -13,7 +13,10 @@
 //! * WRITE of 1 MiB (FILE_SYNC) whose data Linux pulls from our read
 //!   chunks with RDMA Reads, then READ back, byte-exact;
 //! * READDIRPLUS of a 300-entry directory, its replies in our reply
-//!   chunk, every entry counted once.
+//!   chunk, every entry counted once;
+//! * the other direction: the guest's Linux NFS/RDMA client mounts from
+//!   our `rpcrdmad`, gets our answer (PROG_UNAVAIL: no NFS is served yet)
+//!   and fails the mount at once and cleanly.
 //!
 //! Needs root, qemu, busybox-static and the NFS/RDMA userland on the host
 //! (`deploy/linux-peer` says what is missing). The real-peer rule: without
@@ -514,5 +517,64 @@ fn knfsd_serves_our_roce_client() {
         (rounds, names.len())
     });
     println!("READDIRPLUS: {} round(s), {} names", stats.0, stats.1);
-    println!("netns client: done");
+
+    linux_nfs_client_against_rpcrdmad(&peer);
+}
+
+fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The other direction: the guest's Linux NFS/RDMA client mounts from our
+/// `rpcrdmad` (in the namespace, on 198.18.0.1). We serve no NFS yet, so
+/// the kernel's first call gets PROG_UNAVAIL; the mount must then fail at
+/// once and cleanly (the kernel parsed our reply), not hang or retry.
+fn linux_nfs_client_against_rpcrdmad(peer: &Peer) {
+    let metrics = format!("{HOST}:19493");
+    let cfg = write_file(
+        &peer.dir,
+        "rpcrdmad.toml",
+        &format!(
+            "[[listeners]]\nurl = \"roce://{HOST}:20049\"\n\n[workers]\ncores = [0]\n\
+             idle = \"adaptive\"\n\n[metrics]\naddress = \"{metrics}\"\n\n\
+             [rpcbind]\nregister = false\n"
+        ),
+    );
+    let mut cmd = Command::new(find_tool("ip").unwrap());
+    cmd.args(["netns", "exec", &peer.netns, BIN, "--config"])
+        .arg(&cfg);
+    let mut daemon = Daemon::spawn_command(cmd);
+    daemon.wait_for_line("started");
+
+    let out = peer.run(
+        "mkdir -p /mnt/ours; timeout 120 mount -t nfs4 -o proto=rdma,port=20049,soft,timeo=50,retrans=1 \
+         198.18.0.1:/ /mnt/ours; echo mount-exit=$?",
+    );
+    println!("guest mount: {out}");
+    let code: i32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("mount-exit="))
+        .and_then(|c| c.trim().parse().ok())
+        .expect("mount exit code");
+    assert_ne!(code, 0, "the mount succeeded against a server without NFS");
+    assert_ne!(code, 124, "the mount hung until the timeout: {out}");
+
+    let body = peer.in_netns(move || {
+        let (status, body) = http_get(metrics.parse().unwrap(), "/metrics");
+        assert!(status.contains("200"), "{status}");
+        body
+    });
+    let rpcs = metric(&body, "rpcrdma_worker_rpcs_total");
+    assert!(rpcs >= 1, "the kernel's call was not answered:\n{body}");
+    println!("rpcrdmad answered {rpcs} call(s) of the Linux NFS client");
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(daemon.wait().code(), Some(0), "{}", daemon.stderr());
+    assert!(
+        daemon.stderr().contains("every pool back to full"),
+        "{}",
+        daemon.stderr()
+    );
 }
