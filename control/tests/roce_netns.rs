@@ -787,33 +787,6 @@ fn decode(tshark_bin: &Path, file: &Path) -> Vec<Decoded> {
         .collect()
 }
 
-/// IPv4 packets of a pcap file (Ethernet link type, as on a veth),
-/// without the capture probes (UDP to PROBE_PORT).
-fn ip_packets(pcap: &[u8]) -> Vec<Vec<u8>> {
-    assert!(pcap.len() >= 24, "pcap header");
-    let le = pcap[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
-    let rd32 = |b: &[u8]| {
-        let a = [b[0], b[1], b[2], b[3]];
-        if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    assert_eq!(rd32(&pcap[20..24]), 1, "Ethernet link type");
-    let mut out = Vec::new();
-    let mut at = 24;
-    while at + 16 <= pcap.len() {
-        let incl = rd32(&pcap[at + 8..at + 12]) as usize;
-        let ipf = &pcap[at + 16 + 14..at + 16 + incl];
-        if ipf.len() >= 24 && u16::from_be_bytes([ipf[22], ipf[23]]) != PROBE_PORT {
-            out.push(ipf.to_vec());
-        }
-        at += 16 + incl;
-    }
-    out
-}
-
 /// CM attribute IDs (IBTA Vol. 1 ch. 12, as Wireshark shows them).
 const CM_REQ: u32 = 0x10;
 const CM_REP: u32 = 0x13;
@@ -829,7 +802,7 @@ fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
 
     // Our own check first: every RoCE packet's ICRC, recomputed over the
     // IP header Linux really sent.
-    let packets = ip_packets(&std::fs::read(file).expect("capture file"));
+    let packets = ip_packets(&std::fs::read(file).expect("capture file"), PROBE_PORT);
     for (i, p) in packets.iter().enumerate() {
         assert_eq!(icrc::verify_frame(p), Ok(true), "ICRC of RoCE packet {i}");
     }

@@ -256,3 +256,38 @@ pub fn promtool_accepts(body: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// IPv4 packets of a pcap file (Ethernet link type, as on a veth or a
+/// tap), without UDP datagrams to `skip_port` (a test's capture probes).
+#[allow(dead_code)]
+pub fn ip_packets(pcap: &[u8], skip_port: u16) -> Vec<Vec<u8>> {
+    assert!(pcap.len() >= 24, "pcap header");
+    let le = pcap[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
+    let rd32 = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    assert_eq!(rd32(&pcap[20..24]), 1, "Ethernet link type");
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let incl = rd32(&pcap[at + 8..at + 12]) as usize;
+        let Some(frame) = pcap.get(at + 16..at + 16 + incl) else {
+            break;
+        };
+        // IPv4 (EtherType 0x0800) only: a tap also carries IPv6 router
+        // solicitations and the like.
+        if frame.len() > 14 + 24 && frame[12..14] == [0x08, 0x00] {
+            let ipf = &frame[14..];
+            if u16::from_be_bytes([ipf[22], ipf[23]]) != skip_port {
+                out.push(ipf.to_vec());
+            }
+        }
+        at += 16 + incl;
+    }
+    out
+}
