@@ -574,6 +574,8 @@ impl Capture {
             }
             line.clear();
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("dumpcap did not start: {line}");
     }
 
