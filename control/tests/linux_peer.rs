@@ -145,7 +145,10 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         let _ = Command::new(script()).arg("down").arg(&self.dir).status();
-        if std::env::var("KEEP_LINUX_PEER").is_err() {
+        // A failed run keeps the capture and the guest's console.
+        if std::thread::panicking() || std::env::var("KEEP_LINUX_PEER").is_ok() {
+            eprintln!("kept: {} (session.pcap, console.log)", self.dir.display());
+        } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
@@ -588,10 +591,13 @@ impl Capture {
 }
 
 impl Drop for Capture {
+    /// On a failure too the capture is flushed (SIGINT, then a kill only
+    /// after PATIENCE): it is what explains the failure.
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+            let _ = wait_child(&mut self.0);
         }
     }
 }
