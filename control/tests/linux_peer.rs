@@ -144,6 +144,18 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What the guest's RDMA stack thinks, for the failure report.
+            let out = Command::new(script())
+                .arg("run")
+                .arg(&self.dir)
+                .arg("--")
+                .arg("dmesg | tail -20; rdma statistic show link rxe0/1; rdma resource show qp")
+                .output();
+            if let Ok(o) = out {
+                eprintln!("guest state:\n{}", String::from_utf8_lossy(&o.stdout));
+            }
+        }
         let _ = Command::new(script()).arg("down").arg(&self.dir).status();
         // A failed run keeps the capture and the guest's console.
         if std::thread::panicking() || std::env::var("KEEP_LINUX_PEER").is_ok() {
@@ -724,10 +736,18 @@ fn check_capture(tshark: &Path, file: &Path) {
             "udp.payload",
         ],
     );
-    println!(
-        "Linux REP (UDP payload): {}",
-        rep.lines().next().unwrap_or("")
-    );
+    let rep = rep.lines().next().unwrap_or("").trim().replace(':', "");
+    assert!(rep.len() > 2 * 256, "no REP from Linux in the capture");
+    // `RPCRDMA_SAVE_LINUX_REP=PATH` keeps it as a fixture in the layout of
+    // dataplane/tests/data/linux_rep.hex (replayed by roce_linux_rep.rs).
+    if let Some(path) = std::env::var_os("RPCRDMA_SAVE_LINUX_REP") {
+        let lines: Vec<&str> = (0..rep.len())
+            .step_by(32)
+            .map(|i| &rep[i..(i + 32).min(rep.len())])
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n").expect("save the REP");
+        println!("Linux REP saved to {}", Path::new(&path).display());
+    }
     println!(
         "{} RoCE packets, every ICRC correct, tshark clean",
         packets.len()
