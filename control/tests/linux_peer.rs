@@ -131,6 +131,16 @@ impl Peer {
     /// Runs `f` on a thread that lives in the guest's network namespace
     /// (network namespaces are per thread; sockets made there stay there).
     fn in_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.try_in_netns(f)
+            .unwrap_or_else(|why| panic!("in the namespace: {why}"))
+    }
+
+    /// [`in_netns`](Self::in_netns), with a panic of `f` returned as its
+    /// message.
+    fn try_in_netns<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
         let path = format!("/var/run/netns/{}", self.netns);
         std::thread::spawn(move || {
             let ns = std::fs::File::open(&path).expect("open the namespace");
@@ -138,7 +148,12 @@ impl Peer {
             f()
         })
         .join()
-        .expect("the thread in the namespace panicked")
+        .map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic without a message".to_owned())
+        })
     }
 }
 
@@ -242,7 +257,8 @@ impl Nfs {
             idle: IdleStrategy::Adaptive {
                 park_max: Duration::from_micros(200),
             },
-            wait_timeout: PATIENCE,
+            // A reply takes milliseconds; this long means a stall.
+            wait_timeout: Duration::from_secs(20),
         };
         let url = format!("roce://{GUEST}:20049?local={HOST}");
         let client =
@@ -321,236 +337,271 @@ fn knfsd_serves_our_roce_client() {
     let pcap = peer.dir.join("session.pcap");
     let capture = Capture::start(&peer, &tshark.with_file_name("dumpcap"), &pcap);
     let probe_file = pcap.clone();
-    let stats = peer.in_netns(move || {
-        capture_live(&probe_file);
-        let mut nfs = Nfs::connect();
-
-        // NULL, NFSv3 and NFSv4: no arguments, no results.
-        for vers in [3, 4] {
-            nfs.call(
-                vers,
-                0,
-                ReplyTarget::Inline,
-                |_| Some(None),
-                |r, _| assert!(r.is_empty(), "NULL v{vers} returned {} bytes", r.len()),
-            );
-        }
-
-        let root = mount_root("/export");
-        let lookup = |nfs: &mut Nfs, name: &'static str| -> Vec<u8> {
-            let root = root.clone();
-            nfs.call(
-                3,
-                3,
-                ReplyTarget::Inline,
-                move |e| {
-                    e.put_opaque(&root).ok()?;
-                    e.put_string(name).ok()?;
-                    Some(None)
-                },
-                |r, _| {
-                    let mut d = Decoder::new(r);
-                    assert_eq!(d.get_u32().unwrap(), 0, "LOOKUP {name} status");
-                    d.get_opaque(64).unwrap().to_vec()
-                },
-            )
-        };
-        let file = lookup(&mut nfs, "file1m");
-
-        // FSINFO: the largest READ and WRITE this server takes (knfsd sizes
-        // them from the guest's memory).
-        let (rtmax, wtmax) = {
-            let root = root.clone();
-            nfs.call(
-                3,
-                19,
-                ReplyTarget::Inline,
-                move |e| {
-                    e.put_opaque(&root).ok()?;
-                    Some(None)
-                },
-                |r, _| {
-                    let mut d = Decoder::new(r);
-                    assert_eq!(d.get_u32().unwrap(), 0, "FSINFO status");
-                    skip_post_op_attr(&mut d);
-                    let rtmax = d.get_u32().unwrap() as usize;
-                    let (_rtpref, _rtmult) = (d.get_u32().unwrap(), d.get_u32().unwrap());
-                    (rtmax, d.get_u32().unwrap() as usize)
-                },
-            )
-        };
-        assert!(
-            rtmax >= 4096 && wtmax >= 4096,
-            "rtmax {rtmax} wtmax {wtmax}"
-        );
-
-        // READ `len` bytes at `offset`: (data, eof, placed by RDMA Write).
-        let read = |nfs: &mut Nfs, file: &[u8], offset: usize, len: usize| {
-            let file = file.to_vec();
-            nfs.call(
-                3,
-                6,
-                ReplyTarget::WriteChunk {
-                    max_ddp: len as u32,
-                },
-                move |e| {
-                    e.put_opaque(&file).ok()?;
-                    e.put_u64(offset as u64).ok()?;
-                    e.put_u32(len as u32).ok()?;
-                    Some(None)
-                },
-                |r, placed| {
-                    let mut d = Decoder::new(r);
-                    assert_eq!(d.get_u32().unwrap(), 0, "READ status");
-                    skip_post_op_attr(&mut d);
-                    let count = d.get_u32().unwrap() as usize;
-                    let eof = d.get_bool().unwrap();
-                    // RFC 8267 s4.3: READ's data is DDP-eligible; with a
-                    // write chunk offered, Linux writes it there and the
-                    // inline XDR keeps the opaque's length only.
-                    let data = match placed {
-                        Some(p) => p.to_vec(),
-                        None => d.get_opaque(MIB).unwrap().to_vec(),
-                    };
-                    assert_eq!(data.len(), count);
-                    (data, eof, placed.is_some())
-                },
-            )
-        };
-        // The whole file, in READs of rtmax: (bytes, READs, all placed).
-        let read_all = |nfs: &mut Nfs, file: &[u8]| {
-            let (mut out, mut reads, mut all_placed) = (Vec::new(), 0, true);
-            loop {
-                let (data, eof, placed) = read(nfs, file, out.len(), rtmax.min(MIB));
-                reads += 1;
-                all_placed &= placed || data.is_empty();
-                out.extend_from_slice(&data);
-                assert!(reads <= MIB / 4096 + 1, "READ made no progress");
-                if eof || data.is_empty() {
-                    return (out, reads, all_placed);
-                }
-            }
-        };
-
-        // READ 1 MiB: Linux RDMA-Writes each piece into our write chunk.
-        let (data, reads, placed) = read_all(&mut nfs, &file);
-        assert_eq!(data.len(), MIB);
-        assert!(placed, "READ data did not come by RDMA Write");
-        let bad = data.iter().enumerate().position(|(i, &b)| b != pattern(i));
-        assert_eq!(bad, None, "READ data differs from the guest's file");
-
-        // WRITE 1 MiB (FILE_SYNC) in pieces of wtmax: the data goes in a
-        // read chunk, Linux pulls it with RDMA Reads from our memory.
-        let new: Vec<u8> = (0..MIB)
-            .map(|i| (i * 13 + 5) as u8 ^ (i >> 12) as u8)
-            .collect();
-        let mut written = 0;
-        let mut writes = 0;
-        while written < MIB {
-            let piece = new[written..(written + wtmax).min(MIB)].to_vec();
-            let (file, offset) = (file.clone(), written);
-            let count = nfs.call(
-                3,
-                7,
-                ReplyTarget::Inline,
-                move |e| {
-                    e.put_opaque(&file).ok()?;
-                    e.put_u64(offset as u64).ok()?;
-                    e.put_u32(piece.len() as u32).ok()?;
-                    e.put_u32(2).ok()?; // FILE_SYNC
-                    let at = e.position() as u32 + 4;
-                    e.put_opaque(&piece).ok()?;
-                    // RFC 8267 s4.3: WRITE's data is DDP-eligible.
-                    Some(Some(DdpItem {
-                        offset: at,
-                        len: piece.len() as u32,
-                    }))
-                },
-                |r, _| {
-                    let mut d = Decoder::new(r);
-                    assert_eq!(d.get_u32().unwrap(), 0, "WRITE status");
-                    skip_wcc_data(&mut d);
-                    let count = d.get_u32().unwrap() as usize;
-                    assert_eq!(d.get_u32().unwrap(), 2, "WRITE committed");
-                    count
-                },
-            );
-            assert!(count > 0, "WRITE wrote nothing");
-            written += count;
-            writes += 1;
-        }
-        let (back, _, _) = read_all(&mut nfs, &file);
-        assert!(back == new, "the file read back differs from what we wrote");
-        println!("rtmax {rtmax} wtmax {wtmax}: {reads} READ(s), {writes} WRITE(s) of 1 MiB");
-
-        // READDIRPLUS of 300 entries, replies in our reply chunk.
-        let dir = lookup(&mut nfs, "dir300");
-        let mut names = std::collections::BTreeSet::new();
-        let (mut cookie, mut verf) = (0u64, [0u8; 8]);
-        let mut rounds = 0;
-        loop {
-            rounds += 1;
-            assert!(rounds < 100, "READDIRPLUS never reached eof");
-            let dir = dir.clone();
-            let (done, next, v) = nfs.call(
-                3,
-                17,
-                ReplyTarget::ReplyChunk,
-                move |e| {
-                    e.put_opaque(&dir).ok()?;
-                    e.put_u64(cookie).ok()?;
-                    e.put_opaque_fixed(&verf).ok()?;
-                    e.put_u32(32 * 1024).ok()?; // dircount
-                    e.put_u32(64 * 1024).ok()?; // maxcount: past our inline size
-                    Some(None)
-                },
-                |r, _| {
-                    // Larger than our inline receive: it came in the reply
-                    // chunk (RDMA_NOMSG), written by Linux.
-                    assert!(
-                        r.len() > 4096 || rounds > 1,
-                        "READDIRPLUS reply of {}",
-                        r.len()
-                    );
-                    let mut d = Decoder::new(r);
-                    assert_eq!(d.get_u32().unwrap(), 0, "READDIRPLUS status");
-                    skip_post_op_attr(&mut d);
-                    let mut v = [0u8; 8];
-                    v.copy_from_slice(d.get_opaque_fixed(8).unwrap());
-                    let mut last = cookie;
-                    while d.get_bool().unwrap() {
-                        let _fileid = d.get_u64().unwrap();
-                        let name = d.get_string(255).unwrap().to_vec();
-                        last = d.get_u64().unwrap();
-                        skip_post_op_attr(&mut d);
-                        if d.get_bool().unwrap() {
-                            d.get_opaque(64).unwrap();
-                        }
-                        assert!(names.insert(name), "an entry came twice");
-                    }
-                    (d.get_bool().unwrap(), last, v)
-                },
-            );
-            cookie = next;
-            verf = v;
-            if done {
-                break;
-            }
-        }
-        let ours = names
-            .iter()
-            .filter(|n| n.starts_with(b"entry-with-a-longish-name-"))
-            .count();
-        assert_eq!(ours, 300, "READDIRPLUS entries");
-        drop(nfs);
-        capture_flushed(&probe_file);
-        (rounds, names.len())
-    });
+    peer.in_netns(move || capture_live(&probe_file));
+    let stats = knfsd_session_with_one_retry(&peer);
+    let probe_file = pcap.clone();
+    peer.in_netns(move || capture_flushed(&probe_file));
     println!("READDIRPLUS: {} round(s), {} names", stats.0, stats.1);
     capture.finish();
     check_capture(&tshark, &pcap);
 
     linux_nfs_client_against_rpcrdmad(&peer);
+}
+
+/// What knfsd's rxe does now and then on this two-core machine: its
+/// requester stops in the middle of an RDMA Write stream (the capture shows
+/// the last packets in order, none of ours owed an answer, then silence;
+/// the guest counts one `completer_retry_err` and sends nothing more), so
+/// one call never gets its reply. The session is then run once more on a
+/// new connection, with the guest's counters printed; a second stall, or
+/// any other failure, fails the test. docs/INTEROP.md has the evidence.
+const STALL: &str = "timed out waiting for the reply";
+
+/// Runs [`knfsd_session`] in the namespace, once more after a stall.
+fn knfsd_session_with_one_retry(peer: &Peer) -> (usize, usize) {
+    for attempt in 1..=2 {
+        match peer.try_in_netns(knfsd_session) {
+            Ok(stats) => return stats,
+            Err(why) if attempt == 1 && why.contains(STALL) => {
+                println!("Linux stalled ({why}); guest counters:");
+                println!(
+                    "{}",
+                    peer.run("rdma statistic show link rxe0/1; ip -s link show eth0")
+                );
+                // The first attempt may have written into the file.
+                peer.run("cp /tmp/file1m.orig /export/file1m");
+                println!("running the session again on a new connection");
+            }
+            Err(why) => panic!("the session with knfsd failed: {why}"),
+        }
+    }
+    unreachable!("the second attempt returns or panics")
+}
+
+/// One connection's worth of NFS over RDMA with knfsd (see the module
+/// doc); returns (READDIRPLUS rounds, names seen).
+fn knfsd_session() -> (usize, usize) {
+    let mut nfs = Nfs::connect();
+
+    // NULL, NFSv3 and NFSv4: no arguments, no results.
+    for vers in [3, 4] {
+        nfs.call(
+            vers,
+            0,
+            ReplyTarget::Inline,
+            |_| Some(None),
+            |r, _| assert!(r.is_empty(), "NULL v{vers} returned {} bytes", r.len()),
+        );
+    }
+
+    let root = mount_root("/export");
+    let lookup = |nfs: &mut Nfs, name: &'static str| -> Vec<u8> {
+        let root = root.clone();
+        nfs.call(
+            3,
+            3,
+            ReplyTarget::Inline,
+            move |e| {
+                e.put_opaque(&root).ok()?;
+                e.put_string(name).ok()?;
+                Some(None)
+            },
+            |r, _| {
+                let mut d = Decoder::new(r);
+                assert_eq!(d.get_u32().unwrap(), 0, "LOOKUP {name} status");
+                d.get_opaque(64).unwrap().to_vec()
+            },
+        )
+    };
+    let file = lookup(&mut nfs, "file1m");
+
+    // FSINFO: the largest READ and WRITE this server takes (knfsd sizes
+    // them from the guest's memory).
+    let (rtmax, wtmax) = {
+        let root = root.clone();
+        nfs.call(
+            3,
+            19,
+            ReplyTarget::Inline,
+            move |e| {
+                e.put_opaque(&root).ok()?;
+                Some(None)
+            },
+            |r, _| {
+                let mut d = Decoder::new(r);
+                assert_eq!(d.get_u32().unwrap(), 0, "FSINFO status");
+                skip_post_op_attr(&mut d);
+                let rtmax = d.get_u32().unwrap() as usize;
+                let (_rtpref, _rtmult) = (d.get_u32().unwrap(), d.get_u32().unwrap());
+                (rtmax, d.get_u32().unwrap() as usize)
+            },
+        )
+    };
+    assert!(
+        rtmax >= 4096 && wtmax >= 4096,
+        "rtmax {rtmax} wtmax {wtmax}"
+    );
+
+    // READ `len` bytes at `offset`: (data, eof, placed by RDMA Write).
+    let read = |nfs: &mut Nfs, file: &[u8], offset: usize, len: usize| {
+        let file = file.to_vec();
+        nfs.call(
+            3,
+            6,
+            ReplyTarget::WriteChunk {
+                max_ddp: len as u32,
+            },
+            move |e| {
+                e.put_opaque(&file).ok()?;
+                e.put_u64(offset as u64).ok()?;
+                e.put_u32(len as u32).ok()?;
+                Some(None)
+            },
+            |r, placed| {
+                let mut d = Decoder::new(r);
+                assert_eq!(d.get_u32().unwrap(), 0, "READ status");
+                skip_post_op_attr(&mut d);
+                let count = d.get_u32().unwrap() as usize;
+                let eof = d.get_bool().unwrap();
+                // RFC 8267 s4.3: READ's data is DDP-eligible; with a
+                // write chunk offered, Linux writes it there and the
+                // inline XDR keeps the opaque's length only.
+                let data = match placed {
+                    Some(p) => p.to_vec(),
+                    None => d.get_opaque(MIB).unwrap().to_vec(),
+                };
+                assert_eq!(data.len(), count);
+                (data, eof, placed.is_some())
+            },
+        )
+    };
+    // The whole file, in READs of rtmax: (bytes, READs, all placed).
+    let read_all = |nfs: &mut Nfs, file: &[u8]| {
+        let (mut out, mut reads, mut all_placed) = (Vec::new(), 0, true);
+        loop {
+            let (data, eof, placed) = read(nfs, file, out.len(), rtmax.min(MIB));
+            reads += 1;
+            all_placed &= placed || data.is_empty();
+            out.extend_from_slice(&data);
+            assert!(reads <= MIB / 4096 + 1, "READ made no progress");
+            if eof || data.is_empty() {
+                return (out, reads, all_placed);
+            }
+        }
+    };
+
+    // READ 1 MiB: Linux RDMA-Writes each piece into our write chunk.
+    let (data, reads, placed) = read_all(&mut nfs, &file);
+    assert_eq!(data.len(), MIB);
+    assert!(placed, "READ data did not come by RDMA Write");
+    let bad = data.iter().enumerate().position(|(i, &b)| b != pattern(i));
+    assert_eq!(bad, None, "READ data differs from the guest's file");
+
+    // WRITE 1 MiB (FILE_SYNC) in pieces of wtmax: the data goes in a
+    // read chunk, Linux pulls it with RDMA Reads from our memory.
+    let new: Vec<u8> = (0..MIB)
+        .map(|i| (i * 13 + 5) as u8 ^ (i >> 12) as u8)
+        .collect();
+    let mut written = 0;
+    let mut writes = 0;
+    while written < MIB {
+        let piece = new[written..(written + wtmax).min(MIB)].to_vec();
+        let (file, offset) = (file.clone(), written);
+        let count = nfs.call(
+            3,
+            7,
+            ReplyTarget::Inline,
+            move |e| {
+                e.put_opaque(&file).ok()?;
+                e.put_u64(offset as u64).ok()?;
+                e.put_u32(piece.len() as u32).ok()?;
+                e.put_u32(2).ok()?; // FILE_SYNC
+                let at = e.position() as u32 + 4;
+                e.put_opaque(&piece).ok()?;
+                // RFC 8267 s4.3: WRITE's data is DDP-eligible.
+                Some(Some(DdpItem {
+                    offset: at,
+                    len: piece.len() as u32,
+                }))
+            },
+            |r, _| {
+                let mut d = Decoder::new(r);
+                assert_eq!(d.get_u32().unwrap(), 0, "WRITE status");
+                skip_wcc_data(&mut d);
+                let count = d.get_u32().unwrap() as usize;
+                assert_eq!(d.get_u32().unwrap(), 2, "WRITE committed");
+                count
+            },
+        );
+        assert!(count > 0, "WRITE wrote nothing");
+        written += count;
+        writes += 1;
+    }
+    let (back, _, _) = read_all(&mut nfs, &file);
+    assert!(back == new, "the file read back differs from what we wrote");
+    println!("rtmax {rtmax} wtmax {wtmax}: {reads} READ(s), {writes} WRITE(s) of 1 MiB");
+
+    // READDIRPLUS of 300 entries, replies in our reply chunk.
+    let dir = lookup(&mut nfs, "dir300");
+    let mut names = std::collections::BTreeSet::new();
+    let (mut cookie, mut verf) = (0u64, [0u8; 8]);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        assert!(rounds < 100, "READDIRPLUS never reached eof");
+        let dir = dir.clone();
+        let (done, next, v) = nfs.call(
+            3,
+            17,
+            ReplyTarget::ReplyChunk,
+            move |e| {
+                e.put_opaque(&dir).ok()?;
+                e.put_u64(cookie).ok()?;
+                e.put_opaque_fixed(&verf).ok()?;
+                e.put_u32(32 * 1024).ok()?; // dircount
+                e.put_u32(64 * 1024).ok()?; // maxcount: past our inline size
+                Some(None)
+            },
+            |r, _| {
+                // Larger than our inline receive: it came in the reply
+                // chunk (RDMA_NOMSG), written by Linux.
+                assert!(
+                    r.len() > 4096 || rounds > 1,
+                    "READDIRPLUS reply of {}",
+                    r.len()
+                );
+                let mut d = Decoder::new(r);
+                assert_eq!(d.get_u32().unwrap(), 0, "READDIRPLUS status");
+                skip_post_op_attr(&mut d);
+                let mut v = [0u8; 8];
+                v.copy_from_slice(d.get_opaque_fixed(8).unwrap());
+                let mut last = cookie;
+                while d.get_bool().unwrap() {
+                    let _fileid = d.get_u64().unwrap();
+                    let name = d.get_string(255).unwrap().to_vec();
+                    last = d.get_u64().unwrap();
+                    skip_post_op_attr(&mut d);
+                    if d.get_bool().unwrap() {
+                        d.get_opaque(64).unwrap();
+                    }
+                    assert!(names.insert(name), "an entry came twice");
+                }
+                (d.get_bool().unwrap(), last, v)
+            },
+        );
+        cookie = next;
+        verf = v;
+        if done {
+            break;
+        }
+    }
+    let ours = names
+        .iter()
+        .filter(|n| n.starts_with(b"entry-with-a-longish-name-"))
+        .count();
+    assert_eq!(ours, 300, "READDIRPLUS entries");
+    drop(nfs);
+    (rounds, names.len())
 }
 
 // ---------------------------------------------------------------------------
