@@ -348,13 +348,12 @@ fn knfsd_serves_our_roce_client() {
     linux_nfs_client_against_rpcrdmad(&peer);
 }
 
-/// What knfsd's rxe does now and then on this two-core machine: its
-/// requester stops in the middle of an RDMA Write stream (the capture shows
-/// the last packets in order, none of ours owed an answer, then silence;
-/// the guest counts one `completer_retry_err` and sends nothing more), so
-/// one call never gets its reply. The session is then run once more on a
-/// new connection, with the guest's counters printed; a second stall, or
-/// any other failure, fails the test. docs/INTEROP.md has the evidence.
+/// A call that never gets its reply: with a virtio NIC the guest's TX queue
+/// stalled now and then under TCG (rxe handed eth0 packets it never sent;
+/// docs/INTEROP.md). The guest now has an e1000, which has not stalled; if
+/// a call still times out, the session runs once more on a new connection
+/// with the guest's counters printed, and a second time, or any other
+/// failure, fails the test.
 const STALL: &str = "timed out waiting for the reply";
 
 /// Runs [`knfsd_session`] in the namespace, once more after a stall.
