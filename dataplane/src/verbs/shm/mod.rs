@@ -135,13 +135,7 @@ pub fn probe_socket(path: &Path) -> Result<SocketProbe, VerbsError> {
         Ok(m) if !m.file_type().is_socket() => return Ok(SocketProbe::NotASocket),
         Ok(_) => {}
     }
-    let sock = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        None,
-    )
-    .map_err(os("socket"))?;
+    let sock = setup_socket(SockFlag::SOCK_NONBLOCK)?;
     let addr = UnixAddr::new(path).map_err(os("socket address"))?;
     match connect(sock.as_raw_fd(), &addr) {
         Ok(()) => {
@@ -158,6 +152,17 @@ pub fn probe_socket(path: &Path) -> Result<SocketProbe, VerbsError> {
             source,
         }),
     }
+}
+
+/// A connection-setup socket: SEQPACKET, close-on-exec, plus `flags`.
+fn setup_socket(flags: SockFlag) -> Result<OwnedFd, VerbsError> {
+    socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | flags,
+        None,
+    )
+    .map_err(os("socket"))
 }
 
 fn os(what: &'static str) -> impl Fn(nix::Error) -> VerbsError {
@@ -220,13 +225,7 @@ impl Context<Shm> for ShmContext {
 
     fn listen(&self, url: &str) -> Result<ShmListener, VerbsError> {
         let path = socket_path(url)?;
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            None,
-        )
-        .map_err(os("socket"))?;
+        let sock = setup_socket(SockFlag::SOCK_NONBLOCK)?;
         // A stale socket file from a dead process would make bind fail, so
         // it is replaced; a live one never is (its server would become
         // unreachable, and stay so after we are gone).
@@ -1339,13 +1338,7 @@ impl PreparedQp<Shm> for ShmPreparedQp {
         timeout: Duration,
     ) -> Result<(ShmQp, Vec<u8>), VerbsError> {
         let path = socket_path(url)?;
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(os("socket"))?;
+        let sock = setup_socket(SockFlag::empty())?;
         let addr = UnixAddr::new(&path).map_err(os("socket address"))?;
         let deadline = Instant::now() + timeout;
         loop {
