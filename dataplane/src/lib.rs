@@ -4,6 +4,7 @@
 //!
 //! ```text
 //!   service, client          RpcService trait, requester API
+//!   nfs                      NFSv3/MOUNT v3 codecs with DDP marking (wire + engine::DdpItem)
 //!   worker                   pinned polling loop: engine <-> provider glue
 //!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
 //!   wire                     pure codecs, no I/O
@@ -16,6 +17,7 @@
 pub mod client;
 pub mod engine;
 pub mod mem;
+pub mod nfs;
 pub mod service;
 pub mod tcp;
 pub mod verbs;

@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use dataplane::engine;
+use dataplane::nfs;
 use dataplane::wire::{conf2, rpc, rpcrdma, rtrext};
 
 fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -117,5 +118,48 @@ fn replay_roce_packet_corpus() {
         .chain(corpus("roce_packet"))
     {
         dataplane::wire::roce::fuzz_parse(&input);
+    }
+}
+
+/// NFSv3 and MOUNT v3 (no fuzzer-grown corpus yet, seeds only). `call_*`
+/// seeds are whole calls whose arguments must decode; `reply_<proc>_*`
+/// seeds are whole replies that must decode as `<proc>`'s results.
+#[test]
+fn replay_nfs3_seeds() {
+    use dataplane::wire::rpc::CallHeader;
+    for (name, input) in seeds("nfs3") {
+        nfs::fuzz_parse(&input);
+        if name.starts_with("call_") {
+            let (call, len) = CallHeader::parse(&input).expect(&name);
+            let args = &input[len..];
+            let ok = match call.program {
+                nfs::NFS_PROGRAM => nfs::Nfs3Proc::from_wire(call.procedure)
+                    .and_then(|p| nfs::Nfs3Args::parse_proc(p, args, None))
+                    .is_ok(),
+                nfs::MOUNT_PROGRAM => nfs::MountProc::from_wire(call.procedure)
+                    .and_then(|p| nfs::MountArgs::parse_proc(p, args, None))
+                    .is_ok(),
+                other => panic!("{name}: program {other}"),
+            };
+            assert!(ok, "{name}");
+        } else {
+            let proc = name.split('_').nth(1).expect("reply_<proc>_...");
+            let ok = match proc {
+                "getattr" => nfs::decode_reply(nfs::Nfs3Proc::Getattr, &input, None).is_ok(),
+                "lookup" => nfs::decode_reply(nfs::Nfs3Proc::Lookup, &input, None).is_ok(),
+                "readlink" => nfs::decode_reply(nfs::Nfs3Proc::Readlink, &input, None).is_ok(),
+                "read" => nfs::decode_reply(nfs::Nfs3Proc::Read, &input, None).is_ok(),
+                "write" => nfs::decode_reply(nfs::Nfs3Proc::Write, &input, None).is_ok(),
+                "symlink" => nfs::decode_reply(nfs::Nfs3Proc::Symlink, &input, None).is_ok(),
+                "readdirplus" => {
+                    nfs::decode_reply(nfs::Nfs3Proc::Readdirplus, &input, None).is_ok()
+                }
+                "commit" => nfs::decode_reply(nfs::Nfs3Proc::Commit, &input, None).is_ok(),
+                "mnt" => nfs::decode_mount_reply(nfs::MountProc::Mnt, &input).is_ok(),
+                "umnt" => nfs::decode_mount_reply(nfs::MountProc::Umnt, &input).is_ok(),
+                other => panic!("{name}: unknown procedure {other}"),
+            };
+            assert!(ok, "{name}");
+        }
     }
 }

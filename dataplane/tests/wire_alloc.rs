@@ -7,6 +7,7 @@ mod support;
 use std::fs;
 use std::path::PathBuf;
 
+use dataplane::nfs;
 use dataplane::wire::rpc::{self, RecordReassembler};
 use dataplane::wire::rpcrdma::{Limits, PrivateData, TransportHeader};
 use dataplane::wire::{conf, conf2, rtrext, xdr};
@@ -29,8 +30,14 @@ fn hostile_inputs() -> Vec<Vec<u8>> {
         }
     }
     assert!(base.len() >= 10, "corpus too small to mean anything");
+    mutations(&base)
+}
+
+/// Each input, every truncation of it, and each aligned word in turn set
+/// to 0xFFFFFFFF.
+fn mutations(base: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for input in &base {
+    for input in base {
         for cut in 0..=input.len().min(512) {
             out.push(input[..cut].to_vec());
         }
@@ -144,6 +151,53 @@ fn fresh_rtrext_parse_allocates_in_proportion_to_input() {
             input.len()
         );
     }
+}
+
+/// The NFSv3 and MOUNT seeds, mutated like the other targets' inputs, as
+/// whole messages and as bare arguments/results (after the RPC header).
+fn nfs3_inputs() -> Vec<Vec<u8>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/nfs3");
+    let mut base = Vec::new();
+    for entry in fs::read_dir(dir).expect("seed directory") {
+        let msg = fs::read(entry.expect("seed entry").path()).expect("seed file");
+        let header = match rpc::RpcMessage::parse(&msg) {
+            Ok((_, len)) => len,
+            Err(_) => 0,
+        };
+        base.push(msg[header..].to_vec());
+        base.push(msg);
+    }
+    assert!(base.len() >= 10, "seeds missing");
+    mutations(&base)
+}
+
+#[test]
+fn nfs3_decoders_allocate_nothing() {
+    let mut parsed = 0usize;
+    for input in nfs3_inputs() {
+        let (ok, allocated) = measure(|| {
+            let mut ok = 0usize;
+            for p in 0..22 {
+                let proc = nfs::Nfs3Proc::from_wire(p).expect("defined procedure");
+                ok += usize::from(nfs::Nfs3Args::parse_proc(proc, &input, None).is_ok());
+                if let Ok(nfs::Nfs3Res::Readdirplus(nfs::Res3::Ok(r))) =
+                    nfs::Nfs3Res::parse_proc(proc, &input, None)
+                {
+                    ok += r.reply.entries.iter().count();
+                }
+                ok += usize::from(nfs::decode_reply(proc, &input, None).is_ok());
+            }
+            for p in 0..6 {
+                let proc = nfs::MountProc::from_wire(p).expect("defined procedure");
+                ok += usize::from(nfs::MountArgs::parse_proc(proc, &input, None).is_ok());
+                ok += usize::from(nfs::decode_mount_reply(proc, &input).is_ok());
+            }
+            ok
+        });
+        parsed += ok;
+        assert_eq!(allocated.count, 0, "allocated on {input:02x?}");
+    }
+    assert!(parsed > 10, "only {parsed} inputs parsed");
 }
 
 #[test]

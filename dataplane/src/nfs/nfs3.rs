@@ -1,0 +1,611 @@
+//! NFSv3 procedure arguments and results (RFC 1813 s3.3).
+
+use super::types::DdpField;
+use super::{
+    CookieVerf3, Error, Fattr3, FileHandle, Filename, Nfs3Proc, NfsPath, PostOpAttr, PostOpFh3,
+    Res3, Result, Sattr3, StableHow, WccData, WriteVerf3, Xdr,
+};
+use crate::wire::xdr::{Decoder, Encoder};
+
+/// Defines a struct whose fields are XDR items in order, and its [`Xdr`]
+/// implementation. An optional last `ddp` field is the DDP-eligible item.
+macro_rules! xdr_struct {
+    (
+        $(#[$m:meta])* $name:ident $(<$lt:lifetime>)? {
+            $($(#[$fm:meta])* $f:ident : $t:ty,)*
+        }
+        $(ddp { $(#[$dm:meta])* $df:ident : $dt:ty })?
+    ) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name $(<$lt>)? {
+            $($(#[$fm])* pub $f: $t,)*
+            $($(#[$dm])* pub $df: $dt,)?
+        }
+
+        impl<'a> Xdr<'a> for $name $(<$lt>)? {
+            #[allow(unused_variables)]
+            fn decode_body(d: &mut Decoder<'a>, ddp: Option<&'a [u8]>) -> Result<Self> {
+                Ok($name {
+                    $($f: <$t as Xdr<'a>>::decode_body(d, None)?,)*
+                    $($df: <$dt as DdpField<'a>>::decode_ddp(d, ddp)?,)?
+                })
+            }
+            fn buffer_len(&self) -> usize {
+                0 $(+ self.$f.buffer_len())* $(+ self.$df.field_len())?
+            }
+            #[allow(unused_variables)]
+            fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()> {
+                $(self.$f.emit_body(e)?;)*
+                $(self.$df.emit_field(e)?;)?
+                Ok(())
+            }
+            fn check(&self) -> Result<()> {
+                $(self.$f.check()?;)*
+                $(self.$df.check_field()?;)?
+                Ok(())
+            }
+            $(
+                fn ddp_data(&self) -> Option<&'a [u8]> {
+                    Some(self.$df.bytes())
+                }
+            )?
+        }
+    };
+}
+
+xdr_struct! {
+    /// `diropargs3` (RFC 1813 s2.6): a name in a directory.
+    DirOpArgs3<'a> {
+        /// `dir`
+        dir: FileHandle<'a>,
+        /// `name`
+        name: Filename<'a>,
+    }
+}
+
+xdr_struct! {
+    /// `GETATTR3args` (RFC 1813 s3.3.1).
+    Getattr3Args<'a> {
+        /// `object`
+        object: FileHandle<'a>,
+    }
+}
+
+xdr_struct! {
+    /// `GETATTR3resok`.
+    Getattr3ResOk {
+        /// `obj_attributes`
+        obj_attributes: Fattr3,
+    }
+}
+
+/// `GETATTR3res`: no `resfail` data.
+pub type Getattr3Res = Res3<Getattr3ResOk, ()>;
+
+xdr_struct! {
+    /// `LOOKUP3args` (RFC 1813 s3.3.3).
+    Lookup3Args<'a> {
+        /// `what`
+        what: DirOpArgs3<'a>,
+    }
+}
+
+xdr_struct! {
+    /// `LOOKUP3resok`.
+    Lookup3ResOk<'a> {
+        /// `object`
+        object: FileHandle<'a>,
+        /// `obj_attributes`
+        obj_attributes: PostOpAttr,
+        /// `dir_attributes`
+        dir_attributes: PostOpAttr,
+    }
+}
+
+/// `LOOKUP3res`; `resfail` holds `dir_attributes`.
+pub type Lookup3Res<'a> = Res3<Lookup3ResOk<'a>, PostOpAttr>;
+
+xdr_struct! {
+    /// `READLINK3args` (RFC 1813 s3.3.5).
+    Readlink3Args<'a> {
+        /// `symlink`
+        symlink: FileHandle<'a>,
+    }
+}
+
+xdr_struct! {
+    /// `READLINK3resok`; `data` is DDP-eligible (RFC 8267 s4.3).
+    Readlink3ResOk<'a> {
+        /// `symlink_attributes`
+        symlink_attributes: PostOpAttr,
+    }
+    ddp {
+        /// `data`: the link's target.
+        data: NfsPath<'a>
+    }
+}
+
+/// `READLINK3res`; `resfail` holds `symlink_attributes`.
+pub type Readlink3Res<'a> = Res3<Readlink3ResOk<'a>, PostOpAttr>;
+
+xdr_struct! {
+    /// `READ3args` (RFC 1813 s3.3.6).
+    Read3Args<'a> {
+        /// `file`
+        file: FileHandle<'a>,
+        /// `offset`
+        offset: u64,
+        /// `count`: bytes asked for.
+        count: u32,
+    }
+}
+
+xdr_struct! {
+    /// `READ3resok`; `data` is DDP-eligible (RFC 8267 s4.3). `count`
+    /// should equal `data.len()`; the codec keeps both as sent.
+    Read3ResOk<'a> {
+        /// `file_attributes`
+        file_attributes: PostOpAttr,
+        /// `count`: bytes read.
+        count: u32,
+        /// `eof`
+        eof: bool,
+    }
+    ddp {
+        /// `data`, at most [`MAX_DATA_LEN`](super::MAX_DATA_LEN) bytes.
+        data: &'a [u8]
+    }
+}
+
+impl<'a> Read3ResOk<'a> {
+    /// A result of `data`, with `count` set to its length.
+    pub fn new(file_attributes: PostOpAttr, eof: bool, data: &'a [u8]) -> Self {
+        Read3ResOk {
+            file_attributes,
+            count: data.len() as u32,
+            eof,
+            data,
+        }
+    }
+}
+
+/// `READ3res`; `resfail` holds `file_attributes`.
+pub type Read3Res<'a> = Res3<Read3ResOk<'a>, PostOpAttr>;
+
+xdr_struct! {
+    /// `WRITE3args` (RFC 1813 s3.3.7); `data` is DDP-eligible (RFC 8267
+    /// s4.3). `count` should equal `data.len()`; the codec keeps both as
+    /// sent.
+    Write3Args<'a> {
+        /// `file`
+        file: FileHandle<'a>,
+        /// `offset`
+        offset: u64,
+        /// `count`
+        count: u32,
+        /// `stable`
+        stable: StableHow,
+    }
+    ddp {
+        /// `data`, at most [`MAX_DATA_LEN`](super::MAX_DATA_LEN) bytes.
+        data: &'a [u8]
+    }
+}
+
+impl<'a> Write3Args<'a> {
+    /// Arguments writing `data` at `offset`, with `count` set to its
+    /// length.
+    pub fn new(file: FileHandle<'a>, offset: u64, stable: StableHow, data: &'a [u8]) -> Self {
+        Write3Args {
+            file,
+            offset,
+            count: data.len() as u32,
+            stable,
+            data,
+        }
+    }
+}
+
+xdr_struct! {
+    /// `WRITE3resok`.
+    Write3ResOk {
+        /// `file_wcc`
+        file_wcc: WccData,
+        /// `count`: bytes written.
+        count: u32,
+        /// `committed`
+        committed: StableHow,
+        /// `verf`
+        verf: WriteVerf3,
+    }
+}
+
+/// `WRITE3res`; `resfail` holds `file_wcc`.
+pub type Write3Res = Res3<Write3ResOk, WccData>;
+
+xdr_struct! {
+    /// `SYMLINK3args` (RFC 1813 s3.3.10): `where` and `symlink`
+    /// (`symlinkdata3`) flattened; `symlink_data` is DDP-eligible (RFC 8267
+    /// s4.3).
+    Symlink3Args<'a> {
+        /// `where`
+        dirop: DirOpArgs3<'a>,
+        /// `symlink.symlink_attributes`
+        symlink_attributes: Sattr3,
+    }
+    ddp {
+        /// `symlink.symlink_data`: the target.
+        symlink_data: NfsPath<'a>
+    }
+}
+
+xdr_struct! {
+    /// `SYMLINK3resok`.
+    Symlink3ResOk<'a> {
+        /// `obj`
+        obj: PostOpFh3<'a>,
+        /// `obj_attributes`
+        obj_attributes: PostOpAttr,
+        /// `dir_wcc`
+        dir_wcc: WccData,
+    }
+}
+
+/// `SYMLINK3res`; `resfail` holds `dir_wcc`.
+pub type Symlink3Res<'a> = Res3<Symlink3ResOk<'a>, WccData>;
+
+xdr_struct! {
+    /// `READDIRPLUS3args` (RFC 1813 s3.3.17).
+    Readdirplus3Args<'a> {
+        /// `dir`
+        dir: FileHandle<'a>,
+        /// `cookie`: 0 to start.
+        cookie: u64,
+        /// `cookieverf`
+        cookieverf: CookieVerf3,
+        /// `dircount`: bound on the entries' names and cookies.
+        dircount: u32,
+        /// `maxcount`: bound on the whole result.
+        maxcount: u32,
+    }
+}
+
+xdr_struct! {
+    /// `entryplus3` without its `nextentry` link (the list carries it,
+    /// [`EntryList`]).
+    EntryPlus3<'a> {
+        /// `fileid`
+        fileid: u64,
+        /// `name`
+        name: Filename<'a>,
+        /// `cookie`
+        cookie: u64,
+        /// `name_attributes`
+        name_attributes: PostOpAttr,
+        /// `name_handle`
+        name_handle: PostOpFh3<'a>,
+    }
+}
+
+/// The `entryplus3 *entries` list of a READDIRPLUS result (each entry
+/// preceded by TRUE, the list ended by FALSE). Built from a slice to
+/// encode; decoded as the checked, borrowed bytes, read by
+/// [`iter`](EntryList::iter) without allocating. Each entry takes at least
+/// 32 bytes on the wire, so decoding is linear in the input.
+#[derive(Clone, Copy)]
+pub struct EntryList<'a>(Entries<'a>);
+
+#[derive(Clone, Copy)]
+enum Entries<'a> {
+    Slice(&'a [EntryPlus3<'a>]),
+    /// Checked list bytes, up to and including the final FALSE.
+    Wire(&'a [u8]),
+}
+
+impl<'a> EntryList<'a> {
+    /// A list of `entries`, in order.
+    pub const fn from_slice(entries: &'a [EntryPlus3<'a>]) -> Self {
+        EntryList(Entries::Slice(entries))
+    }
+
+    /// The entries in order.
+    pub fn iter(&self) -> EntryIter<'a> {
+        match self.0 {
+            Entries::Slice(s) => EntryIter(Iter::Slice(s.iter())),
+            Entries::Wire(b) => EntryIter(Iter::Wire(Decoder::new(b))),
+        }
+    }
+
+    /// Number of entries (walks a decoded list).
+    pub fn len(&self) -> usize {
+        match self.0 {
+            Entries::Slice(s) => s.len(),
+            Entries::Wire(_) => self.iter().count(),
+        }
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+impl Default for EntryList<'_> {
+    fn default() -> Self {
+        EntryList::from_slice(&[])
+    }
+}
+
+impl PartialEq for EntryList<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for EntryList<'_> {}
+
+impl core::fmt::Debug for EntryList<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Iterator over an [`EntryList`].
+#[derive(Debug, Clone)]
+pub struct EntryIter<'a>(Iter<'a>);
+
+#[derive(Debug, Clone)]
+enum Iter<'a> {
+    Slice(core::slice::Iter<'a, EntryPlus3<'a>>),
+    Wire(Decoder<'a>),
+}
+
+impl<'a> Iterator for EntryIter<'a> {
+    type Item = EntryPlus3<'a>;
+
+    fn next(&mut self) -> Option<EntryPlus3<'a>> {
+        match &mut self.0 {
+            Iter::Slice(it) => it.next().copied(),
+            // Checked when decoded: no error can occur here, and an error
+            // would only end the iteration.
+            Iter::Wire(d) => match d.get_present() {
+                Ok(true) => EntryPlus3::decode_body(d, None).ok(),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl<'a> Xdr<'a> for EntryList<'a> {
+    fn decode_body(d: &mut Decoder<'a>, _ddp: Option<&'a [u8]>) -> Result<Self> {
+        let start = d.rest();
+        let from = d.position();
+        while d.get_present()? {
+            EntryPlus3::decode_body(d, None)?;
+        }
+        Ok(EntryList(Entries::Wire(&start[..d.position() - from])))
+    }
+    fn buffer_len(&self) -> usize {
+        match self.0 {
+            Entries::Slice(s) => 4 + s.iter().map(|e| 4 + e.buffer_len()).sum::<usize>(),
+            Entries::Wire(b) => b.len(),
+        }
+    }
+    fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()> {
+        for entry in self.iter() {
+            e.put_present(true)?;
+            entry.emit_body(e)?;
+        }
+        e.put_present(false)
+    }
+    fn check(&self) -> Result<()> {
+        self.iter().try_for_each(|e| e.check())
+    }
+}
+
+xdr_struct! {
+    /// `dirlistplus3`.
+    DirListPlus3<'a> {
+        /// `entries`
+        entries: EntryList<'a>,
+        /// `eof`
+        eof: bool,
+    }
+}
+
+xdr_struct! {
+    /// `READDIRPLUS3resok`.
+    Readdirplus3ResOk<'a> {
+        /// `dir_attributes`
+        dir_attributes: PostOpAttr,
+        /// `cookieverf`
+        cookieverf: CookieVerf3,
+        /// `reply`
+        reply: DirListPlus3<'a>,
+    }
+}
+
+/// `READDIRPLUS3res`; `resfail` holds `dir_attributes`.
+pub type Readdirplus3Res<'a> = Res3<Readdirplus3ResOk<'a>, PostOpAttr>;
+
+xdr_struct! {
+    /// `COMMIT3args` (RFC 1813 s3.3.21).
+    Commit3Args<'a> {
+        /// `file`
+        file: FileHandle<'a>,
+        /// `offset`
+        offset: u64,
+        /// `count`: 0 means to the end of the file.
+        count: u32,
+    }
+}
+
+xdr_struct! {
+    /// `COMMIT3resok`.
+    Commit3ResOk {
+        /// `file_wcc`
+        file_wcc: WccData,
+        /// `verf`
+        verf: WriteVerf3,
+    }
+}
+
+/// `COMMIT3res`; `resfail` holds `file_wcc`.
+pub type Commit3Res = Res3<Commit3ResOk, WccData>;
+
+/// Defines an enum with a unit `Null` variant and one variant per
+/// procedure wrapping an [`Xdr`] type, with the per-procedure dispatch.
+macro_rules! proc_enum {
+    (
+        $(#[$m:meta])* $name:ident, $proc:ident {
+            $($(#[$vm:meta])* $v:ident($t:ty),)*
+        }
+    ) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name<'a> {
+            /// NULL: no data.
+            Null,
+            $($(#[$vm])* $v($t),)*
+        }
+
+        impl<'a> $name<'a> {
+            /// The procedure.
+            pub fn procedure(&self) -> $proc {
+                match self {
+                    $name::Null => $proc::Null,
+                    $($name::$v(_) => $proc::$v,)*
+                }
+            }
+
+            /// Decodes the message of procedure `proc` at the decoder's
+            /// position; on error the decoder is left where it was.
+            ///
+            /// # Errors
+            /// [`Error::UnknownValue`] for a procedure without a codec,
+            /// otherwise as [`Xdr::decode_body`].
+            #[allow(unused_variables)]
+            pub fn decode_proc(
+                proc: $proc,
+                d: &mut Decoder<'a>,
+                ddp: Option<&'a [u8]>,
+            ) -> Result<Self> {
+                match proc {
+                    $proc::Null => Ok($name::Null),
+                    $($proc::$v => Ok($name::$v(<$t>::decode(d, ddp)?)),)*
+                    #[allow(unreachable_patterns)]
+                    _ => Err(Error::UnknownValue),
+                }
+            }
+
+            /// Decodes the message of procedure `proc` that is exactly
+            /// `bytes` (the arguments of a call, the results of a reply).
+            ///
+            /// # Errors
+            /// As [`decode_proc`](Self::decode_proc), and
+            /// [`Error::TrailingBytes`].
+            pub fn parse_proc(proc: $proc, bytes: &'a [u8], ddp: Option<&'a [u8]>) -> Result<Self> {
+                let mut d = Decoder::new(bytes);
+                let v = Self::decode_proc(proc, &mut d, ddp)?;
+                d.finish()?;
+                Ok(v)
+            }
+
+            /// Exact encoded length, DDP item inline.
+            pub fn buffer_len(&self) -> usize {
+                match self {
+                    $name::Null => 0,
+                    $($name::$v(x) => x.buffer_len(),)*
+                }
+            }
+
+            /// Checks the limits `emit` enforces.
+            ///
+            /// # Errors
+            /// As [`Xdr::check`].
+            pub fn check(&self) -> Result<()> {
+                match self {
+                    $name::Null => Ok(()),
+                    $($name::$v(x) => x.check(),)*
+                }
+            }
+
+            /// Writes the message. On error nothing is written.
+            ///
+            /// # Errors
+            /// As [`Xdr::emit`].
+            pub fn emit(&self, e: &mut Encoder<'_>) -> Result<()> {
+                match self {
+                    $name::Null => Ok(()),
+                    $($name::$v(x) => x.emit(e),)*
+                }
+            }
+
+            /// The DDP-eligible item's data, if this message has one.
+            pub fn ddp_data(&self) -> Option<&'a [u8]> {
+                match self {
+                    $name::Null => None,
+                    $($name::$v(x) => x.ddp_data(),)*
+                }
+            }
+        }
+
+        impl<'a> super::Message<'a> for $name<'a> {
+            fn check(&self) -> Result<()> {
+                self.check()
+            }
+            fn emit(&self, e: &mut Encoder<'_>) -> Result<()> {
+                self.emit(e)
+            }
+            fn ddp_data(&self) -> Option<&'a [u8]> {
+                self.ddp_data()
+            }
+        }
+    };
+}
+pub(crate) use proc_enum;
+
+proc_enum! {
+    /// The arguments of an NFSv3 call, by procedure.
+    Nfs3Args, Nfs3Proc {
+        /// GETATTR
+        Getattr(Getattr3Args<'a>),
+        /// LOOKUP
+        Lookup(Lookup3Args<'a>),
+        /// READLINK
+        Readlink(Readlink3Args<'a>),
+        /// READ
+        Read(Read3Args<'a>),
+        /// WRITE (DDP item: `data`)
+        Write(Write3Args<'a>),
+        /// SYMLINK (DDP item: `symlink_data`)
+        Symlink(Symlink3Args<'a>),
+        /// READDIRPLUS
+        Readdirplus(Readdirplus3Args<'a>),
+        /// COMMIT
+        Commit(Commit3Args<'a>),
+    }
+}
+
+proc_enum! {
+    /// The results of an NFSv3 reply, by procedure.
+    Nfs3Res, Nfs3Proc {
+        /// GETATTR
+        Getattr(Getattr3Res),
+        /// LOOKUP
+        Lookup(Lookup3Res<'a>),
+        /// READLINK (DDP item: `resok.data`)
+        Readlink(Readlink3Res<'a>),
+        /// READ (DDP item: `resok.data`)
+        Read(Read3Res<'a>),
+        /// WRITE
+        Write(Write3Res),
+        /// SYMLINK
+        Symlink(Symlink3Res<'a>),
+        /// READDIRPLUS
+        Readdirplus(Readdirplus3Res<'a>),
+        /// COMMIT
+        Commit(Commit3Res),
+    }
+}
