@@ -13,21 +13,39 @@ fn forbidden_literals() -> Vec<String> {
         ["..", "/shared"].concat(),
         ["shared", "/reference"].concat(),
         ["DESIGN", ".md"].concat(),
+        // The notes on RoCE/rxe and on peers' wire habits that sat beside
+        // the planning document: cite IBTA Vol. 1, the Linux source file
+        // or the RFC they summarise instead.
+        ["ROCE", "-NOTES"].concat(),
+        ["WIRE", "-NOTES"].concat(),
     ]
 }
 
-/// A tracker word, or a section of the outside planning notes, followed by
-/// an optional space, dash or '#' and then a digit.
+/// A tracker word (any case, optionally plural, starting a word), or a
+/// section of the outside planning notes, followed by an optional space,
+/// dash or '#' and then a digit.
 fn numbered_reference(line: &str) -> Option<&'static str> {
-    const WORDS: [(&str, &str); 3] = [
-        ("issue", "issue"),
-        ("Issue", "Issue"),
-        ("DESIGN s", "DESIGN"),
-    ];
-    for (word, name) in WORDS {
-        let mut rest = line;
-        while let Some(at) = rest.find(word) {
-            let after = &rest[at + word.len()..];
+    const WORDS: [(&str, &str, bool); 2] =
+        [("issue", "issue", true), ("DESIGN s", "DESIGN", false)];
+    for (word, name, fold) in WORDS {
+        let hay = if fold {
+            line.to_ascii_lowercase()
+        } else {
+            line.to_string()
+        };
+        let mut from = 0;
+        while let Some(at) = hay[from..].find(word).map(|i| i + from) {
+            from = at + word.len();
+            // "reissue 2" is a word of its own, not a tracker item.
+            if fold && hay[..at].ends_with(|c: char| c.is_ascii_alphanumeric()) {
+                continue;
+            }
+            let after = &hay[from..];
+            let after = if fold {
+                after.strip_prefix('s').unwrap_or(after)
+            } else {
+                after
+            };
             let after = after
                 .strip_prefix(' ')
                 .or_else(|| after.strip_prefix('-'))
@@ -36,7 +54,6 @@ fn numbered_reference(line: &str) -> Option<&'static str> {
             if after.starts_with(|c: char| c.is_ascii_digit()) {
                 return Some(name);
             }
-            rest = &rest[at + word.len()..];
         }
     }
     None
@@ -103,9 +120,18 @@ fn no_references_outside_the_repository_or_to_issue_numbers() {
 
 #[test]
 fn the_scanner_finds_what_it_must() {
+    let literals = forbidden_literals();
+    assert!(literals
+        .iter()
+        .any(|l| ["see ROCE", "-NOTES s4"].concat().contains(l.as_str())));
     assert!(numbered_reference(&["see issue", " 6"].concat()).is_some());
     assert!(numbered_reference(&["every issue", "-6 target"].concat()).is_some());
     assert!(numbered_reference(&["(DESIGN", " s4)"].concat()).is_some());
+    assert!(numbered_reference(&["Tracker ISS", "UE 4"].concat()).is_some());
+    assert!(numbered_reference(&["(issue", "s 4 and 5)"].concat()).is_some());
+    assert!(numbered_reference(&["issue", " #12"].concat()).is_some());
     assert!(numbered_reference("the issue of ordering").is_none());
+    assert!(numbered_reference("reissue 2 Reads").is_none());
+    assert!(numbered_reference("an issue: 4 bytes").is_none());
     assert!(numbered_reference("RDMA Reads still to issue, oldest first").is_none());
 }

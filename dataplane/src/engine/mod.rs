@@ -165,7 +165,7 @@ impl Config {
 }
 
 impl Default for Config {
-    /// Linux-like defaults (WIRE-NOTES): 4 KiB inline thresholds, a peer
+    /// Defaults as Linux xprtrdma/svcrdma use them: 4 KiB inline thresholds, a peer
     /// assumed at 1024 until it says otherwise, 32 credits, 16 Reads.
     fn default() -> Self {
         Config {

@@ -1,7 +1,7 @@
 //! InfiniBand Communication Management MADs as Linux rdma_cm sends them
 //! over RoCEv2 to QP1 (IBTA Vol. 1 ch. 12 CM message formats, Tables 106-113 as
 //! the kernel numbers them; ch. 13 MAD header; Linux `include/rdma/ibta_vol1_c12.h`, `cm_msgs.h`,
-//! `cma_priv.h`/`cma.c` for the rdma_cm header; ROCE-NOTES s4).
+//! `cma_priv.h`/`cma.c` for the rdma_cm header).
 //!
 //! A CM MAD is the 256-byte payload of a UD Send (BTH opcode 0x64, dest QP
 //! 1, DETH Q_Key 0x80010000, source QP 1; see [`gsi_packet`]):
@@ -83,7 +83,7 @@ pub mod private_len {
     pub const MRA: usize = 222;
 }
 
-/// CM attribute IDs (ib_cm.h / ROCE-NOTES s4).
+/// CM attribute IDs (IBTA Vol. 1 ch. 12; Linux ib_cm.h).
 pub mod attr {
     /// Connection request.
     pub const REQ: u16 = 0x0010;
@@ -101,7 +101,7 @@ pub mod attr {
     pub const DREP: u16 = 0x0016;
 }
 
-/// REJ reason codes rdma_cm peers use (Linux `enum ib_cm_rej_reason`, ROCE-NOTES s4).
+/// REJ reason codes rdma_cm peers use (Linux `enum ib_cm_rej_reason`).
 pub mod rej_reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;

@@ -6,7 +6,7 @@
 //! Sources: IBTA Vol. 1 ch. 9 (transport layer: BTH, extension headers,
 //! ACK/NAK syndromes), Annex A17 (RoCEv2 encapsulation, ICRC over the
 //! IP/UDP pseudo-header), and Linux `drivers/infiniband/sw/rxe/rxe_hdr.h`,
-//! `rxe_opcode.c`, `rxe_icrc.c` as summarised in ROCE-NOTES s1-s2.
+//! `rxe_opcode.c`, `rxe_icrc.c`.
 //!
 //! ```text
 //!  UDP payload:  BTH(12) | ext headers (opcode table) | payload | pad(0-3) | ICRC(4)
@@ -115,7 +115,7 @@ macro_rules! opcodes {
     ($( $(#[$doc:meta])* $name:ident = $val:literal,
         [$($hdr:ident),*] )*) => {
         /// Transport opcodes this codec knows (`include/rdma/ib_pack.h`,
-        /// ROCE-NOTES s1): the RC set without atomics and flush, plus the
+        /// `rxe_opcode.c`): the RC set without atomics and flush, plus the
         /// UD sends that carry CM MADs. Anything else parses as
         /// [`Error::UnknownValue`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -365,7 +365,7 @@ pub enum NakCode {
     InvalidRdRequest = 4,
 }
 
-/// The AETH syndrome, typed (IBTA Vol. 1 ch. 9; ROCE-NOTES s1):
+/// The AETH syndrome, typed (IBTA Vol. 1 ch. 9; Linux `enum aeth_syndrome`):
 /// bits 7-5 type (0 ACK, 1 RNR NAK, 3 NAK; 2 reserved), bits 4-0 value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Syndrome {
@@ -430,7 +430,7 @@ impl Syndrome {
     }
 }
 
-/// RNR NAK timer code to microseconds (rxe_comp.c `rnrnak_usec`, ROCE-NOTES s1).
+/// RNR NAK timer code to microseconds (rxe_comp.c `rnrnak_usec`).
 pub const fn rnr_timer_usec(code: u8) -> u32 {
     const T: [u32; 32] = [
         655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,

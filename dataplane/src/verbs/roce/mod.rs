@@ -701,7 +701,7 @@ impl Engine {
     fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
         loop {
             let q = random_u32()? & 0xFF_FFFF;
-            // Never QPN 0 or 1 (QP0/QP1 are special, ROCE-NOTES s4).
+            // Never QPN 0 or 1 (QP0/QP1 are special, IBTA Vol. 1 ch. 12).
             if q > 1 && !self.qps.contains_key(&q) {
                 return Ok(q);
             }

@@ -1,5 +1,5 @@
 //! Golden MADs hand-assembled from the IBTA Vol. 1 ch. 12 layouts (Linux
-//! `include/rdma/ibta_vol1_c12.h` offsets as ROCE-NOTES s4 gives them),
+//! `include/rdma/ibta_vol1_c12.h` offsets),
 //! with the values an rdma_cm client/server pair uses; round trips,
 //! truncation at every offset, hostile values and property tests.
 

@@ -1,5 +1,4 @@
-//! The RoCEv2 invariant CRC (IBTA Vol. 1 Annex A17 and s7.8; Linux `rxe_icrc.c`,
-//! ROCE-NOTES s2).
+//! The RoCEv2 invariant CRC (IBTA Vol. 1 Annex A17 and s7.8; Linux `rxe_icrc.c`).
 //!
 //! The ICRC is CRC-32 (the reflected IEEE polynomial of Ethernet and zlib)
 //! over:

@@ -1,5 +1,5 @@
 //! Path-MTU segmentation of RC messages (IBTA Vol. 1 ch. 9; rxe_req.c and
-//! the responder length rules of rxe_resp.c, ROCE-NOTES s1 "Padding").
+//! the responder length rules of rxe_resp.c, padding included).
 //!
 //! A message of `len` bytes travels in `max(1, ceil(len / mtu))` packets,
 //! each but the last carrying exactly `mtu` payload bytes. One packet is

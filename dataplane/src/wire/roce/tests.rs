@@ -1,4 +1,4 @@
-//! Golden bytes (hand-assembled from the IBTA layouts in ROCE-NOTES s1),
+//! Golden bytes (hand-assembled from the IBTA Vol. 1 ch. 9 layouts),
 //! ICRC vectors (a ConnectX-4 Lx capture and hand-built frames checked
 //! with zlib and with a bitwise CRC below), PSN and segmentation rules, and
 //! property tests.
@@ -272,7 +272,7 @@ fn emit_rejects_inconsistent_reprs() {
 
 #[test]
 fn opcode_table_matches_rxe() {
-    // (opcode, header bytes after BTH) from rxe_opcode.c via ROCE-NOTES s1.
+    // (opcode, header bytes after BTH) from Linux rxe_opcode.c.
     let table: &[(u8, usize, bool)] = &[
         (0x00, 0, true),
         (0x01, 0, true),
