@@ -50,13 +50,13 @@
 //! Emitters check lengths against the same bounds and the output room
 //! before writing: on error nothing has been written.
 //!
-//! # Direct data placement (RFC 8267 s4.3)
-//! Over RPC-over-RDMA the NFS upper-layer binding (RFC 8267 s4.3, for
-//! versions 2 and 3) allows exactly one data item per message to move by
-//! RDMA instead of inline (RFC 8166 s6): the `data` of a WRITE argument,
-//! the `data` of a READ result, the path of a READLINK result and the path
-//! of a SYMLINK argument ([`ddp_eligible`]). Nothing else is, in
-//! particular no length word, file handle, name or READDIRPLUS reply.
+//! # Direct data placement (RFC 8267 s4)
+//! The NFS upper-layer binding for versions 2 and 3 (RFC 8267 s4, in the
+//! terms of RFC 8166 s6) names the data items that may travel by RDMA
+//! instead of inline, at most one per message: the `data` of a WRITE
+//! argument, the `data` of a READ result, the path of a READLINK result
+//! and the path of a SYMLINK argument ([`ddp_eligible`]). Nothing else
+//! is: no length word, file handle, name, attribute or directory listing.
 //!
 //! - Encoding: [`encode_call`] and [`encode_reply`] return the item as a
 //!   [`DdpItem`] (offset of its first data byte in the message, its
@@ -64,15 +64,20 @@
 //!   all four messages the item is the last XDR item, so the message ends
 //!   with its data and padding.
 //! - Decoding: when a chunk carried the item, the inline XDR holds its
-//!   length word only (no data, no padding, RFC 8166 s3.5) and the data
-//!   come separately (the engine's `reply_ddp`, or the read chunk of a
-//!   call whose data a gateway pulls itself). Every decoder takes
-//!   `ddp: Option<&[u8]>`: with `Some(data)`, the DDP item is `data`,
-//!   whose length must equal the inline length word (else
-//!   [`Error::Malformed`]), exactly as `service::bench::decode_data_reply`
-//!   does. A decoded value without a DDP item (another procedure, a
-//!   `resfail`) ignores `ddp`: a chunk offered and not used is normal.
-//!
+//!   length word only (no data, no padding: the reduced XDR stream of
+//!   RFC 8166 s3.4) and the data come separately (the engine's
+//!   `reply_ddp`, or the read chunk of a call whose data a gateway pulls
+//!   itself). Every decoder takes `ddp: Option<&[u8]>`: with
+//!   `Some(data)`, the DDP item is `data`, whose length must equal the
+//!   inline length word (else [`Error::Malformed`]), as
+//!   `service::bench::decode_data_reply` does. A decoded value without a
+//!   DDP item (another procedure, a `resfail`) ignores `ddp`: a chunk
+//!   offered and not used is normal.
+//! - Sizing: [`Nfs3Args::reply_expect`] gives the `engine::ReplyExpect`
+//!   of a call (largest reply, largest DDP result), so the requester
+//!   offers a write chunk for READ and READLINK and a reply chunk where
+//!   the reply could exceed the inline size (READDIRPLUS).
+
 //! # Panic contract
 //! No function panics on any input, except [`fuzz_parse`] when the codec
 //! itself is wrong.
@@ -141,11 +146,11 @@ pub const MAX_DATA_LEN: usize = 16 << 20;
 pub type CookieVerf3 = [u8; NFS3_COOKIEVERFSIZE];
 /// `writeverf3`: the WRITE/COMMIT verifier.
 pub type WriteVerf3 = [u8; NFS3_WRITEVERFSIZE];
-/// `post_op_attr` (RFC 1813 s2.6): attributes, if the server had them.
+/// `post_op_attr` (RFC 1813 s2.5): attributes, if the server had them.
 pub type PostOpAttr = Option<Fattr3>;
-/// `pre_op_attr` (RFC 1813 s2.6): weak cache consistency "before".
+/// `pre_op_attr` (RFC 1813 s2.5): weak cache consistency "before".
 pub type PreOpAttr = Option<WccAttr>;
-/// `post_op_fh3` (RFC 1813 s2.6).
+/// `post_op_fh3` (RFC 1813 s2.5).
 pub type PostOpFh3<'a> = Option<FileHandle<'a>>;
 
 /// NFSv3 procedure numbers (RFC 1813 s3.3).
@@ -249,7 +254,7 @@ pub enum DdpSide {
     Reply,
 }
 
-/// The NFSv3 DDP-eligibility rule of RFC 8267 s4.3: WRITE and SYMLINK
+/// The NFSv3 DDP-eligibility rule of RFC 8267 s4: WRITE and SYMLINK
 /// arguments, READ and READLINK results; `None` for every other procedure
 /// (no NFSv3 procedure has two). MOUNT has no DDP-eligible item.
 pub const fn ddp_eligible(proc: Nfs3Proc) -> Option<DdpSide> {
@@ -266,7 +271,7 @@ pub const fn ddp_eligible(proc: Nfs3Proc) -> Option<DdpSide> {
 pub struct Encoded {
     /// Length of the message.
     pub len: usize,
-    /// The DDP-eligible item (RFC 8267 s4.3).
+    /// The DDP-eligible item (RFC 8267 s4).
     pub ddp: Option<DdpItem>,
 }
 

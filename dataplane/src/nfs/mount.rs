@@ -6,6 +6,7 @@ use super::{
     success_results, DirPath, Encoded, Error, FileHandle, ReplyError, Result, Xdr, MOUNT_PROGRAM,
     MOUNT_V3,
 };
+use crate::engine::ReplyExpect;
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
 use crate::wire::xdr::{Decoder, Encoder};
 
@@ -274,4 +275,21 @@ pub fn decode_mount_reply(
 ) -> core::result::Result<MountRes<'_>, ReplyError> {
     let dec = success_results(message)?;
     MountRes::parse_proc(procedure, dec.rest(), None).map_err(ReplyError::Malformed)
+}
+
+impl MountArgs<'_> {
+    /// What the reply to this call may look like (see
+    /// [`Nfs3Args::reply_expect`](super::Nfs3Args::reply_expect)): MNT's
+    /// result with a 64-byte handle and [`MAX_AUTH_FLAVORS`] flavors; no
+    /// DDP-eligible result.
+    pub fn reply_expect(&self) -> ReplyExpect {
+        let results = match self {
+            MountArgs::Null | MountArgs::Umnt(_) => 0,
+            MountArgs::Mnt(_) => 4 + 4 + super::FHSIZE3 as u32 + 4 + 4 * MAX_AUTH_FLAVORS as u32,
+        };
+        ReplyExpect {
+            max_len: super::nfs3::success_header_len() + results,
+            ddp_max: None,
+        }
+    }
 }

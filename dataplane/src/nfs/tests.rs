@@ -39,7 +39,7 @@ impl B {
     fn reply(self, xid: u32) -> Self {
         self.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0)
     }
-    /// The `fattr3` of [`attrs`], field by field (RFC 1813 s2.6).
+    /// The `fattr3` of [`attrs`], field by field (RFC 1813 s2.5).
     fn fattr(self) -> Self {
         self.u32(1) // NF3REG
             .u32(0o644)
@@ -1097,6 +1097,114 @@ fn fuzz_entry_point_accepts_the_samples_and_their_mutations() {
             }
         }
     }
+}
+
+#[test]
+fn reply_expect_covers_the_largest_replies_exactly() {
+    let fh64 = FileHandle::new(&[0xfe; 64]).unwrap();
+    let full_wcc = wcc();
+    let data = [7u8; 13];
+    let path = [b'p'; MAX_PATH_LEN];
+    let cases: Vec<(Nfs3Args, Nfs3Res)> = vec![
+        (Nfs3Args::Null, Nfs3Res::Null),
+        (
+            Nfs3Args::Getattr(Getattr3Args { object: fh() }),
+            Nfs3Res::Getattr(Res3::Ok(Getattr3ResOk {
+                obj_attributes: attrs(),
+            })),
+        ),
+        (
+            Nfs3Args::Lookup(Lookup3Args {
+                what: DirOpArgs3 {
+                    dir: fh(),
+                    name: name(b"x"),
+                },
+            }),
+            Nfs3Res::Lookup(Res3::Ok(Lookup3ResOk {
+                object: fh64,
+                obj_attributes: Some(attrs()),
+                dir_attributes: Some(attrs()),
+            })),
+        ),
+        (
+            Nfs3Args::Readlink(Readlink3Args { symlink: fh() }),
+            Nfs3Res::Readlink(Res3::Ok(Readlink3ResOk {
+                symlink_attributes: Some(attrs()),
+                data: NfsPath::new(&path).unwrap(),
+            })),
+        ),
+        (
+            Nfs3Args::Read(Read3Args {
+                file: fh(),
+                offset: 0,
+                count: 13,
+            }),
+            Nfs3Res::Read(Res3::Ok(Read3ResOk::new(Some(attrs()), false, &data))),
+        ),
+        (
+            Nfs3Args::Write(Write3Args::new(fh(), 0, StableHow::Unstable, &data)),
+            Nfs3Res::Write(Res3::Ok(Write3ResOk {
+                file_wcc: full_wcc,
+                count: 13,
+                committed: StableHow::FileSync,
+                verf: [0; 8],
+            })),
+        ),
+        (
+            Nfs3Args::Symlink(Symlink3Args {
+                dirop: DirOpArgs3 {
+                    dir: fh(),
+                    name: name(b"l"),
+                },
+                symlink_attributes: Sattr3::default(),
+                symlink_data: NfsPath::new(b"t").unwrap(),
+            }),
+            Nfs3Res::Symlink(Res3::Ok(Symlink3ResOk {
+                obj: Some(fh64),
+                obj_attributes: Some(attrs()),
+                dir_wcc: full_wcc,
+            })),
+        ),
+        (
+            Nfs3Args::Commit(Commit3Args {
+                file: fh(),
+                offset: 0,
+                count: 0,
+            }),
+            Nfs3Res::Commit(Res3::Ok(Commit3ResOk {
+                file_wcc: full_wcc,
+                verf: [0; 8],
+            })),
+        ),
+    ];
+    for (args, res) in &cases {
+        let expect = args.reply_expect();
+        let (msg, enc) = encode_nfs_reply(res);
+        assert_eq!(expect.max_len as usize, msg.len(), "{args:?}");
+        assert_eq!(expect.ddp_max, enc.ddp.map(|d| d.len), "{args:?}");
+    }
+    // READDIRPLUS: maxcount bounds resok.
+    let rdp = Nfs3Args::Readdirplus(Readdirplus3Args {
+        dir: fh(),
+        cookie: 0,
+        cookieverf: [0; 8],
+        dircount: 512,
+        maxcount: 8192,
+    });
+    assert_eq!(rdp.reply_expect().max_len, 24 + 4 + 8192);
+    assert_eq!(rdp.reply_expect().ddp_max, None);
+    // MNT with a 64-byte handle and 16 flavors.
+    let ok = MountRes3Ok::new(fh64, &[1; MAX_AUTH_FLAVORS]).unwrap();
+    let mut out = [0u8; 512];
+    let enc = encode_mount_reply(
+        &mut out,
+        1,
+        OpaqueAuth::None,
+        &MountRes::Mnt(MntRes3::Ok(ok)),
+    )
+    .unwrap();
+    let mnt = MountArgs::Mnt(DirPath::new(b"/").unwrap());
+    assert_eq!(mnt.reply_expect().max_len as usize, enc.len);
 }
 
 mod prop {
