@@ -3,8 +3,8 @@
 //! Layering (imports point down only; see `DESIGN.md` s2 in the shared plan):
 //!
 //! ```text
+//!   nfs                      NFSv3/MOUNT v3 codecs, DDP marking, service helpers
 //!   service, client          RpcService trait, requester API
-//!   nfs                      NFSv3/MOUNT v3 codecs with DDP marking (wire + engine::DdpItem)
 //!   worker                   pinned polling loop: engine <-> provider glue
 //!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
 //!   wire                     pure codecs, no I/O

@@ -26,9 +26,17 @@
 //! `buffer_len` is exactly what `emit` writes and what `parse` consumed).
 //! Results are [`Res3`]: the `resok` arm under `NFS3_OK`, otherwise the
 //! status and the `resfail` arm. [`Nfs3Args`]/[`Nfs3Res`] and
-//! [`MountArgs`]/[`MountRes`] select the message by procedure number;
-//! [`encode_call`], [`encode_reply`], [`decode_reply`] (and the MOUNT
-//! twins) wrap them in an ONC RPC header (`wire::rpc`).
+//! [`MountArgs`]/[`MountRes`] select the message by procedure number.
+//!
+//! - Client: [`encode_call`] writes a whole call message,
+//!   [`Nfs3Args::reply_expect`] sizes what comes back, [`decode_reply`]
+//!   reads the reply (MOUNT: [`encode_mount_call`], [`decode_mount_reply`]).
+//! - Gateway with whole messages: [`decode_call`], [`encode_reply`]
+//!   ([`encode_mount_reply`]).
+//! - Service on the `service::ServiceTable`: [`decode_args`] from the
+//!   `CallInfo`, [`write_results`] into the `ReplyWriter`, which marks the
+//!   DDP item for the engine (MOUNT: [`decode_mount_args`],
+//!   [`write_mount_results`]).
 //!
 //! # Zero copy and bounds
 //! File handles, names, paths and data borrow the input. Decoders are
@@ -106,6 +114,7 @@ pub use types::{
 };
 
 use crate::engine::DdpItem;
+use crate::service::{CallInfo, ProcError, ReplyWriter};
 use crate::wire::rpc::{
     AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader, MAX_REPLY_HEADER_LEN,
 };
@@ -295,7 +304,9 @@ pub const MAX_REPLY_OVERHEAD: usize = MAX_REPLY_HEADER_LEN;
 /// What [`encode_message`] needs of a procedure's message.
 pub(crate) trait Message<'a> {
     fn check(&self) -> Result<()>;
+    fn buffer_len(&self) -> usize;
     fn emit(&self, e: &mut Encoder<'_>) -> Result<()>;
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()>;
     fn ddp_data(&self) -> Option<&'a [u8]>;
 }
 
@@ -393,6 +404,100 @@ pub fn decode_reply<'a>(
     Nfs3Res::parse_proc(procedure, dec.rest(), ddp).map_err(ReplyError::Malformed)
 }
 
+/// Decodes a whole NFSv3 call message (a gateway's view): the RPC call
+/// header and the arguments. `ddp` is the DDP-eligible argument when it
+/// travelled apart (see the module doc).
+///
+/// # Errors
+/// An error of `CallHeader::parse`; [`Error::UnknownValue`] when the call
+/// is not for NFS version 3 or names a procedure without a codec;
+/// otherwise as [`Nfs3Args::parse_proc`].
+pub fn decode_call<'a>(
+    message: &'a [u8],
+    ddp: Option<&'a [u8]>,
+) -> Result<(CallHeader<'a>, Nfs3Args<'a>)> {
+    let (header, len) = CallHeader::parse(message)?;
+    if header.program != NFS_PROGRAM || header.version != NFS_V3 {
+        return Err(Error::UnknownValue);
+    }
+    let proc = Nfs3Proc::from_wire(header.procedure)?;
+    let args = Nfs3Args::parse_proc(proc, &message[len..], ddp)?;
+    Ok((header, args))
+}
+
+/// The arguments of a call an [`RpcService`](crate::service::RpcService)
+/// serving NFS version 3 received (the engine has already pulled any read
+/// chunk, so the arguments are whole).
+///
+/// # Errors
+/// [`ProcError::ProcUnavail`] for a procedure without a codec,
+/// [`ProcError::GarbageArgs`] for arguments that do not decode exactly.
+pub fn decode_args<'a>(call: &CallInfo<'a>) -> core::result::Result<Nfs3Args<'a>, ProcError> {
+    let proc = Nfs3Proc::from_wire(call.procedure).map_err(|_| ProcError::ProcUnavail)?;
+    if !Nfs3Args::has_codec(proc) {
+        return Err(ProcError::ProcUnavail);
+    }
+    Nfs3Args::parse_proc(proc, call.args, None).map_err(|_| ProcError::GarbageArgs)
+}
+
+/// Writes `res` as the results of a service's reply, marking its DDP item
+/// (READ data, READLINK path) with `ReplyWriter::put_ddp_opaque` so that
+/// the engine can move it by the requester's write chunk.
+///
+/// # Errors
+/// [`ProcError::SystemErr`] when the results do not fit the reply buffer
+/// or break a rule of `emit` (an over-long item, a `resfail` with
+/// `NFS3_OK`).
+pub fn write_results(
+    res: &Nfs3Res<'_>,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    write_message(res, reply)
+}
+
+/// [`write_results`] for MOUNT (which has no DDP item).
+///
+/// # Errors
+/// As [`write_results`].
+pub fn write_mount_results(
+    res: &MountRes<'_>,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    write_message(res, reply)
+}
+
+/// [`decode_args`] for a service serving MOUNT version 3.
+///
+/// # Errors
+/// As [`decode_args`].
+pub fn decode_mount_args<'a>(
+    call: &CallInfo<'a>,
+) -> core::result::Result<MountArgs<'a>, ProcError> {
+    let proc = MountProc::from_wire(call.procedure).map_err(|_| ProcError::ProcUnavail)?;
+    if !MountArgs::has_codec(proc) {
+        return Err(ProcError::ProcUnavail);
+    }
+    MountArgs::parse_proc(proc, call.args, None).map_err(|_| ProcError::GarbageArgs)
+}
+
+fn write_message<'a, T: Message<'a>>(
+    res: &T,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    res.check().map_err(|_| ProcError::SystemErr)?;
+    let enc = reply.encoder();
+    if enc.remaining() < res.buffer_len() {
+        return Err(ProcError::SystemErr);
+    }
+    match res.ddp_data() {
+        None => res.emit(enc).map_err(|_| ProcError::SystemErr),
+        Some(data) => {
+            res.emit_before_ddp(enc).map_err(|_| ProcError::SystemErr)?;
+            reply.put_ddp_opaque(data)
+        }
+    }
+}
+
 /// Reads a DDP-eligible variable-length opaque of at most `max` bytes: from
 /// the input, or (length word only in the input) from `ddp`.
 fn get_ddp_opaque<'a>(d: &mut Decoder<'a>, max: usize, ddp: Option<&'a [u8]>) -> Result<&'a [u8]> {
@@ -474,13 +579,13 @@ pub fn fuzz_parse(data: &[u8]) {
     }
     // Whole messages: a call to either program, or a reply decoded as
     // each procedure's.
+    if let Ok((call, args)) = decode_call(data, None) {
+        assert_eq!(call.program, NFS_PROGRAM);
+        assert_eq!(call.procedure, args.procedure().to_wire());
+    }
     if let Ok((call, len)) = CallHeader::parse(data) {
         let args = &data[len..];
-        if call.program == NFS_PROGRAM {
-            if let Ok(proc) = Nfs3Proc::from_wire(call.procedure) {
-                let _ = Nfs3Args::parse_proc(proc, args, None);
-            }
-        } else if call.program == MOUNT_PROGRAM {
+        if call.program == MOUNT_PROGRAM {
             if let Ok(proc) = MountProc::from_wire(call.procedure) {
                 let _ = MountArgs::parse_proc(proc, args, None);
             }

@@ -52,6 +52,12 @@ macro_rules! xdr_struct {
                     Some(self.$df.bytes())
                 }
             )?
+            /// Every field but the DDP item.
+            #[allow(unused_variables)]
+            fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                $(self.$f.emit_body(e)?;)*
+                Ok(())
+            }
         }
     };
 }
@@ -481,6 +487,11 @@ macro_rules! proc_enum {
                 }
             }
 
+            /// Whether procedure `proc` has a codec here.
+            pub fn has_codec(proc: $proc) -> bool {
+                matches!(proc, $proc::Null $(| $proc::$v)*)
+            }
+
             /// Decodes the message of procedure `proc` at the decoder's
             /// position; on error the decoder is left where it was.
             ///
@@ -544,6 +555,21 @@ macro_rules! proc_enum {
                 }
             }
 
+            /// Writes what precedes the DDP item's length word (see
+            /// [`Xdr::emit_before_ddp`]); all of the message when it has no
+            /// DDP item. Nothing is checked: use
+            /// [`check`](Self::check) and [`buffer_len`](Self::buffer_len)
+            /// first.
+            ///
+            /// # Errors
+            /// [`Error::BufferTooShort`] when the room runs out midway.
+            pub fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                match self {
+                    $name::Null => Ok(()),
+                    $($name::$v(x) => x.emit_before_ddp(e),)*
+                }
+            }
+
             /// The DDP-eligible item's data, if this message has one.
             pub fn ddp_data(&self) -> Option<&'a [u8]> {
                 match self {
@@ -556,6 +582,12 @@ macro_rules! proc_enum {
         impl<'a> super::Message<'a> for $name<'a> {
             fn check(&self) -> Result<()> {
                 self.check()
+            }
+            fn buffer_len(&self) -> usize {
+                self.buffer_len()
+            }
+            fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                self.emit_before_ddp(e)
             }
             fn emit(&self, e: &mut Encoder<'_>) -> Result<()> {
                 self.emit(e)

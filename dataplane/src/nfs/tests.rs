@@ -1207,6 +1207,106 @@ fn reply_expect_covers_the_largest_replies_exactly() {
     assert_eq!(mnt.reply_expect().max_len as usize, enc.len);
 }
 
+/// A toy NFS server on the service table: it answers GETATTR, READ (five
+/// pattern bytes, or NFS3ERR_STALE for an empty handle) and READLINK.
+struct ToyNfs;
+
+impl crate::service::RpcService for ToyNfs {
+    fn program(&self) -> u32 {
+        NFS_PROGRAM
+    }
+    fn versions(&self) -> core::ops::RangeInclusive<u32> {
+        NFS_V3..=NFS_V3
+    }
+    fn name(&self) -> &'static str {
+        "toy_nfs"
+    }
+    fn call(
+        &self,
+        call: &crate::service::CallInfo<'_>,
+        reply: &mut crate::service::ReplyWriter<'_>,
+    ) -> core::result::Result<(), ProcError> {
+        let res = match decode_args(call)? {
+            Nfs3Args::Getattr(_) => Nfs3Res::Getattr(Res3::Ok(Getattr3ResOk {
+                obj_attributes: attrs(),
+            })),
+            Nfs3Args::Read(a) if a.file.is_empty() => {
+                Nfs3Res::Read(Res3::Fail(Nfsstat3::Stale, None))
+            }
+            Nfs3Args::Read(_) => Nfs3Res::Read(Res3::Ok(Read3ResOk::new(None, true, b"abcde"))),
+            Nfs3Args::Readlink(_) => Nfs3Res::Readlink(Res3::Ok(Readlink3ResOk {
+                symlink_attributes: None,
+                data: NfsPath::new(b"/t").unwrap(),
+            })),
+            _ => return Err(ProcError::ProcUnavail),
+        };
+        write_results(&res, reply)
+    }
+}
+
+#[test]
+fn a_service_answers_with_the_ddp_item_marked() {
+    use crate::service::{Dispatch, ServiceTable};
+    let mut table = ServiceTable::new();
+    table.register(std::sync::Arc::new(ToyNfs)).unwrap();
+    let empty = FileHandle::new(&[]).unwrap();
+    let calls = [
+        Nfs3Args::Getattr(Getattr3Args { object: fh() }),
+        Nfs3Args::Read(Read3Args {
+            file: fh(),
+            offset: 0,
+            count: 5,
+        }),
+        Nfs3Args::Read(Read3Args {
+            file: empty,
+            offset: 0,
+            count: 5,
+        }),
+        Nfs3Args::Readlink(Readlink3Args { symlink: fh() }),
+    ];
+    for args in calls {
+        let (msg, _) = encode_nfs_call(&args);
+        let (header, parsed) = decode_call(&msg, None).unwrap();
+        assert_eq!(parsed, args);
+        assert_eq!(header.xid, 0x1234_5678);
+        let mut out = [0u8; 1024];
+        let Dispatch::Reply { len, ddp } = table.dispatch(&msg, &mut out) else {
+            panic!("dropped")
+        };
+        let res = decode_reply(args.procedure(), &out[..len], None).unwrap();
+        // The same bytes and the same DDP item as encode_reply gives.
+        let (again, enc) = encode_nfs_reply(&res);
+        assert_eq!(&out[..len], &again[..]);
+        assert_eq!(ddp, enc.ddp, "{res:?}");
+        assert!(args.reply_expect().max_len as usize >= len);
+        if let Some(item) = ddp {
+            let (inline, moved) = split(&out[..len], item);
+            assert_eq!(decode_reply(args.procedure(), inline, Some(moved)), Ok(res));
+        }
+    }
+    // A procedure without a codec, and garbage arguments.
+    let mut out = [0u8; 256];
+    let call = B::default().call(1, NFS_PROGRAM, 2).0;
+    let Dispatch::Reply { len, .. } = table.dispatch(&call, &mut out) else {
+        panic!()
+    };
+    assert_eq!(
+        decode_reply(Nfs3Proc::Setattr, &out[..len], None),
+        Err(ReplyError::Status(AcceptStatus::ProcUnavail))
+    );
+    let call = B::default().call(1, NFS_PROGRAM, 1).u32(65).0;
+    let Dispatch::Reply { len, .. } = table.dispatch(&call, &mut out) else {
+        panic!()
+    };
+    assert_eq!(
+        decode_reply(Nfs3Proc::Getattr, &out[..len], None),
+        Err(ReplyError::Status(AcceptStatus::GarbageArgs))
+    );
+    // Not NFS version 3.
+    let call = B::default().call(1, MOUNT_PROGRAM, 1).0;
+    assert_eq!(decode_call(&call, None).err(), Some(Error::UnknownValue));
+}
+
 mod prop {
     use super::*;
     use proptest::prelude::*;

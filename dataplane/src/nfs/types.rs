@@ -31,6 +31,18 @@ pub trait Xdr<'a>: Sized {
     /// Only when those preconditions do not hold.
     fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()>;
 
+    /// Writes what precedes the DDP item's length word: everything but
+    /// the item when the value has one (see
+    /// [`ddp_data`](Self::ddp_data)), else all of it, as
+    /// [`emit_body`](Self::emit_body). The item then follows as a
+    /// variable-length opaque (e.g. `service::ReplyWriter::put_ddp_opaque`).
+    ///
+    /// # Errors
+    /// As [`emit_body`](Self::emit_body).
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+        self.emit_body(e)
+    }
+
     /// Checks the rules `emit` enforces beyond the buffer size.
     ///
     /// # Errors
@@ -658,6 +670,15 @@ impl<'a, T: Xdr<'a>, F: Xdr<'a>> Xdr<'a> for Res3<T, F> {
         match self {
             Res3::Ok(v) => v.ddp_data(),
             Res3::Fail(..) => None,
+        }
+    }
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+        match self {
+            Res3::Ok(v) => {
+                e.put_u32(Nfsstat3::Ok.to_wire())?;
+                v.emit_before_ddp(e)
+            }
+            Res3::Fail(..) => self.emit_body(e),
         }
     }
 }
