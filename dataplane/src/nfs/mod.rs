@@ -115,9 +115,7 @@ pub use types::{
 
 use crate::engine::DdpItem;
 use crate::service::{CallInfo, ProcError, ReplyWriter};
-use crate::wire::rpc::{
-    AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader, MAX_REPLY_HEADER_LEN,
-};
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader, RpcMessage};
 use crate::wire::xdr::{self, Decoder, Encoder};
 pub use crate::wire::{Error, Result};
 
@@ -298,9 +296,6 @@ pub enum ReplyError {
     Status(AcceptStatus),
 }
 
-/// Longest RPC reply header [`encode_reply`] may write before the results.
-pub const MAX_REPLY_OVERHEAD: usize = MAX_REPLY_HEADER_LEN;
-
 /// What [`encode_message`] needs of a procedure's message.
 pub(crate) trait Message<'a> {
     fn check(&self) -> Result<()>;
@@ -311,15 +306,19 @@ pub(crate) trait Message<'a> {
 }
 
 /// Emits an RPC header followed by `body`, returning the message length
-/// and the body's DDP item located in the message.
+/// and the body's DDP item located in the message. Checks everything
+/// before writing.
 fn encode_message<'a, T: Message<'a>>(
     out: &mut [u8],
-    header: impl FnOnce(&mut Encoder<'_>) -> Result<()>,
+    header: &RpcMessage<'_>,
     body: &T,
 ) -> Result<Encoded> {
     body.check()?;
+    if header.buffer_len() + body.buffer_len() > out.len() {
+        return Err(Error::BufferTooShort);
+    }
     let mut enc = Encoder::new(out);
-    header(&mut enc)?;
+    header.emit(&mut enc)?;
     body.emit(&mut enc)?;
     let end = enc.position();
     let ddp = match body.ddp_data() {
@@ -355,7 +354,7 @@ pub fn encode_call(
         credential,
         OpaqueAuth::None,
     );
-    encode_message(out, |e| header.emit(e), args)
+    encode_message(out, &RpcMessage::Call(header), args)
 }
 
 /// Encodes a successful (`MSG_ACCEPTED`/`SUCCESS`) RPC reply carrying
@@ -372,7 +371,7 @@ pub fn encode_reply(
     res: &Nfs3Res<'_>,
 ) -> Result<Encoded> {
     let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    encode_message(out, |e| header.emit(e), res)
+    encode_message(out, &RpcMessage::Reply(header), res)
 }
 
 /// A decoder over the results of a successful reply.

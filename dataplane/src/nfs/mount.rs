@@ -7,7 +7,7 @@ use super::{
     MOUNT_V3,
 };
 use crate::engine::ReplyExpect;
-use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader, RpcMessage};
 use crate::wire::xdr::{Decoder, Encoder};
 
 /// Most entries of `mountres3_ok.auth_flavors` kept (the XDR leaves the
@@ -246,7 +246,7 @@ pub fn encode_mount_call(
         credential,
         OpaqueAuth::None,
     );
-    super::encode_message(out, |e| header.emit(e), args)
+    super::encode_message(out, &RpcMessage::Call(header), args)
 }
 
 /// Encodes a successful RPC reply carrying `res` into `out`.
@@ -261,7 +261,7 @@ pub fn encode_mount_reply(
     res: &MountRes<'_>,
 ) -> Result<Encoded> {
     let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    super::encode_message(out, |e| header.emit(e), res)
+    super::encode_message(out, &RpcMessage::Reply(header), res)
 }
 
 /// Decodes the reply `message` to a MOUNT call of `procedure`.

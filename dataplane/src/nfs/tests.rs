@@ -1043,6 +1043,7 @@ fn every_sample_round_trips_and_short_buffers_write_nothing() {
             encode_call(&mut short, 1, OpaqueAuth::None, a),
             Err(Error::BufferTooShort)
         );
+        assert!(short.iter().all(|&b| b == 0), "wrote into a short buffer");
     }
     for r in &res {
         let (msg, enc) = encode_nfs_reply(r);
