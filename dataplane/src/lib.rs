@@ -3,8 +3,8 @@
 //! Layering (imports point down only; docs/ARCHITECTURE.md):
 //!
 //! ```text
+//!   nfs                      NFSv3/MOUNT v3 codecs, DDP marking, service helpers
 //!   service, client          RpcService trait, requester API
-//!   nfs                      NFSv3/MOUNT v3 codecs with DDP marking (wire + engine::DdpItem)
 //!   worker                   pinned polling loop: engine <-> provider glue
 //!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
 //!   wire                     pure codecs, no I/O

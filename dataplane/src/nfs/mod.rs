@@ -26,9 +26,17 @@
 //! `buffer_len` is exactly what `emit` writes and what `parse` consumed).
 //! Results are [`Res3`]: the `resok` arm under `NFS3_OK`, otherwise the
 //! status and the `resfail` arm. [`Nfs3Args`]/[`Nfs3Res`] and
-//! [`MountArgs`]/[`MountRes`] select the message by procedure number;
-//! [`encode_call`], [`encode_reply`], [`decode_reply`] (and the MOUNT
-//! twins) wrap them in an ONC RPC header (`wire::rpc`).
+//! [`MountArgs`]/[`MountRes`] select the message by procedure number.
+//!
+//! - Client: [`encode_call`] writes a whole call message,
+//!   [`Nfs3Args::reply_expect`] sizes what comes back, [`decode_reply`]
+//!   reads the reply (MOUNT: [`encode_mount_call`], [`decode_mount_reply`]).
+//! - Gateway with whole messages: [`decode_call`], [`encode_reply`]
+//!   ([`encode_mount_reply`]).
+//! - Service on the `service::ServiceTable`: [`decode_args`] from the
+//!   `CallInfo`, [`write_results`] into the `ReplyWriter`, which marks the
+//!   DDP item for the engine (MOUNT: [`decode_mount_args`],
+//!   [`write_mount_results`]).
 //!
 //! # Zero copy and bounds
 //! File handles, names, paths and data borrow the input. Decoders are
@@ -50,13 +58,13 @@
 //! Emitters check lengths against the same bounds and the output room
 //! before writing: on error nothing has been written.
 //!
-//! # Direct data placement (RFC 8267 s4.3)
-//! Over RPC-over-RDMA the NFS upper-layer binding (RFC 8267 s4.3, for
-//! versions 2 and 3) allows exactly one data item per message to move by
-//! RDMA instead of inline (RFC 8166 s6): the `data` of a WRITE argument,
-//! the `data` of a READ result, the path of a READLINK result and the path
-//! of a SYMLINK argument ([`ddp_eligible`]). Nothing else is, in
-//! particular no length word, file handle, name or READDIRPLUS reply.
+//! # Direct data placement (RFC 8267 s4)
+//! The NFS upper-layer binding for versions 2 and 3 (RFC 8267 s4, in the
+//! terms of RFC 8166 s6) names the data items that may travel by RDMA
+//! instead of inline, at most one per message: the `data` of a WRITE
+//! argument, the `data` of a READ result, the path of a READLINK result
+//! and the path of a SYMLINK argument ([`ddp_eligible`]). Nothing else
+//! is: no length word, file handle, name, attribute or directory listing.
 //!
 //! - Encoding: [`encode_call`] and [`encode_reply`] return the item as a
 //!   [`DdpItem`] (offset of its first data byte in the message, its
@@ -64,15 +72,20 @@
 //!   all four messages the item is the last XDR item, so the message ends
 //!   with its data and padding.
 //! - Decoding: when a chunk carried the item, the inline XDR holds its
-//!   length word only (no data, no padding, RFC 8166 s3.5) and the data
-//!   come separately (the engine's `reply_ddp`, or the read chunk of a
-//!   call whose data a gateway pulls itself). Every decoder takes
-//!   `ddp: Option<&[u8]>`: with `Some(data)`, the DDP item is `data`,
-//!   whose length must equal the inline length word (else
-//!   [`Error::Malformed`]), exactly as `service::bench::decode_data_reply`
-//!   does. A decoded value without a DDP item (another procedure, a
-//!   `resfail`) ignores `ddp`: a chunk offered and not used is normal.
-//!
+//!   length word only (no data, no padding: the reduced XDR stream of
+//!   RFC 8166 s3.4) and the data come separately (the engine's
+//!   `reply_ddp`, or the read chunk of a call whose data a gateway pulls
+//!   itself). Every decoder takes `ddp: Option<&[u8]>`: with
+//!   `Some(data)`, the DDP item is `data`, whose length must equal the
+//!   inline length word (else [`Error::Malformed`]), as
+//!   `service::bench::decode_data_reply` does. A decoded value without a
+//!   DDP item (another procedure, a `resfail`) ignores `ddp`: a chunk
+//!   offered and not used is normal.
+//! - Sizing: [`Nfs3Args::reply_expect`] gives the `engine::ReplyExpect`
+//!   of a call (largest reply, largest DDP result), so the requester
+//!   offers a write chunk for READ and READLINK and a reply chunk where
+//!   the reply could exceed the inline size (READDIRPLUS).
+
 //! # Panic contract
 //! No function panics on any input, except [`fuzz_parse`] when the codec
 //! itself is wrong.
@@ -101,9 +114,8 @@ pub use types::{
 };
 
 use crate::engine::DdpItem;
-use crate::wire::rpc::{
-    AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader, MAX_REPLY_HEADER_LEN,
-};
+use crate::service::{CallInfo, ProcError, ReplyWriter};
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader, RpcMessage};
 use crate::wire::xdr::{self, Decoder, Encoder};
 pub use crate::wire::{Error, Result};
 
@@ -141,11 +153,11 @@ pub const MAX_DATA_LEN: usize = 16 << 20;
 pub type CookieVerf3 = [u8; NFS3_COOKIEVERFSIZE];
 /// `writeverf3`: the WRITE/COMMIT verifier.
 pub type WriteVerf3 = [u8; NFS3_WRITEVERFSIZE];
-/// `post_op_attr` (RFC 1813 s2.6): attributes, if the server had them.
+/// `post_op_attr` (RFC 1813 s2.5): attributes, if the server had them.
 pub type PostOpAttr = Option<Fattr3>;
-/// `pre_op_attr` (RFC 1813 s2.6): weak cache consistency "before".
+/// `pre_op_attr` (RFC 1813 s2.5): weak cache consistency "before".
 pub type PreOpAttr = Option<WccAttr>;
-/// `post_op_fh3` (RFC 1813 s2.6).
+/// `post_op_fh3` (RFC 1813 s2.5).
 pub type PostOpFh3<'a> = Option<FileHandle<'a>>;
 
 /// NFSv3 procedure numbers (RFC 1813 s3.3).
@@ -249,7 +261,7 @@ pub enum DdpSide {
     Reply,
 }
 
-/// The NFSv3 DDP-eligibility rule of RFC 8267 s4.3: WRITE and SYMLINK
+/// The NFSv3 DDP-eligibility rule of RFC 8267 s4: WRITE and SYMLINK
 /// arguments, READ and READLINK results; `None` for every other procedure
 /// (no NFSv3 procedure has two). MOUNT has no DDP-eligible item.
 pub const fn ddp_eligible(proc: Nfs3Proc) -> Option<DdpSide> {
@@ -266,7 +278,7 @@ pub const fn ddp_eligible(proc: Nfs3Proc) -> Option<DdpSide> {
 pub struct Encoded {
     /// Length of the message.
     pub len: usize,
-    /// The DDP-eligible item (RFC 8267 s4.3).
+    /// The DDP-eligible item (RFC 8267 s4).
     pub ddp: Option<DdpItem>,
 }
 
@@ -284,26 +296,29 @@ pub enum ReplyError {
     Status(AcceptStatus),
 }
 
-/// Longest RPC reply header [`encode_reply`] may write before the results.
-pub const MAX_REPLY_OVERHEAD: usize = MAX_REPLY_HEADER_LEN;
-
 /// What [`encode_message`] needs of a procedure's message.
 pub(crate) trait Message<'a> {
     fn check(&self) -> Result<()>;
+    fn buffer_len(&self) -> usize;
     fn emit(&self, e: &mut Encoder<'_>) -> Result<()>;
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()>;
     fn ddp_data(&self) -> Option<&'a [u8]>;
 }
 
 /// Emits an RPC header followed by `body`, returning the message length
-/// and the body's DDP item located in the message.
+/// and the body's DDP item located in the message. Checks everything
+/// before writing.
 fn encode_message<'a, T: Message<'a>>(
     out: &mut [u8],
-    header: impl FnOnce(&mut Encoder<'_>) -> Result<()>,
+    header: &RpcMessage<'_>,
     body: &T,
 ) -> Result<Encoded> {
     body.check()?;
+    if header.buffer_len() + body.buffer_len() > out.len() {
+        return Err(Error::BufferTooShort);
+    }
     let mut enc = Encoder::new(out);
-    header(&mut enc)?;
+    header.emit(&mut enc)?;
     body.emit(&mut enc)?;
     let end = enc.position();
     let ddp = match body.ddp_data() {
@@ -339,7 +354,7 @@ pub fn encode_call(
         credential,
         OpaqueAuth::None,
     );
-    encode_message(out, |e| header.emit(e), args)
+    encode_message(out, &RpcMessage::Call(header), args)
 }
 
 /// Encodes a successful (`MSG_ACCEPTED`/`SUCCESS`) RPC reply carrying
@@ -356,7 +371,7 @@ pub fn encode_reply(
     res: &Nfs3Res<'_>,
 ) -> Result<Encoded> {
     let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    encode_message(out, |e| header.emit(e), res)
+    encode_message(out, &RpcMessage::Reply(header), res)
 }
 
 /// A decoder over the results of a successful reply.
@@ -386,6 +401,100 @@ pub fn decode_reply<'a>(
 ) -> core::result::Result<Nfs3Res<'a>, ReplyError> {
     let dec = success_results(message)?;
     Nfs3Res::parse_proc(procedure, dec.rest(), ddp).map_err(ReplyError::Malformed)
+}
+
+/// Decodes a whole NFSv3 call message (a gateway's view): the RPC call
+/// header and the arguments. `ddp` is the DDP-eligible argument when it
+/// travelled apart (see the module doc).
+///
+/// # Errors
+/// An error of `CallHeader::parse`; [`Error::UnknownValue`] when the call
+/// is not for NFS version 3 or names a procedure without a codec;
+/// otherwise as [`Nfs3Args::parse_proc`].
+pub fn decode_call<'a>(
+    message: &'a [u8],
+    ddp: Option<&'a [u8]>,
+) -> Result<(CallHeader<'a>, Nfs3Args<'a>)> {
+    let (header, len) = CallHeader::parse(message)?;
+    if header.program != NFS_PROGRAM || header.version != NFS_V3 {
+        return Err(Error::UnknownValue);
+    }
+    let proc = Nfs3Proc::from_wire(header.procedure)?;
+    let args = Nfs3Args::parse_proc(proc, &message[len..], ddp)?;
+    Ok((header, args))
+}
+
+/// The arguments of a call an [`RpcService`](crate::service::RpcService)
+/// serving NFS version 3 received (the engine has already pulled any read
+/// chunk, so the arguments are whole).
+///
+/// # Errors
+/// [`ProcError::ProcUnavail`] for a procedure without a codec,
+/// [`ProcError::GarbageArgs`] for arguments that do not decode exactly.
+pub fn decode_args<'a>(call: &CallInfo<'a>) -> core::result::Result<Nfs3Args<'a>, ProcError> {
+    let proc = Nfs3Proc::from_wire(call.procedure).map_err(|_| ProcError::ProcUnavail)?;
+    if !Nfs3Args::has_codec(proc) {
+        return Err(ProcError::ProcUnavail);
+    }
+    Nfs3Args::parse_proc(proc, call.args, None).map_err(|_| ProcError::GarbageArgs)
+}
+
+/// Writes `res` as the results of a service's reply, marking its DDP item
+/// (READ data, READLINK path) with `ReplyWriter::put_ddp_opaque` so that
+/// the engine can move it by the requester's write chunk.
+///
+/// # Errors
+/// [`ProcError::SystemErr`] when the results do not fit the reply buffer
+/// or break a rule of `emit` (an over-long item, a `resfail` with
+/// `NFS3_OK`).
+pub fn write_results(
+    res: &Nfs3Res<'_>,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    write_message(res, reply)
+}
+
+/// [`write_results`] for MOUNT (which has no DDP item).
+///
+/// # Errors
+/// As [`write_results`].
+pub fn write_mount_results(
+    res: &MountRes<'_>,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    write_message(res, reply)
+}
+
+/// [`decode_args`] for a service serving MOUNT version 3.
+///
+/// # Errors
+/// As [`decode_args`].
+pub fn decode_mount_args<'a>(
+    call: &CallInfo<'a>,
+) -> core::result::Result<MountArgs<'a>, ProcError> {
+    let proc = MountProc::from_wire(call.procedure).map_err(|_| ProcError::ProcUnavail)?;
+    if !MountArgs::has_codec(proc) {
+        return Err(ProcError::ProcUnavail);
+    }
+    MountArgs::parse_proc(proc, call.args, None).map_err(|_| ProcError::GarbageArgs)
+}
+
+fn write_message<'a, T: Message<'a>>(
+    res: &T,
+    reply: &mut ReplyWriter<'_>,
+) -> core::result::Result<(), ProcError> {
+    res.check().map_err(|_| ProcError::SystemErr)?;
+    let enc = reply.encoder();
+    if enc.remaining() < res.buffer_len() {
+        return Err(ProcError::SystemErr);
+    }
+    match res.ddp_data() {
+        None => res.emit(enc).map_err(|_| ProcError::SystemErr),
+        Some(data) => {
+            res.emit_before_ddp(enc).map_err(|_| ProcError::SystemErr)?;
+            reply.put_ddp_opaque(data)
+        }
+    }
 }
 
 /// Reads a DDP-eligible variable-length opaque of at most `max` bytes: from
@@ -469,13 +578,13 @@ pub fn fuzz_parse(data: &[u8]) {
     }
     // Whole messages: a call to either program, or a reply decoded as
     // each procedure's.
+    if let Ok((call, args)) = decode_call(data, None) {
+        assert_eq!(call.program, NFS_PROGRAM);
+        assert_eq!(call.procedure, args.procedure().to_wire());
+    }
     if let Ok((call, len)) = CallHeader::parse(data) {
         let args = &data[len..];
-        if call.program == NFS_PROGRAM {
-            if let Ok(proc) = Nfs3Proc::from_wire(call.procedure) {
-                let _ = Nfs3Args::parse_proc(proc, args, None);
-            }
-        } else if call.program == MOUNT_PROGRAM {
+        if call.program == MOUNT_PROGRAM {
             if let Ok(proc) = MountProc::from_wire(call.procedure) {
                 let _ = MountArgs::parse_proc(proc, args, None);
             }

@@ -6,7 +6,8 @@ use super::{
     success_results, DirPath, Encoded, Error, FileHandle, ReplyError, Result, Xdr, MOUNT_PROGRAM,
     MOUNT_V3,
 };
-use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
+use crate::engine::ReplyExpect;
+use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader, RpcMessage};
 use crate::wire::xdr::{Decoder, Encoder};
 
 /// Most entries of `mountres3_ok.auth_flavors` kept (the XDR leaves the
@@ -245,7 +246,7 @@ pub fn encode_mount_call(
         credential,
         OpaqueAuth::None,
     );
-    super::encode_message(out, |e| header.emit(e), args)
+    super::encode_message(out, &RpcMessage::Call(header), args)
 }
 
 /// Encodes a successful RPC reply carrying `res` into `out`.
@@ -260,7 +261,7 @@ pub fn encode_mount_reply(
     res: &MountRes<'_>,
 ) -> Result<Encoded> {
     let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    super::encode_message(out, |e| header.emit(e), res)
+    super::encode_message(out, &RpcMessage::Reply(header), res)
 }
 
 /// Decodes the reply `message` to a MOUNT call of `procedure`.
@@ -274,4 +275,21 @@ pub fn decode_mount_reply(
 ) -> core::result::Result<MountRes<'_>, ReplyError> {
     let dec = success_results(message)?;
     MountRes::parse_proc(procedure, dec.rest(), None).map_err(ReplyError::Malformed)
+}
+
+impl MountArgs<'_> {
+    /// What the reply to this call may look like (see
+    /// [`Nfs3Args::reply_expect`](super::Nfs3Args::reply_expect)): MNT's
+    /// result with a 64-byte handle and [`MAX_AUTH_FLAVORS`] flavors; no
+    /// DDP-eligible result.
+    pub fn reply_expect(&self) -> ReplyExpect {
+        let results = match self {
+            MountArgs::Null | MountArgs::Umnt(_) => 0,
+            MountArgs::Mnt(_) => 4 + 4 + super::FHSIZE3 as u32 + 4 + 4 * MAX_AUTH_FLAVORS as u32,
+        };
+        ReplyExpect {
+            max_len: super::nfs3::success_header_len() + results,
+            ddp_max: None,
+        }
+    }
 }

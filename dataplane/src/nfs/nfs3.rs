@@ -5,7 +5,9 @@ use super::{
     CookieVerf3, Error, Fattr3, FileHandle, Filename, Nfs3Proc, NfsPath, PostOpAttr, PostOpFh3,
     Res3, Result, Sattr3, StableHow, WccData, WriteVerf3, Xdr,
 };
-use crate::wire::xdr::{Decoder, Encoder};
+use crate::engine::ReplyExpect;
+use crate::wire::rpc::{AcceptStatus, OpaqueAuth, ReplyHeader};
+use crate::wire::xdr::{self, Decoder, Encoder};
 
 /// Defines a struct whose fields are XDR items in order, and its [`Xdr`]
 /// implementation. An optional last `ddp` field is the DDP-eligible item.
@@ -50,12 +52,18 @@ macro_rules! xdr_struct {
                     Some(self.$df.bytes())
                 }
             )?
+            /// Every field but the DDP item.
+            #[allow(unused_variables)]
+            fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                $(self.$f.emit_body(e)?;)*
+                Ok(())
+            }
         }
     };
 }
 
 xdr_struct! {
-    /// `diropargs3` (RFC 1813 s2.6): a name in a directory.
+    /// `diropargs3` (RFC 1813 s2.5): a name in a directory.
     DirOpArgs3<'a> {
         /// `dir`
         dir: FileHandle<'a>,
@@ -115,7 +123,7 @@ xdr_struct! {
 }
 
 xdr_struct! {
-    /// `READLINK3resok`; `data` is DDP-eligible (RFC 8267 s4.3).
+    /// `READLINK3resok`; `data` is DDP-eligible (RFC 8267 s4).
     Readlink3ResOk<'a> {
         /// `symlink_attributes`
         symlink_attributes: PostOpAttr,
@@ -142,7 +150,7 @@ xdr_struct! {
 }
 
 xdr_struct! {
-    /// `READ3resok`; `data` is DDP-eligible (RFC 8267 s4.3). `count`
+    /// `READ3resok`; `data` is DDP-eligible (RFC 8267 s4). `count`
     /// should equal `data.len()`; the codec keeps both as sent.
     Read3ResOk<'a> {
         /// `file_attributes`
@@ -479,6 +487,11 @@ macro_rules! proc_enum {
                 }
             }
 
+            /// Whether procedure `proc` has a codec here.
+            pub fn has_codec(proc: $proc) -> bool {
+                matches!(proc, $proc::Null $(| $proc::$v)*)
+            }
+
             /// Decodes the message of procedure `proc` at the decoder's
             /// position; on error the decoder is left where it was.
             ///
@@ -542,6 +555,21 @@ macro_rules! proc_enum {
                 }
             }
 
+            /// Writes what precedes the DDP item's length word (see
+            /// [`Xdr::emit_before_ddp`]); all of the message when it has no
+            /// DDP item. Nothing is checked: use
+            /// [`check`](Self::check) and [`buffer_len`](Self::buffer_len)
+            /// first.
+            ///
+            /// # Errors
+            /// [`Error::BufferTooShort`] when the room runs out midway.
+            pub fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                match self {
+                    $name::Null => Ok(()),
+                    $($name::$v(x) => x.emit_before_ddp(e),)*
+                }
+            }
+
             /// The DDP-eligible item's data, if this message has one.
             pub fn ddp_data(&self) -> Option<&'a [u8]> {
                 match self {
@@ -554,6 +582,12 @@ macro_rules! proc_enum {
         impl<'a> super::Message<'a> for $name<'a> {
             fn check(&self) -> Result<()> {
                 self.check()
+            }
+            fn buffer_len(&self) -> usize {
+                self.buffer_len()
+            }
+            fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+                self.emit_before_ddp(e)
             }
             fn emit(&self, e: &mut Encoder<'_>) -> Result<()> {
                 self.emit(e)
@@ -607,5 +641,53 @@ proc_enum! {
         Readdirplus(Readdirplus3Res<'a>),
         /// COMMIT
         Commit(Commit3Res),
+    }
+}
+
+/// Largest encoded `post_op_attr`.
+const POST_OP_ATTR_MAX: u32 = 4 + Fattr3::LEN as u32;
+/// Largest encoded `wcc_data`.
+const WCC_DATA_MAX: u32 = 4 + 24 + POST_OP_ATTR_MAX;
+/// Largest encoded `nfs_fh3`.
+const FH_MAX: u32 = 4 + super::NFS3_FHSIZE as u32;
+
+/// Length of an accepted SUCCESS reply header with an AUTH_NONE verifier.
+pub(crate) fn success_header_len() -> u32 {
+    ReplyHeader::accepted(0, OpaqueAuth::None, AcceptStatus::Success).buffer_len() as u32
+}
+
+impl Nfs3Args<'_> {
+    /// What the reply to this call may look like, for
+    /// `engine::OutgoingCall::reply`: the largest reply message (RPC
+    /// header with an AUTH_NONE verifier, the larger of `resok` and
+    /// `resfail` at their largest) and, for READ and READLINK, the
+    /// largest DDP-eligible result, so that a write chunk is offered for
+    /// it. READ's data is at most `count` (capped at
+    /// [`MAX_DATA_LEN`](super::MAX_DATA_LEN)); READDIRPLUS's `resok` at
+    /// most `maxcount` (RFC 1813 s3.3.17).
+    pub fn reply_expect(&self) -> ReplyExpect {
+        let status = 4u32;
+        let (results, ddp_max) = match self {
+            Nfs3Args::Null => (0, None),
+            Nfs3Args::Getattr(_) => (status + Fattr3::LEN as u32, None),
+            Nfs3Args::Lookup(_) => (status + FH_MAX + 2 * POST_OP_ATTR_MAX, None),
+            Nfs3Args::Readlink(_) => {
+                let path = super::MAX_PATH_LEN as u32;
+                (status + POST_OP_ATTR_MAX + 4 + path, Some(path))
+            }
+            Nfs3Args::Read(a) => {
+                let count = a.count.min(super::MAX_DATA_LEN as u32);
+                let data = xdr::roundup(count as usize) as u32;
+                (status + POST_OP_ATTR_MAX + 4 + 4 + 4 + data, Some(count))
+            }
+            Nfs3Args::Write(_) => (status + WCC_DATA_MAX + 4 + 4 + 8, None),
+            Nfs3Args::Symlink(_) => (status + 4 + FH_MAX + POST_OP_ATTR_MAX + WCC_DATA_MAX, None),
+            Nfs3Args::Readdirplus(a) => (status + a.maxcount.max(POST_OP_ATTR_MAX), None),
+            Nfs3Args::Commit(_) => (status + WCC_DATA_MAX + 8, None),
+        };
+        ReplyExpect {
+            max_len: success_header_len().saturating_add(results),
+            ddp_max,
+        }
     }
 }

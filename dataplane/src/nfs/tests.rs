@@ -39,7 +39,7 @@ impl B {
     fn reply(self, xid: u32) -> Self {
         self.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0)
     }
-    /// The `fattr3` of [`attrs`], field by field (RFC 1813 s2.6).
+    /// The `fattr3` of [`attrs`], field by field (RFC 1813 s2.5).
     fn fattr(self) -> Self {
         self.u32(1) // NF3REG
             .u32(0o644)
@@ -1043,6 +1043,7 @@ fn every_sample_round_trips_and_short_buffers_write_nothing() {
             encode_call(&mut short, 1, OpaqueAuth::None, a),
             Err(Error::BufferTooShort)
         );
+        assert!(short.iter().all(|&b| b == 0), "wrote into a short buffer");
     }
     for r in &res {
         let (msg, enc) = encode_nfs_reply(r);
@@ -1097,6 +1098,214 @@ fn fuzz_entry_point_accepts_the_samples_and_their_mutations() {
             }
         }
     }
+}
+
+#[test]
+fn reply_expect_covers_the_largest_replies_exactly() {
+    let fh64 = FileHandle::new(&[0xfe; 64]).unwrap();
+    let full_wcc = wcc();
+    let data = [7u8; 13];
+    let path = [b'p'; MAX_PATH_LEN];
+    let cases: Vec<(Nfs3Args, Nfs3Res)> = vec![
+        (Nfs3Args::Null, Nfs3Res::Null),
+        (
+            Nfs3Args::Getattr(Getattr3Args { object: fh() }),
+            Nfs3Res::Getattr(Res3::Ok(Getattr3ResOk {
+                obj_attributes: attrs(),
+            })),
+        ),
+        (
+            Nfs3Args::Lookup(Lookup3Args {
+                what: DirOpArgs3 {
+                    dir: fh(),
+                    name: name(b"x"),
+                },
+            }),
+            Nfs3Res::Lookup(Res3::Ok(Lookup3ResOk {
+                object: fh64,
+                obj_attributes: Some(attrs()),
+                dir_attributes: Some(attrs()),
+            })),
+        ),
+        (
+            Nfs3Args::Readlink(Readlink3Args { symlink: fh() }),
+            Nfs3Res::Readlink(Res3::Ok(Readlink3ResOk {
+                symlink_attributes: Some(attrs()),
+                data: NfsPath::new(&path).unwrap(),
+            })),
+        ),
+        (
+            Nfs3Args::Read(Read3Args {
+                file: fh(),
+                offset: 0,
+                count: 13,
+            }),
+            Nfs3Res::Read(Res3::Ok(Read3ResOk::new(Some(attrs()), false, &data))),
+        ),
+        (
+            Nfs3Args::Write(Write3Args::new(fh(), 0, StableHow::Unstable, &data)),
+            Nfs3Res::Write(Res3::Ok(Write3ResOk {
+                file_wcc: full_wcc,
+                count: 13,
+                committed: StableHow::FileSync,
+                verf: [0; 8],
+            })),
+        ),
+        (
+            Nfs3Args::Symlink(Symlink3Args {
+                dirop: DirOpArgs3 {
+                    dir: fh(),
+                    name: name(b"l"),
+                },
+                symlink_attributes: Sattr3::default(),
+                symlink_data: NfsPath::new(b"t").unwrap(),
+            }),
+            Nfs3Res::Symlink(Res3::Ok(Symlink3ResOk {
+                obj: Some(fh64),
+                obj_attributes: Some(attrs()),
+                dir_wcc: full_wcc,
+            })),
+        ),
+        (
+            Nfs3Args::Commit(Commit3Args {
+                file: fh(),
+                offset: 0,
+                count: 0,
+            }),
+            Nfs3Res::Commit(Res3::Ok(Commit3ResOk {
+                file_wcc: full_wcc,
+                verf: [0; 8],
+            })),
+        ),
+    ];
+    for (args, res) in &cases {
+        let expect = args.reply_expect();
+        let (msg, enc) = encode_nfs_reply(res);
+        assert_eq!(expect.max_len as usize, msg.len(), "{args:?}");
+        assert_eq!(expect.ddp_max, enc.ddp.map(|d| d.len), "{args:?}");
+    }
+    // READDIRPLUS: maxcount bounds resok.
+    let rdp = Nfs3Args::Readdirplus(Readdirplus3Args {
+        dir: fh(),
+        cookie: 0,
+        cookieverf: [0; 8],
+        dircount: 512,
+        maxcount: 8192,
+    });
+    assert_eq!(rdp.reply_expect().max_len, 24 + 4 + 8192);
+    assert_eq!(rdp.reply_expect().ddp_max, None);
+    // MNT with a 64-byte handle and 16 flavors.
+    let ok = MountRes3Ok::new(fh64, &[1; MAX_AUTH_FLAVORS]).unwrap();
+    let mut out = [0u8; 512];
+    let enc = encode_mount_reply(
+        &mut out,
+        1,
+        OpaqueAuth::None,
+        &MountRes::Mnt(MntRes3::Ok(ok)),
+    )
+    .unwrap();
+    let mnt = MountArgs::Mnt(DirPath::new(b"/").unwrap());
+    assert_eq!(mnt.reply_expect().max_len as usize, enc.len);
+}
+
+/// A toy NFS server on the service table: it answers GETATTR, READ (five
+/// pattern bytes, or NFS3ERR_STALE for an empty handle) and READLINK.
+struct ToyNfs;
+
+impl crate::service::RpcService for ToyNfs {
+    fn program(&self) -> u32 {
+        NFS_PROGRAM
+    }
+    fn versions(&self) -> core::ops::RangeInclusive<u32> {
+        NFS_V3..=NFS_V3
+    }
+    fn name(&self) -> &'static str {
+        "toy_nfs"
+    }
+    fn call(
+        &self,
+        call: &crate::service::CallInfo<'_>,
+        reply: &mut crate::service::ReplyWriter<'_>,
+    ) -> core::result::Result<(), ProcError> {
+        let res = match decode_args(call)? {
+            Nfs3Args::Getattr(_) => Nfs3Res::Getattr(Res3::Ok(Getattr3ResOk {
+                obj_attributes: attrs(),
+            })),
+            Nfs3Args::Read(a) if a.file.is_empty() => {
+                Nfs3Res::Read(Res3::Fail(Nfsstat3::Stale, None))
+            }
+            Nfs3Args::Read(_) => Nfs3Res::Read(Res3::Ok(Read3ResOk::new(None, true, b"abcde"))),
+            Nfs3Args::Readlink(_) => Nfs3Res::Readlink(Res3::Ok(Readlink3ResOk {
+                symlink_attributes: None,
+                data: NfsPath::new(b"/t").unwrap(),
+            })),
+            _ => return Err(ProcError::ProcUnavail),
+        };
+        write_results(&res, reply)
+    }
+}
+
+#[test]
+fn a_service_answers_with_the_ddp_item_marked() {
+    use crate::service::{Dispatch, ServiceTable};
+    let mut table = ServiceTable::new();
+    table.register(std::sync::Arc::new(ToyNfs)).unwrap();
+    let empty = FileHandle::new(&[]).unwrap();
+    let calls = [
+        Nfs3Args::Getattr(Getattr3Args { object: fh() }),
+        Nfs3Args::Read(Read3Args {
+            file: fh(),
+            offset: 0,
+            count: 5,
+        }),
+        Nfs3Args::Read(Read3Args {
+            file: empty,
+            offset: 0,
+            count: 5,
+        }),
+        Nfs3Args::Readlink(Readlink3Args { symlink: fh() }),
+    ];
+    for args in calls {
+        let (msg, _) = encode_nfs_call(&args);
+        let (header, parsed) = decode_call(&msg, None).unwrap();
+        assert_eq!(parsed, args);
+        assert_eq!(header.xid, 0x1234_5678);
+        let mut out = [0u8; 1024];
+        let Dispatch::Reply { len, ddp } = table.dispatch(&msg, &mut out) else {
+            panic!("dropped")
+        };
+        let res = decode_reply(args.procedure(), &out[..len], None).unwrap();
+        // The same bytes and the same DDP item as encode_reply gives.
+        let (again, enc) = encode_nfs_reply(&res);
+        assert_eq!(&out[..len], &again[..]);
+        assert_eq!(ddp, enc.ddp, "{res:?}");
+        assert!(args.reply_expect().max_len as usize >= len);
+        if let Some(item) = ddp {
+            let (inline, moved) = split(&out[..len], item);
+            assert_eq!(decode_reply(args.procedure(), inline, Some(moved)), Ok(res));
+        }
+    }
+    // A procedure without a codec, and garbage arguments.
+    let mut out = [0u8; 256];
+    let call = B::default().call(1, NFS_PROGRAM, 2).0;
+    let Dispatch::Reply { len, .. } = table.dispatch(&call, &mut out) else {
+        panic!()
+    };
+    assert_eq!(
+        decode_reply(Nfs3Proc::Setattr, &out[..len], None),
+        Err(ReplyError::Status(AcceptStatus::ProcUnavail))
+    );
+    let call = B::default().call(1, NFS_PROGRAM, 1).u32(65).0;
+    let Dispatch::Reply { len, .. } = table.dispatch(&call, &mut out) else {
+        panic!()
+    };
+    assert_eq!(
+        decode_reply(Nfs3Proc::Getattr, &out[..len], None),
+        Err(ReplyError::Status(AcceptStatus::GarbageArgs))
+    );
+    // Not NFS version 3.
+    let call = B::default().call(1, MOUNT_PROGRAM, 1).0;
+    assert_eq!(decode_call(&call, None).err(), Some(Error::UnknownValue));
 }
 
 mod prop {

@@ -31,6 +31,18 @@ pub trait Xdr<'a>: Sized {
     /// Only when those preconditions do not hold.
     fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()>;
 
+    /// Writes what precedes the DDP item's length word: everything but
+    /// the item when the value has one (see
+    /// [`ddp_data`](Self::ddp_data)), else all of it, as
+    /// [`emit_body`](Self::emit_body). The item then follows as a
+    /// variable-length opaque (e.g. `service::ReplyWriter::put_ddp_opaque`).
+    ///
+    /// # Errors
+    /// As [`emit_body`](Self::emit_body).
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+        self.emit_body(e)
+    }
+
     /// Checks the rules `emit` enforces beyond the buffer size.
     ///
     /// # Errors
@@ -39,7 +51,7 @@ pub trait Xdr<'a>: Sized {
         Ok(())
     }
 
-    /// The data of this value's DDP-eligible item (RFC 8267 s4.3), if it
+    /// The data of this value's DDP-eligible item (RFC 8267 s4), if it
     /// has one. It is always the last item of the encoding.
     fn ddp_data(&self) -> Option<&'a [u8]> {
         None
@@ -295,7 +307,7 @@ wire_enum! {
 }
 
 wire_enum! {
-    /// `ftype3` (RFC 1813 s2.6): the type of a file.
+    /// `ftype3` (RFC 1813 s2.5): the type of a file.
     Ftype3 {
         /// `NF3REG`: regular file.
         Reg = 1,
@@ -326,7 +338,7 @@ wire_enum! {
     }
 }
 
-/// `specdata3` (RFC 1813 s2.6): device numbers.
+/// `specdata3` (RFC 1813 s2.5): device numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Specdata3 {
     /// `specdata1`
@@ -335,7 +347,7 @@ pub struct Specdata3 {
     pub minor: u32,
 }
 
-/// `nfstime3` (RFC 1813 s2.6).
+/// `nfstime3` (RFC 1813 s2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Nfstime3 {
     /// Seconds since the Unix epoch.
@@ -360,7 +372,7 @@ impl<'a> Xdr<'a> for Nfstime3 {
     }
 }
 
-/// `fattr3` (RFC 1813 s2.6): the attributes of a file, 84 bytes.
+/// `fattr3` (RFC 1813 s2.5): the attributes of a file, 84 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fattr3 {
     /// `type`
@@ -441,7 +453,7 @@ impl<'a> Xdr<'a> for Fattr3 {
     }
 }
 
-/// `wcc_attr` (RFC 1813 s2.6): the attributes a client checks its cache
+/// `wcc_attr` (RFC 1813 s2.5): the attributes a client checks its cache
 /// against, as they were before an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct WccAttr {
@@ -471,7 +483,7 @@ impl<'a> Xdr<'a> for WccAttr {
     }
 }
 
-/// `wcc_data` (RFC 1813 s2.6): attributes before and after a change.
+/// `wcc_data` (RFC 1813 s2.5): attributes before and after a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct WccData {
     /// `before` (`pre_op_attr`)
@@ -496,7 +508,7 @@ impl<'a> Xdr<'a> for WccData {
     }
 }
 
-/// The `set_atime`/`set_mtime` unions of `sattr3` (RFC 1813 s2.6,
+/// The `set_atime`/`set_mtime` unions of `sattr3` (RFC 1813 s2.5,
 /// `time_how`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SetTime {
@@ -536,7 +548,7 @@ impl<'a> Xdr<'a> for SetTime {
     }
 }
 
-/// `sattr3` (RFC 1813 s2.6): attributes to set; `None` leaves one alone.
+/// `sattr3` (RFC 1813 s2.5): attributes to set; `None` leaves one alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Sattr3 {
     /// `set_mode3`
@@ -660,6 +672,15 @@ impl<'a, T: Xdr<'a>, F: Xdr<'a>> Xdr<'a> for Res3<T, F> {
             Res3::Fail(..) => None,
         }
     }
+    fn emit_before_ddp(&self, e: &mut Encoder<'_>) -> Result<()> {
+        match self {
+            Res3::Ok(v) => {
+                e.put_u32(Nfsstat3::Ok.to_wire())?;
+                v.emit_before_ddp(e)
+            }
+            Res3::Fail(..) => self.emit_body(e),
+        }
+    }
 }
 
 impl<'a> Xdr<'a> for bool {
@@ -689,7 +710,7 @@ impl<'a, const N: usize> Xdr<'a> for [u8; N] {
     }
 }
 
-/// A DDP-eligible variable-length opaque (RFC 8267 s4.3): read from the
+/// A DDP-eligible variable-length opaque (RFC 8267 s4): read from the
 /// input, or only its length word from the input and the data from `ddp`.
 pub(crate) trait DdpField<'a>: Sized + Copy {
     /// The bound on the length.
