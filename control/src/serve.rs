@@ -21,9 +21,9 @@
 //! ```
 //!
 //! "Least loaded" counts every transport's connections on a worker.
-//! Listeners whose provider this build does not serve (`ibverbs://` without
-//! the `ibverbs` feature) are refused at start with one line naming the
-//! schemes that are served.
+//! Listeners whose provider is not served (`ibverbs://`, with or without
+//! the `ibverbs` feature: its worker side is not built yet) are refused at
+//! start with one line naming the schemes that are served.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
