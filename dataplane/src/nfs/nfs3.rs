@@ -574,7 +574,10 @@ impl Nfs3Args<'_> {
             }
             Nfs3Args::Write(_) => (status + WCC_DATA_MAX + 4 + 4 + 8, None),
             Nfs3Args::Symlink(_) => (status + 4 + FH_MAX + POST_OP_ATTR_MAX + WCC_DATA_MAX, None),
-            Nfs3Args::Readdirplus(a) => (status + a.maxcount.max(POST_OP_ATTR_MAX), None),
+            Nfs3Args::Readdirplus(a) => (
+                status.saturating_add(a.maxcount.max(POST_OP_ATTR_MAX)),
+                None,
+            ),
             Nfs3Args::Commit(_) => (status + WCC_DATA_MAX + 8, None),
         };
         ReplyExpect {

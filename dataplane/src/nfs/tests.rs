@@ -1302,6 +1302,14 @@ fn reply_expect_covers_the_largest_replies_exactly() {
     });
     assert_eq!(rdp.reply_expect().max_len, 24 + 4 + 8192);
     assert_eq!(rdp.reply_expect().ddp_max, None);
+    let huge = Nfs3Args::Readdirplus(Readdirplus3Args {
+        dir: fh(),
+        cookie: 0,
+        cookieverf: [0; 8],
+        dircount: 0,
+        maxcount: u32::MAX,
+    });
+    assert_eq!(huge.reply_expect().max_len, u32::MAX);
     // MNT with a 64-byte handle and 16 flavors.
     let ok = MountRes3Ok::new(fh64, &[1; MAX_AUTH_FLAVORS]).unwrap();
     let mut out = [0u8; 512];
