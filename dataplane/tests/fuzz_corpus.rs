@@ -157,6 +157,9 @@ fn replay_nfs3_seeds() {
                 "commit" => nfs::decode_reply(nfs::Nfs3Proc::Commit, &input, None).is_ok(),
                 "mnt" => nfs::decode_mount_reply(nfs::MountProc::Mnt, &input).is_ok(),
                 "umnt" => nfs::decode_mount_reply(nfs::MountProc::Umnt, &input).is_ok(),
+                "dump" => nfs::decode_mount_reply(nfs::MountProc::Dump, &input).is_ok(),
+                "umntall" => nfs::decode_mount_reply(nfs::MountProc::Umntall, &input).is_ok(),
+                "export" => nfs::decode_mount_reply(nfs::MountProc::Export, &input).is_ok(),
                 other => panic!("{name}: unknown procedure {other}"),
             };
             assert!(ok, "{name}");

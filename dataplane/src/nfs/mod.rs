@@ -9,7 +9,7 @@
 //! | program | procedures with codecs |
 //! |---|---|
 //! | NFS ([`NFS_PROGRAM`] 100003, version 3) | NULL, GETATTR, LOOKUP, READLINK, READ, WRITE, SYMLINK, READDIRPLUS, COMMIT (RFC 1813 s3.3) |
-//! | MOUNT ([`MOUNT_PROGRAM`] 100005, version 3) | NULL, MNT, UMNT (RFC 1813 appendix I) |
+//! | MOUNT ([`MOUNT_PROGRAM`] 100005, version 3) | all: NULL, MNT, DUMP, UMNT, UMNTALL, EXPORT (RFC 1813 appendix I) |
 //!
 //! The numbers of the other NFSv3 procedures are in [`Nfs3Proc`]; decoding
 //! their arguments or results is [`Error::UnknownValue`]. Shared types:
@@ -41,8 +41,9 @@
 //! # Zero copy and bounds
 //! File handles, names, paths and data borrow the input. Decoders are
 //! total (a value or an [`Error`] for any bytes, never a panic) and
-//! allocate nothing: READDIRPLUS entries are checked once and then read
-//! through an iterator over the borrowed bytes ([`EntryList`]), and the
+//! allocate nothing: XDR linked lists (READDIRPLUS entries, the DUMP and
+//! EXPORT lists and EXPORT's group lists) are checked once and then read
+//! through an iterator over the borrowed bytes ([`XdrList`]), and the
 //! MNT flavor list lives in a fixed array. Every length from the peer has
 //! a bound:
 //!
@@ -51,7 +52,8 @@
 //! | `nfs_fh3`, `fhandle3` | [`NFS3_FHSIZE`] = [`FHSIZE3`] = 64 (RFC 1813 s2.4, appendix I) |
 //! | `filename3` | [`MAX_NAME_LEN`] = 255: RFC 1813 leaves `filename3` unbounded; 255 is the name limit of every Unix server (Linux `NFS3_MAXNAMLEN`) |
 //! | `nfspath3` (READLINK result, SYMLINK argument) | [`MAX_PATH_LEN`] = 4096: unbounded in RFC 1813; Linux symlink targets go up to `PATH_MAX` (4096), so the MOUNT bound (1024) would refuse real READLINK replies |
-//! | `dirpath` (MNT, UMNT) | [`MNTPATHLEN`] = 1024 (appendix I) |
+//! | `dirpath` (MNT, UMNT, DUMP, EXPORT) | [`MNTPATHLEN`] = 1024 (appendix I) |
+//! | MOUNT `name` (DUMP host, EXPORT group) | [`MNTNAMLEN`] = 255 (appendix I) |
 //! | READ/WRITE data | [`MAX_DATA_LEN`] = 16 MiB (the bench program's bound; Linux tops out at 1 MiB) |
 //! | MNT `auth_flavors<>` | [`MAX_AUTH_FLAVORS`] = 16 |
 //!
@@ -98,8 +100,9 @@ mod types;
 mod tests;
 
 pub use mount::{
-    decode_mount_reply, encode_mount_call, encode_mount_reply, MntRes3, MountArgs, MountProc,
-    MountRes, MountRes3Ok, Mountstat3, MAX_AUTH_FLAVORS,
+    decode_mount_reply, encode_mount_call, encode_mount_reply, ExportList, ExportNode, GroupList,
+    MntRes3, MountArgs, MountBody, MountList, MountProc, MountRes, MountRes3Ok, Mountstat3,
+    MAX_AUTH_FLAVORS, MAX_MOUNT_LIST_REPLY,
 };
 pub use nfs3::{
     Commit3Args, Commit3Res, Commit3ResOk, DirListPlus3, DirOpArgs3, EntryIter, EntryList,
@@ -109,8 +112,8 @@ pub use nfs3::{
     Symlink3ResOk, Write3Args, Write3Res, Write3ResOk,
 };
 pub use types::{
-    Bounded, DirPath, Fattr3, FileHandle, Filename, Ftype3, NfsPath, Nfsstat3, Nfstime3, Res3,
-    Sattr3, SetTime, Specdata3, StableHow, WccAttr, WccData, Xdr,
+    Bounded, DirPath, Fattr3, FileHandle, Filename, Ftype3, ListIter, MountName, NfsPath, Nfsstat3,
+    Nfstime3, Res3, Sattr3, SetTime, Specdata3, StableHow, WccAttr, WccData, Xdr, XdrList,
 };
 
 use crate::engine::DdpItem;

@@ -1,14 +1,18 @@
-//! MOUNT version 3 (RFC 1813 appendix I): NULL, MNT, UMNT.
+//! MOUNT version 3 (RFC 1813 appendix I): every procedure.
 
-use super::nfs3::proc_enum;
+use super::nfs3::{proc_enum, xdr_struct};
 use super::types::wire_enum;
 use super::{
-    success_results, DirPath, Encoded, Error, FileHandle, ReplyError, Result, Xdr, MOUNT_PROGRAM,
-    MOUNT_V3,
+    success_results, DirPath, Encoded, Error, FileHandle, MountName, ReplyError, Result, Xdr,
+    XdrList, MOUNT_PROGRAM, MOUNT_V3,
 };
 use crate::engine::ReplyExpect;
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader, RpcMessage};
 use crate::wire::xdr::{Decoder, Encoder};
+
+/// The largest DUMP or EXPORT reply [`MountArgs::reply_expect`] asks for:
+/// both lists are unbounded in the protocol.
+pub const MAX_MOUNT_LIST_REPLY: u32 = 64 << 10;
 
 /// Most entries of `mountres3_ok.auth_flavors` kept (the XDR leaves the
 /// array unbounded; servers send a handful).
@@ -21,13 +25,13 @@ pub enum MountProc {
     Null = 0,
     /// `MOUNTPROC3_MNT`
     Mnt = 1,
-    /// `MOUNTPROC3_DUMP` (no codec)
+    /// `MOUNTPROC3_DUMP`
     Dump = 2,
     /// `MOUNTPROC3_UMNT`
     Umnt = 3,
-    /// `MOUNTPROC3_UMNTALL` (no codec)
+    /// `MOUNTPROC3_UMNTALL`
     Umntall = 4,
-    /// `MOUNTPROC3_EXPORT` (no codec)
+    /// `MOUNTPROC3_EXPORT`
     Export = 5,
 }
 
@@ -206,13 +210,48 @@ impl<'a> Xdr<'a> for MntRes3<'a> {
     }
 }
 
+xdr_struct! {
+    /// `mountbody` without its link: a client that has mounted a path.
+    MountBody<'a> {
+        /// `ml_hostname`
+        hostname: MountName<'a>,
+        /// `ml_directory`
+        directory: DirPath<'a>,
+    }
+}
+
+/// `mountlist`: the DUMP result (each element at least 12 bytes).
+pub type MountList<'a> = XdrList<'a, MountBody<'a>>;
+
+/// `groups`: the names allowed to mount an export.
+pub type GroupList<'a> = XdrList<'a, MountName<'a>>;
+
+xdr_struct! {
+    /// `exportnode` without its link.
+    ExportNode<'a> {
+        /// `ex_dir`
+        dir: DirPath<'a>,
+        /// `ex_groups`
+        groups: GroupList<'a>,
+    }
+}
+
+/// `exports`: the EXPORT result (each element at least 12 bytes).
+pub type ExportList<'a> = XdrList<'a, ExportNode<'a>>;
+
 proc_enum! {
     /// The arguments of a MOUNT v3 call, by procedure.
     MountArgs, MountProc {
         /// MNT: the export's path.
         Mnt(DirPath<'a>),
+        /// DUMP: no arguments.
+        Dump(()),
         /// UMNT: the export's path.
         Umnt(DirPath<'a>),
+        /// UMNTALL: no arguments.
+        Umntall(()),
+        /// EXPORT: no arguments.
+        Export(()),
     }
 }
 
@@ -221,8 +260,14 @@ proc_enum! {
     MountRes, MountProc {
         /// MNT
         Mnt(MntRes3<'a>),
+        /// DUMP: who has mounted what.
+        Dump(MountList<'a>),
         /// UMNT: no results (`void`).
         Umnt(()),
+        /// UMNTALL: no results.
+        Umntall(()),
+        /// EXPORT: the exports and who may mount them.
+        Export(ExportList<'a>),
     }
 }
 
@@ -280,12 +325,14 @@ pub fn decode_mount_reply(
 impl MountArgs<'_> {
     /// What the reply to this call may look like (see
     /// [`Nfs3Args::reply_expect`](super::Nfs3Args::reply_expect)): MNT's
-    /// result with a 64-byte handle and [`MAX_AUTH_FLAVORS`] flavors; no
-    /// DDP-eligible result.
+    /// result with a 64-byte handle and [`MAX_AUTH_FLAVORS`] flavors,
+    /// [`MAX_MOUNT_LIST_REPLY`] for DUMP and EXPORT; no DDP-eligible
+    /// result.
     pub fn reply_expect(&self) -> ReplyExpect {
         let results = match self {
-            MountArgs::Null | MountArgs::Umnt(_) => 0,
+            MountArgs::Null | MountArgs::Umnt(_) | MountArgs::Umntall(_) => 0,
             MountArgs::Mnt(_) => 4 + 4 + super::FHSIZE3 as u32 + 4 + 4 * MAX_AUTH_FLAVORS as u32,
+            MountArgs::Dump(_) | MountArgs::Export(_) => MAX_MOUNT_LIST_REPLY,
         };
         ReplyExpect {
             max_len: super::nfs3::success_header_len() + results,

@@ -2,8 +2,8 @@
 
 use super::types::DdpField;
 use super::{
-    CookieVerf3, Error, Fattr3, FileHandle, Filename, Nfs3Proc, NfsPath, PostOpAttr, PostOpFh3,
-    Res3, Result, Sattr3, StableHow, WccData, WriteVerf3, Xdr,
+    CookieVerf3, Error, Fattr3, FileHandle, Filename, ListIter, Nfs3Proc, NfsPath, PostOpAttr,
+    PostOpFh3, Res3, Result, Sattr3, StableHow, WccData, WriteVerf3, Xdr, XdrList,
 };
 use crate::engine::ReplyExpect;
 use crate::wire::rpc::{AcceptStatus, OpaqueAuth, ReplyHeader};
@@ -61,6 +61,7 @@ macro_rules! xdr_struct {
         }
     };
 }
+pub(crate) use xdr_struct;
 
 xdr_struct! {
     /// `diropargs3` (RFC 1813 s2.5): a name in a directory.
@@ -296,121 +297,12 @@ xdr_struct! {
     }
 }
 
-/// The `entryplus3 *entries` list of a READDIRPLUS result (each entry
-/// preceded by TRUE, the list ended by FALSE). Built from a slice to
-/// encode; decoded as the checked, borrowed bytes, read by
-/// [`iter`](EntryList::iter) without allocating. Each entry takes at least
-/// 32 bytes on the wire, so decoding is linear in the input.
-#[derive(Clone, Copy)]
-pub struct EntryList<'a>(Entries<'a>);
-
-#[derive(Clone, Copy)]
-enum Entries<'a> {
-    Slice(&'a [EntryPlus3<'a>]),
-    /// Checked list bytes, up to and including the final FALSE.
-    Wire(&'a [u8]),
-}
-
-impl<'a> EntryList<'a> {
-    /// A list of `entries`, in order.
-    pub const fn from_slice(entries: &'a [EntryPlus3<'a>]) -> Self {
-        EntryList(Entries::Slice(entries))
-    }
-
-    /// The entries in order.
-    pub fn iter(&self) -> EntryIter<'a> {
-        match self.0 {
-            Entries::Slice(s) => EntryIter(Iter::Slice(s.iter())),
-            Entries::Wire(b) => EntryIter(Iter::Wire(Decoder::new(b))),
-        }
-    }
-
-    /// Number of entries (walks a decoded list).
-    pub fn len(&self) -> usize {
-        match self.0 {
-            Entries::Slice(s) => s.len(),
-            Entries::Wire(_) => self.iter().count(),
-        }
-    }
-
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.iter().next().is_none()
-    }
-}
-
-impl Default for EntryList<'_> {
-    fn default() -> Self {
-        EntryList::from_slice(&[])
-    }
-}
-
-impl PartialEq for EntryList<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for EntryList<'_> {}
-
-impl core::fmt::Debug for EntryList<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
+/// The `entryplus3 *entries` list of a READDIRPLUS result (an
+/// [`XdrList`]; each entry takes at least 32 bytes on the wire).
+pub type EntryList<'a> = XdrList<'a, EntryPlus3<'a>>;
 
 /// Iterator over an [`EntryList`].
-#[derive(Debug, Clone)]
-pub struct EntryIter<'a>(Iter<'a>);
-
-#[derive(Debug, Clone)]
-enum Iter<'a> {
-    Slice(core::slice::Iter<'a, EntryPlus3<'a>>),
-    Wire(Decoder<'a>),
-}
-
-impl<'a> Iterator for EntryIter<'a> {
-    type Item = EntryPlus3<'a>;
-
-    fn next(&mut self) -> Option<EntryPlus3<'a>> {
-        match &mut self.0 {
-            Iter::Slice(it) => it.next().copied(),
-            // Checked when decoded: no error can occur here, and an error
-            // would only end the iteration.
-            Iter::Wire(d) => match d.get_present() {
-                Ok(true) => EntryPlus3::decode_body(d, None).ok(),
-                _ => None,
-            },
-        }
-    }
-}
-
-impl<'a> Xdr<'a> for EntryList<'a> {
-    fn decode_body(d: &mut Decoder<'a>, _ddp: Option<&'a [u8]>) -> Result<Self> {
-        let start = d.rest();
-        let from = d.position();
-        while d.get_present()? {
-            EntryPlus3::decode_body(d, None)?;
-        }
-        Ok(EntryList(Entries::Wire(&start[..d.position() - from])))
-    }
-    fn buffer_len(&self) -> usize {
-        match self.0 {
-            Entries::Slice(s) => 4 + s.iter().map(|e| 4 + e.buffer_len()).sum::<usize>(),
-            Entries::Wire(b) => b.len(),
-        }
-    }
-    fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()> {
-        for entry in self.iter() {
-            e.put_present(true)?;
-            entry.emit_body(e)?;
-        }
-        e.put_present(false)
-    }
-    fn check(&self) -> Result<()> {
-        self.iter().try_for_each(|e| e.check())
-    }
-}
+pub type EntryIter<'a> = ListIter<'a, EntryPlus3<'a>>;
 
 xdr_struct! {
     /// `dirlistplus3`.
@@ -682,7 +574,10 @@ impl Nfs3Args<'_> {
             }
             Nfs3Args::Write(_) => (status + WCC_DATA_MAX + 4 + 4 + 8, None),
             Nfs3Args::Symlink(_) => (status + 4 + FH_MAX + POST_OP_ATTR_MAX + WCC_DATA_MAX, None),
-            Nfs3Args::Readdirplus(a) => (status + a.maxcount.max(POST_OP_ATTR_MAX), None),
+            Nfs3Args::Readdirplus(a) => (
+                status.saturating_add(a.maxcount.max(POST_OP_ATTR_MAX)),
+                None,
+            ),
             Nfs3Args::Commit(_) => (status + WCC_DATA_MAX + 8, None),
         };
         ReplyExpect {

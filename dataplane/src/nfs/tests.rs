@@ -792,12 +792,120 @@ fn rfc1813_appendix_i_mount_golden() {
         decode_mount_reply(MountProc::Umnt, &out[..enc.len]),
         Ok(MountRes::Umnt(()))
     );
-    for p in [MountProc::Dump, MountProc::Umntall, MountProc::Export] {
+}
+
+#[test]
+fn rfc1813_appendix_i_export_dump_umntall_golden() {
+    let mut out = [0u8; 512];
+    for (args, proc) in [
+        (MountArgs::Export(()), 5),
+        (MountArgs::Dump(()), 2),
+        (MountArgs::Umntall(()), 4),
+    ] {
+        let enc = encode_mount_call(&mut out, 3, OpaqueAuth::None, &args).unwrap();
         assert_eq!(
-            MountArgs::parse_proc(p, &[], None),
-            Err(Error::UnknownValue)
+            &out[..enc.len],
+            &B::default().call(3, MOUNT_PROGRAM, proc).0[..]
         );
+        assert_eq!(MountArgs::parse_proc(args.procedure(), &[], None), Ok(args));
     }
+
+    let groups = [
+        MountName::new(b"10.0.0.0/8").unwrap(),
+        MountName::new(b"admin").unwrap(),
+    ];
+    let exports = [
+        ExportNode {
+            dir: DirPath::new(b"/export").unwrap(),
+            groups: GroupList::from_slice(&groups),
+        },
+        ExportNode {
+            dir: DirPath::new(b"/pub").unwrap(),
+            groups: GroupList::default(),
+        },
+    ];
+    let res = MountRes::Export(ExportList::from_slice(&exports));
+    let enc = encode_mount_reply(&mut out, 3, OpaqueAuth::None, &res).unwrap();
+    let golden = B::default()
+        .reply(3)
+        // exportnode "/export" with two groups
+        .u32(1)
+        .u32(7)
+        .raw(b"/export\0")
+        .u32(1)
+        .u32(10)
+        .raw(b"10.0.0.0/8\0\0")
+        .u32(1)
+        .u32(5)
+        .raw(b"admin\0\0\0")
+        .u32(0)
+        // exportnode "/pub", no groups
+        .u32(1)
+        .u32(4)
+        .raw(b"/pub")
+        .u32(0)
+        // end of exports
+        .u32(0)
+        .0;
+    assert_eq!(&out[..enc.len], &golden[..]);
+    let got = decode_mount_reply(MountProc::Export, &golden).unwrap();
+    assert_eq!(got, res);
+    let MountRes::Export(list) = got else {
+        panic!("{got:?}")
+    };
+    let dirs: Vec<&[u8]> = list.iter().map(|e| e.dir.as_bytes()).collect();
+    assert_eq!(dirs, [&b"/export"[..], &b"/pub"[..]]);
+    let first = list.iter().next().unwrap();
+    let names: Vec<&[u8]> = first.groups.iter().map(|g| g.as_bytes()).collect();
+    assert_eq!(names, [&b"10.0.0.0/8"[..], &b"admin"[..]]);
+    assert_eq!(list.len(), 2);
+    assert_truncations_fail(&golden[24..], |b| {
+        MountRes::parse_proc(MountProc::Export, b, None).map(drop)
+    });
+
+    let mounts = [MountBody {
+        hostname: MountName::new(b"client1").unwrap(),
+        directory: DirPath::new(b"/export").unwrap(),
+    }];
+    let res = MountRes::Dump(MountList::from_slice(&mounts));
+    let enc = encode_mount_reply(&mut out, 4, OpaqueAuth::None, &res).unwrap();
+    let golden = B::default()
+        .reply(4)
+        .u32(1)
+        .u32(7)
+        .raw(b"client1\0")
+        .u32(7)
+        .raw(b"/export\0")
+        .u32(0)
+        .0;
+    assert_eq!(&out[..enc.len], &golden[..]);
+    assert_eq!(decode_mount_reply(MountProc::Dump, &golden), Ok(res));
+    assert_truncations_fail(&golden[24..], |b| {
+        MountRes::parse_proc(MountProc::Dump, b, None).map(drop)
+    });
+    // An empty list, and a group name over MNTNAMLEN.
+    assert_eq!(
+        MountRes::parse_proc(MountProc::Export, &[0, 0, 0, 0], None),
+        Ok(MountRes::Export(ExportList::default()))
+    );
+    let long = B::default()
+        .u32(1)
+        .u32(1)
+        .raw(b"/\0\0\0")
+        .u32(1)
+        .u32(256)
+        .raw(&[b'g'; 256])
+        .u32(0)
+        .u32(0)
+        .0;
+    assert_eq!(
+        MountRes::parse_proc(MountProc::Export, &long, None),
+        Err(Error::LimitExceeded)
+    );
+    assert_eq!(
+        MountArgs::Export(()).reply_expect().max_len,
+        24 + MAX_MOUNT_LIST_REPLY
+    );
 }
 
 #[test]
@@ -1194,6 +1302,14 @@ fn reply_expect_covers_the_largest_replies_exactly() {
     });
     assert_eq!(rdp.reply_expect().max_len, 24 + 4 + 8192);
     assert_eq!(rdp.reply_expect().ddp_max, None);
+    let huge = Nfs3Args::Readdirplus(Readdirplus3Args {
+        dir: fh(),
+        cookie: 0,
+        cookieverf: [0; 8],
+        dircount: 0,
+        maxcount: u32::MAX,
+    });
+    assert_eq!(huge.reply_expect().max_len, u32::MAX);
     // MNT with a 64-byte handle and 16 flavors.
     let ok = MountRes3Ok::new(fh64, &[1; MAX_AUTH_FLAVORS]).unwrap();
     let mut out = [0u8; 512];

@@ -1,6 +1,6 @@
 //! The basic data types of RFC 1813 s2.5-2.6 and the [`Xdr`] trait.
 
-use super::{Error, Result, MAX_NAME_LEN, MAX_PATH_LEN, MNTPATHLEN, NFS3_FHSIZE};
+use super::{Error, Result, MAX_NAME_LEN, MAX_PATH_LEN, MNTNAMLEN, MNTPATHLEN, NFS3_FHSIZE};
 use crate::wire::xdr::{self, Decoder, Encoder};
 
 /// An XDR message or item of these codecs.
@@ -157,6 +157,8 @@ pub type Filename<'a> = Bounded<'a, MAX_NAME_LEN>;
 pub type NfsPath<'a> = Bounded<'a, MAX_PATH_LEN>;
 /// MOUNT's `dirpath`: `string<MNTPATHLEN>`.
 pub type DirPath<'a> = Bounded<'a, MNTPATHLEN>;
+/// MOUNT's `name` (host and group names): `string<MNTNAMLEN>`.
+pub type MountName<'a> = Bounded<'a, MNTNAMLEN>;
 
 impl<'a> Xdr<'a> for () {
     fn decode_body(_d: &mut Decoder<'a>, _ddp: Option<&'a [u8]>) -> Result<Self> {
@@ -755,5 +757,124 @@ impl<'a, const MAX: usize> DdpField<'a> for Bounded<'a, MAX> {
     }
     fn bytes(&self) -> &'a [u8] {
         self.0
+    }
+}
+
+/// An XDR linked list (`T *next` chains, RFC 4506 s4.19): each element
+/// preceded by TRUE, the list ended by FALSE; the READDIRPLUS entries and
+/// the MOUNT export and mount lists.
+///
+/// Built from a slice to encode; decoded as the checked, borrowed list
+/// bytes, read back by [`iter`](XdrList::iter) without allocating. Every
+/// element takes at least 8 bytes on the wire (its link word and one
+/// more), so decoding is linear in the input.
+#[derive(Clone, Copy)]
+pub struct XdrList<'a, T>(ListRepr<'a, T>);
+
+#[derive(Clone, Copy)]
+enum ListRepr<'a, T> {
+    Slice(&'a [T]),
+    /// Checked list bytes, up to and including the final FALSE.
+    Wire(&'a [u8]),
+}
+
+impl<'a, T: Xdr<'a> + Copy> XdrList<'a, T> {
+    /// A list of `items`, in order.
+    pub const fn from_slice(items: &'a [T]) -> Self {
+        XdrList(ListRepr::Slice(items))
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> ListIter<'a, T> {
+        match self.0 {
+            ListRepr::Slice(s) => ListIter(IterRepr::Slice(s.iter())),
+            ListRepr::Wire(b) => ListIter(IterRepr::Wire(Decoder::new(b))),
+        }
+    }
+
+    /// Number of elements (walks a decoded list).
+    pub fn len(&self) -> usize {
+        match self.0 {
+            ListRepr::Slice(s) => s.len(),
+            ListRepr::Wire(_) => self.iter().count(),
+        }
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+impl<'a, T: Xdr<'a> + Copy> Default for XdrList<'a, T> {
+    fn default() -> Self {
+        XdrList::from_slice(&[])
+    }
+}
+
+impl<'a, T: Xdr<'a> + Copy + PartialEq> PartialEq for XdrList<'a, T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl<'a, T: Xdr<'a> + Copy + Eq> Eq for XdrList<'a, T> {}
+
+impl<'a, T: Xdr<'a> + Copy + core::fmt::Debug> core::fmt::Debug for XdrList<'a, T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Iterator over an [`XdrList`].
+#[derive(Debug, Clone)]
+pub struct ListIter<'a, T>(IterRepr<'a, T>);
+
+#[derive(Debug, Clone)]
+enum IterRepr<'a, T> {
+    Slice(core::slice::Iter<'a, T>),
+    Wire(Decoder<'a>),
+}
+
+impl<'a, T: Xdr<'a> + Copy> Iterator for ListIter<'a, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        match &mut self.0 {
+            IterRepr::Slice(it) => it.next().copied(),
+            // Checked when decoded: no error can occur here, and an error
+            // would only end the iteration.
+            IterRepr::Wire(d) => match d.get_present() {
+                Ok(true) => T::decode_body(d, None).ok(),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl<'a, T: Xdr<'a> + Copy> Xdr<'a> for XdrList<'a, T> {
+    fn decode_body(d: &mut Decoder<'a>, _ddp: Option<&'a [u8]>) -> Result<Self> {
+        let start = d.rest();
+        let from = d.position();
+        while d.get_present()? {
+            T::decode_body(d, None)?;
+        }
+        Ok(XdrList(ListRepr::Wire(&start[..d.position() - from])))
+    }
+    fn buffer_len(&self) -> usize {
+        match self.0 {
+            ListRepr::Slice(s) => 4 + s.iter().map(|e| 4 + e.buffer_len()).sum::<usize>(),
+            ListRepr::Wire(b) => b.len(),
+        }
+    }
+    fn emit_body(&self, e: &mut Encoder<'_>) -> Result<()> {
+        for item in self.iter() {
+            e.put_present(true)?;
+            item.emit_body(e)?;
+        }
+        e.put_present(false)
+    }
+    fn check(&self) -> Result<()> {
+        self.iter().try_for_each(|e| e.check())
     }
 }
