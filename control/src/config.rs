@@ -779,7 +779,7 @@ fn one_line(msg: &str) -> String {
 }
 
 /// 1-based line of byte `offset` in `text`.
-fn line_of_offset(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of_offset(text: &str, offset: usize) -> usize {
     let offset = offset.min(text.len());
     text.as_bytes()[..offset]
         .iter()

@@ -421,6 +421,13 @@ fn check_shm_path(path: &Path) -> Result<(), String> {
             tracing::info!("created directory {} for the shm socket", dir.display());
         }
     }
+    shm_socket_free(path)
+}
+
+/// No live process listens at an shm socket path, and it is not another
+/// kind of file: the probe of the shm provider (a SEQPACKET connect), as
+/// start and `--check-config` report it.
+fn shm_socket_free(path: &Path) -> Result<(), String> {
     use dataplane::verbs::shm::{probe_socket, SocketProbe};
     match probe_socket(path) {
         Ok(SocketProbe::Absent) => Ok(()),
@@ -483,8 +490,7 @@ fn check_config(path: &Path) -> i32 {
 
 /// The 1-based line of the first occurrence of `needle` in `text`.
 fn line_of(text: &str, needle: &str) -> Option<usize> {
-    let at = text.find(needle)?;
-    Some(text[..at].matches('\n').count() + 1)
+    Some(crate::config::line_of_offset(text, text.find(needle)?))
 }
 
 /// A reason the daemon would refuse to start on this host.
@@ -573,21 +579,7 @@ fn address_on_this_host(ip: IpAddr) -> Result<(), String> {
 /// An shm socket path with no live listener, whose directory exists and is
 /// writable or can be created (nothing is created here).
 fn shm_path_usable(path: &Path) -> Result<(), String> {
-    use dataplane::verbs::shm::{probe_socket, SocketProbe};
-    match probe_socket(path) {
-        Ok(SocketProbe::Absent | SocketProbe::Stale) => {}
-        Ok(SocketProbe::NotASocket) => {
-            return Err(format!("{} exists and is not a socket", path.display()))
-        }
-        Ok(SocketProbe::Live { pid }) => {
-            return Err(format!(
-                "socket {} is in use by {} (another rpcrdmad?); stop it or change the url",
-                path.display(),
-                pid.map_or("a running process".to_owned(), |p| format!("process {p}"))
-            ))
-        }
-        Err(e) => return Err(format!("cannot check socket {}: {e}", path.display())),
-    }
+    shm_socket_free(path)?;
     // The nearest existing ancestor must let us create what is missing.
     let mut dir = path.parent();
     while let Some(d) = dir {

@@ -50,13 +50,6 @@ const MIB: usize = 1 << 20;
 /// Our limits: a 1 MiB READ or WRITE and its headers.
 const MAX_MESSAGE: u32 = (MIB + 64 * 1024) as u32;
 
-fn skip(why: &str) {
-    if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
-        panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
-    }
-    println!("skipped: {why}");
-}
-
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/linux-peer")
 }
@@ -693,21 +686,6 @@ fn capture_flushed(file: &Path) {
     });
 }
 
-fn tshark_out(tshark: &Path, file: &Path, args: &[&str]) -> String {
-    let out = Command::new(tshark)
-        .arg("-r")
-        .arg(file)
-        .args(args)
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Every RoCE packet of both sides has a correct ICRC (recomputed by our
 /// code over the IP header as sent: Linux's packets included), and
 /// Wireshark finds nothing malformed and no expert error, CM and
@@ -805,13 +783,6 @@ fn check_capture(tshark: &Path, file: &Path) {
         "{} RoCE packets, every ICRC correct, tshark: nothing else malformed",
         packets.len()
     );
-}
-
-fn metric(body: &str, name: &str) -> u64 {
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// The other direction: the guest's Linux NFS/RDMA client mounts from our

@@ -71,13 +71,6 @@ const PCAP_ENV: &str = "RPCRDMA_NETNS_PCAP";
 // ---------------------------------------------------------------------------
 // The real-peer rule and namespaces
 
-fn skip(why: &str) {
-    if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
-        panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
-    }
-    println!("skipped: {why}");
-}
-
 /// Runs `ip ARGS`; Err(stderr) when it fails.
 fn ip(ip: &Path, args: &[&str]) -> Result<(), String> {
     let out = Command::new(ip)
@@ -409,13 +402,6 @@ fn pattern(size: usize) -> Vec<u8> {
         .collect()
 }
 
-fn metric(body: &str, name: &str) -> u64 {
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 fn connect() -> Client<Roce> {
     let client = Client::<Roce>::connect(URL, client_config()).expect("connect");
     // CONF_RDMA (RFC 5666 s6) ran at connect: the server's limits.
@@ -735,19 +721,8 @@ fn numbers(field: &str) -> Vec<u32> {
 const TSHARK_OPTS: [&str; 2] = ["-o", "rpc.dissect_unknown_programs:TRUE"];
 
 fn tshark(tshark: &Path, file: &Path, args: &[&str]) -> String {
-    let out = Command::new(tshark)
-        .arg("-r")
-        .arg(file)
-        .args(TSHARK_OPTS)
-        .args(args)
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let all: Vec<&str> = TSHARK_OPTS.iter().chain(args).copied().collect();
+    tshark_out(tshark, file, &all)
 }
 
 fn decode(tshark_bin: &Path, file: &Path) -> Vec<Decoded> {

@@ -169,13 +169,6 @@ fn simple_call<P: Provider>(
     out
 }
 
-fn metric(body: &str, name: &str) -> u64 {
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 #[test]
 fn bench_program_over_shm_every_size_and_path() {
     let dir = scratch_dir("serve-sizes");

@@ -291,3 +291,39 @@ pub fn ip_packets(pcap: &[u8], skip_port: u16) -> Vec<Vec<u8>> {
     }
     out
 }
+
+/// The real-peer rule for a missing tool or right: fail under
+/// `RPCRDMA_REQUIRE_PEERS=1`, else say `skipped: ...` and pass.
+#[allow(dead_code)]
+pub fn skip(why: &str) {
+    if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
+    }
+    println!("skipped: {why}");
+}
+
+/// The sum of every sample of the metric `name` in a Prometheus body.
+#[allow(dead_code)]
+pub fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `tshark -r FILE ARGS`: its standard output; panics when it fails.
+#[allow(dead_code)]
+pub fn tshark_out(tshark: &Path, file: &Path, args: &[&str]) -> String {
+    let out = Command::new(tshark)
+        .arg("-r")
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
