@@ -482,6 +482,26 @@ pub enum VerbsError {
     /// device, no such device, ...); the message is one complete line.
     #[error("{0}")]
     Unavailable(String),
+    /// Another process listens on this address (shm: its socket answers a
+    /// connect); the listener was not replaced.
+    #[error(
+        "{url}: socket is in use by {} (another rpcrdmad?); stop it or choose another path",
+        holder(.pid)
+    )]
+    InUse {
+        /// The URL asked for.
+        url: String,
+        /// The listening process (SO_PEERCRED), when the kernel told.
+        pid: Option<i32>,
+    },
+}
+
+/// `process 1234`, or `another process` when its pid is unknown.
+fn holder(pid: &Option<i32>) -> String {
+    match pid {
+        Some(p) => format!("process {p}"),
+        None => "another process".to_owned(),
+    }
 }
 
 /// The checks every provider applies to [`ProtectionDomain::register`]:

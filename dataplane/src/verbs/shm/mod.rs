@@ -169,22 +169,120 @@ impl Context<Shm> for ShmContext {
             None,
         )
         .map_err(os("socket"))?;
-        // A stale socket file from a dead process would make bind fail.
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| {
-            use std::os::unix::fs::FileTypeExt;
-            m.file_type().is_socket()
-        }) {
-            let _ = std::fs::remove_file(&path);
+        // Probe, replace a stale file and bind under one lock of the
+        // directory, so that two listeners starting together cannot both
+        // find the file stale and the second unlink the first's new socket.
+        let _dir_lock = lock_parent(&path);
+        match probe_socket(&path).map_err(os("probe the socket path"))? {
+            SocketState::Absent => {}
+            SocketState::Stale => {
+                // Nobody listens on it (ECONNREFUSED): a dead process's.
+                let _ = std::fs::remove_file(&path);
+            }
+            SocketState::Live { pid } => {
+                return Err(VerbsError::InUse {
+                    url: url.to_owned(),
+                    pid,
+                })
+            }
+            SocketState::NotSocket => {
+                return Err(VerbsError::BadAddress {
+                    url: url.to_owned(),
+                    why: "the path exists and is not a socket",
+                })
+            }
         }
         let addr = UnixAddr::new(&path).map_err(os("socket address"))?;
         bind(sock.as_raw_fd(), &addr).map_err(os("bind"))?;
+        let inode = socket_inode(&path);
         listen(&sock, Backlog::new(512).unwrap_or(Backlog::MAXCONN)).map_err(os("listen"))?;
         Ok(ShmListener {
             sock,
             path,
+            inode,
             allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
+            abandoned: AtomicU64::new(0),
         })
     }
+}
+
+/// What is at an shm socket path, as [`probe_socket`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketState {
+    /// Nothing: the path is free.
+    Absent,
+    /// A socket file nobody listens on (connect is refused): left by a
+    /// process that died; it may be replaced.
+    Stale,
+    /// A process listens on it. `pid` is the listener's (SO_PEERCRED on
+    /// the probe connection), `None` when its backlog is full or it is
+    /// not a stream-like socket.
+    Live {
+        /// The listening process.
+        pid: Option<i32>,
+    },
+    /// The path exists and is not a socket.
+    NotSocket,
+}
+
+/// Finds out whether a process listens on the Unix socket at `path` by
+/// connecting to it (non-blocking) and closing at once. A listener of this
+/// provider sees a peer that left before HELLO: not an error, counted in
+/// [`ShmListener::abandoned`].
+///
+/// # Errors
+/// The OS error when the path cannot be examined or the connect fails for
+/// any other reason than "refused" or "absent" (EACCES, ...).
+pub fn probe_socket(path: &std::path::Path) -> Result<SocketState, nix::Error> {
+    use nix::errno::Errno;
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SocketState::Absent),
+        Err(e) => return Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))),
+        Ok(m) if !m.file_type().is_socket() => return Ok(SocketState::NotSocket),
+        Ok(_) => {}
+    }
+    let addr = UnixAddr::new(path)?;
+    // SEQPACKET first (our own listeners), then STREAM: a stream listener
+    // refuses a SEQPACKET connect with EPROTOTYPE, yet it is live.
+    for ty in [SockType::SeqPacket, SockType::Stream] {
+        let sock = socket(
+            AddressFamily::Unix,
+            ty,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )?;
+        match connect(sock.as_raw_fd(), &addr) {
+            Ok(()) => {
+                let pid = getsockopt(&sock, PeerCredentials).ok().map(|c| c.pid());
+                return Ok(SocketState::Live { pid });
+            }
+            Err(Errno::ECONNREFUSED) => return Ok(SocketState::Stale),
+            Err(Errno::ENOENT) => return Ok(SocketState::Absent),
+            // Unix connects complete at once; EAGAIN is a full backlog.
+            Err(Errno::EAGAIN) => return Ok(SocketState::Live { pid: None }),
+            Err(Errno::EPROTOTYPE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    // Bound with yet another type (a datagram socket): in use all the same.
+    Ok(SocketState::Live { pid: None })
+}
+
+/// An exclusive flock(2) of `path`'s directory, held while it lives; `None`
+/// when the directory cannot be opened (bind then reports the problem).
+fn lock_parent(path: &std::path::Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let dir = path.parent()?;
+    let f = std::fs::File::open(dir).ok()?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).ok()
+}
+
+/// The (device, inode) of the file at `path`.
+fn socket_inode(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 #[derive(Debug)]
@@ -1326,7 +1424,11 @@ impl PreparedQp<Shm> for ShmPreparedQp {
 pub struct ShmListener {
     sock: OwnedFd,
     path: PathBuf,
+    /// The socket file we bound: removed on drop only while it is still
+    /// ours.
+    inode: Option<(u64, u64)>,
     allowed: Mutex<Vec<u32>>,
+    abandoned: AtomicU64,
 }
 
 impl ShmListener {
@@ -1338,44 +1440,62 @@ impl ShmListener {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+    /// Peers that connected and hung up before sending HELLO (e.g.
+    /// [`probe_socket`] of another process checking whether we are live).
+    pub fn abandoned(&self) -> u64 {
+        self.abandoned.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for ShmListener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Never remove a socket that replaced ours (someone removed our
+        // file and another listener bound the path).
+        if self.inode.is_some() && socket_inode(&self.path) == self.inode {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
 impl Listener<Shm> for ShmListener {
     fn accept(&self, timeout: Duration) -> Result<ShmIncoming, VerbsError> {
         let deadline = Instant::now() + timeout;
-        let raw = loop {
-            match accept4(self.sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-                Ok(fd) => break fd,
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(VerbsError::Timeout);
+        let (sock, uid, hello) = loop {
+            let raw = loop {
+                match accept4(self.sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                    Ok(fd) => break fd,
+                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(VerbsError::Timeout);
+                        }
+                        wait_readable(self.sock.as_fd(), left)?;
                     }
-                    wait_readable(self.sock.as_fd(), left)?;
+                    Err(source) => {
+                        return Err(VerbsError::Os {
+                            what: "accept",
+                            source,
+                        })
+                    }
                 }
-                Err(source) => {
-                    return Err(VerbsError::Os {
-                        what: "accept",
-                        source,
-                    })
+            };
+            // SAFETY: accept4 returned a new fd that nothing else owns.
+            let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+            let uid = getsockopt(&sock, PeerCredentials)
+                .map_err(os("SO_PEERCRED"))?
+                .uid();
+            // Read the HELLO even from a refused peer (its fd is closed
+            // unused): closing a socket with unread data would turn our
+            // REJECT into a connection reset at the peer.
+            match Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5)) {
+                Ok(hello) => break (sock, uid, hello),
+                // Gone before HELLO (a liveness probe): no request at all.
+                Err(VerbsError::Protocol(HANG_UP)) => {
+                    self.abandoned.fetch_add(1, Ordering::Relaxed);
                 }
+                Err(e) => return Err(e),
             }
         };
-        // SAFETY: accept4 returned a new fd that nothing else owns.
-        let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-        let uid = getsockopt(&sock, PeerCredentials)
-            .map_err(os("SO_PEERCRED"))?
-            .uid();
-        // Read the HELLO even from a refused peer (its fd is closed unused):
-        // closing a socket with unread data would turn our REJECT into a
-        // connection reset at the peer.
-        let hello = Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
         if !lock(&self.allowed).contains(&uid) {
             let _ = Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
             return Err(VerbsError::PeerNotAllowed { uid });

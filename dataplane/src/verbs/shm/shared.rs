@@ -328,7 +328,7 @@ impl Msg {
             (msg.bytes, fd, truncated)
         };
         if bytes == 0 && fd.is_none() {
-            return Err(VerbsError::Protocol("hang-up"));
+            return Err(VerbsError::Protocol(HANG_UP));
         }
         if truncated || !(MSG_HEADER..=MSG_MAX).contains(&bytes) {
             return Err(VerbsError::Protocol("malformed setup message"));
@@ -365,6 +365,9 @@ impl Msg {
         }
     }
 }
+
+/// The reason of [`VerbsError::Protocol`] when the peer closed its end.
+pub(crate) const HANG_UP: &str = "hang-up";
 
 /// Blocks until `fd` is readable or `timeout` passes (no error on timeout).
 pub(crate) fn wait_readable(

@@ -653,3 +653,126 @@ fn corrupt_own_layout_words_do_not_panic() {
         assert_eq!(a.qp.state(), QpState::Rts, "value {v:#x}");
     }
 }
+
+#[test]
+fn a_live_socket_is_never_replaced_and_a_stale_one_is() {
+    let url = format!("shm:///tmp/rpcrdma-twice-{}.sock", std::process::id());
+    let path = socket_path(&url).unwrap();
+    let ctx = Shm::open(&url).unwrap();
+    let first = ctx.listen(&url).unwrap();
+    assert_eq!(
+        probe_socket(&path).unwrap(),
+        SocketState::Live {
+            pid: Some(std::process::id() as i32)
+        }
+    );
+    let second = ctx.listen(&url).unwrap_err();
+    let VerbsError::InUse { pid, .. } = &second else {
+        panic!("{second:?}");
+    };
+    assert_eq!(*pid, Some(std::process::id() as i32));
+    assert_eq!(
+        second.to_string(),
+        format!(
+            "{url}: socket is in use by process {} (another rpcrdmad?); stop it or choose \
+             another path",
+            std::process::id()
+        )
+    );
+    // The first listener still owns the path, and the two probes (the
+    // explicit one and the second listen's) are peers that left, not
+    // errors.
+    assert!(path.exists());
+    assert!(matches!(
+        first.accept(Duration::from_millis(1)),
+        Err(VerbsError::Timeout)
+    ));
+    assert_eq!(first.abandoned(), 2);
+
+    // A client still reaches the first listener.
+    let (pqp, _cq, _pd, _s, _r, _ro, _m) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"still here", T).map(|_| ()));
+    let inc = first.accept(T).unwrap();
+    assert_eq!(inc.private_data(), b"still here");
+    drop(inc);
+    let _ = h.join().unwrap();
+
+    drop(first);
+    assert!(!path.exists());
+
+    // A socket file nobody listens on (its process died) is stale: a new
+    // listener replaces it.
+    let stale = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    drop(stale);
+    assert!(path.exists());
+    assert_eq!(probe_socket(&path).unwrap(), SocketState::Stale);
+    let l = ctx.listen(&url).unwrap();
+    assert!(matches!(
+        probe_socket(&path).unwrap(),
+        SocketState::Live { .. }
+    ));
+    drop(l);
+    assert_eq!(probe_socket(&path).unwrap(), SocketState::Absent);
+}
+
+#[test]
+fn a_dropped_listener_leaves_a_path_that_listens_again() {
+    let url = format!("shm:///tmp/rpcrdma-again-{}.sock", std::process::id());
+    let path = socket_path(&url).unwrap();
+    let ctx = Shm::open(&url).unwrap();
+    let first = ctx.listen(&url).unwrap();
+    assert!(matches!(ctx.listen(&url), Err(VerbsError::InUse { .. })));
+    drop(first);
+    assert_eq!(probe_socket(&path).unwrap(), SocketState::Absent);
+    let again = ctx.listen(&url).unwrap();
+    assert!(matches!(
+        probe_socket(&path).unwrap(),
+        SocketState::Live { .. }
+    ));
+    drop(again);
+}
+
+#[test]
+fn a_socket_that_replaced_ours_is_not_removed_on_drop() {
+    let url = format!("shm:///tmp/rpcrdma-replaced-{}.sock", std::process::id());
+    let path = socket_path(&url).unwrap();
+    let ctx = Shm::open(&url).unwrap();
+    let first = ctx.listen(&url).unwrap();
+    // An operator removes the file; another listener takes the path.
+    std::fs::remove_file(&path).unwrap();
+    let second = ctx.listen(&url).unwrap();
+    drop(first);
+    assert!(matches!(
+        probe_socket(&path).unwrap(),
+        SocketState::Live { .. }
+    ));
+    drop(second);
+    assert_eq!(probe_socket(&path).unwrap(), SocketState::Absent);
+}
+
+#[test]
+fn probe_tells_a_stream_listener_and_a_plain_file() {
+    let dir = std::env::temp_dir();
+    let stream = dir.join(format!("rpcrdma-probe-stream-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&stream);
+    let l = std::os::unix::net::UnixListener::bind(&stream).unwrap();
+    assert_eq!(
+        probe_socket(&stream).unwrap(),
+        SocketState::Live {
+            pid: Some(std::process::id() as i32)
+        }
+    );
+    drop(l);
+    assert_eq!(probe_socket(&stream).unwrap(), SocketState::Stale);
+    std::fs::remove_file(&stream).unwrap();
+    let file = dir.join(format!("rpcrdma-probe-file-{}", std::process::id()));
+    std::fs::write(&file, b"x").unwrap();
+    assert_eq!(probe_socket(&file).unwrap(), SocketState::NotSocket);
+    let url = format!("shm://{}", file.display());
+    assert!(matches!(
+        Shm::open(&url).unwrap().listen(&url),
+        Err(VerbsError::BadAddress { .. })
+    ));
+    std::fs::remove_file(&file).unwrap();
+}
