@@ -98,7 +98,7 @@ impl Default for Workers {
     }
 }
 
-/// The idle strategy of the workers (DESIGN s5).
+/// The idle strategy of the workers (see docs/WORKER.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleStrategy {
     /// Busy-poll forever: lowest latency, one full core per worker.
@@ -379,7 +379,7 @@ impl Default for Memory {
     }
 }
 
-/// Hugepage policy of the worker arenas (DESIGN s4).
+/// Hugepage policy of the worker arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
     /// Never: 4 KiB pages.
@@ -500,18 +500,18 @@ impl std::error::Error for ConfigError {}
 
 /// One step of a path to a key: a table key or an array index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seg {
-    Key(&'static str),
+enum Seg<'a> {
+    Key(&'a str),
     Index(usize),
 }
 
 /// A semantic error: where (a key path) and what.
 struct Semantic {
-    path: Vec<Seg>,
+    path: Vec<Seg<'static>>,
     message: String,
 }
 
-fn sem(path: &[Seg], message: impl Into<String>) -> Semantic {
+fn sem(path: &[Seg<'static>], message: impl Into<String>) -> Semantic {
     Semantic {
         path: path.to_vec(),
         message: message.into(),
@@ -732,7 +732,7 @@ impl Config {
     }
 }
 
-fn range(path: &[Seg], name: &str, v: u64, min: u64, max: u64) -> Result<(), Semantic> {
+fn range(path: &[Seg<'static>], name: &str, v: u64, min: u64, max: u64) -> Result<(), Semantic> {
     if (min..=max).contains(&v) {
         Ok(())
     } else {
@@ -778,6 +778,26 @@ fn one_line(msg: &str) -> String {
         .join("; ")
 }
 
+/// The line of `key` in the configuration `text`: a dotted key with array
+/// indices such as `listeners[1].url` or `metrics.address`; the line of
+/// the deepest part present (line 1 when the key is a default).
+pub fn line_of_key(text: &str, key: &str) -> usize {
+    let mut path = Vec::new();
+    for part in key.split('.') {
+        let (name, mut rest) = part.split_once('[').map_or((part, ""), |(n, r)| (n, r));
+        if !name.is_empty() {
+            path.push(Key(name));
+        }
+        while let Some((i, r)) = rest.split_once(']') {
+            if let Ok(i) = i.parse() {
+                path.push(Index(i));
+            }
+            rest = r.strip_prefix('[').unwrap_or("");
+        }
+    }
+    line_of_path(text, &path)
+}
+
 /// 1-based line of byte `offset` in `text`.
 fn line_of_offset(text: &str, offset: usize) -> usize {
     let offset = offset.min(text.len());
@@ -791,7 +811,7 @@ fn line_of_offset(text: &str, offset: usize) -> usize {
 /// The line of the deepest element of `path` present in `text`: the key's
 /// own line for keys, the element's line for array indices; line 1 when
 /// not even the first element is there (the value is a default).
-fn line_of_path(text: &str, path: &[Seg]) -> usize {
+fn line_of_path(text: &str, path: &[Seg<'_>]) -> usize {
     use toml::de::{DeTable, DeValue};
     let Ok(root) = DeTable::parse(text) else {
         return 1;
@@ -881,6 +901,16 @@ mod tests {
         assert_eq!(core_ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
         assert_eq!(core_ranges(&[3]), "3");
         assert_eq!(core_ranges(&[]), "none");
+    }
+
+    #[test]
+    fn line_of_key_finds_nested_keys_and_elements() {
+        let text = "[metrics]\naddress = \"1.2.3.4:5\"\n\n[[listeners]]\nurl = \"shm:///a\"\n\n\
+                    [[listeners]]\nurl = \"tcp://1.2.3.4:5\"\n";
+        assert_eq!(line_of_key(text, "metrics.address"), 2);
+        assert_eq!(line_of_key(text, "listeners[0].url"), 5);
+        assert_eq!(line_of_key(text, "listeners[1].url"), 8);
+        assert_eq!(line_of_key(text, "memory.hugepages"), 1);
     }
 
     #[test]

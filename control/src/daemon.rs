@@ -2,10 +2,14 @@
 //!
 //! ```text
 //! main:  args -> config (exit 2 on error) -> start -> wait for SIGINT/SIGTERM -> shutdown -> exit 0
-//! start: check the host (hugepages), check the listeners' addresses,
-//!        start the workers and listen (serve.rs), bind the metrics
-//!        listener, register with rpcbind
+//! start: check the host (check_host: hugepages, the listeners' and the
+//!        metrics' addresses, the shm socket paths), check that the
+//!        ports are free, start the workers and listen (serve.rs), bind
+//!        the metrics listener, register with rpcbind
 //!        (any failure but rpcbind's: one line, exit 1)
+//! --check-config FILE: the configuration, then check_host without
+//!        creating or binding anything (every problem: one FILE:LINE line,
+//!        exit 2), else `ok` and a line naming what was not checked
 //! shutdown: stop accepting, unregister from rpcbind, let in-flight RPCs
 //!        finish within shutdown.grace_ms, release the pools (a leak is
 //!        logged), stop metrics
@@ -15,17 +19,15 @@
 //! rpcbind registration, so a client that finds us through rpcbind finds a
 //! listener that answers.
 //!
-//! rpcbind is unregistered before the grace period rather than after it
-//! (the issue lists it after): once the daemon stops accepting, a client
-//! that still finds it through rpcbind would only be refused.
+//! rpcbind is unregistered before the grace period rather than after it:
+//! once the daemon stops accepting, a client that still finds it through
+//! rpcbind would only be refused.
 //!
 //! Exit codes: 0 after a clean shutdown (and for `--check-config` of a
 //! good file), 2 for a bad configuration or bad arguments, 1 for a startup
 //! failure (port or socket in use, no hugepages when required, ...).
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -33,7 +35,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::config::{Config, Hugepages, ProviderUrl};
+use crate::config::{Config, ConfigError, HostFacts, Hugepages, ProviderUrl};
 use crate::metrics::{MetricsServer, Registry};
 use crate::programs::SERVED_PROGRAMS;
 use crate::rpcbind::{universal_address, Mapping, RpcbindAddress, RpcbindClient, RpcbindError};
@@ -67,21 +69,7 @@ pub fn main() -> i32 {
     init_logging();
 
     if let Some(path) = &args.check_config {
-        return match Config::load(path) {
-            Ok(c) => {
-                println!(
-                    "{}: ok ({} worker(s), {} listener(s))",
-                    path.display(),
-                    c.workers.cores.len(),
-                    c.listeners.len()
-                );
-                EXIT_OK
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                EXIT_CONFIG
-            }
-        };
+        return check_config(path);
     }
 
     let config = match &args.config {
@@ -122,6 +110,79 @@ pub fn main() -> i32 {
     tracing::info!("signal received: shutting down");
     daemon.shutdown();
     EXIT_OK
+}
+
+/// `--check-config FILE`: the file, then every host check the start runs
+/// before binding. Prints `FILE: ok (...)` and the `not checked:` line, or
+/// one `FILE:LINE: message` line per problem; returns the exit code.
+fn check_config(path: &Path) -> i32 {
+    let file = path.display().to_string();
+    let checked = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            message: format!("cannot read the configuration: {e}"),
+        })
+        .and_then(|text| Config::parse(&text, &file, &HostFacts::current()).map(|c| (text, c)));
+    let (text, config) = match checked {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("{e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let problems = check_host(&config, Mode::Check);
+    if problems.is_empty() {
+        println!(
+            "{file}: ok ({} worker(s), {} listener(s))",
+            config.workers.cores.len(),
+            config.listeners.len()
+        );
+        println!("{file}: {}", not_checked(&config));
+        return EXIT_OK;
+    }
+    for p in problems {
+        let e = ConfigError {
+            file: file.clone(),
+            line: Some(crate::config::line_of_key(&text, &p.key())),
+            message: p.to_string(),
+        };
+        eprintln!("{e}");
+    }
+    EXIT_CONFIG
+}
+
+/// The one line saying what `--check-config` leaves to the start.
+pub fn not_checked(config: &Config) -> String {
+    let mut parts = Vec::new();
+    let inet = config
+        .listeners
+        .iter()
+        .any(|l| l.url.socket_addr().is_some());
+    if inet || config.metrics.enabled {
+        parts.push("that the ports are free to bind".to_owned());
+    }
+    if config.rpcbind.register {
+        parts.push(format!(
+            "that rpcbind answers at {}",
+            config.rpcbind.address
+        ));
+    }
+    if config
+        .listeners
+        .iter()
+        .any(|l| matches!(l.url, ProviderUrl::Roce(_) | ProviderUrl::Ibverbs(_)))
+    {
+        parts.push("RDMA device presence at run time".to_owned());
+    }
+    if config.memory.hugepages != Hugepages::Off {
+        parts.push("that hugepages are still free at start".to_owned());
+    }
+    if parts.is_empty() {
+        "not checked: nothing (every check the start makes before binding was made)".to_owned()
+    } else {
+        format!("not checked: {}", parts.join(", "))
+    }
 }
 
 fn init_logging() {
@@ -188,12 +249,78 @@ pub enum StartupError {
         /// What /proc/meminfo says.
         found: String,
     },
+    /// The metrics address is not one of this host's.
+    #[error("cannot serve metrics on {addr} (metrics.address): {reason}")]
+    MetricsAddress {
+        /// The configured address.
+        addr: SocketAddr,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// The metrics thread could not be spawned.
     #[error("cannot start the metrics thread: {0}")]
     Thread(std::io::Error),
     /// The data path could not start.
     #[error(transparent)]
     Serve(#[from] ServeError),
+}
+
+impl StartupError {
+    /// The configuration key the problem is about (`listeners[1].url`),
+    /// for locating its line.
+    pub fn key(&self) -> String {
+        match self {
+            StartupError::MetricsBind { .. } | StartupError::MetricsAddress { .. } => {
+                "metrics.address".to_owned()
+            }
+            StartupError::Listener { index, .. } => format!("listeners[{index}].url"),
+            StartupError::NoHugepages { .. } => "memory.hugepages".to_owned(),
+            StartupError::Serve(ServeError::Listen { index, .. })
+            | StartupError::Serve(ServeError::ListenTcp { index, .. }) => {
+                format!("listeners[{index}].url")
+            }
+            StartupError::Thread(_) | StartupError::Serve(_) => String::new(),
+        }
+    }
+}
+
+/// How far [`check_host`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--check-config`: look, change nothing.
+    Check,
+    /// Starting: also create a missing shm socket directory and log what
+    /// the start will do about a stale socket or missing hugepages.
+    Start,
+}
+
+/// Every check of `config` against this host that the start makes before
+/// binding anything: hugepages when required, each listener (the build
+/// serves its scheme, its IP is assigned to an interface here, an shm
+/// socket's directory is usable and no live process holds its socket),
+/// the metrics address is local. (Cores are checked with the file, by
+/// [`Config::parse`].)
+pub fn check_host(config: &Config, mode: Mode) -> Vec<StartupError> {
+    let mut out = Vec::new();
+    if let Err(e) = check_hugepages(config.memory.hugepages, mode) {
+        out.push(e);
+    }
+    for (index, l) in config.listeners.iter().enumerate() {
+        if let Err(reason) = check_listener(&l.url, mode) {
+            out.push(StartupError::Listener {
+                url: l.url.clone(),
+                index,
+                reason,
+            });
+        }
+    }
+    if config.metrics.enabled {
+        let addr = config.metrics.address;
+        if let Err(reason) = check_local_ip(addr.ip()) {
+            out.push(StartupError::MetricsAddress { addr, reason });
+        }
+    }
+    out
 }
 
 /// A started daemon.
@@ -214,9 +341,11 @@ impl Daemon {
     /// # Errors
     /// A [`StartupError`] for the first problem found.
     pub fn start(config: Config) -> Result<Daemon, StartupError> {
-        check_hugepages(config.memory.hugepages)?;
+        if let Some(e) = check_host(&config, Mode::Start).into_iter().next() {
+            return Err(e);
+        }
         for (index, l) in config.listeners.iter().enumerate() {
-            check_listener(&l.url).map_err(|reason| StartupError::Listener {
+            check_port(&l.url).map_err(|reason| StartupError::Listener {
                 url: l.url.clone(),
                 index,
                 reason,
@@ -350,13 +479,15 @@ fn hugepages_free() -> Option<(u64, u64)> {
     Some((field("HugePages_Free:")?, field("HugePages_Total:")?))
 }
 
-fn check_hugepages(policy: Hugepages) -> Result<(), StartupError> {
+fn check_hugepages(policy: Hugepages, mode: Mode) -> Result<(), StartupError> {
     if policy == Hugepages::Off {
         return Ok(());
     }
     let (free, total) = hugepages_free().unwrap_or((0, 0));
     if let Some(warning) = hugepage_verdict(policy, free, total)? {
-        tracing::warn!("{warning}");
+        if mode == Mode::Start {
+            tracing::warn!("{warning}");
+        }
     }
     Ok(())
 }
@@ -381,11 +512,24 @@ fn hugepage_verdict(
     }
 }
 
-/// Validates a listener address without serving it: the IP must be
-/// configured on this host, a TCP port must be free, an shm socket's
-/// directory must exist (it is created when missing) and no live process
-/// may hold the socket.
-fn check_listener(url: &ProviderUrl) -> Result<(), String> {
+/// Validates a listener without binding it: the build serves its scheme,
+/// its IP is assigned to an interface of this host, an shm socket's
+/// directory is usable (created when missing, in [`Mode::Start`]) and no
+/// live process holds the socket.
+fn check_listener(url: &ProviderUrl, mode: Mode) -> Result<(), String> {
+    match url {
+        ProviderUrl::Tcp(a) | ProviderUrl::Roce(a) => check_local_ip(a.ip()),
+        ProviderUrl::Ibverbs(a) => {
+            check_local_ip(a.ip())?;
+            check_ibverbs(*a)
+        }
+        ProviderUrl::Shm { path } => check_shm_path(path, mode),
+    }
+}
+
+/// The binding part of the start's checks: a TCP port must be free, a RoCE
+/// address usable for UDP.
+fn check_port(url: &ProviderUrl) -> Result<(), String> {
     match url {
         ProviderUrl::Tcp(a) => {
             // Bound and released at once: holding a port nobody serves
@@ -394,15 +538,73 @@ fn check_listener(url: &ProviderUrl) -> Result<(), String> {
                 .map(drop)
                 .map_err(|e| format!("{e}; free the port or change the url"))
         }
-        ProviderUrl::Ibverbs(a) => check_ibverbs(*a),
         ProviderUrl::Roce(a) => {
-            // The RDMA service port is not a socket; check that the IP is
-            // one of ours by binding an ephemeral UDP port on it.
+            // The RDMA service port is not a socket; RoCE itself rides UDP
+            // on this IP: bind an ephemeral UDP port on it.
             UdpSocket::bind(SocketAddr::new(a.ip(), 0))
                 .map(drop)
                 .map_err(|e| format!("address {} is not usable on this host: {e}", a.ip()))
         }
-        ProviderUrl::Shm { path } => check_shm_path(path),
+        ProviderUrl::Ibverbs(_) | ProviderUrl::Shm { .. } => Ok(()),
+    }
+}
+
+/// `ip` is a wildcard, or assigned to an interface of this host (any
+/// address of a loopback interface's prefix counts: Linux answers all of
+/// 127.0.0.0/8 on `lo`).
+fn check_local_ip(ip: IpAddr) -> Result<(), String> {
+    if ip.is_unspecified() {
+        return Ok(());
+    }
+    let addrs = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("cannot list this host's addresses (getifaddrs): {e}"))?;
+    let mut mine = Vec::new();
+    for ifa in addrs {
+        let Some(a) = ifa.address.as_ref().and_then(ip_of) else {
+            continue;
+        };
+        if a == ip {
+            return Ok(());
+        }
+        let loopback = ifa
+            .flags
+            .contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK);
+        if let (true, Some(mask)) = (loopback, ifa.netmask.as_ref().and_then(ip_of)) {
+            if same_prefix(a, ip, mask) {
+                return Ok(());
+            }
+        }
+        mine.push(a.to_string());
+    }
+    Err(format!(
+        "address {ip} is not usable on this host: it is not assigned to any interface          (this host has {}); use one of those or 0.0.0.0",
+        if mine.is_empty() {
+            "none".to_owned()
+        } else {
+            mine.join(", ")
+        }
+    ))
+}
+
+fn ip_of(a: &nix::sys::socket::SockaddrStorage) -> Option<IpAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        return Some(IpAddr::V4(v4.ip()));
+    }
+    a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+}
+
+/// Whether `a` and `b` agree on the bits set in `mask`.
+fn same_prefix(a: IpAddr, b: IpAddr, mask: IpAddr) -> bool {
+    match (a, b, mask) {
+        (IpAddr::V4(a), IpAddr::V4(b), IpAddr::V4(m)) => {
+            let m = u32::from(m);
+            u32::from(a) & m == u32::from(b) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(b), IpAddr::V6(m)) => {
+            let m = u128::from(m);
+            u128::from(a) & m == u128::from(b) & m
+        }
+        _ => false,
     }
 }
 
@@ -429,34 +631,87 @@ fn check_ibverbs(_: SocketAddr) -> Result<(), String> {
     )
 }
 
-fn check_shm_path(path: &Path) -> Result<(), String> {
+/// An shm socket path: its directory exists and is writable (in
+/// [`Mode::Start`] a missing one is created; in [`Mode::Check`] its nearest
+/// existing ancestor must be writable), and no live process listens on the
+/// socket (the shm provider's own probe: a stale file will be replaced).
+fn check_shm_path(path: &Path, mode: Mode) -> Result<(), String> {
+    use dataplane::verbs::shm::{probe_socket, SocketState};
     if let Some(dir) = path.parent() {
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
-            tracing::info!("created directory {} for the shm socket", dir.display());
-        }
+        check_socket_dir(dir, mode)?;
     }
-    match std::fs::symlink_metadata(path) {
-        Err(_) => Ok(()),
-        Ok(m) if !m.file_type().is_socket() => Err(format!(
+    match probe_socket(path) {
+        Ok(SocketState::Absent) => Ok(()),
+        Ok(SocketState::Stale) => {
+            if mode == Mode::Start {
+                tracing::info!(
+                    "stale socket {} (no process listens on it) will be replaced",
+                    path.display()
+                );
+            }
+            Ok(())
+        }
+        Ok(SocketState::Live { pid }) => Err(format!(
+            "socket is in use by {} (another rpcrdmad?); stop it or choose another path",
+            pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"))
+        )),
+        Ok(SocketState::NotSocket) => Err(format!(
             "{} exists and is not a socket; remove it or change the url",
             path.display()
         )),
-        Ok(_) => match UnixStream::connect(path) {
-            Ok(_) => Err(format!(
-                "socket {} is in use by a running process (another rpcrdmad?); \
-                 stop it or change the url",
-                path.display()
-            )),
-            Err(_) => {
-                tracing::info!(
-                    "stale socket {} will be replaced when the shm provider starts",
-                    path.display()
-                );
-                Ok(())
+        Err(e) => Err(format!(
+            "cannot tell whether a process listens on {}: {e}; fix the permissions or \
+             change the url",
+            path.display()
+        )),
+    }
+}
+
+fn check_socket_dir(dir: &Path, mode: Mode) -> Result<(), String> {
+    use nix::unistd::{access, AccessFlags};
+    let writable = |d: &Path| access(d, AccessFlags::W_OK | AccessFlags::X_OK);
+    if dir.is_dir() {
+        return writable(dir).map_err(|e| {
+            format!(
+                "directory {} is not writable by uid {}: {e}; fix its permissions or change \
+                 the url",
+                dir.display(),
+                nix::unistd::geteuid()
+            )
+        });
+    }
+    if dir.exists() {
+        return Err(format!("{} exists and is not a directory", dir.display()));
+    }
+    match mode {
+        Mode::Start => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+            tracing::info!("created directory {} for the shm socket", dir.display());
+            Ok(())
+        }
+        Mode::Check => {
+            let ancestor = dir
+                .ancestors()
+                .skip(1)
+                .find(|a| a.exists())
+                .unwrap_or(Path::new("/"));
+            if !ancestor.is_dir() {
+                return Err(format!(
+                    "cannot create directory {}: {} is not a directory",
+                    dir.display(),
+                    ancestor.display()
+                ));
             }
-        },
+            writable(ancestor).map_err(|e| {
+                format!(
+                    "cannot create directory {}: {} is not writable by uid {}: {e}",
+                    dir.display(),
+                    ancestor.display(),
+                    nix::unistd::geteuid()
+                )
+            })
+        }
     }
 }
 

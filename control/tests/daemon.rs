@@ -280,6 +280,7 @@ fn tcp_listener_port_in_use_is_one_clear_line() {
 fn shm_socket_in_use_is_one_clear_line() {
     let dir = scratch_dir("shm-in-use-sock");
     let path = dir.join("busy.sock");
+    // Not even a SEQPACKET socket: a stream listener is live all the same.
     let busy = UnixListener::bind(&path).unwrap();
     expect_startup_failure(
         "shm-in-use",
@@ -288,16 +289,96 @@ fn shm_socket_in_use_is_one_clear_line() {
              [rpcbind]\nregister = false\n",
             path.display()
         ),
-        &[
-            &format!(
-                "rpcrdmad: cannot listen on shm://{} (listeners[0].url): socket {} is in use",
-                path.display(),
-                path.display()
-            ),
-            "change the url",
-        ],
+        &[&format!(
+            "rpcrdmad: cannot listen on shm://{} (listeners[0].url): socket is in use by \
+             process {} (another rpcrdmad?); stop it or choose another path",
+            path.display(),
+            std::process::id()
+        )],
     );
+    assert!(path.exists());
     drop(busy);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A NULL call to the bench program over `url`.
+fn null_call_over_shm(url: &str) {
+    use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
+    use dataplane::service::bench::{self, Args};
+    use dataplane::verbs::shm::Shm;
+    let config = ClientConfig {
+        wait_timeout: PATIENCE,
+        ..ClientConfig::default()
+    };
+    let mut client = Client::<Shm>::connect(url, config).expect("connect over shm");
+    let call = client
+        .call(ReplyTarget::Inline, |xid, buf| {
+            bench::encode_call(buf, xid, Args::Null)
+                .ok()
+                .map(|e| (e.len, e.ddp))
+        })
+        .expect("NULL call");
+    let CallOutcome::Reply { .. } = client.wait(call).expect("NULL reply") else {
+        panic!("NULL failed");
+    };
+    bench::decode_void_reply(client.reply(call).unwrap()).expect("void reply");
+    assert!(client.release(call));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_shm_path_refuses_and_the_first_keeps_serving() {
+    let dir = scratch_dir("two-daemons");
+    let sock = dir.join("d.sock");
+    let url = format!("shm://{}", sock.display());
+    let cfg = write_file(
+        &dir,
+        "d.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{url}\"\n\n[metrics]\nenabled = false\n\n\
+             [rpcbind]\nregister = false\n"
+        ),
+    );
+    let mut first = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    first.wait_for_line("started");
+    null_call_over_shm(&url);
+
+    let (code, _, err) = run(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "rpcrdmad: cannot listen on {url} (listeners[0].url): socket is in use by process \
+             {} (another rpcrdmad?); stop it or choose another path",
+            first.child.id()
+        )
+    );
+    // `--check-config` says the same, naming the file and the url's line.
+    let (code, out, err) = run(&["--check-config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "{}:2: cannot listen on {url} (listeners[0].url): socket is in use by process {} \
+             (another rpcrdmad?); stop it or choose another path",
+            cfg.display(),
+            first.child.id()
+        )
+    );
+
+    // The first daemon still owns its socket and serves.
+    assert!(sock.exists());
+    null_call_over_shm(&url);
+    // The probes were peers that left, not refused connections.
+    assert!(
+        !first.stderr().contains("connection refused"),
+        "{}",
+        first.stderr()
+    );
+
+    first.signal(Signal::SIGTERM);
+    assert_eq!(first.wait().code(), Some(0), "{}", first.stderr());
+    assert!(!sock.exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 

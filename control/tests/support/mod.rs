@@ -1,6 +1,7 @@
 //! Helpers shared by the daemon's integration tests: scratch directories,
 //! running the real `rpcrdmad` binary, waiting for its log lines, signals,
-//! and the "real peer" rule (DESIGN s9).
+//! and the "real peer" rule (a test that needs an external tool finds
+//! it, or says it skipped).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
