@@ -171,7 +171,7 @@ pub fn not_checked(config: &Config) -> String {
     if config
         .listeners
         .iter()
-        .any(|l| matches!(l.url, ProviderUrl::Roce(_) | ProviderUrl::Ibverbs(_)))
+        .any(|l| matches!(l.url, ProviderUrl::Ibverbs(_)))
     {
         parts.push("RDMA device presence at run time".to_owned());
     }

@@ -40,35 +40,190 @@ fn dedicated_node_toml_loads_on_its_machine() {
     assert!(matches!(c.listeners[2].url, ProviderUrl::Tcp(_)));
 }
 
+/// `--check-config FILE`: (exit code, stdout, stderr).
+fn check(path: &str) -> (Option<i32>, String, String) {
+    run(&["--check-config", path])
+}
+
+/// The second line of a good check: what it could not check.
+fn not_checked_line(out: &str) -> &str {
+    out.lines().nth(1).unwrap_or("")
+}
+
 #[test]
 fn shipped_configs_pass_check_config_where_the_host_allows() {
-    let (code, out, err) = run(&["--check-config", "../configs/default.toml"]);
+    let (code, out, err) = check("../configs/default.toml");
     assert_eq!(code, Some(0), "stderr: {err}");
     assert_eq!(
         out,
-        "../configs/default.toml: ok (1 worker(s), 1 listener(s))\n"
+        "../configs/default.toml: ok (1 worker(s), 1 listener(s))\n\
+         ../configs/default.toml: not checked: that the ports are free to bind, that rpcbind \
+         answers at 127.0.0.1:111, that hugepages are still free at start\n"
     );
 
-    // dedicated-node.toml wants cores 2-5: fine on a big node, a one-line
-    // error naming the cores line on a small one.
-    let (code, out, err) = run(&["--check-config", "../configs/dedicated-node.toml"]);
-    if HostFacts::current()
-        .cores
-        .iter()
-        .filter(|c| (2..=5).contains(*c))
-        .count()
-        == 4
-    {
-        assert_eq!(code, Some(0), "stderr: {err}");
-        assert!(out.ends_with(": ok (4 worker(s), 4 listener(s))\n"));
-    } else {
-        assert_eq!(code, Some(2));
+    // Every other shipped file but dedicated-node.toml (written for a
+    // bigger machine with RDMA devices) is meant to pass anywhere.
+    let mut checked = 0;
+    for entry in std::fs::read_dir("../configs").unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if !name.ends_with(".toml") || name == "dedicated-node.toml" {
+            continue;
+        }
+        let (code, out, err) = check(path.to_str().unwrap());
+        assert_eq!(code, Some(0), "{name}: {err}");
+        assert_eq!(out.lines().count(), 2, "{name}: {out}");
         assert!(
-            err.starts_with("../configs/dedicated-node.toml:8: workers.cores: core "),
-            "{err}"
+            out.lines().next().unwrap().contains(": ok ("),
+            "{name}: {out}"
         );
-        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            not_checked_line(&out).contains(": not checked: "),
+            "{name}: {out}"
+        );
+        checked += 1;
     }
+    assert!(checked >= 2, "configs/ has default.toml and loopback.toml");
+
+    // dedicated-node.toml wants cores 2-5, an RDMA device and its own
+    // addresses: one FILE:LINE line per problem, exit 2, unless this is
+    // that machine.
+    let (code, out, err) = check("../configs/dedicated-node.toml");
+    if code == Some(0) {
+        assert!(out.contains(": ok (4 worker(s), 4 listener(s))\n"), "{out}");
+    } else {
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(!err.is_empty());
+        for line in err.lines() {
+            assert!(
+                line.starts_with("../configs/dedicated-node.toml:"),
+                "{line}"
+            );
+        }
+        let fits = HostFacts::current()
+            .cores
+            .iter()
+            .filter(|c| (2..=5).contains(*c))
+            .count()
+            == 4;
+        if !fits {
+            assert!(
+                err.starts_with("../configs/dedicated-node.toml:8: workers.cores: core "),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+}
+
+#[test]
+fn check_config_refuses_an_ibverbs_listener_this_build_cannot_serve() {
+    let dir = scratch_dir("check-ibverbs");
+    let cfg = write_file(
+        &dir,
+        "c.toml",
+        "[[listeners]]\nurl = \"shm:///tmp/never-bound.sock\"\n\n[[listeners]]\n\
+         url = \"ibverbs://127.0.0.1:20049\"\n\n[rpcbind]\nregister = false\n",
+    );
+    let cfg = cfg.to_str().unwrap();
+    let (code, out, err) = check(cfg);
+    #[cfg(feature = "ibverbs")]
+    if code == Some(0) {
+        println!("skipped: this host has an RDMA device for 127.0.0.1");
+        return;
+    }
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(out, "");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let head = format!("{cfg}:5: cannot listen on ibverbs://127.0.0.1:20049 (listeners[1].url): ");
+    assert!(err.starts_with(&head), "{err}");
+    #[cfg(not(feature = "ibverbs"))]
+    assert!(err.contains("built without the `ibverbs` feature"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_config_refuses_addresses_not_on_this_host_naming_each() {
+    // 198.18.0.0/15 is for benchmarking networks: never assigned here.
+    // The address is only looked up among this host's interfaces.
+    let dir = scratch_dir("check-foreign");
+    let cfg = write_file(
+        &dir,
+        "c.toml",
+        "[[listeners]]\nurl = \"tcp://198.18.0.1:2049\"\n\n[[listeners]]\n\
+         url = \"roce://127.0.0.1:20049\"\n\n[metrics]\naddress = \"198.18.0.1:9464\"\n",
+    );
+    let cfg = cfg.to_str().unwrap();
+    let (code, out, err) = check(cfg);
+    assert_eq!(code, Some(2), "{out}{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{cfg}:2: cannot listen on tcp://198.18.0.1:2049 (listeners[0].url): address \
+             198.18.0.1 is not usable on this host: it is not assigned to any interface"
+        )),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{cfg}:8: cannot serve metrics on 198.18.0.1:9464 (metrics.address): address \
+             198.18.0.1 is not usable on this host"
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_config_of_a_good_file_is_ok_and_names_what_it_did_not_check() {
+    let dir = scratch_dir("check-good");
+    // A socket directory that does not exist yet: checking does not make it.
+    let sock_dir = dir.join("not-yet");
+    let cfg = write_file(
+        &dir,
+        "c.toml",
+        &format!(
+            "[[listeners]]\nurl = \"shm://{}/d.sock\"\n\n[[listeners]]\n\
+             url = \"tcp://0.0.0.0:2049\"\n\n[rpcbind]\nregister = false\n\n\
+             [memory]\nhugepages = \"off\"\n",
+            sock_dir.display()
+        ),
+    );
+    let cfg = cfg.to_str().unwrap();
+    let (code, out, err) = check(cfg);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "{cfg}: ok (1 worker(s), 2 listener(s))\n\
+             {cfg}: not checked: that the ports are free to bind\n"
+        )
+    );
+    assert!(!sock_dir.exists(), "--check-config created {sock_dir:?}");
+
+    // A socket directory that cannot be created: one line naming it.
+    let file = write_file(&dir, "a-file", "");
+    let bad = write_file(
+        &dir,
+        "bad.toml",
+        &format!(
+            "[[listeners]]\nurl = \"shm://{}/sub/d.sock\"\n\n[metrics]\nenabled = false\n",
+            file.display()
+        ),
+    );
+    let bad = bad.to_str().unwrap();
+    let (code, _, err) = check(bad);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "{bad}:2: cannot listen on shm://{f}/sub/d.sock (listeners[0].url): cannot create \
+             directory {f}/sub: {f} is not a directory\n",
+            f = file.display()
+        )
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// (name, file text, line, message) of every bad config.
