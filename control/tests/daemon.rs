@@ -301,16 +301,21 @@ fn shm_socket_in_use_is_one_clear_line() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A NULL call to the bench program over `url`.
+/// A NULL call to the bench program over shm at `url`.
 fn null_call_over_shm(url: &str) {
+    null_call::<dataplane::verbs::shm::Shm>(url);
+}
+
+/// A NULL call to the bench program over provider `P` at `url`.
+fn null_call<P: dataplane::verbs::Provider>(url: &str) {
     use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
     use dataplane::service::bench::{self, Args};
-    use dataplane::verbs::shm::Shm;
     let config = ClientConfig {
         wait_timeout: PATIENCE,
         ..ClientConfig::default()
     };
-    let mut client = Client::<Shm>::connect(url, config).expect("connect over shm");
+    let mut client =
+        Client::<P>::connect(url, config).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     let call = client
         .call(ReplyTarget::Inline, |xid, buf| {
             bench::encode_call(buf, xid, Args::Null)
@@ -417,4 +422,152 @@ fn ibverbs_listener_without_a_device_is_one_clear_line() {
         text,
         &[head, "built without the `ibverbs` feature"],
     );
+}
+
+/// A network namespace of this test's own (only `lo`, up), deleted on drop.
+struct OwnNetns {
+    ip: std::path::PathBuf,
+    name: String,
+}
+
+impl OwnNetns {
+    /// `None` after the real-peer rule said "skipped" (no `ip`, or no right
+    /// to create namespaces).
+    fn create(tag: &str) -> Option<OwnNetns> {
+        let ip = require_peer("ip")?;
+        let name = format!("rpcrdma-test-{}-{tag}", std::process::id());
+        let run_ip = |args: &[&str]| {
+            Command::new(&ip)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| e.to_string())
+                .and_then(|o| {
+                    if o.status.success() {
+                        Ok(())
+                    } else {
+                        Err(String::from_utf8_lossy(&o.stderr).trim().to_owned())
+                    }
+                })
+        };
+        if let Err(e) = run_ip(&["netns", "add", &name]) {
+            let why = format!("cannot create a network namespace ({e})");
+            if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
+                panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
+            }
+            println!("skipped: {why}");
+            return None;
+        }
+        let lo_up = run_ip(&["-n", &name, "link", "set", "lo", "up"]);
+        let ns = OwnNetns { ip, name };
+        lo_up.expect("lo up");
+        Some(ns)
+    }
+
+    /// `ip netns exec NAME prog`: execs `prog` in the namespace (same pid).
+    fn command(&self, prog: &std::path::Path) -> Command {
+        let mut c = Command::new(&self.ip);
+        c.args(["netns", "exec", &self.name]).arg(prog);
+        c
+    }
+
+    /// Runs `f` on a thread that joined the namespace (a network namespace
+    /// is per thread: the rest of this process stays where it is).
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let fd = std::fs::File::open(&path).expect("open the namespace");
+            nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread in the namespace")
+    }
+}
+
+impl Drop for OwnNetns {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.ip)
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// configs/loopback.toml as shipped (only the shm socket moved to a
+/// scratch directory: the file system is not per namespace) starts in a
+/// namespace of its own, where its fixed ports are free, and serves NULL
+/// over all three transports and metrics on its address.
+#[test]
+fn loopback_toml_starts_and_serves_every_listener() {
+    use dataplane::service::bench::Args;
+    use dataplane::tcp::{TcpClient, TcpClientConfig};
+    const SHIPPED: &str = include_str!("../../configs/loopback.toml");
+    const SHM: &str = "shm:///run/rpcrdma/rpcrdmad.sock";
+    assert!(
+        SHIPPED.contains(SHM),
+        "configs/loopback.toml moved its shm socket"
+    );
+    let Some(ns) = OwnNetns::create("loopback") else {
+        return;
+    };
+    let dir = scratch_dir("loopback-toml");
+    let shm = format!("shm://{}/d.sock", dir.display());
+    let cfg = write_file(&dir, "loopback.toml", &SHIPPED.replace(SHM, &shm));
+
+    let mut cmd = ns.command(std::path::Path::new(support::BIN));
+    cmd.arg("--config").arg(&cfg);
+    let mut d = Daemon::spawn_command(cmd);
+    let started = d.wait_for_line("started");
+    for url in [
+        shm.as_str(),
+        "roce://127.0.0.1:20049",
+        "tcp://127.0.0.1:20050",
+    ] {
+        assert!(started.contains(url), "{started}");
+    }
+    assert!(
+        started.contains("metrics http://127.0.0.1:9464/metrics"),
+        "{started}"
+    );
+
+    null_call_over_shm(&shm);
+    let body = ns.run(|| {
+        // RoCE: this process connects from its own loopback alias.
+        null_call::<dataplane::verbs::roce::Roce>("roce://127.0.0.1:20049");
+        let mut tcp =
+            TcpClient::connect_url("tcp://127.0.0.1:20050", TcpClientConfig::for_data(4096, 1))
+                .expect("tcp connect");
+        let xid = tcp.call(Args::Null, 0).expect("tcp NULL").expect("a slot");
+        let mut replied = false;
+        let deadline = Instant::now() + PATIENCE;
+        while !replied {
+            assert!(Instant::now() < deadline, "no tcp reply");
+            tcp.poll(|r| {
+                assert_eq!(r.xid, xid);
+                r.check_void().expect("void reply");
+                replied = true;
+            })
+            .expect("tcp poll");
+        }
+        let (status, body) = http_get("127.0.0.1:9464".parse().unwrap(), "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        body
+    });
+    for listener in [
+        shm.as_str(),
+        "roce://127.0.0.1:20049",
+        "tcp://127.0.0.1:20050",
+    ] {
+        assert!(
+            body.contains(&format!(
+                "rpcrdma_listener_connections_total{{listener=\"{listener}\"}} 1"
+            )),
+            "{listener} in:\n{body}"
+        );
+    }
+
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    drop(ns);
+    let _ = std::fs::remove_dir_all(dir);
 }

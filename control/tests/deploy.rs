@@ -32,6 +32,13 @@ fn setup_host_dry_run_changes_nothing_and_says_what_it_would_do() {
         "{text}"
     );
     assert!(text.contains("packages: skipped (--no-packages)"), "{text}");
+    // rpcbind: running, or the plan to start it, or why it cannot be.
+    assert!(
+        text.contains("rpcbind: unchanged (running, pid ")
+            || text.contains("would start rpcbind (")
+            || text.contains("rpcbind: not installed, not started"),
+        "{text}"
+    );
     assert!(
         text.contains("hugepages: unchanged") || text.contains("would reserve"),
         "{text}"
@@ -75,4 +82,56 @@ fn systemd_accepts_the_unit() {
         assert!(UNIT.contains(key), "unit lacks {key}");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Where no rpcbind runs, setup-host starts one, and a second run leaves
+/// it alone. Played in namespaces of its own (pid, mount with a private
+/// tmpfs on /run, network), so the host's rpcbind is neither seen nor
+/// touched; the namespace's rpcbind ends with its pid namespace.
+#[test]
+fn setup_host_starts_rpcbind_once() {
+    let (Some(unshare), Some(_)) = (require_peer("unshare"), require_peer("rpcbind")) else {
+        return;
+    };
+    let script = std::fs::canonicalize("../deploy/setup-host").unwrap();
+    let inner = format!(
+        "mount -t tmpfs tmpfs /run && \
+         bash {s} --no-packages --hugepages 0 && echo --- && \
+         bash {s} --no-packages --hugepages 0",
+        s = script.display()
+    );
+    let out = Command::new(unshare)
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--net",
+            "sh",
+            "-c",
+            &inner,
+        ])
+        .output()
+        .expect("run unshare");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && !text.contains("setup-host:") {
+        let why = format!("cannot create namespaces ({})", err.trim());
+        assert!(
+            std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() != Ok("1"),
+            "{why} and RPCRDMA_REQUIRE_PEERS=1"
+        );
+        println!("skipped: {why}");
+        return;
+    }
+    assert!(out.status.success(), "{text}{err}");
+    let (first, second) = text.split_once("---\n").expect("two runs");
+    // PID 1 of the namespace is sh, not systemd: rpcbind is run directly.
+    assert!(
+        first.contains("setup-host: rpcbind: started (") && first.contains("rpcbind -w)"),
+        "{first}"
+    );
+    assert!(
+        second.contains("setup-host: rpcbind: unchanged (running, pid "),
+        "{second}"
+    );
 }
