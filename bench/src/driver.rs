@@ -36,7 +36,8 @@
 
 use std::time::{Duration, Instant};
 
-use dataplane::service::bench::{decode_data_reply, decode_void_reply, Args};
+use dataplane::service::bench::{decode_data_reply, decode_void_reply, Args, ReplyError};
+use dataplane::wire::rpc::AcceptStatus;
 
 use crate::tirpc::CpuTimes;
 use crate::transport::{
@@ -169,12 +170,19 @@ impl Workload {
 /// `hash` is set (0 otherwise).
 #[inline]
 fn check_reply(op: Op, size: u32, reply: Reply<'_>, hash: bool) -> Result<u64, String> {
+    // SYSTEM_ERR for a reply over the server's message limit says so.
+    let explain = |e: ReplyError| {
+        matches!(e, ReplyError::Status(AcceptStatus::SystemErr))
+            .then(|| crate::limits::over_limit(op, size, crate::limits::Refusal::SystemErr))
+            .flatten()
+            .unwrap_or_else(|| e.to_string())
+    };
     match op {
         Op::Null | Op::Write => decode_void_reply(reply.message)
             .map(|()| 0)
-            .map_err(|e| e.to_string()),
+            .map_err(explain),
         Op::Echo | Op::Read => {
-            let data = decode_data_reply(reply.message, reply.ddp).map_err(|e| e.to_string())?;
+            let data = decode_data_reply(reply.message, reply.ddp).map_err(explain)?;
             if data.len() != size as usize {
                 return Err(format!("{} result bytes, not {size}", data.len()));
             }

@@ -15,6 +15,7 @@
 
 pub mod driver;
 pub mod inproc;
+pub mod limits;
 pub mod membw;
 pub mod output;
 pub mod rdma;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use dataplane::client::{
     CallOutcome, Client, ClientConfig, Directed, MemKey, MemRange, ReplyTarget,
 };
-use dataplane::engine::{self, CallHandle};
+use dataplane::engine::{self, CallFailure, CallHandle};
 use dataplane::service::bench::{encode_call, encode_call_directed, Args};
 use dataplane::service::ServiceTable;
 use dataplane::verbs::{Context, VerbsError};
@@ -35,6 +35,7 @@ use dataplane::worker::{
 };
 
 use crate::driver::{thread_cpu_of, Reply, RpcDriver};
+use crate::limits::{over_limit, Refusal};
 use crate::tirpc::CpuTimes;
 use crate::transport::{BenchError, Idle, Op, OpenOptions, RunSpec};
 
@@ -273,6 +274,9 @@ pub struct RdmaDriver<P: PoolProvider> {
     /// from there.
     app: Option<MemKey>,
     slot_bytes: u32,
+    /// The operation and data size of the prepared run (to explain a
+    /// refusal by the server's message limit).
+    work: (Op, u32),
     /// The argument (address, length) each slot's range holds, so that
     /// it is copied in once, not per call (a gateway's data is already in
     /// its registered memory).
@@ -337,6 +341,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
             target: ReplyTarget::Inline,
             app: None,
             slot_bytes: 0,
+            work: (Op::Null, 0),
             loaded: Vec::new(),
         }
     }
@@ -434,6 +439,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
         }
         let depth = spec.depth.max(1);
         let data = spec.size.max(1);
+        self.work = (spec.op, spec.size);
         self.target = match spec.op {
             Op::Read | Op::Echo => ReplyTarget::WriteChunk { max_ddp: data },
             Op::Null | Op::Write => ReplyTarget::Inline,
@@ -569,10 +575,15 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                     client.release(handle);
                 }
                 CallOutcome::Failed(f) => {
+                    let (op, size) = self.work;
+                    let reason = matches!(f, CallFailure::PeerChunkError)
+                        .then(|| over_limit(op, size, Refusal::ErrChunk))
+                        .flatten()
+                        .unwrap_or_else(|| format!("call failed: {f:?}"));
                     return Err(BenchError::Call {
                         transport: name,
-                        reason: format!("call failed: {f:?}"),
-                    })
+                        reason,
+                    });
                 }
             }
         }
