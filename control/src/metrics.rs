@@ -86,7 +86,7 @@ impl ErrorKind {
     }
 }
 
-/// The buffer pools of a worker (DESIGN s4). Each connection's engine
+/// The buffer pools of a worker. Each connection's engine
 /// memory lives in its own arena (docs/WORKER.md); what a worker pools is
 /// the region leases its posted work requests hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use dataplane::wire::conf::{CONFIG_RDMA_PROG, CONFIG_RDMA_VERS};
 
-/// The bench program (echo, sink, source of N bytes; DESIGN s7), served by
+/// The bench program (echo, sink, source of N bytes), served by
 /// `dataplane::service::bench`: program number 0x2052444D ("RDM" in its
 /// low bytes), in the range RFC 5531 appendix B leaves to users
 /// (0x20000000-0x3FFFFFFF).

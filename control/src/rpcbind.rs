@@ -26,7 +26,7 @@
 //! AF_LOCAL socket always qualifies; whether loopback TCP does depends on
 //! the build and its flags (`-L`, `-i`). Debian 12's rpcbind 1.2.6 accepts
 //! loopback TCP (the real-rpcbind test shows it), so the default address is
-//! `127.0.0.1:111` as the issue asks. Where rpcbind refuses the caller,
+//! `127.0.0.1:111`, where clients look for it. Where rpcbind refuses the caller,
 //! [`RpcbindError::Refused`] names the fix: point `rpcbind.address` at the
 //! local socket, `/run/rpcbind.sock`, which this client also speaks.
 

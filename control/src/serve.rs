@@ -7,7 +7,7 @@
 //!           TCP limits from transport.max_message
 //!           -> WorkerSet: ONE pinned thread per workers.cores entry, which
 //!              polls the shm and roce connections and the tcp connections
-//!              it is given (DESIGN s5: one worker per core)
+//!              it is given (one worker per core, shared by all)
 //!           -> attach each provider in use (its context and PD)
 //!           -> per listener: listen, then an acceptor thread:
 //!              shm/roce: accept (RFC 8797 private data, receives
@@ -23,7 +23,7 @@
 //! "Least loaded" counts every transport's connections on a worker.
 //! Listeners whose provider this build does not serve (`ibverbs://` without
 //! the `ibverbs` feature) are refused at start with one line naming the
-//! schemes that are served (DESIGN s8).
+//! schemes that are served.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
