@@ -25,7 +25,10 @@
 //!
 //! Exit codes: 0 after a clean shutdown (and for `--check-config` of a
 //! good file), 2 for a bad configuration or bad arguments, 1 for a startup
-//! failure (port or socket in use, no hugepages when required, ...).
+//! failure (port or socket in use, no hugepages when required, ...) and
+//! for `--check-config` of a file whose only problems are the host's
+//! (an address not up yet, a socket still held): the unit's
+//! ExecStartPre then fails as the start would, and systemd retries.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -57,8 +60,10 @@ pub struct Args {
     /// (configs/default.toml).
     #[arg(long, value_name = "FILE", conflicts_with = "check_config")]
     pub config: Option<PathBuf>,
-    /// Check a configuration file, print `FILE: ok` or `FILE:LINE: error`,
-    /// and exit (0 or 2).
+    /// Check a configuration file and this host's readiness for it without
+    /// binding anything; print `FILE: ok` and what was not checked, or one
+    /// `FILE:LINE: error` per problem, and exit (0; 2 for a bad file; 1
+    /// when only the host is not ready).
     #[arg(long, value_name = "FILE")]
     pub check_config: Option<PathBuf>,
 }
@@ -114,7 +119,8 @@ pub fn main() -> i32 {
 
 /// `--check-config FILE`: the file, then every host check the start runs
 /// before binding. Prints `FILE: ok (...)` and the `not checked:` line, or
-/// one `FILE:LINE: message` line per problem; returns the exit code.
+/// one `FILE:LINE: message` line per problem; returns the exit code (2
+/// for a problem of the file, 1 for problems of the host only).
 fn check_config(path: &Path) -> i32 {
     let file = path.display().to_string();
     let checked = std::fs::read_to_string(path)
@@ -149,7 +155,8 @@ fn check_config(path: &Path) -> i32 {
         };
         eprintln!("{e}");
     }
-    EXIT_CONFIG
+    // The file is fine; this host cannot serve it (yet): a startup failure.
+    EXIT_STARTUP
 }
 
 /// The one line saying what `--check-config` leaves to the start.

@@ -85,14 +85,15 @@ fn shipped_configs_pass_check_config_where_the_host_allows() {
     }
     assert!(checked >= 2, "configs/ has default.toml and loopback.toml");
 
-    // dedicated-node.toml wants cores 2-5, an RDMA device and its own
-    // addresses: one FILE:LINE line per problem, exit 2, unless this is
-    // that machine.
+    // dedicated-node.toml wants cores 2-5 (a problem of the file here:
+    // exit 2), an RDMA device and its own addresses (problems of the host:
+    // exit 1): one FILE:LINE line per problem, unless this is that
+    // machine.
     let (code, out, err) = check("../configs/dedicated-node.toml");
     if code == Some(0) {
         assert!(out.contains(": ok (4 worker(s), 4 listener(s))\n"), "{out}");
     } else {
-        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(matches!(code, Some(1 | 2)), "{code:?}: {out}{err}");
         assert!(!err.is_empty());
         for line in err.lines() {
             assert!(
@@ -132,7 +133,7 @@ fn check_config_refuses_an_ibverbs_listener_this_build_cannot_serve() {
         println!("skipped: this host has an RDMA device for 127.0.0.1");
         return;
     }
-    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(out, "");
     assert_eq!(err.lines().count(), 1, "{err}");
     let head = format!("{cfg}:5: cannot listen on ibverbs://127.0.0.1:20049 (listeners[1].url): ");
@@ -155,7 +156,7 @@ fn check_config_refuses_addresses_not_on_this_host_naming_each() {
     );
     let cfg = cfg.to_str().unwrap();
     let (code, out, err) = check(cfg);
-    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(code, Some(1), "{out}{err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 2, "{err}");
     assert!(
@@ -214,7 +215,7 @@ fn check_config_of_a_good_file_is_ok_and_names_what_it_did_not_check() {
     );
     let bad = bad.to_str().unwrap();
     let (code, _, err) = check(bad);
-    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(code, Some(1), "{err}");
     assert_eq!(
         err,
         format!(
