@@ -1,0 +1,775 @@
+//! A real Linux kernel as the peer: Debian's kernel booted under qemu by
+//! `deploy/linux-peer`, with soft-RoCE (rdma_rxe) and knfsd listening for
+//! NFS over RDMA on port 20049. Every other test pairs our code with our
+//! own code; here the other end is the kernel's RDMA CM, rxe transport and
+//! svcrdma.
+//!
+//! * `roce_client_against_linux_knfsd`: this test binary, re-executed in
+//!   the guest's network namespace, connects `Client::<Roce>` to
+//!   `roce://198.18.0.2:20049` and makes NFS NULL calls (program 100003,
+//!   versions 3 and 4, AUTH_NONE): inline, with a reply chunk offered, and
+//!   as a 64 KiB long call (RDMA_NOMSG, position-zero read chunk that knfsd
+//!   pulls with RDMA Reads). Every reply is MSG_ACCEPTED/SUCCESS with the
+//!   call's XID. The session is captured on the namespace's tap and
+//!   checked: every ICRC (Linux's included) recomputed, no malformed frame
+//!   or expert error, REQ/REP/RTU, our first data packet at the Starting
+//!   PSN of Linux's REP and Linux's first at ours, no NAK from Linux.
+//!
+//! `RPCRDMA_SAVE_LINUX_REP=PATH` writes the first REP Linux sent (the whole
+//! RoCE packet, hex) to PATH: that is how
+//! `dataplane/tests/data/linux_rep.hex` was made (see
+//! `dataplane/tests/roce_linux_rep.rs`). `KEEP_PCAP=1` keeps the capture.
+//!
+//! Needs root, qemu-system-x86_64, busybox, tshark/dumpcap, the host
+//! packages the guest borrows (rdma-core, nfs-kernel-server, rpcbind) and
+//! the kernel cached by `deploy/linux-peer fetch`. Without them the test
+//! fails under `RPCRDMA_REQUIRE_PEERS=1`, else prints `skipped: ...` and
+//! passes. The guest and its namespace go away when the test ends, panics
+//! included (a guard's `Drop`); a later run removes those of a killed run.
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
+use dataplane::engine;
+use dataplane::verbs::roce::Roce;
+use dataplane::wire::ibcm::{CmMad, CmMessage, GSI_QPN};
+use dataplane::wire::roce::{icrc, Opcode, RocePacket, Syndrome};
+use dataplane::wire::rpc::{CallHeader, OpaqueAuth, ReplyHeader};
+use dataplane::wire::xdr::Encoder;
+use dataplane::worker::{EndpointConfig, IdleStrategy};
+use nix::sys::signal::Signal;
+use support::*;
+
+/// The namespace side (the tap) and the guest, as deploy/linux-peer sets them.
+const HOST_IP: &str = "198.18.0.1";
+const GUEST_IP: &str = "198.18.0.2";
+/// knfsd's RDMA listener (RFC 5667 s10 port), our source address pinned.
+const URL: &str = "roce://198.18.0.2:20049?local=198.18.0.1";
+const NFS_PROGRAM: u32 = 100_003;
+/// Capture probes and the end marker go to the discard port of the guest
+/// (inside the namespace; the guest drops them).
+const PROBE_PORT: u16 = 9;
+/// Where deploy/linux-peer keeps the kernel (its default).
+const KERNEL_CACHE: &str = "/var/cache/rpcrdma-linux-peer";
+/// Hang guard for the client process; never a statement about speed.
+const CLIENT_PATIENCE: Duration = Duration::from_secs(180);
+
+const ROLE_ENV: &str = "RPCRDMA_LINUX_PEER_ROLE";
+const PCAP_ENV: &str = "RPCRDMA_LINUX_PEER_PCAP";
+
+fn skip(why: &str) {
+    if std::env::var("RPCRDMA_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("{why} and RPCRDMA_REQUIRE_PEERS=1");
+    }
+    println!("skipped: {why}");
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/linux-peer")
+}
+
+// ---------------------------------------------------------------------------
+// The guest
+
+/// A booted guest; `Drop` powers it off and deletes its namespace.
+struct Peer {
+    dir: PathBuf,
+    ns: String,
+    tap: String,
+}
+
+const PEER_DIR_SUFFIX: &str = "-linux-peer";
+
+impl Peer {
+    /// `deploy/linux-peer up DIR`; `None` after the real-peer rule said
+    /// "skipped".
+    fn up() -> Option<Peer> {
+        if !nix::unistd::geteuid().is_root() {
+            skip("not root (the Linux peer needs namespaces, a tap and qemu)");
+            return None;
+        }
+        for tool in [
+            "qemu-system-x86_64",
+            "busybox",
+            "ip",
+            "rdma",
+            "rpc.nfsd",
+            "exportfs",
+            "rpcbind",
+            "tshark",
+            "dumpcap",
+        ] {
+            require_peer(tool)?;
+        }
+        let version = std::fs::read_to_string(Path::new(KERNEL_CACHE).join("version"));
+        if version.is_err() {
+            skip("Linux kernel for the peer not installed (deploy/linux-peer fetch)");
+            return None;
+        }
+        remove_stale_peers();
+        let dir = scratch_dir(&PEER_DIR_SUFFIX[1..]);
+        let started = Instant::now();
+        let out = Command::new(script())
+            .arg("up")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run deploy/linux-peer");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprint!("{stderr}");
+        // From here on, Drop cleans up whatever `up` left.
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let field = |name: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}=")))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let peer = Peer {
+            dir,
+            ns: field("NS"),
+            tap: field("TAP"),
+        };
+        assert!(out.status.success(), "deploy/linux-peer up failed");
+        assert_eq!(field("GUEST"), GUEST_IP);
+        assert_eq!(field("HOST"), HOST_IP);
+        println!(
+            "linux peer up in {:.1} s: namespace {}, tap {}",
+            started.elapsed().as_secs_f64(),
+            peer.ns,
+            peer.tap
+        );
+        Some(peer)
+    }
+
+    /// `ip netns exec NS PROG`: the child's pid is PROG's.
+    fn command(&self, prog: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns]).arg(prog);
+        c
+    }
+
+    /// Runs `cmd` in the guest: (exit code, stdout, stderr).
+    fn run(&self, cmd: &str) -> (Option<i32>, String, String) {
+        let out = Command::new(script())
+            .arg("run")
+            .arg(&self.dir)
+            .args(["--timeout", "60", "--", cmd])
+            .stdin(Stdio::null())
+            .output()
+            .expect("deploy/linux-peer run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let status = Command::new(script())
+            .arg("down")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!(
+                "cleanup: deploy/linux-peer down {}: {status:?}",
+                self.dir.display()
+            );
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "guest console log kept: {}",
+                self.dir.join("console.log").display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Guests of test processes that no longer run (killed before their guard
+/// could drop): `down` each, by the directory its test used.
+fn remove_stale_peers() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("rpcrdmad-test-")
+            .and_then(|r| r.strip_suffix(PEER_DIR_SUFFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new(script())
+                .arg("down")
+                .arg(e.path())
+                .stdin(Stdio::null())
+                .status();
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The client role (runs inside the namespace)
+
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        endpoint: EndpointConfig {
+            engine: engine::Config {
+                credits: 8,
+                max_outstanding_calls: 8,
+                max_call_size: 128 << 10,
+                max_reply_size: 128 << 10,
+                max_ddp_size: 64 << 10,
+                ..engine::Config::default()
+            },
+            ..EndpointConfig::default()
+        },
+        // knfsd does not serve CONF_RDMA (program 100417): plain Version One.
+        conf_rdma: false,
+        idle: IdleStrategy::Adaptive {
+            park_max: Duration::from_micros(200),
+        },
+        wait_timeout: PATIENCE,
+    }
+}
+
+/// NFS NULL of `version`, AUTH_NONE, followed by `junk` as an argument
+/// knfsd's NULL does not read (empty for a plain NULL). Checks the reply
+/// and returns the XID used.
+fn nfs_null(client: &mut Client<Roce>, version: u32, target: ReplyTarget, junk: &[u8]) -> u32 {
+    let mut used = 0;
+    let call = client
+        .call(target, |xid, buf| {
+            used = xid;
+            let h = CallHeader::new(
+                xid,
+                NFS_PROGRAM,
+                version,
+                0,
+                OpaqueAuth::None,
+                OpaqueAuth::None,
+            );
+            let mut enc = Encoder::new(buf);
+            h.emit(&mut enc).ok()?;
+            if !junk.is_empty() {
+                enc.put_opaque(junk).ok()?;
+            }
+            Some((enc.position(), None))
+        })
+        .unwrap_or_else(|e| panic!("NFSv{version} NULL via {target:?}: {e}"));
+    let outcome = client.wait(call).expect("NULL reply");
+    let CallOutcome::Reply { len, .. } = outcome else {
+        panic!("NFSv{version} NULL via {target:?}: {outcome:?}");
+    };
+    let msg = client.reply(call).expect("reply message");
+    let (h, hlen) = ReplyHeader::parse(msg)
+        .unwrap_or_else(|e| panic!("NFSv{version} NULL reply {msg:02x?}: {e}"));
+    assert_eq!(h.xid, used, "reply XID");
+    assert!(h.is_success(), "NFSv{version} NULL: {h:?}");
+    assert_eq!(hlen, len as usize, "NULL has no results");
+    assert!(client.release(call));
+    used
+}
+
+fn client_role() {
+    let pcap = PathBuf::from(std::env::var_os(PCAP_ENV).expect("capture file"));
+    let probe = std::net::UdpSocket::bind((HOST_IP, 0)).unwrap();
+    // dumpcap says "Capturing on" before the capture is live: probe until
+    // the file grows past its header.
+    let deadline = Instant::now() + PATIENCE;
+    while std::fs::metadata(&pcap).map_or(0, |m| m.len()) <= 24 {
+        assert!(Instant::now() < deadline, "capture never started");
+        let _ = probe.send_to(b"probe", (GUEST_IP, PROBE_PORT));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let started = Instant::now();
+    let mut client = Client::<Roce>::connect(URL, client_config()).expect("connect to knfsd");
+    println!("linux peer client: connected in {:?}", started.elapsed());
+    let long = vec![0xA5u8; 64 << 10];
+    let xids = [
+        (
+            "v3-null",
+            nfs_null(&mut client, 3, ReplyTarget::Inline, &[]),
+        ),
+        (
+            "v4-null",
+            nfs_null(&mut client, 4, ReplyTarget::Inline, &[]),
+        ),
+        (
+            "v3-null-reply-chunk",
+            nfs_null(&mut client, 3, ReplyTarget::ReplyChunk, &[]),
+        ),
+        (
+            "v3-null-long-call",
+            nfs_null(&mut client, 3, ReplyTarget::ReplyChunk, &long),
+        ),
+        (
+            "v3-null-again",
+            nfs_null(&mut client, 3, ReplyTarget::Inline, &[]),
+        ),
+        (
+            "v4-null-again",
+            nfs_null(&mut client, 4, ReplyTarget::Inline, &[]),
+        ),
+    ];
+    client.close().expect("close");
+
+    // Capture buffers deliver in blocks: send an end marker until it is in
+    // the file; everything before it is then in the file too.
+    let marker = b"rpcrdma-linux-peer-end-marker";
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let _ = probe.send_to(marker, (GUEST_IP, PROBE_PORT));
+        let now = std::fs::read(&pcap).unwrap_or_default();
+        if now.windows(marker.len()).any(|w| w == marker) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "end marker never captured");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (label, xid) in xids {
+        println!("linux peer client: xid {xid} {label}");
+    }
+    println!("linux peer client: done");
+}
+
+/// Runs this test binary's `test` in the namespace with `ROLE_ENV=role`;
+/// returns its stdout once it passed.
+fn run_client(peer: &Peer, test: &str, env: &[(&str, &str)]) -> String {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = peer
+        .command(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, "client")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the client in the namespace");
+    let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let (t_out, t_err) = (read_all(Box::new(out)), read_all(Box::new(err)));
+    let deadline = Instant::now() + CLIENT_PATIENCE;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("client did not finish in {CLIENT_PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (out, err) = (t_out.join().unwrap(), t_err.join().unwrap());
+    println!("--- client stdout:\n{out}--- stderr:\n{err}---");
+    assert!(status.success(), "client in the namespace failed: {status}");
+    assert!(
+        out.contains("linux peer client: done"),
+        "client did not run its role"
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------
+// The capture
+
+/// dumpcap, stopped by [`Capture::finish`], killed on drop.
+struct Capture(Child);
+
+impl Capture {
+    fn start(peer: &Peer, dumpcap: &Path, file: &Path) -> Capture {
+        let mut cap = peer
+            .command(dumpcap)
+            .args(["-i", &peer.tap, "-f"])
+            .arg(format!("udp port 4791 or udp port {PROBE_PORT}"))
+            .args(["-P", "-w"])
+            .arg(file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run dumpcap");
+        let mut err = BufReader::new(cap.stderr.take().unwrap());
+        let mut said = String::new();
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("Capturing on") {
+                std::thread::spawn(move || {
+                    let mut rest = String::new();
+                    let _ = err.read_to_string(&mut rest);
+                });
+                return Capture(cap);
+            }
+            said.push_str(&line);
+            line.clear();
+        }
+        let _ = cap.wait();
+        panic!("dumpcap failed: {said}");
+    }
+
+    fn finish(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGINT);
+        let _ = wait_child(&mut self.0);
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// IPv4 packets of a pcap file (Ethernet link type), without the probes.
+fn ip_packets(pcap: &[u8]) -> Vec<Vec<u8>> {
+    assert!(pcap.len() >= 24, "pcap header");
+    let le = pcap[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
+    let rd32 = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    assert_eq!(rd32(&pcap[20..24]), 1, "Ethernet link type");
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let incl = rd32(&pcap[at + 8..at + 12]) as usize;
+        let frame = &pcap[at + 16..at + 16 + incl];
+        at += 16 + incl;
+        if frame.len() < 14 + 28 || frame[12..14] != [0x08, 0x00] {
+            continue;
+        }
+        let ipf = &frame[14..];
+        if u16::from_be_bytes([ipf[22], ipf[23]]) != PROBE_PORT {
+            out.push(ipf.to_vec());
+        }
+    }
+    out
+}
+
+/// One RoCE packet of the capture, decoded by our own codecs.
+struct Seen {
+    from_linux: bool,
+    /// The UDP payload (BTH .. ICRC).
+    roce: Vec<u8>,
+}
+
+impl Seen {
+    fn packet(&self) -> RocePacket<'_> {
+        RocePacket::parse(&self.roce).expect("RoCE packet")
+    }
+    fn mad(&self) -> Option<CmMad<'_>> {
+        let p = self.packet();
+        (p.bth.dest_qpn == GSI_QPN).then(|| CmMad::parse(p.payload).expect("CM MAD"))
+    }
+}
+
+fn roce_packets(ips: &[Vec<u8>]) -> Vec<Seen> {
+    let guest: std::net::Ipv4Addr = GUEST_IP.parse().unwrap();
+    ips.iter()
+        .filter(|ip| ip[9] == 17 && u16::from_be_bytes([ip[22], ip[23]]) == 4791)
+        .map(|ip| {
+            let ihl = (ip[0] & 0x0F) as usize * 4;
+            Seen {
+                from_linux: ip[12..16] == guest.octets(),
+                roce: ip[ihl + 8..].to_vec(),
+            }
+        })
+        .collect()
+}
+
+fn tshark(tshark: &Path, file: &Path, args: &[&str]) -> String {
+    let out = Command::new(tshark)
+        .arg("-r")
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
+    let ips = ip_packets(&std::fs::read(file).expect("capture file"));
+    // Every ICRC, Linux's and ours, as our codec computes it.
+    for (i, p) in ips.iter().enumerate() {
+        if p[9] == 17 && u16::from_be_bytes([p[22], p[23]]) == 4791 {
+            assert_eq!(icrc::verify_frame(p), Ok(true), "ICRC of IP packet {i}");
+        }
+    }
+    let bad = tshark(
+        tshark_bin,
+        file,
+        &["-Y", "_ws.malformed || _ws.expert.severity == error"],
+    );
+    assert!(bad.trim().is_empty(), "malformed or expert errors:\n{bad}");
+    let verbose = tshark(tshark_bin, file, &["-V"]);
+    for bad in ["Malformed", "[Expert Info (Error"] {
+        assert!(!verbose.contains(bad), "{bad} in tshark -V output");
+    }
+    // tshark saw each call and its reply as RPC (NFS) with our XIDs.
+    let rpc = tshark(
+        tshark_bin,
+        file,
+        &[
+            "-Y",
+            "rpc",
+            "-T",
+            "fields",
+            "-e",
+            "ip.src",
+            "-e",
+            "rpc.xid",
+            "-e",
+            "rpc.msgtyp",
+        ],
+    );
+    let rdma = tshark(
+        tshark_bin,
+        file,
+        &[
+            "-Y",
+            "rpcordma",
+            "-T",
+            "fields",
+            "-e",
+            "ip.src",
+            "-e",
+            "rpcordma.xid",
+            "-e",
+            "rpcordma.msg_type",
+        ],
+    );
+    for (xid, label) in xids {
+        let hex = format!("0x{xid:08x}");
+        let seen = |src: &str, typ: &str| {
+            rpc.lines().any(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                f.len() == 3
+                    && f[0] == src
+                    && f[1].split(',').any(|x| x == hex)
+                    && f[2].split(',').any(|t| t == typ)
+            })
+        };
+        if label.contains("long-call") {
+            // The call itself travelled in RDMA Read responses, which
+            // tshark does not reassemble: its RPC-over-RDMA header must
+            // be there, RDMA_NOMSG (1) with our XID.
+            assert!(
+                rdma.lines().any(|l| l == format!("{HOST_IP}\t{hex}\t1")),
+                "{label}: no RDMA_NOMSG call {hex}:\n{rdma}"
+            );
+        } else {
+            assert!(
+                seen(HOST_IP, "0"),
+                "{label}: tshark shows no call {hex}:\n{rpc}"
+            );
+        }
+        assert!(
+            seen(GUEST_IP, "1"),
+            "{label}: tshark shows no reply {hex}:\n{rpc}"
+        );
+    }
+
+    let seen = roce_packets(&ips);
+    let cm: Vec<(bool, &'static str)> = seen
+        .iter()
+        .filter_map(|s| Some((s.from_linux, cm_name(&s.mad()?.message))))
+        .collect();
+    println!("CM messages (from_linux, name): {cm:?}");
+    assert_eq!(
+        cm[..3],
+        [(false, "REQ"), (true, "REP"), (false, "RTU")],
+        "CM handshake"
+    );
+    assert!(cm.contains(&(false, "DREQ")), "our DREQ at close: {cm:?}");
+
+    // The Starting PSNs, each the PSN its sender expects to receive: the
+    // first data packet each way carries the Starting PSN the *other*
+    // side announced.
+    let mad_of = |from_linux: bool, want: &str| {
+        seen.iter()
+            .find(|s| {
+                s.from_linux == from_linux && s.mad().is_some_and(|m| cm_name(&m.message) == want)
+            })
+            .expect(want)
+    };
+    let req_seen = mad_of(false, "REQ");
+    let rep_seen = mad_of(true, "REP");
+    let (CmMessage::Req(req), CmMessage::Rep(rep)) = (
+        req_seen.mad().unwrap().message,
+        rep_seen.mad().unwrap().message,
+    ) else {
+        unreachable!()
+    };
+    let rc = |from_linux: bool| {
+        seen.iter()
+            .filter(|s| s.from_linux == from_linux)
+            .map(|s| s.packet())
+            .filter(|p| p.bth.dest_qpn != GSI_QPN)
+            .collect::<Vec<_>>()
+    };
+    let ours = rc(false);
+    let linux = rc(true);
+    let first_ours = ours
+        .iter()
+        .find(|p| p.bth.opcode != Opcode::RcAcknowledge)
+        .expect("a data packet from us");
+    assert_eq!(
+        first_ours.bth.dest_qpn, rep.local_qpn,
+        "our first packet's QPN"
+    );
+    assert_eq!(
+        first_ours.bth.psn, rep.starting_psn,
+        "our first data packet goes out at the REP's Starting PSN"
+    );
+    let first_linux = linux
+        .iter()
+        .find(|p| p.bth.opcode != Opcode::RcAcknowledge)
+        .expect("a data packet from Linux");
+    assert_eq!(
+        first_linux.bth.dest_qpn, req.local_qpn,
+        "Linux's first packet's QPN"
+    );
+    assert_eq!(
+        first_linux.bth.psn, req.starting_psn,
+        "Linux's first data packet comes at our REQ's Starting PSN"
+    );
+    for p in linux.iter().chain(ours.iter()) {
+        if let Some(a) = p.aeth {
+            assert!(
+                matches!(a.syndrome, Syndrome::Ack { .. }),
+                "a NAK on the wire: {p:?}"
+            );
+        }
+    }
+    println!(
+        "PSNs: our REQ {:#08x}, Linux's REP {:#08x}; {} packets from us, {} from Linux",
+        req.starting_psn.value(),
+        rep.starting_psn.value(),
+        ours.len(),
+        linux.len()
+    );
+    let has = |v: &[RocePacket<'_>], o: Opcode| v.iter().any(|p| p.bth.opcode == o);
+    assert!(
+        has(&linux, Opcode::RcReadRequest),
+        "knfsd pulled the long call"
+    );
+    assert!(
+        has(&ours, Opcode::RcReadResponseFirst),
+        "we answered its Reads"
+    );
+    assert!(
+        linux
+            .iter()
+            .any(|p| matches!(p.bth.opcode, Opcode::RcWriteOnly | Opcode::RcWriteFirst)),
+        "knfsd wrote a reply chunk"
+    );
+
+    if let Some(path) = std::env::var_os("RPCRDMA_SAVE_LINUX_REP") {
+        let hex: String = rep_seen
+            .roce
+            .chunks(16)
+            .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<String>() + "\n")
+            .collect();
+        std::fs::write(&path, hex).expect("write the REP");
+        println!("Linux's REP saved to {}", Path::new(&path).display());
+    }
+}
+
+fn cm_name(m: &CmMessage<'_>) -> &'static str {
+    match m {
+        CmMessage::Req(_) => "REQ",
+        CmMessage::Rep(_) => "REP",
+        CmMessage::Rtu(_) => "RTU",
+        CmMessage::Dreq(_) => "DREQ",
+        CmMessage::Drep(_) => "DREP",
+        CmMessage::Rej(_) => "REJ",
+        CmMessage::Mra(_) => "MRA",
+    }
+}
+
+#[test]
+fn roce_client_against_linux_knfsd() {
+    const TEST: &str = "roce_client_against_linux_knfsd";
+    if std::env::var(ROLE_ENV).as_deref() == Ok("client") {
+        return client_role();
+    }
+    let started = Instant::now();
+    let Some(peer) = Peer::up() else {
+        return;
+    };
+    let tshark_bin = find_tool("tshark").unwrap();
+    let dumpcap = tshark_bin.with_file_name("dumpcap");
+    let file = peer.dir.join("session.pcap");
+    let cap = Capture::start(&peer, &dumpcap, &file);
+    let out = run_client(&peer, TEST, &[(PCAP_ENV, file.to_str().unwrap())]);
+    cap.finish();
+    let xids: Vec<(u32, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("linux peer client: xid ").nth(1)?;
+            let mut w = rest.split(' ');
+            Some((w.next()?.parse().ok()?, w.next()?.to_owned()))
+        })
+        .collect();
+    assert_eq!(xids.len(), 6, "{out}");
+    check_capture(&tshark_bin, &file, &xids);
+    // knfsd saw them: its RPC counters moved (the guest's own view).
+    let (rc, stats, err) = peer.run("cat /proc/net/rpc/nfsd");
+    assert_eq!(rc, Some(0), "{err}");
+    println!("knfsd /proc/net/rpc/nfsd:\n{stats}");
+    // "procN COUNT NULL ...": four version 3 NULLs, two version 4 NULLs.
+    let nulls = |v: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{v} ")))
+            .and_then(|r| r.split(' ').nth(1)?.parse::<u64>().ok())
+    };
+    assert_eq!(
+        (nulls("proc3"), nulls("proc4")),
+        (Some(4), Some(2)),
+        "{stats}"
+    );
+    if std::env::var_os("KEEP_PCAP").is_some() {
+        let keep = std::env::temp_dir().join(format!("linux-peer-{}.pcap", std::process::id()));
+        std::fs::copy(&file, &keep).unwrap();
+        println!("capture kept: {}", keep.display());
+    }
+    println!(
+        "linux peer test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
