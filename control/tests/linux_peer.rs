@@ -521,9 +521,11 @@ fn tshark(tshark: &Path, file: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
+/// Checks every capture gets: each ICRC, Linux's and ours, as our codec
+/// computes it; nothing tshark calls malformed, no expert error. Returns
+/// the RoCE packets.
+fn check_frames(tshark_bin: &Path, file: &Path) -> Vec<Seen> {
     let ips = ip_packets(&std::fs::read(file).expect("capture file"));
-    // Every ICRC, Linux's and ours, as our codec computes it.
     for (i, p) in ips.iter().enumerate() {
         if p[9] == 17 && u16::from_be_bytes([p[22], p[23]]) == 4791 {
             assert_eq!(icrc::verify_frame(p), Ok(true), "ICRC of IP packet {i}");
@@ -539,6 +541,96 @@ fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
     for bad in ["Malformed", "[Expert Info (Error"] {
         assert!(!verbose.contains(bad), "{bad} in tshark -V output");
     }
+    roce_packets(&ips)
+}
+
+/// The connection as both kernels' rules want it: REQ, REP, RTU from the
+/// right sides; the first data packet each way at the Starting PSN that
+/// the *receiving* side announced (each side announces the PSN it expects,
+/// as Linux's cm.c loads it); no NAK either way. Returns the REQ and the
+/// REP.
+fn check_connection(seen: &[Seen], linux_is_client: bool) -> (&Seen, &Seen) {
+    let cm: Vec<(bool, &'static str)> = seen
+        .iter()
+        .filter_map(|s| Some((s.from_linux, cm_name(&s.mad()?.message))))
+        .collect();
+    println!("CM messages (from_linux, name): {cm:?}");
+    let c = linux_is_client;
+    assert!(cm.len() >= 3, "CM handshake: {cm:?}");
+    assert_eq!(
+        cm[..3],
+        [(c, "REQ"), (!c, "REP"), (c, "RTU")],
+        "CM handshake"
+    );
+    assert!(
+        cm.iter().any(|&(_, m)| m == "DREQ"),
+        "a DREQ at close: {cm:?}"
+    );
+    let mad_of = |from_linux: bool, want: &str| {
+        seen.iter()
+            .find(|s| {
+                s.from_linux == from_linux && s.mad().is_some_and(|m| cm_name(&m.message) == want)
+            })
+            .expect(want)
+    };
+    let req_seen = mad_of(c, "REQ");
+    let rep_seen = mad_of(!c, "REP");
+    let (CmMessage::Req(req), CmMessage::Rep(rep)) = (
+        req_seen.mad().unwrap().message,
+        rep_seen.mad().unwrap().message,
+    ) else {
+        unreachable!()
+    };
+    let rc = |from_linux: bool| {
+        seen.iter()
+            .filter(|s| s.from_linux == from_linux)
+            .map(|s| s.packet())
+            .filter(|p| p.bth.dest_qpn != GSI_QPN)
+            .collect::<Vec<_>>()
+    };
+    let first_data = |from_linux: bool| {
+        rc(from_linux)
+            .into_iter()
+            .find(|p| p.bth.opcode != Opcode::RcAcknowledge)
+            .unwrap_or_else(|| panic!("no data packet (from_linux {from_linux})"))
+    };
+    // The client (REQ sender) sends from the REP's Starting PSN, to the
+    // REP's QPN; the server from the REQ's, to the REQ's QPN.
+    let from_client = first_data(c);
+    assert_eq!(
+        (from_client.bth.dest_qpn, from_client.bth.psn),
+        (rep.local_qpn, rep.starting_psn),
+        "the client's first data packet: to the REP's QPN at its Starting PSN"
+    );
+    let from_server = first_data(!c);
+    assert_eq!(
+        (from_server.bth.dest_qpn, from_server.bth.psn),
+        (req.local_qpn, req.starting_psn),
+        "the server's first data packet: to the REQ's QPN at its Starting PSN"
+    );
+    for p in rc(true).iter().chain(rc(false).iter()) {
+        if let Some(a) = p.aeth {
+            assert!(
+                matches!(a.syndrome, Syndrome::Ack { .. }),
+                "a NAK on the wire: {p:?}"
+            );
+        }
+    }
+    println!(
+        "Starting PSNs: REQ {:#08x}, REP {:#08x}; {} packets from us, {} from Linux",
+        req.starting_psn.value(),
+        rep.starting_psn.value(),
+        rc(false).len(),
+        rc(true).len()
+    );
+    (req_seen, rep_seen)
+}
+
+/// Our client against knfsd: [`check_frames`], [`check_connection`], each
+/// call and its reply as tshark decodes them, and the chunk traffic the
+/// long call and the reply chunk caused.
+fn check_client_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
+    let seen = check_frames(tshark_bin, file);
     // tshark saw each call and its reply as RPC (NFS) with our XIDs.
     let rpc = tshark(
         tshark_bin,
@@ -603,37 +695,7 @@ fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
         );
     }
 
-    let seen = roce_packets(&ips);
-    let cm: Vec<(bool, &'static str)> = seen
-        .iter()
-        .filter_map(|s| Some((s.from_linux, cm_name(&s.mad()?.message))))
-        .collect();
-    println!("CM messages (from_linux, name): {cm:?}");
-    assert_eq!(
-        cm[..3],
-        [(false, "REQ"), (true, "REP"), (false, "RTU")],
-        "CM handshake"
-    );
-    assert!(cm.contains(&(false, "DREQ")), "our DREQ at close: {cm:?}");
-
-    // The Starting PSNs, each the PSN its sender expects to receive: the
-    // first data packet each way carries the Starting PSN the *other*
-    // side announced.
-    let mad_of = |from_linux: bool, want: &str| {
-        seen.iter()
-            .find(|s| {
-                s.from_linux == from_linux && s.mad().is_some_and(|m| cm_name(&m.message) == want)
-            })
-            .expect(want)
-    };
-    let req_seen = mad_of(false, "REQ");
-    let rep_seen = mad_of(true, "REP");
-    let (CmMessage::Req(req), CmMessage::Rep(rep)) = (
-        req_seen.mad().unwrap().message,
-        rep_seen.mad().unwrap().message,
-    ) else {
-        unreachable!()
-    };
+    let (_, rep_seen) = check_connection(&seen, false);
     let rc = |from_linux: bool| {
         seen.iter()
             .filter(|s| s.from_linux == from_linux)
@@ -641,47 +703,7 @@ fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
             .filter(|p| p.bth.dest_qpn != GSI_QPN)
             .collect::<Vec<_>>()
     };
-    let ours = rc(false);
-    let linux = rc(true);
-    let first_ours = ours
-        .iter()
-        .find(|p| p.bth.opcode != Opcode::RcAcknowledge)
-        .expect("a data packet from us");
-    assert_eq!(
-        first_ours.bth.dest_qpn, rep.local_qpn,
-        "our first packet's QPN"
-    );
-    assert_eq!(
-        first_ours.bth.psn, rep.starting_psn,
-        "our first data packet goes out at the REP's Starting PSN"
-    );
-    let first_linux = linux
-        .iter()
-        .find(|p| p.bth.opcode != Opcode::RcAcknowledge)
-        .expect("a data packet from Linux");
-    assert_eq!(
-        first_linux.bth.dest_qpn, req.local_qpn,
-        "Linux's first packet's QPN"
-    );
-    assert_eq!(
-        first_linux.bth.psn, req.starting_psn,
-        "Linux's first data packet comes at our REQ's Starting PSN"
-    );
-    for p in linux.iter().chain(ours.iter()) {
-        if let Some(a) = p.aeth {
-            assert!(
-                matches!(a.syndrome, Syndrome::Ack { .. }),
-                "a NAK on the wire: {p:?}"
-            );
-        }
-    }
-    println!(
-        "PSNs: our REQ {:#08x}, Linux's REP {:#08x}; {} packets from us, {} from Linux",
-        req.starting_psn.value(),
-        rep.starting_psn.value(),
-        ours.len(),
-        linux.len()
-    );
+    let (ours, linux) = (rc(false), rc(true));
     let has = |v: &[RocePacket<'_>], o: Opcode| v.iter().any(|p| p.bth.opcode == o);
     assert!(
         has(&linux, Opcode::RcReadRequest),
@@ -721,21 +743,21 @@ fn cm_name(m: &CmMessage<'_>) -> &'static str {
     }
 }
 
-#[test]
-fn roce_client_against_linux_knfsd() {
-    const TEST: &str = "roce_client_against_linux_knfsd";
-    if std::env::var(ROLE_ENV).as_deref() == Ok("client") {
-        return client_role();
+fn keep_pcap(file: &Path, name: &str) {
+    if std::env::var_os("KEEP_PCAP").is_some() {
+        let keep = std::env::temp_dir().join(format!("{name}-{}.pcap", std::process::id()));
+        std::fs::copy(file, &keep).unwrap();
+        println!("capture kept: {}", keep.display());
     }
+}
+
+/// Our `Client::<Roce>` (in the namespace) against knfsd in the guest.
+fn our_client_against_knfsd(peer: &Peer, tshark_bin: &Path) {
     let started = Instant::now();
-    let Some(peer) = Peer::up() else {
-        return;
-    };
-    let tshark_bin = find_tool("tshark").unwrap();
     let dumpcap = tshark_bin.with_file_name("dumpcap");
-    let file = peer.dir.join("session.pcap");
-    let cap = Capture::start(&peer, &dumpcap, &file);
-    let out = run_client(&peer, TEST, &[(PCAP_ENV, file.to_str().unwrap())]);
+    let file = peer.dir.join("client.pcap");
+    let cap = Capture::start(peer, &dumpcap, &file);
+    let out = run_client(peer, TEST, &[(PCAP_ENV, file.to_str().unwrap())]);
     cap.finish();
     let xids: Vec<(u32, String)> = out
         .lines()
@@ -746,7 +768,8 @@ fn roce_client_against_linux_knfsd() {
         })
         .collect();
     assert_eq!(xids.len(), 6, "{out}");
-    check_capture(&tshark_bin, &file, &xids);
+    keep_pcap(&file, "linux-peer-client");
+    check_client_capture(tshark_bin, &file, &xids);
     // knfsd saw them: its RPC counters moved (the guest's own view).
     let (rc, stats, err) = peer.run("cat /proc/net/rpc/nfsd");
     assert_eq!(rc, Some(0), "{err}");
@@ -763,11 +786,192 @@ fn roce_client_against_linux_knfsd() {
         (Some(4), Some(2)),
         "{stats}"
     );
-    if std::env::var_os("KEEP_PCAP").is_some() {
-        let keep = std::env::temp_dir().join(format!("linux-peer-{}.pcap", std::process::id()));
-        std::fs::copy(&file, &keep).unwrap();
-        println!("capture kept: {}", keep.display());
+    println!(
+        "our client against knfsd: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `GET /metrics` of a daemon listening inside the namespace: from a
+/// thread that joined the namespace (setns changes only the calling
+/// thread), so no traffic leaves it.
+fn metrics_in(peer: &Peer, addr: &str) -> String {
+    let ns = PathBuf::from("/run/netns").join(&peer.ns);
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&ns).expect("namespace file");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        http_get(addr, "/metrics").1
+    })
+    .join()
+    .unwrap()
+}
+
+/// Sends an end marker to the guest's discard port (from a thread inside
+/// the namespace) until the capture file holds it.
+fn mark_capture_end(peer: &Peer, pcap: &Path) {
+    let ns = PathBuf::from("/run/netns").join(&peer.ns);
+    let pcap = pcap.to_owned();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&ns).expect("namespace file");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let probe = std::net::UdpSocket::bind((HOST_IP, 0)).unwrap();
+        let marker = b"rpcrdma-linux-peer-end-marker";
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let _ = probe.send_to(marker, (GUEST_IP, PROBE_PORT));
+            let now = std::fs::read(&pcap).unwrap_or_default();
+            if now.windows(marker.len()).any(|w| w == marker) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "end marker never captured");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .join()
+    .unwrap()
+}
+
+fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The guest's Linux NFS/RDMA client against our `rpcrdmad` (in the
+/// namespace, `roce://198.18.0.1:20049`). The daemon serves no NFS, so the
+/// kernel's NULL ping is answered PROG_UNAVAIL and the mount fails the way
+/// the kernel maps that (EPFNOSUPPORT, "Protocol family not supported").
+/// NFSv4.0 because a version 3 mount asks mountd (over TCP) first and
+/// would never reach the RDMA transport.
+fn linux_client_against_rpcrdmad(peer: &Peer, tshark_bin: &Path) {
+    const METRICS: &str = "198.18.0.1:19491";
+    let started = Instant::now();
+    let dumpcap = tshark_bin.with_file_name("dumpcap");
+    let file = peer.dir.join("server.pcap");
+    let cap = Capture::start(peer, &dumpcap, &file);
+    let cfg = write_file(
+        &peer.dir,
+        "rpcrdmad.toml",
+        &format!(
+            "[[listeners]]\nurl = \"roce://{HOST_IP}:20049\"\n\n[workers]\ncores = [0]\n\
+             idle = \"adaptive\"\n\n[metrics]\naddress = \"{METRICS}\"\n\n\
+             [rpcbind]\nregister = false\n\n[memory]\nhugepages = \"off\"\n"
+        ),
+    );
+    let mut cmd = peer.command(Path::new(BIN));
+    cmd.arg("--config").arg(&cfg).env("RPCRDMAD_LOG", "debug");
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    let (rc, out, err) = peer.run(
+        "modprobe -a nfsv4 && mkdir -p /mnt && \
+         mount -t nfs -o rdma,port=20049,vers=4.0,retry=0 198.18.0.1:/ /mnt",
+    );
+    println!("guest mount: exit {rc:?}\n{out}{err}");
+    assert_eq!(rc, Some(32), "mount.nfs fails (32: mount failure)");
+    assert!(
+        err.contains("Protocol family not supported"),
+        "PROG_UNAVAIL, as sunrpc maps it: {err}"
+    );
+    d.wait_for_line("connection handed to worker");
+    // The kernel disconnects after the failed ping: wait until the daemon
+    // saw the DREQ (its open-connection gauge back to 0).
+    let deadline = Instant::now() + PATIENCE;
+    let body = loop {
+        let body = metrics_in(peer, METRICS);
+        if metric(&body, "rpcrdma_listener_connections{") == 0 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connection never closed:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        metric(&body, "rpcrdma_listener_connections_total") >= 1,
+        "{body}"
+    );
+    assert!(metric(&body, "rpcrdma_worker_rpcs_total") >= 1, "{body}");
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    // An end marker until the capture holds it, and so everything before.
+    mark_capture_end(peer, &file);
+    cap.finish();
+    keep_pcap(&file, "linux-peer-server");
+
+    let seen = check_frames(tshark_bin, &file);
+    check_connection(&seen, true);
+    // The kernel's NULL (program 100003, version 4, procedure 0) and our
+    // PROG_UNAVAIL (accept_stat 1) with its XID.
+    let rpc = tshark(
+        tshark_bin,
+        &file,
+        &[
+            "-Y",
+            "rpc",
+            "-T",
+            "fields",
+            "-e",
+            "ip.src",
+            "-e",
+            "rpc.xid",
+            "-e",
+            "rpc.msgtyp",
+            "-e",
+            "rpc.program",
+            "-e",
+            "rpc.programversion",
+            "-e",
+            "rpc.procedure",
+            "-e",
+            "rpc.state_accept",
+        ],
+    );
+    println!("RPC messages:\n{rpc}");
+    // A field tshark shows twice (the NFS layer repeats the version) is
+    // compared by its first value.
+    let rows: Vec<Vec<&str>> = rpc
+        .lines()
+        .map(|l| {
+            l.split('\t')
+                .map(|f| f.split(',').next().unwrap_or(""))
+                .collect()
+        })
+        .collect();
+    let call = rows
+        .iter()
+        .find(|f| f[0] == GUEST_IP && f[2] == "0")
+        .expect("the kernel's call");
+    assert_eq!(&call[3..6], ["100003", "4", "0"], "NFSv4 NULL");
+    let reply = rows
+        .iter()
+        .find(|f| f[0] == HOST_IP && f[2] == "1" && f[1] == call[1])
+        .expect("our reply with the call's XID");
+    assert_eq!(reply[6], "1", "PROG_UNAVAIL");
+    println!(
+        "Linux client against rpcrdmad: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+const TEST: &str = "linux_kernel_peer";
+
+/// One guest, both directions.
+#[test]
+fn linux_kernel_peer() {
+    if std::env::var(ROLE_ENV).as_deref() == Ok("client") {
+        return client_role();
     }
+    let started = Instant::now();
+    let Some(peer) = Peer::up() else {
+        return;
+    };
+    let tshark_bin = find_tool("tshark").unwrap();
+    our_client_against_knfsd(&peer, &tshark_bin);
+    linux_client_against_rpcrdmad(&peer, &tshark_bin);
+    drop(peer);
     println!(
         "linux peer test took {:.1} s",
         started.elapsed().as_secs_f64()
