@@ -4,16 +4,27 @@
 //! own code; here the other end is the kernel's RDMA CM, rxe transport and
 //! svcrdma.
 //!
-//! * `roce_client_against_linux_knfsd`: this test binary, re-executed in
-//!   the guest's network namespace, connects `Client::<Roce>` to
-//!   `roce://198.18.0.2:20049` and makes NFS NULL calls (program 100003,
-//!   versions 3 and 4, AUTH_NONE): inline, with a reply chunk offered, and
-//!   as a 64 KiB long call (RDMA_NOMSG, position-zero read chunk that knfsd
-//!   pulls with RDMA Reads). Every reply is MSG_ACCEPTED/SUCCESS with the
-//!   call's XID. The session is captured on the namespace's tap and
-//!   checked: every ICRC (Linux's included) recomputed, no malformed frame
-//!   or expert error, REQ/REP/RTU, our first data packet at the Starting
-//!   PSN of Linux's REP and Linux's first at ours, no NAK from Linux.
+//! `linux_kernel_peer` boots one guest (10-20 s here) and runs both
+//! directions against it:
+//!
+//! 1. Our client, Linux's server: this test binary, re-executed in the
+//!    guest's network namespace, connects `Client::<Roce>` to
+//!    `roce://198.18.0.2:20049` and makes NFS NULL calls (program 100003,
+//!    versions 3 and 4, AUTH_NONE): inline, with a reply chunk offered, and
+//!    as a 64 KiB long call (RDMA_NOMSG, a position-zero read chunk that
+//!    knfsd pulls with RDMA Reads). Every reply is MSG_ACCEPTED/SUCCESS
+//!    with the call's XID, and knfsd's own counters show the six NULLs.
+//! 2. Linux's client, our server: `rpcrdmad` in the namespace with a
+//!    `roce://198.18.0.1:20049` listener; the guest mounts NFSv4.0 over
+//!    RDMA. The daemon serves no NFS: the kernel's NULL ping is answered
+//!    PROG_UNAVAIL, so the mount fails with EPFNOSUPPORT; the daemon's log
+//!    and metrics show the connection and the RPC.
+//!
+//! Each session is captured on the namespace's tap and checked: every
+//! ICRC (Linux's included) recomputed by our codec, no malformed frame or
+//! expert error in tshark, REQ/REP/RTU from the right sides, the first
+//! data packet each way at the Starting PSN the receiving side announced,
+//! no NAK either way, calls and replies with matching XIDs.
 //!
 //! `RPCRDMA_SAVE_LINUX_REP=PATH` writes the first REP Linux sent (the whole
 //! RoCE packet, hex) to PATH: that is how
@@ -53,8 +64,12 @@ const NFS_PROGRAM: u32 = 100_003;
 /// Capture probes and the end marker go to the discard port of the guest
 /// (inside the namespace; the guest drops them).
 const PROBE_PORT: u16 = 9;
-/// Where deploy/linux-peer keeps the kernel (its default).
-const KERNEL_CACHE: &str = "/var/cache/rpcrdma-linux-peer";
+/// Where deploy/linux-peer keeps the kernel (its default; the same
+/// variable moves both).
+fn kernel_cache() -> PathBuf {
+    std::env::var_os("RPCRDMA_LINUX_PEER_CACHE")
+        .map_or_else(|| "/var/cache/rpcrdma-linux-peer".into(), PathBuf::from)
+}
 /// Hang guard for the client process; never a statement about speed.
 const CLIENT_PATIENCE: Duration = Duration::from_secs(180);
 
@@ -105,7 +120,7 @@ impl Peer {
         ] {
             require_peer(tool)?;
         }
-        let version = std::fs::read_to_string(Path::new(KERNEL_CACHE).join("version"));
+        let version = std::fs::read_to_string(kernel_cache().join("version"));
         if version.is_err() {
             skip("Linux kernel for the peer not installed (deploy/linux-peer fetch)");
             return None;
