@@ -423,7 +423,9 @@ pub struct Req<'a> {
     pub transport_type: u8,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// First PSN the sender will send.
+    /// The first PSN the REQ's sender expects to receive: the REP's sender
+    /// sends from it (Linux cm.c loads it into the active side's `rq_psn`
+    /// and the passive side's `sq_psn`; docs/ROCE.md "The Starting PSN").
     pub starting_psn: Psn,
     /// Local CM response timeout (5 bits).
     pub local_cm_response_timeout: u8,
@@ -479,7 +481,9 @@ pub struct Rep<'a> {
     pub local_qpn: u32,
     /// Local EECN (24 bits).
     pub local_eecn: u32,
-    /// First PSN the sender will send (the REQ sender expects it).
+    /// The first PSN the REP's sender expects to receive: the REQ's sender
+    /// sends from it (Linux cm.c loads it into the active side's `sq_psn`;
+    /// docs/ROCE.md "The Starting PSN").
     pub starting_psn: Psn,
     /// Responder resources.
     pub responder_resources: u8,
