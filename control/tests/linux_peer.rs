@@ -677,8 +677,17 @@ fn check_client_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) 
             "rpcordma.xid",
             "-e",
             "rpcordma.msg_type",
+            "-e",
+            "rpcordma.reply_count",
         ],
     );
+    // (source, XID) -> (message type, reply chunks offered).
+    let header = |src: &str, hex: &str| {
+        rdma.lines()
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .find(|f| f.len() == 4 && f[0] == src && f[1] == hex)
+            .map(|f| (f[2].to_owned(), f[3].to_owned()))
+    };
     for (xid, label) in xids {
         let hex = format!("0x{xid:08x}");
         let seen = |src: &str, typ: &str| {
@@ -694,8 +703,9 @@ fn check_client_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) 
             // The call itself travelled in RDMA Read responses, which
             // tshark does not reassemble: its RPC-over-RDMA header must
             // be there, RDMA_NOMSG (1) with our XID.
-            assert!(
-                rdma.lines().any(|l| l == format!("{HOST_IP}\t{hex}\t1")),
+            assert_eq!(
+                header(HOST_IP, &hex).map(|h| h.0),
+                Some("1".to_owned()),
                 "{label}: no RDMA_NOMSG call {hex}:\n{rdma}"
             );
         } else {
@@ -707,6 +717,21 @@ fn check_client_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) 
         assert!(
             seen(GUEST_IP, "1"),
             "{label}: tshark shows no reply {hex}:\n{rpc}"
+        );
+        // A call that expects an inline reply offers no reply chunk, and
+        // Linux answers it inline (RDMA_MSG); offered a reply chunk, Linux
+        // always uses it: RDMA Writes, then RDMA_NOMSG.
+        let inline = !label.contains("reply-chunk") && !label.contains("long-call");
+        let (call_chunks, reply_type) = if inline { ("0", "0") } else { ("1", "1") };
+        assert_eq!(
+            header(HOST_IP, &hex).map(|h| h.1),
+            Some(call_chunks.to_owned()),
+            "{label}: reply chunks offered:\n{rdma}"
+        );
+        assert_eq!(
+            header(GUEST_IP, &hex).map(|h| h.0),
+            Some(reply_type.to_owned()),
+            "{label}: Linux's reply type:\n{rdma}"
         );
     }
 

@@ -27,6 +27,7 @@ use crate::engine::{
 use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, Context, Provider, VerbsError};
 use crate::wire::conf::ConfigRdmaReply;
+use crate::wire::rpcrdma::MIN_CHUNKED_HEADER_LEN;
 use crate::worker::{Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST};
 
 /// Client configuration.
@@ -58,7 +59,9 @@ impl Default for ClientConfig {
 /// RFC 5666 s3.4, s5.2; the engine then decides per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyTarget {
-    /// The reply is expected to fit our inline receive size.
+    /// The reply, with its transport header, is expected to fit our
+    /// inline receive size: no reply chunk is offered (unless the peer
+    /// announced a smaller inline send size than ours).
     Inline,
     /// The reply's DDP-eligible result (up to `max_ddp` bytes) goes by RDMA
     /// Write into this call slot's DDP buffer: registered once with the
@@ -345,8 +348,17 @@ impl<P: Provider> Client<P> {
         let (len, ddp) = encode(xid, &mut self.call_buf).ok_or(ClientError::Encode)?;
         let cfg = self.ep.connection().config();
         let reply = match target {
+            // The reply and its transport header (no chunk lists) fill at
+            // most one receive buffer. Counting the whole buffer as reply
+            // made every such call offer a reply chunk (the header would
+            // not fit beside it), and a server that always uses an offered
+            // reply chunk, as Linux's svcrdma does, then RDMA-Wrote every
+            // NULL reply and sent RDMA_NOMSG (docs/INTEROP.md).
             ReplyTarget::Inline => ReplyExpect {
-                max_len: cfg.inline_recv_size.min(cfg.max_reply_size),
+                max_len: cfg
+                    .inline_recv_size
+                    .saturating_sub(MIN_CHUNKED_HEADER_LEN as u32)
+                    .min(cfg.max_reply_size),
                 ddp_max: None,
             },
             ReplyTarget::ReplyChunk => ReplyExpect {
