@@ -246,8 +246,8 @@ fn client_config() -> ClientConfig {
                 credits: 8,
                 max_outstanding_calls: 8,
                 max_call_size: 128 << 10,
-                max_reply_size: 128 << 10,
-                max_ddp_size: 64 << 10,
+                max_reply_size: 512 << 10,
+                max_ddp_size: 256 << 10,
                 ..engine::Config::default()
             },
             ..EndpointConfig::default()
@@ -299,6 +299,116 @@ fn nfs_null(client: &mut Client<Roce>, version: u32, target: ReplyTarget, junk: 
     used
 }
 
+/// NFSv4.0 operation numbers (RFC 7530 s16).
+const OP_PUTROOTFH: u32 = 24;
+const OP_LOOKUP: u32 = 15;
+const OP_READ: u32 = 25;
+/// The guest's test file and its documented pattern (deploy/linux-peer).
+const FILE1M: &str = "file1m";
+const FILE1M_LEN: usize = 1 << 20;
+/// Largest READ we ask for (knfsd may return less; we loop).
+const READ_CHUNK: u32 = 256 << 10;
+
+fn file1m_byte(offset: usize) -> u8 {
+    (offset % 251) as u8
+}
+
+/// One NFSv4.0 COMPOUND {PUTROOTFH; LOOKUP file1m; READ offset count}
+/// with the special all-ones stateid (READ without OPEN; RFC 7530 s9.1.4.3:
+/// also allowed during the server's grace period), AUTH_SYS root. The READ
+/// data is DDP-eligible (RFC 8267): it is offered a write chunk, so knfsd
+/// RDMA-Writes it into our memory and the inline reply keeps only its
+/// length. Returns (eof, data, whether it came through the write chunk).
+fn nfs4_read(client: &mut Client<Roce>, offset: u64, count: u32) -> (bool, Vec<u8>, bool) {
+    let sys = dataplane::wire::rpc::AuthSys::new(0, b"linux-peer-test", 0, 0, &[]).unwrap();
+    let mut used = 0;
+    let call = client
+        .call(ReplyTarget::WriteChunk { max_ddp: count }, |xid, buf| {
+            used = xid;
+            let h = CallHeader::new(
+                xid,
+                NFS_PROGRAM,
+                4,
+                1,
+                OpaqueAuth::Sys(sys),
+                OpaqueAuth::None,
+            );
+            let mut e = Encoder::new(buf);
+            h.emit(&mut e).ok()?;
+            e.put_opaque(b"").ok()?; // tag
+            e.put_u32(0).ok()?; // minorversion
+            e.put_u32(3).ok()?; // three operations
+            e.put_u32(OP_PUTROOTFH).ok()?;
+            e.put_u32(OP_LOOKUP).ok()?;
+            e.put_opaque(FILE1M.as_bytes()).ok()?;
+            e.put_u32(OP_READ).ok()?;
+            e.put_u32(u32::MAX).ok()?; // stateid seqid: all ones
+            e.put_opaque_fixed(&[0xFF; 12]).ok()?; // stateid other
+            e.put_u64(offset).ok()?;
+            e.put_u32(count).ok()?;
+            Some((e.position(), None))
+        })
+        .unwrap_or_else(|e| panic!("NFSv4 READ {offset}+{count}: {e}"));
+    let outcome = client.wait(call).expect("READ reply");
+    let CallOutcome::Reply { ddp_len, .. } = outcome else {
+        panic!("NFSv4 READ {offset}+{count}: {outcome:?}");
+    };
+    let msg = client.reply(call).expect("reply message");
+    let (h, hlen) = ReplyHeader::parse(msg).expect("reply header");
+    assert_eq!(h.xid, used, "reply XID");
+    assert!(h.is_success(), "NFSv4 COMPOUND: {h:?}");
+    let mut d = dataplane::wire::xdr::Decoder::new(&msg[hlen..]);
+    let mut u32_ = || d.get_u32().expect("COMPOUND4res");
+    assert_eq!(u32_(), 0, "COMPOUND status (NFS4_OK)");
+    let tag_len = u32_();
+    assert_eq!(tag_len, 0, "tag echoed");
+    assert_eq!(u32_(), 3, "three results");
+    for op in [OP_PUTROOTFH, OP_LOOKUP, OP_READ] {
+        assert_eq!((u32_(), u32_()), (op, 0), "operation {op}: NFS4_OK");
+    }
+    let eof = u32_() != 0;
+    let len = u32_() as usize;
+    let data = match ddp_len {
+        // The data went into the write chunk; the inline reply ends here.
+        Some(n) => {
+            assert_eq!(n as usize, len, "write chunk length = READ count");
+            client.ddp(call).expect("DDP data")[..len].to_vec()
+        }
+        None => d.get_opaque_fixed(len).expect("inline READ data").to_vec(),
+    };
+    assert!(client.release(call));
+    (eof, data, ddp_len.is_some())
+}
+
+/// Reads the whole of /export/file1m with NFSv4 READs into write chunks
+/// and checks every byte. Returns how many READs it took and how many of
+/// them came back through the write chunk.
+fn read_file1m(client: &mut Client<Roce>) -> (u32, u32) {
+    let mut got = Vec::with_capacity(FILE1M_LEN);
+    let (mut reads, mut placed) = (0, 0);
+    loop {
+        let (eof, data, ddp) = nfs4_read(client, got.len() as u64, READ_CHUNK);
+        reads += 1;
+        placed += u32::from(ddp && !data.is_empty());
+        got.extend_from_slice(&data);
+        assert!(got.len() <= FILE1M_LEN, "more than the file");
+        if eof {
+            break;
+        }
+        assert!(!data.is_empty(), "READ returned nothing before EOF");
+        assert!(reads < 1000, "READ loop");
+    }
+    assert_eq!(got.len(), FILE1M_LEN, "file1m length");
+    if let Some(i) = (0..FILE1M_LEN).find(|&i| got[i] != file1m_byte(i)) {
+        panic!(
+            "file1m differs at byte {i}: {} != {}",
+            got[i],
+            file1m_byte(i)
+        );
+    }
+    (reads, placed)
+}
+
 fn client_role() {
     let pcap = PathBuf::from(std::env::var_os(PCAP_ENV).expect("capture file"));
     let probe = std::net::UdpSocket::bind((HOST_IP, 0)).unwrap();
@@ -341,6 +451,16 @@ fn client_role() {
             nfs_null(&mut client, 4, ReplyTarget::Inline, &[]),
         ),
     ];
+    let (reads, placed) = read_file1m(&mut client);
+    println!(
+        "linux peer client: read file1m (1 MiB, every byte checked) in {reads} READs, \
+         {placed} through the write chunk"
+    );
+    // Every READ that returned data returned it by RDMA Write.
+    assert!(
+        placed >= reads - 1 && placed > 0,
+        "{placed} of {reads} READs placed"
+    );
     client.close().expect("close");
 
     // Capture buffers deliver in blocks: send an end marker until it is in
@@ -758,6 +878,33 @@ fn check_client_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) 
             .iter()
             .any(|p| matches!(p.bth.opcode, Opcode::RcWriteOnly | Opcode::RcWriteFirst)),
         "knfsd wrote a reply chunk"
+    );
+    // The 1 MiB file came by RDMA Writes: at MTU 1024, over a thousand
+    // Write packets from Linux, and READ replies naming one write chunk.
+    let writes = linux
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.bth.opcode,
+                Opcode::RcWriteFirst
+                    | Opcode::RcWriteMiddle
+                    | Opcode::RcWriteLast
+                    | Opcode::RcWriteOnly
+            )
+        })
+        .count();
+    assert!(writes > 1024, "{writes} RDMA Write packets from Linux");
+    let read_replies = tshark(
+        tshark_bin,
+        file,
+        &[
+            "-Y",
+            "rpcordma && ip.src == 198.18.0.2 && rpcordma.writes_count == 1",
+        ],
+    );
+    assert!(
+        read_replies.lines().count() >= 4,
+        "READ replies with a write chunk:\n{read_replies}"
     );
 
     if let Some(path) = std::env::var_os("RPCRDMA_SAVE_LINUX_REP") {
