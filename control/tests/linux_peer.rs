@@ -380,6 +380,114 @@ fn nfs4_read(client: &mut Client<Roce>, offset: u64, count: u32) -> (bool, Vec<u
     (eof, data, ddp_len.is_some())
 }
 
+const OP_READDIR: u32 = 26;
+/// The guest's directory and its entry count (deploy/linux-peer).
+const DIR: &str = "dir";
+const DIR_ENTRIES: usize = 300;
+/// FATTR4_FILEID (RFC 7530 s5.8.2.13): bit 20 of the first bitmap word.
+const FATTR4_FILEID_WORD0: u32 = 1 << 20;
+
+/// NFSv4.0 COMPOUND {PUTROOTFH; LOOKUP dir; READDIR cookie} asking for
+/// each entry's fileid, with a reply chunk offered: 300 entries are far
+/// above the 4 KiB inline size, so knfsd RDMA-Writes the whole reply into
+/// the reply chunk. Returns (names, last cookie, cookie verifier, eof).
+fn nfs4_readdir(
+    client: &mut Client<Roce>,
+    cookie: u64,
+    verifier: [u8; 8],
+) -> (Vec<String>, u64, [u8; 8], bool) {
+    let sys = dataplane::wire::rpc::AuthSys::new(0, b"linux-peer-test", 0, 0, &[]).unwrap();
+    let mut used = 0;
+    let call = client
+        .call(ReplyTarget::ReplyChunk, |xid, buf| {
+            used = xid;
+            let h = CallHeader::new(
+                xid,
+                NFS_PROGRAM,
+                4,
+                1,
+                OpaqueAuth::Sys(sys),
+                OpaqueAuth::None,
+            );
+            let mut e = Encoder::new(buf);
+            h.emit(&mut e).ok()?;
+            e.put_opaque(b"").ok()?;
+            e.put_u32(0).ok()?;
+            e.put_u32(3).ok()?;
+            e.put_u32(OP_PUTROOTFH).ok()?;
+            e.put_u32(OP_LOOKUP).ok()?;
+            e.put_opaque(DIR.as_bytes()).ok()?;
+            e.put_u32(OP_READDIR).ok()?;
+            e.put_u64(cookie).ok()?;
+            e.put_opaque_fixed(&verifier).ok()?;
+            e.put_u32(64 << 10).ok()?; // dircount
+            e.put_u32(64 << 10).ok()?; // maxcount
+            e.put_u32(1).ok()?; // attr_request: one bitmap word
+            e.put_u32(FATTR4_FILEID_WORD0).ok()?;
+            Some((e.position(), None))
+        })
+        .unwrap_or_else(|e| panic!("NFSv4 READDIR: {e}"));
+    let outcome = client.wait(call).expect("READDIR reply");
+    let CallOutcome::Reply { len, .. } = outcome else {
+        panic!("NFSv4 READDIR: {outcome:?}");
+    };
+    let msg = client.reply(call).expect("reply message");
+    assert!(len > 4096, "a reply above the inline size ({len} bytes)");
+    let (h, hlen) = ReplyHeader::parse(msg).expect("reply header");
+    assert_eq!(h.xid, used, "reply XID");
+    assert!(h.is_success(), "NFSv4 COMPOUND: {h:?}");
+    let mut d = dataplane::wire::xdr::Decoder::new(&msg[hlen..]);
+    assert_eq!(d.get_u32().expect("READDIR reply: status"), 0, "NFS4_OK");
+    assert_eq!(d.get_u32().expect("READDIR reply: tag"), 0);
+    assert_eq!(d.get_u32().expect("READDIR reply: count"), 3);
+    for op in [OP_PUTROOTFH, OP_LOOKUP, OP_READDIR] {
+        let r = (d.get_u32().unwrap(), d.get_u32().unwrap());
+        assert_eq!(r, (op, 0), "operation {op}: NFS4_OK");
+    }
+    let mut verf = [0u8; 8];
+    verf.copy_from_slice(d.get_opaque_fixed(8).expect("READDIR reply: cookieverf"));
+    let (mut names, mut last) = (Vec::new(), cookie);
+    while d.get_u32().expect("READDIR reply: value_follows") != 0 {
+        last = d.get_u64().expect("READDIR reply: cookie");
+        let name = d.get_opaque(255).expect("READDIR reply: name");
+        names.push(String::from_utf8(name.to_vec()).expect("UTF-8 name"));
+        let words = d.get_u32().expect("READDIR reply: bitmap");
+        let bitmap: Vec<u32> = (0..words).map(|_| d.get_u32().unwrap()).collect();
+        assert_eq!(
+            bitmap.first(),
+            Some(&FATTR4_FILEID_WORD0),
+            "fileid returned"
+        );
+        let vals = d.get_opaque(64).expect("READDIR reply: attrlist");
+        assert_eq!(vals.len(), 8, "one fileid");
+    }
+    let eof = d.get_u32().expect("READDIR reply: eof") != 0;
+    assert!(client.release(call));
+    (names, last, verf, eof)
+}
+
+/// Lists /export/dir with NFSv4 READDIR through reply chunks; checks the
+/// 300 names. Returns how many READDIRs it took.
+fn list_dir(client: &mut Client<Roce>) -> u32 {
+    let (mut all, mut cookie, mut verf, mut calls) = (Vec::new(), 0, [0u8; 8], 0);
+    loop {
+        let (names, last, v, eof) = nfs4_readdir(client, cookie, verf);
+        calls += 1;
+        all.extend(names);
+        (cookie, verf) = (last, v);
+        if eof {
+            break;
+        }
+        assert!(calls < 100, "READDIR loop");
+    }
+    all.sort();
+    let want: Vec<String> = (0..DIR_ENTRIES)
+        .map(|i| format!("entry-{i:03}-padding-to-make-readdirplus-long"))
+        .collect();
+    assert_eq!(all, want, "the directory's entries");
+    calls
+}
+
 /// Reads the whole of /export/file1m with NFSv4 READs into write chunks
 /// and checks every byte. Returns how many READs it took and how many of
 /// them came back through the write chunk.
@@ -456,6 +564,8 @@ fn client_role() {
         "linux peer client: read file1m (1 MiB, every byte checked) in {reads} READs, \
          {placed} through the write chunk"
     );
+    let calls = list_dir(&mut client);
+    println!("linux peer client: listed dir ({DIR_ENTRIES} entries) in {calls} READDIRs");
     // Every READ that returned data returned it by RDMA Write.
     assert!(
         placed >= reads - 1 && placed > 0,
