@@ -14,6 +14,10 @@
 //!    as a 64 KiB long call (RDMA_NOMSG, a position-zero read chunk that
 //!    knfsd pulls with RDMA Reads). Every reply is MSG_ACCEPTED/SUCCESS
 //!    with the call's XID, and knfsd's own counters show the six NULLs.
+//!    Then NFSv4.0 COMPOUNDs: READs of the guest's 1 MiB `file1m` whose
+//!    data knfsd RDMA-Writes into our write chunks (every byte checked),
+//!    and a READDIR of its 300-entry `dir` whose reply comes through our
+//!    reply chunk (every name checked).
 //! 2. Linux's client, our server: `rpcrdmad` in the namespace with a
 //!    `roce://198.18.0.1:20049` listener; the guest mounts NFSv4.0 over
 //!    RDMA. The daemon serves no NFS: the kernel's NULL ping is answered
