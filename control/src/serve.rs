@@ -21,9 +21,9 @@
 //! ```
 //!
 //! "Least loaded" counts every transport's connections on a worker.
-//! Listeners whose provider is not served (`ibverbs://`, with or without
-//! the `ibverbs` feature: its worker side is not built yet) are refused at
-//! start with one line naming the schemes that are served.
+//! `ibverbs://` listeners are served by a build with the `ibverbs` feature;
+//! other builds refuse them at start with one line naming the schemes
+//! that are served.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +35,8 @@ use dataplane::engine;
 use dataplane::mem::Backing;
 use dataplane::service::ServiceTable;
 use dataplane::tcp::{TcpAcceptor, TcpConfig, TcpError};
+#[cfg(feature = "ibverbs")]
+use dataplane::verbs::ibverbs::Ibverbs;
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::{Context as _, VerbsError};
@@ -97,7 +99,20 @@ pub enum ServeError {
 }
 
 /// The schemes this build serves (for the error line above).
-pub const SERVED_SCHEMES: &str = "shm://, roce://, tcp://";
+#[cfg(feature = "ibverbs")]
+pub const SERVED_SCHEMES: &str = "shm://, roce://, ibverbs://, tcp://";
+/// The schemes this build serves (for the error line above).
+#[cfg(not(feature = "ibverbs"))]
+pub const SERVED_SCHEMES: &str =
+    "shm://, roce://, tcp:// (ibverbs:// needs a build with --features control/ibverbs)";
+
+/// Whether this build serves listeners of `url`'s provider.
+fn served(url: &ProviderUrl) -> bool {
+    match url {
+        ProviderUrl::Shm { .. } | ProviderUrl::Roce(_) | ProviderUrl::Tcp(_) => true,
+        ProviderUrl::Ibverbs(_) => cfg!(feature = "ibverbs"),
+    }
+}
 
 /// The engine and endpoint configuration the daemon's connections use.
 pub fn endpoint_config(c: &Config) -> EndpointConfig {
@@ -189,10 +204,7 @@ impl DataPath {
     /// [`ServeError`]: the first listener or worker problem.
     pub fn start(config: &Config, registry: &Arc<Registry>) -> Result<DataPath, ServeError> {
         for (index, l) in config.listeners.iter().enumerate() {
-            if !matches!(
-                l.url,
-                ProviderUrl::Shm { .. } | ProviderUrl::Roce(_) | ProviderUrl::Tcp(_)
-            ) {
+            if !served(&l.url) {
                 return Err(ServeError::Unserved {
                     url: l.url.clone(),
                     index,
@@ -207,6 +219,8 @@ impl DataPath {
         let mut set = WorkerSet::spawn(&cores, worker_config(config), dispatcher)?;
         attach::<Shm>(config, &mut set)?;
         attach::<Roce>(config, &mut set)?;
+        #[cfg(feature = "ibverbs")]
+        attach::<Ibverbs>(config, &mut set)?;
         let set = Arc::new(set);
         let mut path = DataPath {
             workers: Some(Arc::clone(&set)),
@@ -241,7 +255,14 @@ impl DataPath {
                     spawn_tcp_acceptor(url, index, &set, acceptor, &path.stop, registry)
                         .map_err(thread)?
                 }
+                #[cfg(feature = "ibverbs")]
+                ProviderUrl::Ibverbs(_) => {
+                    let listener = listen::<Ibverbs>(&set, url, index)?;
+                    spawn_acceptor::<Ibverbs>(url, index, &set, listener, &path.stop, registry)
+                        .map_err(thread)?
+                }
                 // Refused above.
+                #[cfg(not(feature = "ibverbs"))]
                 ProviderUrl::Ibverbs(_) => continue,
             };
             metrics::set(&registry.listener(index).serving, 1);

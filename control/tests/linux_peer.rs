@@ -18,7 +18,12 @@
 //!   our `rpcrdmad`, gets our answer (PROG_UNAVAIL: no NFS is served yet)
 //!   and fails the mount at once and cleanly;
 //! * the RoCE session with knfsd captured on the namespace's tap: every
-//!   ICRC of both sides correct, tshark finds nothing malformed.
+//!   ICRC of both sides correct, tshark finds nothing malformed;
+//! * with the `ibverbs` feature, `rpcrdmad` itself runs in the guest on
+//!   Linux's rxe0 (its `ibverbs://` listener, libibverbs and librdmacm over
+//!   the kernel's RDMA stack): our `Client<Roce>` on the host calls the
+//!   bench program through every chunk path, byte-exact and captured, and
+//!   the guest's Linux NFS/RDMA client gets its PROG_UNAVAIL too.
 //!
 //! Needs root, qemu, busybox-static and the NFS/RDMA userland on the host
 //! (`deploy/linux-peer` says what is missing). The real-peer rule: without
@@ -336,7 +341,7 @@ fn knfsd_serves_our_roce_client() {
     peer.in_netns(move || capture_flushed(&probe_file));
     println!("READDIRPLUS: {} round(s), {} names", stats.0, stats.1);
     capture.finish();
-    check_capture(&tshark, &pcap);
+    check_capture(&tshark, &pcap, "NFS");
 
     linux_nfs_client_against_rpcrdmad(&peer);
 }
@@ -690,8 +695,9 @@ fn capture_flushed(file: &Path) {
 /// code over the IP header as sent: Linux's packets included), and
 /// Wireshark finds nothing malformed and no expert error, CM and
 /// RPC-over-RDMA included. The first REP Linux sent is printed in hex (the
-/// regression test of the Starting PSN direction replays one).
-fn check_capture(tshark: &Path, file: &Path) {
+/// regression test of the Starting PSN direction replays one). `upper` is
+/// the protocol Wireshark must have decoded above RPC-over-RDMA.
+fn check_capture(tshark: &Path, file: &Path, upper: &str) {
     let packets = ip_packets(&std::fs::read(file).expect("capture file"), PROBE_PORT);
     assert!(
         packets.len() > 100,
@@ -750,7 +756,7 @@ fn check_capture(tshark: &Path, file: &Path) {
         "ConnectRequest",
         "ConnectReply",
         "ReadyToUse",
-        "NFS",
+        upper,
         "RPCoRDMA",
     ] {
         assert!(summary.contains(want), "no {want} in:\n{summary}");
@@ -834,4 +840,128 @@ fn linux_nfs_client_against_rpcrdmad(peer: &Peer) {
         "{}",
         daemon.stderr()
     );
+}
+
+// ---------------------------------------------------------------------------
+// rpcrdmad on Linux's own RDMA device
+
+/// The guest's `ibverbs://` listener (knfsd has 20049).
+#[cfg(feature = "ibverbs")]
+const GUEST_DAEMON_PORT: u16 = 20051;
+
+/// Largest bench argument or result the session below moves, and the
+/// daemon's `transport.max_message` for it (plus the headers).
+#[cfg(feature = "ibverbs")]
+const GUEST_SIZES: [usize; 6] = [0, 1, 1024, 4096, 64 << 10, MIB];
+
+/// `rpcrdmad`, built with the `ibverbs` feature (this test binary's
+/// `CARGO_BIN_EXE_rpcrdmad`; the guest sees the host's files), serving an
+/// `ibverbs://` listener on the guest's rxe0: the daemon's provider over
+/// libibverbs, librdmacm and the Linux kernel's RDMA stack, as on a host
+/// with an HCA.
+///
+/// * Our `Client<Roce>` in the host's namespace: CONF_RDMA, NULL, ECHO of
+///   every size by every path (inline, read chunk, write chunk, reply
+///   chunk, long call), SOURCE into write chunks, SINK from a read chunk;
+///   every byte checked; the session captured and checked like the knfsd
+///   one (ICRCs, nothing malformed).
+/// * The guest's Linux NFS/RDMA client, through rxe's loopback, mounts
+///   from that daemon and gets PROG_UNAVAIL (no NFS is served).
+/// * SIGINT: the daemon exits 0 with every pool back to full.
+#[cfg(feature = "ibverbs")]
+#[test]
+fn rpcrdmad_on_linux_rxe_serves_our_roce_client_and_the_linux_nfs_client() {
+    use support::bench_calls::rdma_calls;
+
+    let Some(peer) = Peer::boot() else {
+        return;
+    };
+    let Some(tshark) = find_tool("tshark") else {
+        return skip("tshark not installed");
+    };
+    let max_message = MIB as u32 + 4096;
+    let metrics = format!("{GUEST}:19493");
+    // The guest's /tmp is its own tmpfs: the configuration goes over in
+    // the job itself.
+    let config = format!(
+        "[[listeners]]\nurl = \"ibverbs://{GUEST}:{GUEST_DAEMON_PORT}\"\n\n\
+         [workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
+         [transport]\ncredits = 4\nmax_message = {max_message}\n\n\
+         [memory]\nhugepages = \"off\"\n\n\
+         [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n"
+    );
+    println!(
+        "{}",
+        peer.run(&format!(
+            "cat > /tmp/rpcrdmad.toml <<'EOF'\n{config}EOF\n\
+             ( {BIN} --config /tmp/rpcrdmad.toml > /tmp/rpcrdmad.log 2>&1; \
+               echo $? > /tmp/rpcrdmad.rc ) &\n\
+             for _ in $(seq 600); do grep -q started /tmp/rpcrdmad.log && break; \
+               [ -f /tmp/rpcrdmad.rc ] && break; sleep 0.1; done\n\
+             cat /tmp/rpcrdmad.log; grep -q started /tmp/rpcrdmad.log"
+        ))
+    );
+
+    let pcap = peer.dir.join("ibverbs-session.pcap");
+    let capture = Capture::start(&peer, &tshark.with_file_name("dumpcap"), &pcap);
+    let probe_file = pcap.clone();
+    peer.in_netns(move || capture_live(&probe_file));
+    let url = format!("roce://{GUEST}:{GUEST_DAEMON_PORT}");
+    let calls = peer.in_netns(move || {
+        let (calls, client) = rdma_calls::<Roce>(&url, max_message, &GUEST_SIZES, 3);
+        client.close().expect("close");
+        calls
+    });
+    let probe_file = pcap.clone();
+    peer.in_netns(move || capture_flushed(&probe_file));
+    capture.finish();
+    check_capture(&tshark, &pcap, "RPC");
+    let rpcs = || {
+        let metrics = metrics.clone();
+        metric(
+            &peer.in_netns(move || peer_metrics(&metrics)),
+            "rpcrdma_worker_rpcs_total",
+        )
+    };
+    let served = rpcs();
+    assert!(
+        served >= calls,
+        "rpcrdmad on rxe0 counted {served} calls, we made {calls}"
+    );
+    println!("rpcrdmad on Linux rxe0 answered our {calls} calls");
+
+    let out = peer.run(&format!(
+        "mkdir -p /mnt/ibverbs; timeout 120 mount -t nfs4 \
+         -o proto=rdma,port={GUEST_DAEMON_PORT},soft,timeo=50,retrans=1 \
+         {GUEST}:/ /mnt/ibverbs; echo mount-exit=$?"
+    ));
+    println!("guest mount from the guest's rpcrdmad: {out}");
+    let code: i32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("mount-exit="))
+        .and_then(|c| c.trim().parse().ok())
+        .expect("mount exit code");
+    assert_ne!(code, 0, "the mount succeeded against a server without NFS");
+    assert_ne!(code, 124, "the mount hung until the timeout: {out}");
+    let after = rpcs();
+    assert!(
+        after > served,
+        "the Linux NFS client's call was not answered ({after} calls)"
+    );
+
+    let log = peer.run(
+        "pkill -INT -x rpcrdmad; \
+         for _ in $(seq 600); do [ -f /tmp/rpcrdmad.rc ] && break; sleep 0.1; done; \
+         cat /tmp/rpcrdmad.log; echo exit=$(cat /tmp/rpcrdmad.rc)",
+    );
+    assert!(log.contains("exit=0"), "rpcrdmad on rxe0:\n{log}");
+    assert!(log.contains("every pool back to full"), "{log}");
+}
+
+/// `/metrics` of the daemon in the guest, from the namespace's thread.
+#[cfg(feature = "ibverbs")]
+fn peer_metrics(metrics: &str) -> String {
+    let (status, body) = http_get(metrics.parse().unwrap(), "/metrics");
+    assert!(status.contains("200"), "{status}");
+    body
 }

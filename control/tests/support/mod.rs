@@ -3,6 +3,8 @@
 //! and the "real peer" rule.
 #![allow(dead_code)]
 
+pub mod bench_calls;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -290,14 +290,16 @@ impl WorkerCounters {
 ///
 /// One variant per transport, so the worker keeps each provider's
 /// connections in a list of its own type and polls them with static
-/// dispatch. An `ibverbs` connection (feature `ibverbs`) gets its variant
-/// here, an endpoint list in `run::Conns` and a [`PoolProvider`] impl in
-/// `pool.rs`.
+/// dispatch (each provider also has an endpoint list in `run::Conns` and
+/// a [`PoolProvider`] impl in `pool.rs`).
 pub enum Command {
     /// Serve this `shm` connection (accepted, receives pre-posted).
     AddShm(Box<Endpoint<Shm>>),
     /// Serve this `roce` connection (accepted, receives pre-posted).
     AddRoce(Box<Endpoint<Roce>>),
+    /// Serve this `ibverbs` connection (accepted, receives pre-posted).
+    #[cfg(feature = "ibverbs")]
+    AddIbverbs(Box<Endpoint<crate::verbs::ibverbs::Ibverbs>>),
     /// Serve this accepted ONC RPC/TCP stream (the worker makes it
     /// non-blocking).
     AddTcp(TcpStream),
@@ -314,6 +316,8 @@ impl core::fmt::Debug for Command {
         match self {
             Command::AddShm(ep) => f.debug_tuple("AddShm").field(ep).finish(),
             Command::AddRoce(ep) => f.debug_tuple("AddRoce").field(ep).finish(),
+            #[cfg(feature = "ibverbs")]
+            Command::AddIbverbs(ep) => f.debug_tuple("AddIbverbs").field(ep).finish(),
             Command::AddTcp(s) => f.debug_tuple("AddTcp").field(s).finish(),
             Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
         }

@@ -15,6 +15,8 @@ use super::{
     Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
     WorkerReport, WorkerSnapshot,
 };
+#[cfg(feature = "ibverbs")]
+use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
 use crate::verbs::{Context as _, Incoming as _, Listener as _, Provider};
@@ -51,7 +53,8 @@ pub(crate) mod sealed {
     pub struct Providers {
         pub shm: Option<Attached<Shm>>,
         pub roce: Option<Attached<Roce>>,
-        // With feature `ibverbs`: pub ibverbs: Option<Attached<Ibverbs>>,
+        #[cfg(feature = "ibverbs")]
+        pub ibverbs: Option<Attached<Ibverbs>>,
     }
 
     /// Where a provider's connections go: its ring command and its slot.
@@ -98,6 +101,25 @@ pub(crate) mod sealed {
             &mut p.roce
         }
     }
+
+    #[cfg(feature = "ibverbs")]
+    impl Served for Ibverbs {
+        fn command(ep: Box<Endpoint<Ibverbs>>) -> Command {
+            Command::AddIbverbs(ep)
+        }
+        fn take_back(cmd: Command) -> Option<Box<Endpoint<Ibverbs>>> {
+            match cmd {
+                Command::AddIbverbs(ep) => Some(ep),
+                _ => None,
+            }
+        }
+        fn slot(p: &Providers) -> &Option<Attached<Ibverbs>> {
+            &p.ibverbs
+        }
+        fn slot_mut(p: &mut Providers) -> &mut Option<Attached<Ibverbs>> {
+            &mut p.ibverbs
+        }
+    }
 }
 
 impl PoolProvider for Shm {
@@ -106,6 +128,11 @@ impl PoolProvider for Shm {
 
 impl PoolProvider for Roce {
     const TRANSPORT: Transport = Transport::Roce;
+}
+
+#[cfg(feature = "ibverbs")]
+impl PoolProvider for Ibverbs {
+    const TRANSPORT: Transport = Transport::Ibverbs;
 }
 
 struct WorkerHandle {
@@ -146,8 +173,7 @@ impl core::fmt::Debug for WorkerSet {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("WorkerSet")
             .field("workers", &self.workers.len())
-            .field("shm", &self.providers.shm.is_some())
-            .field("roce", &self.providers.roce.is_some())
+            .field("providers", &self.providers)
             .field("config", &self.config)
             .finish()
     }

@@ -16,6 +16,8 @@ use super::{
     IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
 };
 use crate::tcp::{TcpConnections, TcpStats};
+#[cfg(feature = "ibverbs")]
+use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
 
@@ -61,8 +63,8 @@ struct Scratch {
 struct Conns {
     shm: Vec<Box<Endpoint<Shm>>>,
     roce: Vec<Box<Endpoint<Roce>>>,
-    // With feature `ibverbs`: ibverbs: Vec<Box<Endpoint<Ibverbs>>>, and a
-    // line in each method below.
+    #[cfg(feature = "ibverbs")]
+    ibverbs: Vec<Box<Endpoint<Ibverbs>>>,
     /// Created at the first TCP connection (most pools never see one).
     tcp: Option<TcpConnections>,
     /// TCP connections the gauges count on this worker.
@@ -73,39 +75,52 @@ struct Conns {
 
 impl Conns {
     fn rdma_is_empty(&self) -> bool {
+        #[cfg(feature = "ibverbs")]
+        if !self.ibverbs.is_empty() {
+            return false;
+        }
         self.shm.is_empty() && self.roce.is_empty()
     }
 
     /// Connections with a call in progress (RDMA: a busy responder slot;
     /// TCP: a call being received or replies not yet written).
     fn busy(&self) -> usize {
+        #[cfg(feature = "ibverbs")]
+        let ibverbs = busy(&self.ibverbs);
+        #[cfg(not(feature = "ibverbs"))]
+        let ibverbs = 0;
         busy(&self.shm)
             + busy(&self.roce)
+            + ibverbs
             + self.tcp.as_ref().map_or(0, TcpConnections::in_progress)
     }
 
     fn close_all(&mut self) {
         close_all(&mut self.shm);
         close_all(&mut self.roce);
+        #[cfg(feature = "ibverbs")]
+        close_all(&mut self.ibverbs);
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.close_all();
         }
     }
 
     fn next_deadline(&self) -> Option<engine::Instant> {
-        let a = next_deadline(&self.shm);
-        let b = next_deadline(&self.roce);
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let deadlines = [next_deadline(&self.shm), next_deadline(&self.roce)];
+        #[cfg(feature = "ibverbs")]
+        let deadlines = [deadlines[0], deadlines[1], next_deadline(&self.ibverbs)];
+        deadlines.into_iter().flatten().min()
     }
 
     /// (credits in use, region leases in use) over the RDMA connections.
     fn gauges(&self) -> (u64, u64) {
         let (c1, l1) = gauges(&self.shm);
         let (c2, l2) = gauges(&self.roce);
-        (c1 + c2, l1 + l2)
+        #[cfg(feature = "ibverbs")]
+        let (c3, l3) = gauges(&self.ibverbs);
+        #[cfg(not(feature = "ibverbs"))]
+        let (c3, l3) = (0, 0);
+        (c1 + c2 + c3, l1 + l2 + l3)
     }
 }
 
@@ -143,6 +158,8 @@ impl Worker {
         let mut conns = Conns {
             shm: Vec::with_capacity(hint),
             roce: Vec::with_capacity(hint),
+            #[cfg(feature = "ibverbs")]
+            ibverbs: Vec::with_capacity(hint),
             tcp: None,
             tcp_counted: 0,
             tcp_folded: TcpStats::default(),
@@ -171,6 +188,10 @@ impl Worker {
                 match cmd {
                     Command::AddShm(ep) => self.add(&mut conns.shm, ep, now, phase, &mut report),
                     Command::AddRoce(ep) => self.add(&mut conns.roce, ep, now, phase, &mut report),
+                    #[cfg(feature = "ibverbs")]
+                    Command::AddIbverbs(ep) => {
+                        self.add(&mut conns.ibverbs, ep, now, phase, &mut report)
+                    }
                     Command::AddTcp(stream) => {
                         report.connections += 1;
                         c.connections_total.add(1);
@@ -210,6 +231,10 @@ impl Worker {
             // posting; then TCP.
             work += self.poll_endpoints(&mut conns.shm, now, &mut scratch);
             work += self.poll_endpoints(&mut conns.roce, now, &mut scratch);
+            #[cfg(feature = "ibverbs")]
+            {
+                work += self.poll_endpoints(&mut conns.ibverbs, now, &mut scratch);
+            }
             if let Some(tcp) = conns.tcp.as_mut() {
                 work += tcp.poll(&*self.dispatcher, now);
                 self.fold_tcp(&mut conns);
@@ -218,6 +243,8 @@ impl Worker {
             // Retire closed, flushed connections (the leak check).
             self.retire(&mut conns.shm, &mut report);
             self.retire(&mut conns.roce, &mut report);
+            #[cfg(feature = "ibverbs")]
+            self.retire(&mut conns.ibverbs, &mut report);
 
             // Shutdown.
             match phase {
@@ -238,6 +265,8 @@ impl Worker {
                     if conns.rdma_is_empty() || now >= deadline {
                         self.leak_all(&conns.shm, &mut report);
                         self.leak_all(&conns.roce, &mut report);
+                        #[cfg(feature = "ibverbs")]
+                        self.leak_all(&conns.ibverbs, &mut report);
                         c.connections.set(0);
                         for t in Transport::ALL {
                             c.connections_by_transport[t.index()].set(0);
