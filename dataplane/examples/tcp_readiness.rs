@@ -1,5 +1,5 @@
 //! How should a `TcpConnections` pass find its busy connections: a `read`
-//! on every socket, or one `poll(2)` first? This measures both, in one run
+//! on every socket, one `poll(2)` first, or epoll? This measures each, in one run
 //! on this machine (docs/TCP.md, "Readiness", records the figures):
 //!
 //! 1. the cost of an idle pass (no connection has data) for 1..=256
@@ -45,10 +45,14 @@ fn main() {
     let modes = [
         ("read-all", Readiness::ReadAll),
         ("poll(2)", Readiness::Poll),
+        ("epoll", Readiness::Epoll),
     ];
     println!("idle pass, ns per pass");
-    println!("{:>6} {:>10} {:>10}", "conns", modes[0].0, modes[1].0);
-    for n in [1, 2, 3, 4, 8, 16, 64, 256] {
+    println!(
+        "{:>6} {:>10} {:>10} {:>10}",
+        "conns", modes[0].0, modes[1].0, modes[2].0
+    );
+    for n in [1, 2, 3, 4, 8, 16, 64, 256, 1000] {
         let mut row = Vec::new();
         for (_, mode) in modes {
             let (mut conns, _clients, _l) = set(n, mode);
@@ -59,12 +63,15 @@ fn main() {
             }
             row.push(t.elapsed().as_nanos() as f64 / passes as f64);
         }
-        println!("{n:>6} {:>10.0} {:>10.0}", row[0], row[1]);
+        println!("{n:>6} {:>10.0} {:>10.0} {:>10.0}", row[0], row[1], row[2]);
     }
 
     println!("\nNULL round trip over 1 of N connections, ns");
-    println!("{:>6} {:>10} {:>10}", "conns", modes[0].0, modes[1].0);
-    for n in [1, 2, 3, 4, 8, 64] {
+    println!(
+        "{:>6} {:>10} {:>10} {:>10}",
+        "conns", modes[0].0, modes[1].0, modes[2].0
+    );
+    for n in [1, 2, 3, 4, 8, 64, 1000] {
         let mut row = Vec::new();
         for (_, mode) in modes {
             let (mut conns, _idle_clients, l) = set(n - 1, mode);
@@ -73,7 +80,7 @@ fn main() {
                     .unwrap();
             let (s, _) = l.accept().unwrap();
             conns.add(s, Instant(0)).unwrap();
-            let calls = 20_000;
+            let calls = if n > 100 { 2_000 } else { 20_000 };
             let t = Clock::now();
             for _ in 0..calls {
                 client.call(Args::Null, 0).unwrap().unwrap();
@@ -85,6 +92,6 @@ fn main() {
             }
             row.push(t.elapsed().as_nanos() as f64 / calls as f64);
         }
-        println!("{n:>6} {:>10.0} {:>10.0}", row[0], row[1]);
+        println!("{n:>6} {:>10.0} {:>10.0} {:>10.0}", row[0], row[1], row[2]);
     }
 }

@@ -48,6 +48,7 @@
 
 mod buf;
 mod client;
+mod epoll;
 mod server;
 
 #[cfg(test)]
@@ -84,22 +85,26 @@ pub enum Readiness {
     ReadAll,
     /// One `poll(2)` with a zero timeout over all sockets, then work only
     /// on the ready ones: one system call per pass plus one per busy
-    /// connection.
+    /// connection, but the kernel looks at every socket each time.
     Poll,
-    /// [`Readiness::Poll`] from this many connections on,
+    /// Every socket registered once in an epoll set (level-triggered);
+    /// one `epoll_wait` with a zero timeout per pass returns only the
+    /// ready ones, so an idle connection costs nothing per pass. Idle
+    /// timeouts are checked by a scan a few times per timeout period.
+    Epoll,
+    /// [`Readiness::Epoll`] from this many connections on,
     /// [`Readiness::ReadAll`] below.
     Auto {
-        /// The smallest connection count that uses `poll(2)`.
+        /// The smallest connection count that uses epoll.
         poll_from: usize,
     },
 }
 
 impl Default for Readiness {
-    /// `Auto { poll_from: 2 }`: an idle `poll(2)` costs about what one
-    /// empty `read` does, and a few hundred nanoseconds per extra socket
-    /// against about a microsecond per `read`, so only a lone connection is
-    /// read directly (measured: `examples/tcp_readiness.rs`, docs/TCP.md,
-    /// "Readiness").
+    /// `Auto { poll_from: 2 }`: an idle `epoll_wait` costs about what one
+    /// empty `read` does, and nothing per extra idle socket, so only a
+    /// lone connection is read directly (measured:
+    /// `examples/tcp_readiness.rs`, docs/TCP.md, "Readiness").
     fn default() -> Self {
         Readiness::Auto { poll_from: 2 }
     }
@@ -217,6 +222,10 @@ pub struct TcpStats {
     /// Passes that stopped reading a connection because its output was
     /// full (back-pressure).
     pub output_stalls: u64,
+    /// Times a pass served a connection (read, answered, wrote). With
+    /// epoll readiness an idle connection adds nothing: this grows with
+    /// the traffic, not with the connection count.
+    pub connections_served: u64,
 }
 
 impl TcpStats {

@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use nix::sys::socket::{send, MsgFlags};
 
 use super::buf::{InBuf, OutBuf, ZeroedBuf};
+use super::epoll::{EpollSet, Interest};
 use super::{Readiness, TcpConfig, TcpError, TcpStats};
 use crate::engine::Instant;
 use crate::service::{Dispatch, Dispatcher};
@@ -136,6 +137,12 @@ struct Conn {
     /// Shutting down: every reply is written and our side of the stream
     /// is shut (FIN sent); input is read only to see the peer's end.
     write_shut: bool,
+    /// What the epoll set watches this socket for ([`Interest::NONE`]:
+    /// not registered).
+    registered: Interest,
+    /// The last epoll pass that served it (a socket both ready and carried
+    /// is served once).
+    pass: u64,
 }
 
 impl Conn {
@@ -155,6 +162,8 @@ impl Conn {
             stalled: false,
             last_active: now,
             write_shut: false,
+            registered: Interest::NONE,
+            pass: 0,
         })
     }
 
@@ -366,6 +375,17 @@ impl Conn {
         }
     }
 
+    /// [`interest`](Self::interest) in epoll terms.
+    fn epoll_interest(&self) -> Interest {
+        if self.stalled {
+            Interest::WRITE
+        } else if self.output.is_empty() {
+            Interest::READ
+        } else {
+            Interest::READ_WRITE
+        }
+    }
+
     /// Whether a pass has work to do without the socket being ready:
     /// input left over because the read budget ran out mid-buffer.
     fn has_buffered_input(&self) -> bool {
@@ -418,7 +438,24 @@ pub struct TcpConnections {
     stats: TcpStats,
     /// [`begin_shutdown`](Self::begin_shutdown) was called.
     stopping: bool,
+    /// With [`Readiness::Epoll`] or `Auto`: every connection's socket.
+    epoll: Option<EpollSet>,
+    /// Index in `conns` of each open socket, by descriptor (`NO_SLOT`:
+    /// none); grown when a connection is added, never per pass.
+    slot_of_fd: Vec<u32>,
+    /// Sockets an epoll pass serves: the ready ones, then `carry`.
+    due: Vec<RawFd>,
+    /// Sockets with input left in their buffer after a pass (the read
+    /// budget ran out): served next pass whether or not they are ready.
+    carry: Vec<RawFd>,
+    /// Epoll passes so far.
+    pass: u64,
+    /// When an epoll pass next looks for idle connections.
+    next_idle_scan: Instant,
 }
+
+/// `slot_of_fd` entry of a descriptor that is not one of ours.
+const NO_SLOT: u32 = u32::MAX;
 
 impl TcpConnections {
     /// An empty set with room for `cfg.max_connections`.
@@ -427,12 +464,27 @@ impl TcpConnections {
     /// [`TcpError::Config`] from [`TcpConfig::validate`].
     pub fn new(cfg: TcpConfig) -> Result<TcpConnections, TcpError> {
         cfg.validate()?;
+        let epoll = match cfg.readiness {
+            Readiness::Epoll | Readiness::Auto { .. } => {
+                Some(EpollSet::new().map_err(|source| TcpError::Io {
+                    what: "create the connections' epoll set",
+                    source,
+                })?)
+            }
+            Readiness::ReadAll | Readiness::Poll => None,
+        };
         Ok(TcpConnections {
             cfg,
             conns: Vec::with_capacity(cfg.max_connections),
             pollfds: Vec::with_capacity(cfg.max_connections),
             stats: TcpStats::default(),
             stopping: false,
+            epoll,
+            slot_of_fd: Vec::new(),
+            due: Vec::with_capacity(super::epoll::EVENTS_PER_WAIT + cfg.max_connections.min(1024)),
+            carry: Vec::with_capacity(cfg.max_connections.min(1024)),
+            pass: 0,
+            next_idle_scan: Instant(0),
         })
     }
 
@@ -479,8 +531,20 @@ impl TcpConnections {
                 peer,
             });
         }
-        match Conn::new(stream, peer, &self.cfg, now) {
+        let registered = Conn::new(stream, peer, &self.cfg, now).and_then(|mut c| {
+            if let Some(epoll) = &self.epoll {
+                epoll.add(c.fd, Interest::READ)?;
+                c.registered = Interest::READ;
+            }
+            Ok(c)
+        });
+        match registered {
             Ok(c) => {
+                let fd = c.fd as usize;
+                if self.slot_of_fd.len() <= fd {
+                    self.slot_of_fd.resize(fd + 1, NO_SLOT);
+                }
+                self.slot_of_fd[fd] = self.conns.len() as u32;
                 self.conns.push(c);
                 self.stats.connections_opened += 1;
                 Ok(())
@@ -512,8 +576,23 @@ impl TcpConnections {
         let use_poll = match self.cfg.readiness {
             Readiness::ReadAll => false,
             Readiness::Poll => true,
-            Readiness::Auto { poll_from } => self.conns.len() >= poll_from,
+            Readiness::Epoll => return self.poll_epoll(services, now),
+            Readiness::Auto { poll_from } if self.conns.len() >= poll_from => {
+                return self.poll_epoll(services, now)
+            }
+            Readiness::Auto { .. } => false,
         };
+        self.scan(services, now, use_poll)
+    }
+
+    /// A pass that looks at every connection: after a `poll(2)` over all
+    /// of them (`use_poll`), or with a `read` on each.
+    fn scan<D: Dispatcher + ?Sized>(
+        &mut self,
+        services: &D,
+        now: Instant,
+        use_poll: bool,
+    ) -> usize {
         let ready = use_poll && self.poll_readiness();
         let mut work = 0;
         let mut i = 0;
@@ -525,6 +604,9 @@ impl TcpConnections {
                 || self.pollfds[i].revents != 0
                 || conn.has_buffered_input()
                 || (self.stopping && !conn.write_shut);
+            if due {
+                self.stats.connections_served += 1;
+            }
             let outcome = match (due, self.stopping) {
                 (false, _) => Ok(0),
                 (true, false) => conn.service(services, &self.cfg, &mut self.stats, now),
@@ -538,6 +620,10 @@ impl TcpConnections {
             });
             match outcome {
                 Ok(w) => {
+                    // Auto mode may switch to epoll on a later pass: keep
+                    // the registration in step (a system call only when
+                    // the interest changed).
+                    sync_interest(self.epoll.as_ref(), &mut self.conns[i]);
                     work += w;
                     i += 1;
                 }
@@ -551,6 +637,79 @@ impl TcpConnections {
             }
         }
         work
+    }
+
+    /// An epoll pass: serves the sockets epoll reports ready and those
+    /// with input left from the last pass, nothing else; looks for idle
+    /// connections a few times per idle timeout. While shutting down,
+    /// every connection is looked at (see [`scan`](Self::scan)).
+    fn poll_epoll<D: Dispatcher + ?Sized>(&mut self, services: &D, now: Instant) -> usize {
+        if self.stopping || self.epoll.is_none() {
+            return self.scan(services, now, false);
+        }
+        self.pass += 1;
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
+        let failed = self.epoll.as_mut().map(|e| e.ready(&mut due).is_err());
+        if failed == Some(true) {
+            // Cannot tell who is ready: serve everyone this pass.
+            due.extend(self.conns.iter().map(|c| c.fd));
+        }
+        due.append(&mut self.carry);
+        let mut work = 0;
+        for &fd in &due {
+            let Some(&slot) = self.slot_of_fd.get(fd as usize) else {
+                continue;
+            };
+            let i = slot as usize;
+            let Some(conn) = self.conns.get_mut(i) else {
+                continue;
+            };
+            if conn.pass == self.pass {
+                continue;
+            }
+            conn.pass = self.pass;
+            self.stats.connections_served += 1;
+            match conn.service(services, &self.cfg, &mut self.stats, now) {
+                Ok(w) => {
+                    sync_interest(self.epoll.as_ref(), conn);
+                    if conn.has_buffered_input() {
+                        self.carry.push(fd);
+                    }
+                    work += w;
+                }
+                Err(reason) => {
+                    self.close(i, reason);
+                    work += 1;
+                }
+            }
+        }
+        self.due = due;
+        work + self.close_idle(now)
+    }
+
+    /// Closes connections idle for `idle_timeout`, looking at most four
+    /// times per timeout period (an idle connection closes within 1.25
+    /// timeouts, and a pass costs nothing per connection otherwise).
+    fn close_idle(&mut self, now: Instant) -> usize {
+        let Some(timeout) = self.cfg.idle_timeout else {
+            return 0;
+        };
+        if now < self.next_idle_scan {
+            return 0;
+        }
+        self.next_idle_scan = now.saturating_add(timeout / 4);
+        let mut closed = 0;
+        let mut i = 0;
+        while i < self.conns.len() {
+            if now.saturating_duration_since(self.conns[i].last_active) >= timeout {
+                self.close(i, CloseReason::IdleTimeout);
+                closed += 1;
+            } else {
+                i += 1;
+            }
+        }
+        closed
     }
 
     /// Fills `pollfds` and runs `poll(2)` with a zero timeout; false when
@@ -597,9 +756,23 @@ impl TcpConnections {
                 s.connections_dropped += 1;
             }
         }
+        // Out of the epoll set and the index before the descriptor closes
+        // (its number is reused by the next socket).
+        let fd = self.conns[i].fd;
+        if let Some(epoll) = &self.epoll {
+            epoll.remove(fd);
+        }
+        if let Some(slot) = self.slot_of_fd.get_mut(fd as usize) {
+            *slot = NO_SLOT;
+        }
         // Dropping the stream closes the socket; unread input makes the
         // kernel answer with a reset, which is what a broken peer gets.
         drop(self.conns.swap_remove(i));
+        if let Some(moved) = self.conns.get(i) {
+            if let Some(slot) = self.slot_of_fd.get_mut(moved.fd as usize) {
+                *slot = i as u32;
+            }
+        }
     }
 
     /// Starts a graceful shutdown: from the next [`poll`](Self::poll) on,
@@ -630,6 +803,15 @@ impl TcpConnections {
         while !self.conns.is_empty() {
             self.close(self.conns.len() - 1, CloseReason::Shutdown);
         }
+    }
+}
+
+/// Brings `conn`'s epoll registration in step with what it waits for.
+fn sync_interest(epoll: Option<&EpollSet>, conn: &mut Conn) {
+    let Some(epoll) = epoll else { return };
+    let want = conn.epoll_interest();
+    if conn.registered != want && epoll.modify(conn.fd, want).is_ok() {
+        conn.registered = want;
     }
 }
 

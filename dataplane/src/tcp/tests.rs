@@ -191,10 +191,11 @@ fn write_all(client: &mut TcpStream, rig: &mut Rig, mut bytes: &[u8]) {
     });
 }
 
-fn all_modes() -> [Readiness; 3] {
+fn all_modes() -> [Readiness; 4] {
     [
         Readiness::ReadAll,
         Readiness::Poll,
+        Readiness::Epoll,
         Readiness::Auto { poll_from: 2 },
     ]
 }
@@ -432,12 +433,21 @@ fn a_peer_that_does_not_read_is_slowed_not_buffered() {
     // Kernel TCP state left by earlier loopback traffic (a tcp_metrics
     // entry for 127.0.0.1) changes how much the sockets absorb; start clean.
     private_netns();
+    // Read directly (one connection) and through epoll, where the stalled
+    // socket is watched for room to write only.
+    for readiness in [Readiness::default(), Readiness::Epoll] {
+        peer_that_does_not_read(readiness);
+    }
+}
+
+fn peer_that_does_not_read(readiness: Readiness) {
     // Small limits: one 64 KiB reply fills the output, so the server must
     // stop taking calls until the client reads.
     let cfg = TcpConfig {
         max_record_len: 70_000,
         max_reply_len: 70_000,
         batch_len: 4096,
+        readiness,
         ..TcpConfig::default()
     };
     let mut rig = Rig::new(cfg);
@@ -534,6 +544,61 @@ fn an_idle_connection_is_closed_after_the_timeout_only() {
     assert!(rig.conns.is_empty());
     assert_eq!(rig.conns.stats().idle_timeouts, 1);
     drop(client);
+}
+
+#[test]
+fn with_epoll_an_idle_connection_is_closed_within_a_quarter_timeout_late() {
+    // Epoll passes look for idle connections four times per timeout
+    // period, not on every pass.
+    let mut rig = Rig::new(TcpConfig {
+        readiness: Readiness::Epoll,
+        idle_timeout: Some(Duration::from_secs(8)),
+        ..TcpConfig::default()
+    });
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(TcpStream::connect(rig.addr()).unwrap());
+        let (s, _) = rig.listener.accept().unwrap();
+        rig.conns.add(s, Instant(0)).unwrap();
+    }
+    let services = ServiceTable::builtin();
+    let second = 1_000_000_000u64;
+    assert_eq!(rig.conns.poll(&services, Instant(7 * second)), 0);
+    assert_eq!(rig.conns.len(), 2);
+    assert_eq!(rig.conns.poll(&services, Instant(9 * second)), 2);
+    assert!(rig.conns.is_empty());
+    assert_eq!(rig.conns.stats().idle_timeouts, 2);
+}
+
+#[test]
+fn with_epoll_idle_connections_cost_a_pass_nothing() {
+    // 200 idle connections and one busy one: every call is answered, and
+    // the passes serve the busy connection only (a scan would serve 201
+    // connections per pass).
+    let mut rig = Rig::new(TcpConfig {
+        readiness: Readiness::Epoll,
+        ..TcpConfig::default()
+    });
+    let idle: Vec<TcpStream> = (0..200).map(|_| rig.connect()).collect();
+    let mut busy = rig.connect();
+    let calls = 50u32;
+    for xid in 0..calls {
+        write_all(&mut busy, &mut rig, &record(&call(xid, Args::Null)));
+        let r = rig.replies(&mut busy, 1);
+        assert_eq!(xid_of(&r[0]), xid);
+    }
+    let stats = rig.conns.stats();
+    assert_eq!(stats.rpcs, u64::from(calls));
+    assert!(
+        stats.connections_served <= 2 * u64::from(calls),
+        "{} connections served for {calls} calls",
+        stats.connections_served
+    );
+    // An idle peer that leaves is noticed by the same readiness.
+    let before = stats.connections_closed;
+    drop(idle);
+    rig.pump(|rig| rig.conns.len() == 1);
+    assert_eq!(rig.conns.stats().connections_closed, before + 200);
 }
 
 #[test]
