@@ -234,11 +234,27 @@ fn lease_sge(
     }))
 }
 
+/// The completion queue of an endpoint: its own, or one it shares (a
+/// worker's, polled by the worker).
+enum CqHandle<P: Provider> {
+    Own(P::Cq),
+    Shared(Arc<P::Cq>),
+}
+
+impl<P: Provider> CqHandle<P> {
+    fn get(&self) -> &P::Cq {
+        match self {
+            CqHandle::Own(cq) => cq,
+            CqHandle::Shared(cq) => cq,
+        }
+    }
+}
+
 /// An endpoint whose queue pair exists and whose receives are posted, not
 /// yet connected (typestate, like [`PreparedQp`]).
 pub struct PreparedEndpoint<P: Provider> {
     qp: P::PreparedQp,
-    cq: P::Cq,
+    cq: CqHandle<P>,
     conn: Connection,
     mem: Registered<P>,
     config: EndpointConfig,
@@ -266,6 +282,23 @@ impl<P: Provider> PreparedEndpoint<P> {
         pd: &P::Pd,
         config: &EndpointConfig,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
+        Self::with_cq(ctx, pd, config, None)
+    }
+
+    /// [`new`](Self::new), with the queue pair on `shared`, a completion
+    /// queue other connections use too (a worker's: docs/WORKER.md), when
+    /// given. Such an endpoint never polls it: its owner routes each
+    /// completion by queue-pair number to
+    /// [`Endpoint::handle_completion`].
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_cq(
+        ctx: &P::Context,
+        pd: &P::Pd,
+        config: &EndpointConfig,
+        shared: Option<Arc<P::Cq>>,
+    ) -> Result<PreparedEndpoint<P>, EndpointError> {
         let len = Connection::memory_len(&config.engine)?;
         if len > u32::MAX as usize {
             return Err(EndpointError::TooLarge(len));
@@ -291,11 +324,16 @@ impl<P: Provider> PreparedEndpoint<P> {
         .map_err(VerbsError::from)?;
         let mut conn =
             Connection::with_memory(config.engine, Box::new(ArenaSlab::new(arena.clone(), len)))?;
-        let depth = (config.max_send_wr + max_recv_wr) as usize;
-        let cq = ctx.create_cq(depth)?;
+        let cq = match shared {
+            Some(cq) => CqHandle::Shared(cq),
+            None => {
+                let depth = (config.max_send_wr + max_recv_wr) as usize;
+                CqHandle::Own(ctx.create_cq(depth)?)
+            }
+        };
         let mut qp = pd.create_qp(
-            &cq,
-            &cq,
+            cq.get(),
+            cq.get(),
             QpCaps {
                 max_send_wr: config.max_send_wr,
                 max_recv_wr,
@@ -421,13 +459,15 @@ pub struct Endpoint<P: Provider> {
     // first (their flushed buffers return to the lease slab), then the
     // engine, then the registration and the arena.
     qp: P::Qp,
-    cq: P::Cq,
+    cq: CqHandle<P>,
     conn: Connection,
     mem: Registered<P>,
     /// Engine output not yet accepted by the provider, in engine order.
     pending: VecDeque<WorkRequest>,
     lost: Option<CloseReason>,
     counters: EndpointCounters,
+    /// `counters` as of the last [`Endpoint::take_counter_delta`].
+    reported: EndpointCounters,
 }
 
 impl<P: Provider> core::fmt::Debug for Endpoint<P> {
@@ -443,7 +483,7 @@ impl<P: Provider> core::fmt::Debug for Endpoint<P> {
 impl<P: Provider> Endpoint<P> {
     fn build(
         mut qp: P::Qp,
-        cq: P::Cq,
+        cq: CqHandle<P>,
         mut conn: Connection,
         mem: Registered<P>,
         config: EndpointConfig,
@@ -469,6 +509,7 @@ impl<P: Provider> Endpoint<P> {
             pending: VecDeque::with_capacity(config.backlog),
             lost: None,
             counters: EndpointCounters::default(),
+            reported: EndpointCounters::default(),
         })
     }
 
@@ -497,6 +538,26 @@ impl<P: Provider> Endpoint<P> {
         &self.counters
     }
 
+    /// What the counters gained since the last call (a worker folds it
+    /// into its own).
+    pub fn take_counter_delta(&mut self) -> EndpointCounters {
+        let (now, then) = (self.counters, self.reported);
+        self.reported = now;
+        EndpointCounters {
+            completions: now.completions - then.completions,
+            bytes_in: now.bytes_in - then.bytes_in,
+            bytes_out: now.bytes_out - then.bytes_out,
+            recvs: now.recvs - then.recvs,
+            sends: now.sends - then.sends,
+            rdma_reads: now.rdma_reads - then.rdma_reads,
+            rdma_writes: now.rdma_writes - then.rdma_writes,
+            error_completions: now.error_completions - then.error_completions,
+            foreign_completions: now.foreign_completions - then.foreign_completions,
+            post_invalid: now.post_invalid - then.post_invalid,
+            queue_full: now.queue_full - then.queue_full,
+        }
+    }
+
     /// The engine's resources in use.
     pub fn resources(&self) -> Resources {
         self.conn.resources()
@@ -519,16 +580,32 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Polls up to `wcs.len()` completions and feeds them to the engine.
-    /// Returns how many there were.
+    /// Returns how many there were. An endpoint on a shared completion
+    /// queue polls nothing here (0): its owner polls the queue.
     pub fn poll_completions(&mut self, now: engine::Instant, wcs: &mut [Completion]) -> usize {
-        let n = self.cq.poll(wcs);
+        let CqHandle::Own(cq) = &self.cq else {
+            return 0;
+        };
+        let n = cq.poll(wcs);
         for wc in wcs[..n].iter_mut() {
             self.handle_completion(now, wc);
         }
         n
     }
 
-    fn handle_completion(&mut self, now: engine::Instant, wc: &mut Completion) {
+    /// The shared completion queue this endpoint's queue pair is on, if it
+    /// is on one ([`PreparedEndpoint::with_cq`]).
+    pub fn shared_cq(&self) -> Option<&Arc<P::Cq>> {
+        match &self.cq {
+            CqHandle::Shared(cq) => Some(cq),
+            CqHandle::Own(_) => None,
+        }
+    }
+
+    /// Feeds one completion of this endpoint's queue pair to the engine
+    /// (the owner of a shared completion queue routes them here by
+    /// `qp_num`). Its scatter/gather leases go back first.
+    pub fn handle_completion(&mut self, now: engine::Instant, wc: &mut Completion) {
         self.counters.completions += 1;
         // Give the leases back first: the engine's slot state, not the
         // lease, says when bytes may be reused.

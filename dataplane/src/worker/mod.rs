@@ -219,6 +219,11 @@ pub struct WorkerCounters {
     pub errors_connection: Counter,
     /// Connections closed with resources still in use.
     pub leaks: Counter,
+    /// Times an RDMA connection was processed (events, service, posting).
+    /// Connections on a worker's shared completion queue are processed
+    /// only when they have work, so this grows with the traffic, not with
+    /// the number of idle connections.
+    pub endpoints_processed: Counter,
     /// Gauge: peer calls being served (credits in use).
     pub credits_in_use: Counter,
     /// Gauge: region leases held by posted work (pool occupancy).
@@ -250,6 +255,7 @@ pub struct WorkerSnapshot {
     pub errors_post: u64,
     pub errors_connection: u64,
     pub leaks: u64,
+    pub endpoints_processed: u64,
     pub credits_in_use: u64,
     pub pool_in_use: u64,
     pub connections: u64,
@@ -275,6 +281,7 @@ impl WorkerCounters {
             errors_post: self.errors_post.get(),
             errors_connection: self.errors_connection.get(),
             leaks: self.leaks.get(),
+            endpoints_processed: self.endpoints_processed.get(),
             credits_in_use: self.credits_in_use.get(),
             pool_in_use: self.pool_in_use.get(),
             connections: self.connections.get(),

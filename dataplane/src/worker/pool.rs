@@ -28,6 +28,11 @@ use crate::verbs::{Context as _, Incoming as _, Listener as _, Provider};
 pub trait PoolProvider: Provider + sealed::Served {
     /// The transport its connections count as.
     const TRANSPORT: Transport;
+    /// Whether the connections a worker accepts share one completion
+    /// queue per worker (software queues, unbounded per queue pair), or
+    /// each get their own (a hardware queue has a fixed depth that would
+    /// have to cover every connection of the worker).
+    const SHARED_CQ: bool;
 }
 
 pub(crate) mod sealed {
@@ -38,6 +43,9 @@ pub(crate) mod sealed {
     pub struct Attached<P: Provider> {
         pub ctx: Arc<P::Context>,
         pub pd: Arc<P::Pd>,
+        /// One completion queue per worker, by worker index, when the
+        /// provider shares them ([`PoolProvider::SHARED_CQ`]).
+        pub cqs: Vec<Arc<P::Cq>>,
     }
 
     impl<P: Provider> core::fmt::Debug for Attached<P> {
@@ -124,16 +132,24 @@ pub(crate) mod sealed {
 
 impl PoolProvider for Shm {
     const TRANSPORT: Transport = Transport::Shm;
+    const SHARED_CQ: bool = true;
 }
 
 impl PoolProvider for Roce {
     const TRANSPORT: Transport = Transport::Roce;
+    const SHARED_CQ: bool = true;
 }
 
 #[cfg(feature = "ibverbs")]
 impl PoolProvider for Ibverbs {
     const TRANSPORT: Transport = Transport::Ibverbs;
+    const SHARED_CQ: bool = false;
 }
+
+/// Depth asked for a worker's shared completion queue (informational for
+/// the software providers that share them: each queue pair buffers its
+/// own completions).
+const SHARED_CQ_DEPTH: usize = 4096;
 
 struct WorkerHandle {
     ring: Arc<ArrayQueue<Command>>,
@@ -269,7 +285,13 @@ impl WorkerSet {
     /// [`WorkerError::Verbs`] when the PD cannot be allocated.
     pub fn attach<P: PoolProvider>(&mut self, ctx: Arc<P::Context>) -> Result<(), WorkerError> {
         let pd = Arc::new(ctx.alloc_pd()?);
-        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd });
+        let mut cqs = Vec::new();
+        if P::SHARED_CQ {
+            for _ in &self.workers {
+                cqs.push(Arc::new(ctx.create_cq(SHARED_CQ_DEPTH)?));
+            }
+        }
+        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs });
         Ok(())
     }
 
@@ -306,6 +328,27 @@ impl WorkerSet {
             &*a.ctx,
             &*a.pd,
             &self.config.endpoint,
+        )?)
+    }
+
+    /// [`prepare`](Self::prepare) for worker `worker`: on its shared
+    /// completion queue when the provider shares them (the endpoint must
+    /// then go to that worker, [`hand_off_to`](Self::hand_off_to)).
+    ///
+    /// # Errors
+    /// As [`prepare`](Self::prepare).
+    pub fn prepare_for<P: PoolProvider>(
+        &self,
+        worker: usize,
+    ) -> Result<PreparedEndpoint<P>, WorkerError> {
+        let a = P::slot(&self.providers)
+            .as_ref()
+            .ok_or(WorkerError::NotAttached { scheme: P::SCHEME })?;
+        Ok(PreparedEndpoint::with_cq(
+            &*a.ctx,
+            &*a.pd,
+            &self.config.endpoint,
+            a.cqs.get(worker).cloned(),
         )?)
     }
 
@@ -372,8 +415,43 @@ impl WorkerSet {
         Ok(())
     }
 
-    /// Hands `ep` to the least-loaded worker over its control ring; returns
-    /// the worker index.
+    /// Hands `ep` to worker `worker` (the one whose completion queue it
+    /// is on, [`prepare_for`](Self::prepare_for)).
+    ///
+    /// # Errors
+    /// The endpoint, when that worker's ring is full or there is no such
+    /// worker.
+    pub fn hand_off_to<P: PoolProvider>(
+        &self,
+        worker: usize,
+        ep: Endpoint<P>,
+    ) -> Result<usize, Box<Endpoint<P>>> {
+        let Some(w) = self.workers.get(worker) else {
+            return Err(Box::new(ep));
+        };
+        let t = P::TRANSPORT.index();
+        w.counters.connections.add(1);
+        w.counters.connections_by_transport[t].add(1);
+        match w.ring.push(P::command(Box::new(ep))) {
+            Ok(()) => {
+                if let Some(t) = &w.thread {
+                    t.thread().unpark();
+                }
+                Ok(worker)
+            }
+            Err(back) => {
+                w.counters.connections.sub(1);
+                w.counters.connections_by_transport[t].sub(1);
+                match P::take_back(back) {
+                    Some(ep) => Err(ep),
+                    None => unreachable!("ring returned another command"),
+                }
+            }
+        }
+    }
+
+    /// Hands `ep` (on a completion queue of its own) to the least-loaded
+    /// worker over its control ring; returns the worker index.
     ///
     /// # Errors
     /// The endpoint, when every ring is full.
@@ -422,9 +500,12 @@ impl WorkerSet {
             incoming.reject(&[])?;
             return Err(e);
         }
-        let prepared = self.prepare::<P>()?;
+        // The worker first: the connection is built on its completion
+        // queue.
+        let worker = self.least_loaded();
+        let prepared = self.prepare_for::<P>(worker)?;
         let ep = prepared.accept(incoming)?;
-        self.hand_off(ep).map_err(|_| WorkerError::Busy)
+        self.hand_off_to(worker, ep).map_err(|_| WorkerError::Busy)
     }
 
     /// The counters of every worker.

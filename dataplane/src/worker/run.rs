@@ -5,6 +5,7 @@
 //! (`Vec<Box<Endpoint<P>>>`) and go through the same generic functions,
 //! so the hot path is statically dispatched; the TCP connections are one
 //! [`TcpConnections`] polled after them.
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
@@ -20,6 +21,7 @@ use crate::tcp::{TcpConnections, TcpStats};
 use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
+use crate::verbs::CompletionQueue as _;
 
 /// One worker thread's state.
 pub(super) struct Worker {
@@ -56,15 +58,174 @@ struct Scratch {
     reply: Box<[u8]>,
 }
 
-/// A worker's connections, one list per transport. Endpoints stay in the
-/// box they came over the ring in: no copy of a large struct at hand-off
-/// or when `retain` compacts a list.
+/// How often the timers of connections on a shared completion queue are
+/// looked at. Engine deadlines are milliseconds to seconds (call and idle
+/// timeouts), so a millisecond late is nothing, and an iteration costs the
+/// same however many connections are idle.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How often the credit and lease gauges are recomputed (a pass over
+/// every connection).
+const GAUGES_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// One provider's connections on a worker.
+///
+/// Connections the worker accepted share its completion queue of the
+/// provider (`shared`): one poll per iteration returns the completions of
+/// all of them, each routed by queue-pair number to its endpoint, and only
+/// endpoints that got a completion (or whose timer is due, or whose work
+/// waits for room in a queue) are processed. Endpoints handed over with a
+/// completion queue of their own (`own`) are polled one by one.
+/// Endpoints stay in the box they came over the ring in: no copy of a
+/// large struct at hand-off or when a list is compacted.
 #[allow(clippy::vec_box)]
+struct ProviderConns<P: PoolProvider> {
+    own: Vec<Box<Endpoint<P>>>,
+    shared: Vec<Box<Endpoint<P>>>,
+    /// Index in `shared` by queue-pair number.
+    by_qp: HashMap<u32, usize>,
+    /// The worker's completion queue of `P` (from the first endpoint on
+    /// it: every shared endpoint of this worker is on the same one).
+    cq: Option<Arc<P::Cq>>,
+    /// Indices of `shared` to process; `queued[i]` says whether `i` is in
+    /// `dirty`.
+    dirty: Vec<usize>,
+    queued: Vec<bool>,
+    /// When the timers of `shared` are next looked at.
+    next_sweep: engine::Instant,
+    /// Completions of queue pairs not (yet) here, with when they came: a
+    /// connection's first message can complete between its accept and
+    /// its arrival over the control ring. Delivered when it arrives;
+    /// dropped after [`STRAY_TTL`] (a prepared connection that failed
+    /// before its hand-off flushes its receives here).
+    strays: VecDeque<(engine::Instant, Completion)>,
+}
+
+/// How long a completion waits for its connection to reach the worker.
+const STRAY_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl<P: PoolProvider> ProviderConns<P> {
+    fn new(hint: usize) -> Self {
+        ProviderConns {
+            own: Vec::new(),
+            shared: Vec::with_capacity(hint),
+            by_qp: HashMap::with_capacity(hint),
+            cq: None,
+            dirty: Vec::with_capacity(hint),
+            queued: Vec::with_capacity(hint),
+            next_sweep: engine::Instant(0),
+            strays: VecDeque::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.own.is_empty() && self.shared.is_empty()
+    }
+
+    fn push(&mut self, mut ep: Box<Endpoint<P>>, now: engine::Instant) {
+        let Some(cq) = ep.shared_cq() else {
+            self.own.push(ep);
+            return;
+        };
+        if self.cq.is_none() {
+            self.cq = Some(cq.clone());
+        }
+        let qp = ep.qp_num();
+        for _ in 0..self.strays.len() {
+            let Some((at, mut wc)) = self.strays.pop_front() else {
+                break;
+            };
+            if wc.qp_num == qp {
+                ep.handle_completion(now, &mut wc);
+            } else {
+                self.strays.push_back((at, wc));
+            }
+        }
+        let i = self.shared.len();
+        self.by_qp.insert(ep.qp_num(), i);
+        self.shared.push(ep);
+        self.queued.push(false);
+        // Its first processing posts what the engine has queued.
+        self.mark(i);
+    }
+
+    fn mark(&mut self, i: usize) {
+        if !self.queued[i] {
+            self.queued[i] = true;
+            self.dirty.push(i);
+        }
+    }
+
+    /// Removes `shared[i]` (the last one takes its place and its index).
+    fn remove_shared(&mut self, i: usize) -> Box<Endpoint<P>> {
+        let last = self.shared.len() - 1;
+        let ep = self.shared.swap_remove(i);
+        self.queued.swap_remove(i);
+        self.by_qp.remove(&ep.qp_num());
+        if i != last {
+            self.by_qp.insert(self.shared[i].qp_num(), i);
+            for d in self.dirty.iter_mut().filter(|d| **d == last) {
+                *d = i;
+            }
+        }
+        ep
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Endpoint<P>> {
+        self.own.iter().chain(self.shared.iter()).map(|ep| &**ep)
+    }
+
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut Endpoint<P>> {
+        self.own
+            .iter_mut()
+            .chain(self.shared.iter_mut())
+            .map(|ep| &mut **ep)
+    }
+
+    fn busy(&self) -> usize {
+        self.all()
+            .filter(|ep| ep.resources().serve_slots_busy > 0)
+            .count()
+    }
+
+    fn close_all(&mut self) {
+        for ep in self.all_mut() {
+            ep.close();
+            ep.flush();
+        }
+        for i in 0..self.shared.len() {
+            self.mark(i);
+        }
+    }
+
+    /// The next time this provider's connections need the loop: the own
+    /// endpoints' engine deadlines, the next sweep of the shared ones.
+    fn next_deadline(&self) -> Option<engine::Instant> {
+        let own = self.own.iter().filter_map(|ep| ep.poll_timeout()).min();
+        let shared = (!self.shared.is_empty()).then_some(self.next_sweep);
+        match (own, shared) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// (credits in use, region leases in use).
+    fn gauges(&self) -> (u64, u64) {
+        let (mut credits, mut leases) = (0u64, 0u64);
+        for ep in self.all() {
+            credits += u64::from(ep.resources().serve_slots_busy);
+            leases += ep.leases_in_use() as u64;
+        }
+        (credits, leases)
+    }
+}
+
+/// A worker's connections, one [`ProviderConns`] per provider, then TCP.
 struct Conns {
-    shm: Vec<Box<Endpoint<Shm>>>,
-    roce: Vec<Box<Endpoint<Roce>>>,
+    shm: ProviderConns<Shm>,
+    roce: ProviderConns<Roce>,
     #[cfg(feature = "ibverbs")]
-    ibverbs: Vec<Box<Endpoint<Ibverbs>>>,
+    ibverbs: ProviderConns<Ibverbs>,
     /// Created at the first TCP connection (most pools never see one).
     tcp: Option<TcpConnections>,
     /// TCP connections the gauges count on this worker.
@@ -86,68 +247,42 @@ impl Conns {
     /// TCP: a call being received or replies not yet written).
     fn busy(&self) -> usize {
         #[cfg(feature = "ibverbs")]
-        let ibverbs = busy(&self.ibverbs);
+        let ibverbs = self.ibverbs.busy();
         #[cfg(not(feature = "ibverbs"))]
         let ibverbs = 0;
-        busy(&self.shm)
-            + busy(&self.roce)
+        self.shm.busy()
+            + self.roce.busy()
             + ibverbs
             + self.tcp.as_ref().map_or(0, TcpConnections::in_progress)
     }
 
     fn close_all(&mut self) {
-        close_all(&mut self.shm);
-        close_all(&mut self.roce);
+        self.shm.close_all();
+        self.roce.close_all();
         #[cfg(feature = "ibverbs")]
-        close_all(&mut self.ibverbs);
+        self.ibverbs.close_all();
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.close_all();
         }
     }
 
     fn next_deadline(&self) -> Option<engine::Instant> {
-        let deadlines = [next_deadline(&self.shm), next_deadline(&self.roce)];
+        let deadlines = [self.shm.next_deadline(), self.roce.next_deadline()];
         #[cfg(feature = "ibverbs")]
-        let deadlines = [deadlines[0], deadlines[1], next_deadline(&self.ibverbs)];
+        let deadlines = [deadlines[0], deadlines[1], self.ibverbs.next_deadline()];
         deadlines.into_iter().flatten().min()
     }
 
     /// (credits in use, region leases in use) over the RDMA connections.
     fn gauges(&self) -> (u64, u64) {
-        let (c1, l1) = gauges(&self.shm);
-        let (c2, l2) = gauges(&self.roce);
+        let (c1, l1) = self.shm.gauges();
+        let (c2, l2) = self.roce.gauges();
         #[cfg(feature = "ibverbs")]
-        let (c3, l3) = gauges(&self.ibverbs);
+        let (c3, l3) = self.ibverbs.gauges();
         #[cfg(not(feature = "ibverbs"))]
         let (c3, l3) = (0, 0);
         (c1 + c2 + c3, l1 + l2 + l3)
     }
-}
-
-fn busy<P: PoolProvider>(eps: &[Box<Endpoint<P>>]) -> usize {
-    eps.iter()
-        .filter(|ep| ep.resources().serve_slots_busy > 0)
-        .count()
-}
-
-fn close_all<P: PoolProvider>(eps: &mut [Box<Endpoint<P>>]) {
-    for ep in eps.iter_mut() {
-        ep.close();
-        ep.flush();
-    }
-}
-
-fn next_deadline<P: PoolProvider>(eps: &[Box<Endpoint<P>>]) -> Option<engine::Instant> {
-    eps.iter().filter_map(|ep| ep.poll_timeout()).min()
-}
-
-fn gauges<P: PoolProvider>(eps: &[Box<Endpoint<P>>]) -> (u64, u64) {
-    let (mut credits, mut leases) = (0u64, 0u64);
-    for ep in eps {
-        credits += u64::from(ep.resources().serve_slots_busy);
-        leases += ep.leases_in_use() as u64;
-    }
-    (credits, leases)
 }
 
 impl Worker {
@@ -156,10 +291,10 @@ impl Worker {
         let clock = || engine::Instant(origin.elapsed().as_nanos() as u64);
         let hint = self.config.connections_hint;
         let mut conns = Conns {
-            shm: Vec::with_capacity(hint),
-            roce: Vec::with_capacity(hint),
+            shm: ProviderConns::new(hint),
+            roce: ProviderConns::new(hint),
             #[cfg(feature = "ibverbs")]
-            ibverbs: Vec::with_capacity(hint),
+            ibverbs: ProviderConns::new(hint),
             tcp: None,
             tcp_counted: 0,
             tcp_folded: TcpStats::default(),
@@ -175,11 +310,10 @@ impl Worker {
             worker: self.index,
             ..WorkerReport::default()
         };
-        let mut iteration: u64 = 0;
+        let mut next_gauges = engine::Instant(0);
         let c = &*self.counters;
         loop {
             let now = clock();
-            iteration += 1;
             let mut work = 0usize;
 
             // Control ring.
@@ -229,22 +363,16 @@ impl Worker {
 
             // Every connection: completions, timers, events, service,
             // posting; then TCP.
-            work += self.poll_endpoints(&mut conns.shm, now, &mut scratch);
-            work += self.poll_endpoints(&mut conns.roce, now, &mut scratch);
+            work += self.poll_provider(&mut conns.shm, now, &mut scratch, &mut report);
+            work += self.poll_provider(&mut conns.roce, now, &mut scratch, &mut report);
             #[cfg(feature = "ibverbs")]
             {
-                work += self.poll_endpoints(&mut conns.ibverbs, now, &mut scratch);
+                work += self.poll_provider(&mut conns.ibverbs, now, &mut scratch, &mut report);
             }
             if let Some(tcp) = conns.tcp.as_mut() {
                 work += tcp.poll(&*self.dispatcher, now);
                 self.fold_tcp(&mut conns);
             }
-
-            // Retire closed, flushed connections (the leak check).
-            self.retire(&mut conns.shm, &mut report);
-            self.retire(&mut conns.roce, &mut report);
-            #[cfg(feature = "ibverbs")]
-            self.retire(&mut conns.ibverbs, &mut report);
 
             // Shutdown.
             match phase {
@@ -263,10 +391,10 @@ impl Worker {
                 }
                 Phase::Draining { deadline } => {
                     if conns.rdma_is_empty() || now >= deadline {
-                        self.leak_all(&conns.shm, &mut report);
-                        self.leak_all(&conns.roce, &mut report);
+                        self.leak_all(conns.shm.all(), &mut report);
+                        self.leak_all(conns.roce.all(), &mut report);
                         #[cfg(feature = "ibverbs")]
-                        self.leak_all(&conns.ibverbs, &mut report);
+                        self.leak_all(conns.ibverbs.all(), &mut report);
                         c.connections.set(0);
                         for t in Transport::ALL {
                             c.connections_by_transport[t.index()].set(0);
@@ -279,27 +407,25 @@ impl Worker {
             }
 
             c.polls.add(1);
+            if now >= next_gauges {
+                self.update_gauges(&conns);
+                next_gauges = instant_after(now, GAUGES_EVERY);
+            }
             if work == 0 {
                 c.idle_polls.add(1);
-                if iteration % 64 == 0 {
-                    self.update_gauges(&conns);
-                }
                 let next = conns
                     .next_deadline()
                     .map(|t| t.saturating_duration_since(now));
                 idler.idle(next);
             } else {
                 idler.reset();
-                if iteration % 1024 == 0 {
-                    self.update_gauges(&conns);
-                }
             }
         }
     }
 
     fn add<P: PoolProvider>(
         &self,
-        eps: &mut Vec<Box<Endpoint<P>>>,
+        eps: &mut ProviderConns<P>,
         mut ep: Box<Endpoint<P>>,
         now: engine::Instant,
         phase: Phase,
@@ -312,83 +438,177 @@ impl Worker {
         if matches!(phase, Phase::Draining { .. }) {
             ep.close();
         }
-        eps.push(ep);
+        eps.push(ep, now);
     }
 
-    /// One pass over one provider's endpoints; returns the work done.
-    fn poll_endpoints<P: PoolProvider>(
+    /// One pass over one provider's connections; returns the work done.
+    /// Connections on the worker's shared completion queue: one poll,
+    /// each completion routed to its endpoint, then only the endpoints
+    /// with something to do are processed. Connections with a queue of
+    /// their own: each polled. Closed, flushed connections are retired
+    /// (the leak check).
+    fn poll_provider<P: PoolProvider>(
         &self,
-        eps: &mut [Box<Endpoint<P>>],
+        pc: &mut ProviderConns<P>,
         now: engine::Instant,
         scratch: &mut Scratch,
+        report: &mut WorkerReport,
     ) -> usize {
-        let c = &*self.counters;
         let mut work = 0;
-        for ep in eps.iter_mut() {
-            let before = *ep.counters();
+        for ep in pc.own.iter_mut() {
             work += ep.poll_completions(now, &mut scratch.wcs);
-            ep.handle_timeouts(now);
-            while let Some(ev) = ep.poll_event() {
-                work += 1;
-                match ev {
-                    Event::CallArrived { call, .. } => {
-                        self.serve(now, ep, call, &mut scratch.reply);
-                    }
-                    Event::ConnectionLost { reason } => {
-                        // Closing an idle connection is housekeeping, not
-                        // an error.
-                        if !matches!(
-                            reason,
-                            engine::CloseReason::Local | engine::CloseReason::Idle
-                        ) {
-                            c.errors_connection.add(1);
+            work += self.process(ep, now, &mut scratch.reply);
+        }
+        self.retire_own(&mut pc.own, report);
+        if let Some(cq) = pc.cq.as_ref() {
+            let n = cq.poll(&mut scratch.wcs);
+            work += n;
+            for wc in scratch.wcs[..n].iter_mut() {
+                match pc.by_qp.get(&wc.qp_num) {
+                    Some(&i) => {
+                        pc.shared[i].handle_completion(now, wc);
+                        if !pc.queued[i] {
+                            pc.queued[i] = true;
+                            pc.dirty.push(i);
                         }
                     }
-                    // A server endpoint sends no calls of its own.
-                    Event::ReplyArrived { .. } | Event::CallFailed { .. } => {}
+                    None => pc.strays.push_back((now, std::mem::take(wc))),
                 }
             }
-            work += ep.flush();
-            let after = *ep.counters();
-            c.completions.add(after.completions - before.completions);
-            c.bytes_in.add(after.bytes_in - before.bytes_in);
-            c.bytes_out.add(after.bytes_out - before.bytes_out);
-            c.rdma_reads.add(after.rdma_reads - before.rdma_reads);
-            c.rdma_writes.add(after.rdma_writes - before.rdma_writes);
-            c.errors_completion
-                .add(after.error_completions - before.error_completions);
-            c.errors_post.add(after.post_invalid - before.post_invalid);
         }
+        if now >= pc.next_sweep && !(pc.shared.is_empty() && pc.strays.is_empty()) {
+            // Expired strays go, their leases with them.
+            while pc
+                .strays
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= STRAY_TTL)
+            {
+                pc.strays.pop_front();
+                self.counters.errors_completion.add(1);
+            }
+            for i in 0..pc.shared.len() {
+                if pc.shared[i].poll_timeout().is_some_and(|t| t <= now) {
+                    pc.shared[i].handle_timeouts(now);
+                    pc.mark(i);
+                }
+            }
+            pc.next_sweep = instant_after(now, SWEEP_EVERY);
+        }
+        // The endpoints with something to do. Work that found no room in
+        // a queue keeps its endpoint marked for the next iteration.
+        let mut dirty = std::mem::take(&mut pc.dirty);
+        let mut k = 0;
+        while k < dirty.len() {
+            let i = dirty[k];
+            pc.queued[i] = false;
+            work += self.process(&mut pc.shared[i], now, &mut scratch.reply);
+            if pc.shared[i].backlog() > 0 {
+                pc.mark(i);
+            }
+            k += 1;
+            if pc.shared[i].is_drained() {
+                self.retire(&pc.shared[i], report);
+                pc.remove_shared(i);
+                // The endpoint that took index `i` may be later in this
+                // list under its old index, which `remove_shared` only
+                // rewrites in `pc.dirty`.
+                let moved = pc.shared.len();
+                for d in dirty[k..].iter_mut().filter(|d| **d == moved) {
+                    *d = i;
+                }
+            }
+        }
+        dirty.clear();
+        // Keep the list's capacity; what was marked meanwhile goes in.
+        dirty.append(&mut pc.dirty);
+        pc.dirty = dirty;
         work
     }
 
-    /// Drops closed, drained endpoints, leak-checking each.
-    fn retire<P: PoolProvider>(&self, eps: &mut Vec<Box<Endpoint<P>>>, report: &mut WorkerReport) {
+    /// Events, service and posting for one endpoint whose completions were
+    /// handled; its counters folded into the worker's.
+    fn process<P: PoolProvider>(
+        &self,
+        ep: &mut Endpoint<P>,
+        now: engine::Instant,
+        reply: &mut [u8],
+    ) -> usize {
         let c = &*self.counters;
-        let before = eps.len();
+        c.endpoints_processed.add(1);
+        let mut work = 0;
+        ep.handle_timeouts(now);
+        while let Some(ev) = ep.poll_event() {
+            work += 1;
+            match ev {
+                Event::CallArrived { call, .. } => {
+                    self.serve(now, ep, call, reply);
+                }
+                Event::ConnectionLost { reason } => {
+                    // Closing an idle connection is housekeeping, not
+                    // an error.
+                    if !matches!(
+                        reason,
+                        engine::CloseReason::Local | engine::CloseReason::Idle
+                    ) {
+                        c.errors_connection.add(1);
+                    }
+                }
+                // A server endpoint sends no calls of its own.
+                Event::ReplyArrived { .. } | Event::CallFailed { .. } => {}
+            }
+        }
+        work += ep.flush();
+        let d = ep.take_counter_delta();
+        c.completions.add(d.completions);
+        c.bytes_in.add(d.bytes_in);
+        c.bytes_out.add(d.bytes_out);
+        c.rdma_reads.add(d.rdma_reads);
+        c.rdma_writes.add(d.rdma_writes);
+        c.errors_completion.add(d.error_completions);
+        c.errors_post.add(d.post_invalid);
+        work
+    }
+
+    /// Drops closed, drained endpoints with their own queue.
+    #[allow(clippy::vec_box)]
+    fn retire_own<P: PoolProvider>(
+        &self,
+        eps: &mut Vec<Box<Endpoint<P>>>,
+        report: &mut WorkerReport,
+    ) {
         eps.retain(|ep| {
             if !ep.is_drained() {
                 return true;
             }
-            let res = ep.resources();
-            if !res.is_idle() {
-                c.leaks.add(1);
-                report.leaks.push(Leak {
-                    worker: self.index,
-                    qp_num: ep.qp_num(),
-                    resources: res,
-                    leases_in_use: ep.leases_in_use(),
-                });
-            }
+            self.retire(ep, report);
             false
         });
-        let retired = (before - eps.len()) as u64;
-        c.connections.sub(retired);
-        c.connections_by_transport[P::TRANSPORT.index()].sub(retired);
+    }
+
+    /// The leak check of an endpoint about to be dropped, and the gauges
+    /// that counted it.
+    fn retire<P: PoolProvider>(&self, ep: &Endpoint<P>, report: &mut WorkerReport) {
+        let c = &*self.counters;
+        let res = ep.resources();
+        if !res.is_idle() {
+            c.leaks.add(1);
+            report.leaks.push(Leak {
+                worker: self.index,
+                qp_num: ep.qp_num(),
+                resources: res,
+                leases_in_use: ep.leases_in_use(),
+            });
+        }
+        c.connections.sub(1);
+        c.connections_by_transport[P::TRANSPORT.index()].sub(1);
     }
 
     /// Reports every endpoint still held at exit as a leak.
-    fn leak_all<P: PoolProvider>(&self, eps: &[Box<Endpoint<P>>], report: &mut WorkerReport) {
+    fn leak_all<'a, P: PoolProvider + 'a>(
+        &self,
+        eps: impl Iterator<Item = &'a Endpoint<P>>,
+        report: &mut WorkerReport,
+    ) {
         for ep in eps {
             self.counters.leaks.add(1);
             report.leaks.push(Leak {

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use self::io::{bind_udp, Faults, Rx, Tx, RX_BATCH};
 use self::rc::{ConnRef, PeerPath, RcQp, Timers, MAX_RD};
+use self::ready::{Announce, ReadyList};
 use super::soft_mr::MrTable;
 use super::*;
 use crate::mem::Arena;
@@ -53,6 +54,7 @@ pub use self::io::FaultPolicy;
 
 mod io;
 mod rc;
+mod ready;
 #[cfg(test)]
 mod tests;
 
@@ -322,7 +324,8 @@ impl Context<Roce> for RoceContext {
             inner: Arc::new(CqInner {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
-                members: Mutex::new(Vec::new()),
+                devices: Mutex::new(Vec::new()),
+                ready: Arc::new(ReadyList::default()),
                 orphans: Mutex::new(VecDeque::new()),
             }),
         })
@@ -1206,32 +1209,52 @@ fn cm_path(local: Ipv4Addr, remote: Ipv4Addr, ack_code: u8) -> CmPath {
 // ---------------------------------------------------------------------------
 // Completion queues
 
+/// A device with queue pairs on a completion queue, and how many.
 #[derive(Debug)]
-struct Member {
+struct CqDevice {
     dev: Arc<Device>,
-    qpn: u32,
+    qps: usize,
 }
 
 #[derive(Debug)]
 struct CqInner {
     id: usize,
     depth: usize,
-    members: Mutex<Vec<Member>>,
+    /// The devices of its queue pairs: a poll drives each once.
+    devices: Mutex<Vec<CqDevice>>,
+    /// Its queue pairs with completions waiting (ready.rs).
+    ready: Arc<ReadyList>,
     /// Completions of queue pairs that never reached a device (flushed
     /// pre-posted receives of a dropped or failed prepared QP).
     orphans: Mutex<VecDeque<Completion>>,
 }
 
 impl CqInner {
-    fn attach(&self, dev: &Arc<Device>, qpn: u32) {
-        lock(&self.members).push(Member {
-            dev: dev.clone(),
-            qpn,
-        });
+    fn attach(&self, dev: &Arc<Device>) {
+        let mut devices = lock(&self.devices);
+        match devices.iter_mut().find(|d| Arc::ptr_eq(&d.dev, dev)) {
+            Some(d) => d.qps += 1,
+            None => devices.push(CqDevice {
+                dev: dev.clone(),
+                qps: 1,
+            }),
+        }
+    }
+
+    fn detach(&self, dev: &Arc<Device>) {
+        let mut devices = lock(&self.devices);
+        if let Some(i) = devices.iter().position(|d| Arc::ptr_eq(&d.dev, dev)) {
+            devices[i].qps -= 1;
+            if devices[i].qps == 0 {
+                devices.swap_remove(i);
+            }
+        }
     }
 }
 
-/// A completion queue. Polling it drives the devices of its queue pairs.
+/// A completion queue. Polling it drives the devices of its queue pairs
+/// and visits only the queue pairs that announced completions, so a
+/// queue shared by many mostly idle connections polls as fast as one.
 #[derive(Debug)]
 pub struct RoceCq {
     inner: Arc<CqInner>,
@@ -1255,51 +1278,58 @@ impl CompletionQueue for RoceCq {
                 got += 1;
             }
         }
-        let mut members = lock(&self.inner.members);
-        if members.is_empty() {
+        let devices = lock(&self.inner.devices);
+        if devices.is_empty() {
             return got;
         }
         let now = Instant::now();
         let id = self.inner.id;
-        let mut seen: [*const Device; 4] = [std::ptr::null(); 4];
-        let mut nseen = 0;
-        let mut prune = false;
-        for m in members.iter() {
-            let mut eng = lock(&m.dev.eng);
-            let p = Arc::as_ptr(&m.dev);
-            if !seen[..nseen].contains(&p) {
-                eng.progress(now);
-                m.dev.mark_progress(now);
-                if nseen < seen.len() {
-                    seen[nseen] = p;
-                    nseen += 1;
+        let ready = &*self.inner.ready;
+        for d in devices.iter() {
+            let mut eng = lock(&d.dev.eng);
+            eng.progress(now);
+            d.dev.mark_progress(now);
+            let me = Arc::as_ptr(&d.dev) as usize;
+            // Each announced queue pair once; another device's go back.
+            for _ in 0..ready.len() {
+                if got == out.len() {
+                    break;
+                }
+                let Some(r) = ready.pop() else { break };
+                if r.dev != me {
+                    ready.push(r);
+                    continue;
+                }
+                // Gone since it announced: its completions are orphans.
+                let Some(qp) = eng.qps.get_mut(&r.qpn) else {
+                    continue;
+                };
+                if qp.send_cq == id {
+                    while got < out.len() {
+                        let Some(c) = qp.send_done.pop_front() else {
+                            break;
+                        };
+                        out[got] = c;
+                        got += 1;
+                    }
+                }
+                if qp.recv_cq == id {
+                    while got < out.len() {
+                        let Some(c) = qp.recv_done.pop_front() else {
+                            break;
+                        };
+                        out[got] = c;
+                        got += 1;
+                    }
+                }
+                let left = (qp.send_cq == id && !qp.send_done.is_empty())
+                    || (qp.recv_cq == id && !qp.recv_done.is_empty());
+                if left {
+                    // `out` is full: this one is first next time.
+                    ready.push_front(r);
+                    break;
                 }
             }
-            let Some(qp) = eng.qps.get_mut(&m.qpn) else {
-                prune = true;
-                continue;
-            };
-            if qp.send_cq == id {
-                while got < out.len() {
-                    let Some(c) = qp.send_done.pop_front() else {
-                        break;
-                    };
-                    out[got] = c;
-                    got += 1;
-                }
-            }
-            if qp.recv_cq == id {
-                while got < out.len() {
-                    let Some(c) = qp.recv_done.pop_front() else {
-                        break;
-                    };
-                    out[got] = c;
-                    got += 1;
-                }
-            }
-        }
-        if prune {
-            members.retain(|m| lock(&m.dev.eng).qps.contains_key(&m.qpn));
         }
         got
     }
@@ -1338,21 +1368,26 @@ impl RocePreparedQp {
     ///
     /// # Errors
     /// `VerbsError::Os` if no random QPN can be drawn (nothing installed).
-    fn install(&mut self, eng: &mut Engine) -> Result<u32, VerbsError> {
+    fn install(&mut self, eng: &mut Engine, dev: &Arc<Device>) -> Result<u32, VerbsError> {
         let qpn = eng.alloc_qpn()?;
         let mut qp = self.qp.take().expect("prepared QP installed once");
         qp.qpn = qpn;
         qp.faults = Faults::new(self.cfg.faults, qpn);
+        qp.announce = Some(Announce {
+            send: self.send_cq.ready.clone(),
+            recv: self.recv_cq.ready.clone(),
+            dev: Arc::as_ptr(dev) as usize,
+        });
         eng.qps.insert(qpn, qp);
         Ok(qpn)
     }
 
-    /// Lists an installed QP with its CQs. Called without the engine lock:
-    /// `poll` takes a CQ's member list first, then engines.
-    fn attach(&self, dev: &Arc<Device>, qpn: u32) {
-        self.send_cq.attach(dev, qpn);
+    /// Lists an installed QP's device with its CQs. Called without the
+    /// engine lock: `poll` takes a CQ's device list first, then engines.
+    fn attach(&self, dev: &Arc<Device>) {
+        self.send_cq.attach(dev);
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            self.recv_cq.attach(dev, qpn);
+            self.recv_cq.attach(dev);
         }
     }
 }
@@ -1442,9 +1477,10 @@ impl Drop for RoceQp {
             lock(&self.recv_cq.orphans).extend(qp.recv_done.drain(..));
             lock(&self.send_cq.orphans).extend(qp.send_done.drain(..));
         }
-        // Not under the engine lock: `poll` takes members, then engines.
-        for cq in [&self.send_cq, &self.recv_cq] {
-            lock(&cq.members).retain(|m| !(m.qpn == self.qpn && Arc::ptr_eq(&m.dev, &self.dev)));
+        // Not under the engine lock: `poll` takes devices, then engines.
+        self.send_cq.detach(&self.dev);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.recv_cq.detach(&self.dev);
         }
     }
 }
@@ -1488,7 +1524,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .expect("not installed");
         let (qpn, mad) = {
             let mut eng = lock(&dev.eng);
-            let qpn = self.install(&mut eng)?;
+            let qpn = self.install(&mut eng, &dev)?;
             let qp = eng.qps.get_mut(&qpn).expect("just installed");
             // Options in the connect URL apply to this connection.
             qp.configure(
@@ -1559,7 +1595,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             tx.flush();
             (qpn, mad)
         };
-        self.attach(&dev, qpn);
+        self.attach(&dev);
         let qp = RoceQp {
             dev: dev.clone(),
             qpn,
@@ -1872,7 +1908,7 @@ impl Incoming<Roce> for RoceIncoming {
                 break c;
             }
         };
-        let qpn = qp.install(&mut eng)?;
+        let qpn = qp.install(&mut eng, &dev)?;
         let req = self.req.take().expect("not yet answered");
         eng.cm.release_held(req.peer_ip, req.remote_comm_id);
         let rc = eng.qps.get_mut(&qpn).expect("just installed");
@@ -1937,7 +1973,7 @@ impl Incoming<Roce> for RoceIncoming {
         send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
         tx.flush();
         drop(eng);
-        qp.attach(&dev, qpn);
+        qp.attach(&dev);
         Ok(RoceQp {
             dev,
             qpn,

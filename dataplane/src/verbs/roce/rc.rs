@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::io::{Faults, Tx};
+use super::ready::{Announce, Ready};
 use super::PdInner;
 use crate::mem::Arena;
 use crate::verbs::*;
@@ -129,6 +130,9 @@ pub(super) struct RcQp {
     pub pd: Arc<PdInner>,
     pub send_cq: usize,
     pub recv_cq: usize,
+    /// Set when installed on a device: where new completions are
+    /// announced (before that none are produced).
+    pub announce: Option<Announce>,
     pub mtu: Mtu,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
@@ -299,6 +303,7 @@ impl RcQp {
             pd,
             send_cq,
             recv_cq,
+            announce: None,
             mtu,
             timers,
             peer: None,
@@ -367,11 +372,36 @@ impl RcQp {
         self.state = QpState::Rts;
     }
 
+    /// Queues a send-side completion, announcing the queue pair on its
+    /// send CQ when it had none waiting (ready.rs).
+    fn push_send_done(&mut self, c: Completion) {
+        let first = self.send_done.is_empty();
+        self.send_done.push_back(c);
+        if let (true, Some(a)) = (first, &self.announce) {
+            a.send.push(Ready {
+                dev: a.dev,
+                qpn: self.qpn,
+            });
+        }
+    }
+
+    /// [`push_send_done`](Self::push_send_done) for receives.
+    fn push_recv_done(&mut self, c: Completion) {
+        let first = self.recv_done.is_empty();
+        self.recv_done.push_back(c);
+        if let (true, Some(a)) = (first, &self.announce) {
+            a.recv.push(Ready {
+                dev: a.dev,
+                qpn: self.qpn,
+            });
+        }
+    }
+
     fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32) {
         if status == WcStatus::Success && !wr.signaled {
             return;
         }
-        self.send_done.push_back(Completion {
+        self.push_send_done(Completion {
             wr_id: wr.wr_id,
             status,
             opcode: wc_opcode(wr.op),
@@ -384,7 +414,7 @@ impl RcQp {
     }
 
     fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus) {
-        self.recv_done.push_back(Completion {
+        self.push_recv_done(Completion {
             wr_id: wr.wr_id,
             status,
             opcode: WcOpcode::Recv,
@@ -1174,7 +1204,7 @@ impl RcQp {
                         }
                     }
                     set_placed(&mut wr.sgl, placed as u64);
-                    self.recv_done.push_back(Completion {
+                    self.push_recv_done(Completion {
                         wr_id: wr.wr_id,
                         status,
                         opcode: WcOpcode::Recv,
@@ -1253,7 +1283,7 @@ impl RcQp {
                     if let Some(imm) = p.immdt {
                         let mut wr = self.rq.pop_front().expect("receive checked");
                         set_placed(&mut wr.sgl, 0);
-                        self.recv_done.push_back(Completion {
+                        self.push_recv_done(Completion {
                             wr_id: wr.wr_id,
                             status: WcStatus::Success,
                             opcode: WcOpcode::RecvRdmaWithImm,

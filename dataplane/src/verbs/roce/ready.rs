@@ -1,0 +1,56 @@
+//! Which queue pairs have completions waiting, per completion queue.
+//!
+//! A queue pair announces itself on its completion queue's list when one
+//! of its completion queues goes from empty to non-empty; a poll visits
+//! only the announced queue pairs. A worker's completion queue shared by
+//! 1,024 connections then costs a poll the same as one with a single
+//! connection (docs/WORKER.md, "One completion queue per worker").
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use super::lock;
+
+/// A queue pair with completions waiting: its device (by address, as the
+/// completion queue lists them) and its number there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ready {
+    pub dev: usize,
+    pub qpn: u32,
+}
+
+/// The announced queue pairs of one completion queue, in order. Locked
+/// last: it is pushed under a device's engine lock and popped under it.
+#[derive(Debug, Default)]
+pub(super) struct ReadyList {
+    q: Mutex<VecDeque<Ready>>,
+}
+
+impl ReadyList {
+    pub fn push(&self, r: Ready) {
+        lock(&self.q).push_back(r);
+    }
+
+    /// Puts back a queue pair whose completions did not all fit the
+    /// caller's buffer: it is first at the next poll.
+    pub fn push_front(&self, r: Ready) {
+        lock(&self.q).push_front(r);
+    }
+
+    pub fn pop(&self) -> Option<Ready> {
+        lock(&self.q).pop_front()
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.q).len()
+    }
+}
+
+/// Where an installed queue pair announces completions: the lists of its
+/// send and receive completion queues, and its device.
+#[derive(Debug, Clone)]
+pub(super) struct Announce {
+    pub send: Arc<ReadyList>,
+    pub recv: Arc<ReadyList>,
+    pub dev: usize,
+}
