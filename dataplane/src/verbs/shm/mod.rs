@@ -217,8 +217,7 @@ impl Context<Shm> for ShmContext {
             inner: Arc::new(CqInner {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
-                qps: Mutex::new(Vec::new()),
-                next: AtomicUsize::new(0),
+                qps: Mutex::new(CqQps::default()),
             }),
         })
     }
@@ -308,6 +307,7 @@ impl ProtectionDomain<Shm> for ShmPd {
             send_cq: send_cq.inner.id,
             recv_cq: recv_cq.inner.id,
             dropped: AtomicBool::new(false),
+            hot: [AtomicBool::new(false), AtomicBool::new(false)],
             inner: Mutex::new(QpInner {
                 qpn,
                 state: QpState::Init,
@@ -323,9 +323,9 @@ impl ProtectionDomain<Shm> for ShmPd {
                 polls: 0,
             }),
         });
-        lock(&send_cq.inner.qps).push(shared.clone());
+        lock(&send_cq.inner.qps).all.push(shared.clone());
         if recv_cq.inner.id != send_cq.inner.id {
-            lock(&recv_cq.inner.qps).push(shared.clone());
+            lock(&recv_cq.inner.qps).all.push(shared.clone());
         }
         Ok(ShmPreparedQp { shared })
     }
@@ -338,8 +338,37 @@ pub type ShmMr = super::SoftMr<Shm>;
 struct CqInner {
     id: usize,
     depth: usize,
-    qps: Mutex<Vec<Arc<QpShared>>>,
-    next: AtomicUsize,
+    qps: Mutex<CqQps>,
+}
+
+/// Polls a queue pair stays in its CQ's hot list after its last activity
+/// (about 65 ms of a busy worker's iterations).
+const HOT_POLLS: u64 = 1 << 16;
+
+/// Queue pairs outside the hot list driven per poll, round robin. A
+/// message to an idle connection waits at most `n / COLD_BUDGET` polls of
+/// a CQ with `n` queue pairs.
+const COLD_BUDGET: usize = 64;
+
+/// The queue pairs bound to a CQ.
+///
+/// Driving a queue pair costs a lock and a look at the peer's outbox (a
+/// shared cache line), so a CQ shared by many connections (a worker's)
+/// drives every poll only the queue pairs active in the last
+/// [`HOT_POLLS`] polls, plus a window of [`COLD_BUDGET`] of the others:
+/// an iteration of a worker with a thousand idle connections stays cheap,
+/// and an idle connection's next message is still seen within a few dozen
+/// polls. A queue pair whose send and receive CQs differ is in each one's
+/// lists on its own terms (`QpShared::hot` has a flag per role).
+#[derive(Debug, Default)]
+struct CqQps {
+    all: Vec<Arc<QpShared>>,
+    /// Active queue pairs and the poll of their last activity; each also
+    /// has its `QpShared::hot` flag for this CQ set.
+    hot: Vec<(Arc<QpShared>, u64)>,
+    /// Where the next cold window starts in `all`.
+    cursor: usize,
+    polls: u64,
 }
 
 /// A completion queue. Polling it also drives the queue pairs bound to it.
@@ -358,43 +387,93 @@ impl ShmCq {
 
 impl CompletionQueue for ShmCq {
     fn poll(&self, out: &mut [Completion]) -> usize {
-        let mut qps = lock(&self.inner.qps);
-        let n = qps.len();
+        let mut guard = lock(&self.inner.qps);
+        let st = &mut *guard;
+        let n = st.all.len();
         if n == 0 || out.is_empty() {
             return 0;
         }
-        let start = self.inner.next.fetch_add(1, Ordering::Relaxed) % n;
+        st.polls += 1;
+        let p = st.polls;
+        let id = self.inner.id;
         let mut got = 0;
         let mut prune = false;
-        for i in 0..n {
-            let qp = &qps[(start + i) % n];
-            let mut inner = lock(&qp.inner);
-            inner.progress();
-            if qp.send_cq == self.inner.id {
-                while got < out.len() {
-                    let Some(c) = inner.send_done.pop_front() else {
-                        break;
-                    };
-                    out[got] = c;
-                    got += 1;
-                }
+        // The hot list, every poll.
+        let mut i = 0;
+        while i < st.hot.len() {
+            let (qp, last) = &mut st.hot[i];
+            let (active, gone) = drive(qp, id, out, &mut got);
+            prune |= gone;
+            if active {
+                *last = p;
             }
-            if qp.recv_cq == self.inner.id {
-                while got < out.len() {
-                    let Some(c) = inner.recv_done.pop_front() else {
-                        break;
-                    };
-                    out[got] = c;
-                    got += 1;
-                }
+            if gone || p.wrapping_sub(*last) > HOT_POLLS {
+                qp.hot_flag(id).store(false, Ordering::Relaxed);
+                st.hot.swap_remove(i);
+            } else {
+                i += 1;
             }
-            prune |= qp.dropped.load(Ordering::Relaxed) && inner.is_drained();
         }
+        // A window of the others.
+        for k in 0..COLD_BUDGET.min(n) {
+            let qp = &st.all[(st.cursor + k) % n];
+            if qp.hot_flag(id).load(Ordering::Relaxed) {
+                continue;
+            }
+            let (active, gone) = drive(qp, id, out, &mut got);
+            prune |= gone;
+            if active && !gone {
+                qp.hot_flag(id).store(true, Ordering::Relaxed);
+                let qp = qp.clone();
+                st.hot.push((qp, p));
+            }
+        }
+        st.cursor = (st.cursor + COLD_BUDGET.min(n)) % n;
         if prune {
-            qps.retain(|qp| !(qp.dropped.load(Ordering::Relaxed) && lock(&qp.inner).is_drained()));
+            st.all
+                .retain(|qp| !(qp.dropped.load(Ordering::Relaxed) && lock(&qp.inner).is_drained()));
+            st.hot.retain(|(qp, _)| {
+                !(qp.dropped.load(Ordering::Relaxed) && lock(&qp.inner).is_drained())
+            });
+            if !st.all.is_empty() {
+                st.cursor %= st.all.len();
+            }
         }
         got
     }
+}
+
+/// Drives one queue pair of CQ `id`: progress, then its completions for
+/// that CQ into `out`. Returns (it had work or completions, it is dropped
+/// and drained).
+fn drive(qp: &QpShared, id: usize, out: &mut [Completion], got: &mut usize) -> (bool, bool) {
+    let mut inner = lock(&qp.inner);
+    inner.progress();
+    let before = *got;
+    if qp.send_cq == id {
+        while *got < out.len() {
+            let Some(c) = inner.send_done.pop_front() else {
+                break;
+            };
+            out[*got] = c;
+            *got += 1;
+        }
+    }
+    if qp.recv_cq == id {
+        while *got < out.len() {
+            let Some(c) = inner.recv_done.pop_front() else {
+                break;
+            };
+            out[*got] = c;
+            *got += 1;
+        }
+    }
+    let active = *got > before
+        || !inner.sq.is_empty()
+        || !inner.send_done.is_empty()
+        || !inner.recv_done.is_empty();
+    let gone = qp.dropped.load(Ordering::Relaxed) && inner.is_drained();
+    (active, gone)
 }
 
 #[derive(Debug)]
@@ -403,7 +482,16 @@ struct QpShared {
     send_cq: usize,
     recv_cq: usize,
     dropped: AtomicBool,
+    /// In its send CQ's and its receive CQ's hot list ([`CqQps`]).
+    hot: [AtomicBool; 2],
     inner: Mutex<QpInner>,
+}
+
+impl QpShared {
+    /// Its hot-list flag for CQ `cq` (the send CQ's when both are one).
+    fn hot_flag(&self, cq: usize) -> &AtomicBool {
+        &self.hot[usize::from(self.send_cq != cq)]
+    }
 }
 
 /// A created queue pair that is not connected yet; receives may be posted.
