@@ -157,6 +157,8 @@ pub struct MemoryReport {
     /// Of the committed memory the connections added, the part given back
     /// on close, percent (100: all of it).
     pub committed_returned_pct: f64,
+    /// The same for Rss alone (4 KiB pages: what the allocator may keep).
+    pub rss_returned_pct: f64,
 }
 
 impl MemoryReport {
@@ -170,8 +172,14 @@ impl MemoryReport {
         n: u32,
     ) -> MemoryReport {
         let per = |a: u64, b: u64, unit: f64| (a as f64 - b as f64) * unit / f64::from(n.max(1));
-        let added = open.committed_kib() as f64 - before.committed_kib() as f64;
-        let returned = open.committed_kib() as f64 - closed.committed_kib() as f64;
+        let returned_pct = |before: u64, open: u64, closed: u64| {
+            let added = open as f64 - before as f64;
+            if added > 0.0 {
+                100.0 * (open as f64 - closed as f64) / added
+            } else {
+                100.0
+            }
+        };
         MemoryReport {
             pid,
             scope,
@@ -182,11 +190,12 @@ impl MemoryReport {
             committed_per_conn_bytes: per(open.committed_kib(), before.committed_kib(), 1024.0),
             address_space_per_conn_bytes: per(open.vm_size_kib, before.vm_size_kib, 1024.0),
             fds_per_conn: per(open.fds, before.fds, 1.0),
-            committed_returned_pct: if added > 0.0 {
-                100.0 * returned / added
-            } else {
-                100.0
-            },
+            committed_returned_pct: returned_pct(
+                before.committed_kib(),
+                open.committed_kib(),
+                closed.committed_kib(),
+            ),
+            rss_returned_pct: returned_pct(before.rss_kib, open.rss_kib, closed.rss_kib),
         }
     }
 }

@@ -135,8 +135,9 @@ pub fn print_conns(out: &mut impl Write, r: &crate::conns::ConnsReport) -> std::
             }
             writeln!(
                 out,
-                "  after close: {:.0}% of the committed memory the connections added came back{}",
+                "  after close: {:.0}% of the committed memory the connections added came back ({:.0}% of the Rss){}",
                 m.committed_returned_pct,
+                m.rss_returned_pct,
                 if m.settled {
                     ""
                 } else {
