@@ -35,7 +35,7 @@ use crate::transport::{
 
 /// How long one connect plus its first NULL may take before the run is
 /// declared broken.
-const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// After closing: how long the server's RSS must stay unchanged to count
 /// as settled, sampled every [`SETTLE_SAMPLE`], and the deadline after
 /// which whatever it then is gets reported.
@@ -438,13 +438,26 @@ fn cannot_open(
     } else if text.contains("refused")
         || text.contains("reset")
         || text.contains("closed")
+        || text.contains("hang-up")
         || text.contains("Rejected")
     {
         format!(
-            "the server refused or dropped it: check that its [workers] max_connections (default 1024) is at least {count}, its open-file limit, and its log"
+            "the server refused or dropped it: check that its [workers] max_connections (default 1024) is at least {count}, its open-file limit (an embedded server shares this process's, {}), and its log",
+            nofile.0
+        )
+    } else if text.contains("unanswered") {
+        // The connect went through but nothing served it: a server out of
+        // descriptors accepts nothing more, and the client's connect
+        // still completes in the kernel's backlog.
+        format!(
+            "the server did not serve it: check the server's open-file limit (an embedded server shares this process's, {}) and its [workers] max_connections (default 1024) against {count}, and its log",
+            nofile.0
         )
     } else {
-        "see the server's log; a smaller --count shows where it stops".to_owned()
+        format!(
+            "see the server's log and both sides' open-file limits (this process: {}); a smaller --count shows where it stops",
+            nofile.0
+        )
     };
     BenchError::Unsupported {
         transport: name,

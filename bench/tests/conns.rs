@@ -2,8 +2,9 @@
 //! over shm and tcp (with `--server-pid`), and against the embedded
 //! servers. Asserts on counts and events only: every connection completed
 //! its NULL, the series has the expected idle counts, every point made
-//! calls, the memory figures are there when a process is known. Never a
-//! statement about time.
+//! calls, the memory figures are there when a process is known; and a
+//! count beyond the open-file limit ends in one line saying how many
+//! connections opened. Never a statement about time.
 //!
 //! bench does not depend on control, so the daemon is the `rpcrdmad` built
 //! next to this bench binary (`cargo build -p control`, which `cargo test
@@ -196,4 +197,54 @@ fn rpcrdmad_serves_every_connection_over_shm_and_tcp_and_reports_its_memory() {
     }
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_count_beyond_the_open_file_limit_fails_with_one_line_saying_how_many_opened() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--no-pin",
+        "--duration",
+        "0.05",
+        "--connect",
+        "shm",
+        "conns",
+        "--count",
+        "64",
+    ]);
+    // SAFETY: setrlimit is async-signal-safe; it only lowers this child's
+    // limits (soft and hard, so the bench cannot raise them back) before
+    // exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let rl = libc::rlimit {
+                rlim_cur: 40,
+                rlim_max: 40,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run rpcrdma-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // The embedded server may log its own failure (it shares the limit
+    // and may hit it first); the bench's verdict is one line.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rpcrdma-bench:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("rpcrdma-bench: shm: opened "),
+        "{stderr}"
+    );
+    assert!(
+        lines[0].contains(" of 64 connections; connection "),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("open-file limit"), "{stderr}");
 }
