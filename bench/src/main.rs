@@ -43,7 +43,8 @@ struct Cli {
     #[arg(long, value_name = "FILE", global = true)]
     json: Option<PathBuf>,
     /// PID of the --connect server's process, to report its CPU time
-    /// (from /proc/PID/stat; without it the server CPU is n/a).
+    /// (from /proc/PID/stat; without it the server CPU is n/a) and, for
+    /// conns, its memory (/proc/PID/smaps_rollup, status, fd).
     #[arg(long, value_name = "PID", global = true)]
     server_pid: Option<u32>,
     /// Busy-poll for completions, never yield the core (default: spin a
