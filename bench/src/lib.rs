@@ -8,11 +8,13 @@
 //!   an in-process transport implements (how to plug a transport in);
 //! - [`rdma`]: RPC over RDMA (`shm`, `roce`) with `dataplane::client`;
 //! - [`tcp`]: RPC over TCP with `dataplane::tcp`;
+//! - [`conns`]: many idle connections against one busy one (`conns`);
 //! - [`inproc`]: the no-transport reference driver;
 //! - [`tirpc`]: the libtirpc baseline peer (C server and client);
 //! - [`membw`]: single-core memcpy bandwidth (part of `floor`);
 //! - [`output`]: tables, JSON documents, SVG plots.
 
+pub mod conns;
 pub mod driver;
 pub mod inproc;
 pub mod membw;

@@ -2,7 +2,8 @@
 //!
 //! Subcommands `lat`, `rate`, `read`, `write`, `sweep` run the bench
 //! program over a transport (`--connect URL`, or the embedded default) and
-//! print a table; `floor` measures this machine's physical references.
+//! print a table; `conns` measures many idle connections against a busy
+//! one; `floor` measures this machine's physical references.
 //! `--json FILE` writes everything measured as one JSON document. The
 //! transports and the run loop are in the library (`bench::transport`,
 //! `bench::driver`); `docs/BENCHMARKS.md` has commands and figures.
@@ -34,15 +35,16 @@ struct Cli {
     /// rpcrdmad). Without it: `shm` (embedded server).
     #[arg(long, value_name = "URL", global = true)]
     connect: Option<String>,
-    /// Measured seconds per run (sweep: per point). Default: 2 for lat,
-    /// 1 for rate/read/write, 0.5 for sweep points.
+    /// Measured seconds per run (sweep, conns: per point). Default: 2 for lat,
+    /// 1 for rate/read/write and conns points, 0.5 for sweep points.
     #[arg(long, value_name = "SECS", global = true)]
     duration: Option<f64>,
     /// Also write everything measured to FILE as JSON.
     #[arg(long, value_name = "FILE", global = true)]
     json: Option<PathBuf>,
     /// PID of the --connect server's process, to report its CPU time
-    /// (from /proc/PID/stat; without it the server CPU is n/a).
+    /// (from /proc/PID/stat; without it the server CPU is n/a) and, for
+    /// conns, its memory (/proc/PID/smaps_rollup, status, fd).
     #[arg(long, value_name = "PID", global = true)]
     server_pid: Option<u32>,
     /// Busy-poll for completions, never yield the core (default: spin a
@@ -172,6 +174,21 @@ enum Cmd {
         /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
         #[arg(long, value_parser = parse_size)]
         memcpy_size: Option<u32>,
+    },
+    /// Many idle connections against one busy one: opens COUNT connections
+    /// to the server (each completes one NULL; one of them then stays
+    /// busy), and reports connect time, the server's memory per connection
+    /// (--server-pid; an embedded server: this process) before, open and
+    /// after close, and the busy connection's NULL latency at idle counts
+    /// 0 .. COUNT-1 in one run. shm, roce, tcp (embedded or URL).
+    Conns {
+        /// Connections in all, the busy one included.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        count: u32,
+        /// Measure at idle counts 0, STEP, 2 STEP, ..., COUNT-1 (default
+        /// 0, 1, 4, 16, 64, 256, 1024 capped at COUNT-1).
+        #[arg(long)]
+        step: Option<u32>,
     },
     /// The responder half of `floor` (spawned by it).
     #[command(hide = true)]
@@ -489,6 +506,22 @@ fn main() -> ExitCode {
                 },
             )
         }
+        Some(Cmd::Conns { count, step }) => {
+            let spec = bench::conns::ConnsSpec {
+                count,
+                step,
+                duration: common.duration(1.0),
+                idle: common.idle,
+                server_pid: cli.server_pid,
+            };
+            bench::conns::run(common.connect.as_deref(), &common.open, &spec).map(|report| {
+                println!("{}", report.describe);
+                let _ = output::print_conns(&mut std::io::stdout().lock(), &report);
+                let mut doc = header("conns", &common);
+                doc["conns"] = json!(report);
+                doc
+            })
+        }
         Some(Cmd::FloorPeer {
             url,
             page,
@@ -500,7 +533,7 @@ fn main() -> ExitCode {
         }
         None => {
             eprintln!(
-                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, floor, targets (--help); transports: {}",
+                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, conns, floor, targets (--help); transports: {}",
                 TRANSPORTS
                     .iter()
                     .map(|t| format!("{}{}", t.0, if t.2.is_some() { " (not built)" } else { "" }))

@@ -91,6 +91,94 @@ pub fn print_table(out: &mut impl Write, results: &[RunResult]) -> std::io::Resu
     Ok(())
 }
 
+/// Prints a `conns` report: connect times, the server's memory per
+/// connection, and the busy connection's NULL latency at each idle count.
+pub fn print_conns(out: &mut impl Write, r: &crate::conns::ConnsReport) -> std::io::Result<()> {
+    let kib = |b: f64| format!("{:.1} KiB", b / 1024.0);
+    writeln!(
+        out,
+        "conns: {} connections (1 busy, {} idle), {} established; idle clients: {}",
+        r.count,
+        r.count - 1,
+        r.established,
+        r.idle_client_limits
+    )?;
+    writeln!(
+        out,
+        "connect + first NULL: p50 {} us, p99 {} us, max {} us over {} connects",
+        micros(r.connect.p50_ns),
+        micros(r.connect.p99_ns),
+        micros(r.connect.max_ns),
+        r.connect.count
+    )?;
+    match &r.memory {
+        Some(m) => {
+            writeln!(
+                out,
+                "memory of pid {} ({}): per connection {} committed (Rss + hugetlb), {} address space, {:.1} fds",
+                m.pid,
+                m.scope,
+                kib(m.committed_per_conn_bytes),
+                kib(m.address_space_per_conn_bytes),
+                m.fds_per_conn
+            )?;
+            for (label, p) in [
+                ("before", &m.before),
+                ("open", &m.open),
+                ("closed", &m.closed),
+            ] {
+                writeln!(
+                    out,
+                    "  {label:<7} Rss {:>9} KiB  hugetlb {:>9} KiB  VmSize {:>10} KiB  fds {:>6}",
+                    p.rss_kib, p.hugetlb_kib, p.vm_size_kib, p.fds
+                )?;
+            }
+            writeln!(
+                out,
+                "  after close: {:.0}% of the committed memory the connections added came back ({:.0}% of the Rss){}",
+                m.committed_returned_pct,
+                m.rss_returned_pct,
+                if m.settled {
+                    ""
+                } else {
+                    " (not settled within 10 s)"
+                }
+            )?;
+        }
+        None => writeln!(out, "memory: n/a (give --server-pid PID)")?,
+    }
+    writeln!(
+        out,
+        "{:>6} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6}",
+        "idle", "calls/s", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us", "srv %"
+    )?;
+    for p in &r.series {
+        let l = &p.result.latency;
+        writeln!(
+            out,
+            "{:>6} {:>10.0} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6}",
+            p.idle,
+            p.result.calls_per_s,
+            micros(l.p50_ns),
+            micros(l.p90_ns),
+            micros(l.p99_ns),
+            micros(l.p999_ns),
+            micros(l.max_ns),
+            p.result
+                .server_cpu
+                .map_or("-".to_owned(), |c| format!("{:.0}", c.utilization_pct))
+        )?;
+    }
+    if let (Some(first), Some(last)) = (r.series.first(), r.series.last()) {
+        writeln!(
+            out,
+            "p50({} idle) / p50({} idle) = {:.2}; p99 ratio {:.2}",
+            last.idle, first.idle, r.p50_ratio, r.p99_ratio
+        )?;
+    }
+    Ok(())
+}
+
 /// Where and on what the figures were taken.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {

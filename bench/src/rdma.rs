@@ -277,6 +277,42 @@ pub struct RdmaDriver<P: PoolProvider> {
     /// it is copied in once, not per call (a gateway's data is already in
     /// its registered memory).
     loaded: Vec<Option<(usize, usize)>>,
+    /// Connect with [`lean_endpoint`] limits (an idle connection of
+    /// `conns`), whatever the run asks for.
+    lean: bool,
+    /// Keep the connection when the next run has the same shape as the
+    /// last (`conns` measures one busy connection across its series).
+    keep: bool,
+    /// Shape of the connection prepared last: (op, size, depth, idle).
+    prepared: Option<(Op, u32, u32, Idle)>,
+}
+
+/// Limits of a connection that makes one NULL call and then idles (the
+/// idle connections of `conns`): the engine's minimum inline sizes (1 KiB
+/// each way), one credit and one call slot, 1 KiB messages, no DDP, short
+/// queues and 4 KiB pages, so that a thousand of them in one process cost
+/// a few MiB in all instead of a hugepage or more each.
+pub fn lean_endpoint() -> EndpointConfig {
+    EndpointConfig {
+        engine: engine::Config {
+            inline_recv_size: 1024,
+            inline_send_size: 1024,
+            credits: 1,
+            max_outstanding_calls: 1,
+            max_call_size: 1024,
+            max_reply_size: 1024,
+            max_ddp_size: 0,
+            max_rdma_read: 1,
+            inbound_rdma_read: 1,
+            max_reply_read_chunks: 1,
+            error_buffers: 1,
+            ..engine::Config::default()
+        },
+        max_send_wr: 8,
+        backlog: 8,
+        backing: dataplane::mem::Backing::Small,
+        ..EndpointConfig::default()
+    }
 }
 
 impl<P: PoolProvider> RdmaDriver<P> {
@@ -338,7 +374,41 @@ impl<P: PoolProvider> RdmaDriver<P> {
             app: None,
             slot_bytes: 0,
             loaded: Vec::new(),
+            lean: false,
+            keep: false,
+            prepared: None,
         }
+    }
+
+    /// This driver with [`lean_endpoint`] connections (NULL runs only).
+    pub fn lean(mut self) -> Self {
+        self.lean = true;
+        self
+    }
+
+    /// This driver keeping its connection between runs of one shape.
+    pub fn keeping_connection(mut self) -> Self {
+        self.keep = true;
+        self
+    }
+
+    /// The server's URL (an embedded server's own, once started).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether the server is embedded in this process.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.server, Server::Embedded(_))
+    }
+
+    /// Closes the connection (an embedded server keeps running).
+    ///
+    /// # Errors
+    /// The close timed out or left resources in use.
+    pub fn close_connection(&mut self) -> Result<(), BenchError> {
+        self.prepared = None;
+        self.disconnect()
     }
 
     fn call_error(&self, reason: String) -> BenchError {
@@ -405,7 +475,19 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
     }
 
     fn prepare(&mut self, spec: &RunSpec) -> Result<(), BenchError> {
+        let shape = (spec.op, spec.size, spec.depth, spec.idle);
+        if self.keep && self.client.is_some() && self.in_flight == 0 && self.prepared == Some(shape)
+        {
+            return Ok(());
+        }
+        self.prepared = None;
         self.disconnect()?;
+        if self.lean && spec.op != Op::Null {
+            return Err(BenchError::Unsupported {
+                transport: self.name,
+                reason: "a lean connection makes NULL calls only".to_owned(),
+            });
+        }
         if let Server::Embedded(s) = &self.server {
             if spec.size > EMBEDDED_MAX_DATA || spec.depth > EMBEDDED_MAX_CREDITS {
                 return Err(BenchError::Unsupported {
@@ -445,9 +527,13 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             engine.app_memory = depth * self.slot_bytes;
         }
         let config = ClientConfig {
-            endpoint: EndpointConfig {
-                engine,
-                ..EndpointConfig::default()
+            endpoint: if self.lean {
+                lean_endpoint()
+            } else {
+                EndpointConfig {
+                    engine,
+                    ..EndpointConfig::default()
+                }
             },
             conf_rdma: false,
             idle: idle_strategy(spec.idle),
@@ -468,6 +554,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
         self.client = Some(client);
         self.slots = vec![None; depth as usize];
         self.in_flight = 0;
+        self.prepared = Some(shape);
         Ok(())
     }
 

@@ -114,6 +114,29 @@ pub struct TcpDriver {
     server_pid: Option<u32>,
     client_core: Option<usize>,
     client: Option<TcpClient>,
+    /// Connect with [`lean_client`] limits (an idle connection of
+    /// `conns`), whatever the run asks for.
+    lean: bool,
+    /// Keep the connection when the next run has the same shape as the
+    /// last (`conns` measures one busy connection across its series).
+    keep: bool,
+    /// Shape of the connection prepared last: (size, depth, idle).
+    prepared: Option<(u32, u32, Idle)>,
+}
+
+/// Limits of a connection that makes one NULL call and then idles (the
+/// idle connections of `conns`): one call slot, 1 KiB messages and read
+/// buffer, so that a thousand of them cost about 3 KiB of buffers each
+/// instead of the default 16 MiB reply reservation.
+pub fn lean_client() -> TcpClientConfig {
+    TcpClientConfig {
+        depth: 1,
+        max_call_len: 1024,
+        max_reply_len: 1024,
+        read_buffer_len: 1024,
+        batch_len: 1024,
+        reads_per_poll: 1,
+    }
 }
 
 impl TcpDriver {
@@ -129,6 +152,9 @@ impl TcpDriver {
             server_pid: None,
             client_core: options.cores.map(|c| c.client),
             client: None,
+            lean: false,
+            keep: false,
+            prepared: None,
         })
     }
 
@@ -147,7 +173,38 @@ impl TcpDriver {
             server_pid: options.server_pid,
             client_core: options.cores.map(|c| c.client),
             client: None,
+            lean: false,
+            keep: false,
+            prepared: None,
         })
+    }
+
+    /// This driver with [`lean_client`] connections.
+    pub fn lean(mut self) -> Self {
+        self.lean = true;
+        self
+    }
+
+    /// This driver keeping its connection between runs of one shape.
+    pub fn keeping_connection(mut self) -> Self {
+        self.keep = true;
+        self
+    }
+
+    /// The server's URL (`tcp://IP:PORT`; an embedded server's own).
+    pub fn url(&self) -> String {
+        format!("tcp://{}", self.addr)
+    }
+
+    /// Whether the server is embedded in this process.
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// Closes the connection (an embedded server keeps running).
+    pub fn close_connection(&mut self) {
+        self.prepared = None;
+        self.client = None;
     }
 }
 
@@ -193,6 +250,14 @@ impl RpcDriver for TcpDriver {
     }
 
     fn prepare(&mut self, spec: &RunSpec) -> Result<(), BenchError> {
+        let shape = (spec.size, spec.depth, spec.idle);
+        if self.keep
+            && self.prepared == Some(shape)
+            && self.client.as_ref().is_some_and(|c| c.outstanding() == 0)
+        {
+            return Ok(());
+        }
+        self.prepared = None;
         self.client = None;
         if let Some(core) = self.client_core {
             let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
@@ -206,10 +271,21 @@ impl RpcDriver for TcpDriver {
                 self.embedded = Some(server);
             }
         }
-        let cfg = TcpClientConfig::for_data(spec.size as usize, spec.depth.max(1) as usize);
+        let cfg = if self.lean {
+            if spec.size > 0 || spec.depth > 1 {
+                return Err(BenchError::Unsupported {
+                    transport: "tcp",
+                    reason: "a lean connection makes NULL calls at depth 1 only".to_owned(),
+                });
+            }
+            lean_client()
+        } else {
+            TcpClientConfig::for_data(spec.size as usize, spec.depth.max(1) as usize)
+        };
         let client = TcpClient::connect(self.addr, cfg)
             .map_err(|e| call_error(format!("connect {}: {e}", self.addr)))?;
         self.client = Some(client);
+        self.prepared = Some(shape);
         Ok(())
     }
 
