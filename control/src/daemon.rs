@@ -59,6 +59,10 @@ pub struct Args {
     pub check_config: Option<PathBuf>,
 }
 
+/// How often the main thread looks for closed connections whose memory
+/// it can give back ([`dataplane::mem::release_free_heap`]).
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The daemon's entry point; returns the process exit code.
 pub fn main() -> i32 {
     let args = Args::parse();
@@ -101,8 +105,22 @@ pub fn main() -> i32 {
             return EXIT_STARTUP;
         }
     };
-    // Any message, or the handler being dropped, means stop.
-    let _ = stop.recv();
+    // Any message, or the handler being dropped, means stop. Meanwhile,
+    // once a second: memory of connections that closed goes back to the
+    // kernel.
+    let mut closed_seen = 0;
+    loop {
+        match stop.recv_timeout(HOUSEKEEPING_EVERY) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let closed = daemon.data.closed_connections();
+                if closed != closed_seen {
+                    closed_seen = closed;
+                    dataplane::mem::release_free_heap();
+                }
+            }
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
     tracing::info!("signal received: shutting down");
     daemon.shutdown();
     EXIT_OK

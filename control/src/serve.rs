@@ -272,6 +272,17 @@ impl DataPath {
         Ok(path)
     }
 
+    /// Connections closed so far, every worker and transport (opened
+    /// minus open).
+    pub fn closed_connections(&self) -> u64 {
+        self.workers.as_ref().map_or(0, |set| {
+            set.snapshot()
+                .iter()
+                .map(|w| w.connections_total.saturating_sub(w.connections))
+                .sum()
+        })
+    }
+
     /// Stops accepting: every acceptor thread ends and its listener closes.
     pub fn stop_accepting(&mut self, registry: &Registry) {
         self.stop.store(true, Ordering::SeqCst);
