@@ -498,11 +498,30 @@ impl Cm {
     }
 }
 
+/// How often a device ticks every queue pair, idle or not (see
+/// `Engine::active`).
+const FULL_TICK_EVERY: Duration = Duration::from_millis(10);
+
+/// Puts `qp` on its device's list of queue pairs to tick.
+fn mark_ticking(active: &mut Vec<u32>, qp: &mut RcQp) {
+    if !qp.ticking {
+        qp.ticking = true;
+        active.push(qp.qpn);
+    }
+}
+
 struct Engine {
     local: SocketAddrV4,
     tx: Tx,
     rx: Rx,
     qps: HashMap<u32, RcQp>,
+    /// Queue pairs to tick at the next progress: touched by a packet or a
+    /// post, or with timers or output pending (`RcQp::needs_tick`). The
+    /// others are idle and cost a progress nothing; every
+    /// [`FULL_TICK_EVERY`] all are ticked anyway (what the connection
+    /// manager changed).
+    active: Vec<u32>,
+    next_full_tick: Instant,
     cm: Cm,
     gsi_psn: Psn,
     verify_icrc: bool,
@@ -632,6 +651,8 @@ impl Device {
                 tx: Tx::new(fd, local),
                 rx: Rx::new(),
                 qps: HashMap::new(),
+                active: Vec::new(),
+                next_full_tick: Instant::now(),
                 cm: Cm::default(),
                 gsi_psn,
                 verify_icrc: cfg.verify_icrc,
@@ -723,9 +744,32 @@ impl Engine {
                 break;
             }
         }
-        let Engine { tx, qps, .. } = self;
-        for qp in qps.values_mut() {
+        let Engine {
+            tx,
+            qps,
+            active,
+            next_full_tick,
+            ..
+        } = self;
+        if now >= *next_full_tick {
+            *next_full_tick = now + FULL_TICK_EVERY;
+            for qp in qps.values_mut() {
+                mark_ticking(active, qp);
+            }
+        }
+        let mut i = 0;
+        while i < active.len() {
+            let Some(qp) = qps.get_mut(&active[i]) else {
+                active.swap_remove(i);
+                continue;
+            };
             qp.tick(now, tx);
+            if qp.needs_tick() {
+                i += 1;
+            } else {
+                qp.ticking = false;
+                active.swap_remove(i);
+            }
         }
         self.cm_timers(now);
         self.tx.flush();
@@ -742,6 +786,7 @@ impl Engine {
             verify_icrc,
             bad_icrc,
             spoofed,
+            active,
             ..
         } = self;
         let data = rx.packet(i);
@@ -770,6 +815,7 @@ impl Engine {
         let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
             return;
         };
+        mark_ticking(active, qp);
         // Only the connected peer may talk to this QP: its address, and
         // the UDP source port its QP sends from. rxe derives that port
         // from its QPN (0xC000 + hash) and keeps it for the QP's life, as
@@ -1437,8 +1483,11 @@ impl RoceQp {
 
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
         let mut eng = lock(&self.dev.eng);
-        let Engine { qps, tx, .. } = &mut *eng;
+        let Engine {
+            qps, tx, active, ..
+        } = &mut *eng;
         let qp = qps.get_mut(&self.qpn)?;
+        mark_ticking(active, qp);
         let r = f(qp, tx);
         let now = Instant::now();
         eng.progress(now);
@@ -1719,7 +1768,9 @@ impl QueuePair<Roce> for RoceQp {
         let mut eng = lock(&self.dev.eng);
         let mut n = 0;
         let mut res = Ok(());
-        if let Some(qp) = eng.qps.get_mut(&self.qpn) {
+        let Engine { qps, active, .. } = &mut *eng;
+        if let Some(qp) = qps.get_mut(&self.qpn) {
+            mark_ticking(active, qp);
             for wr in wrs.by_ref() {
                 if let Err(e) = qp.post_send(wr) {
                     res = Err(e);
@@ -1770,7 +1821,9 @@ impl QueuePair<Roce> for RoceQp {
 
     fn disconnect(&mut self) {
         let mut eng = lock(&self.dev.eng);
-        if let Some(qp) = eng.qps.get_mut(&self.qpn) {
+        let Engine { qps, active, .. } = &mut *eng;
+        if let Some(qp) = qps.get_mut(&self.qpn) {
+            mark_ticking(active, qp);
             qp.enter_error(None, true);
         }
         let now = Instant::now();

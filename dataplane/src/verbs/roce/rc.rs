@@ -133,6 +133,8 @@ pub(super) struct RcQp {
     /// Set when installed on a device: where new completions are
     /// announced (before that none are produced).
     pub announce: Option<Announce>,
+    /// In its device's list of queue pairs to tick (`Engine::active`).
+    pub ticking: bool,
     pub mtu: Mtu,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
@@ -304,6 +306,7 @@ impl RcQp {
             send_cq,
             recv_cq,
             announce: None,
+            ticking: false,
             mtu,
             timers,
             peer: None,
@@ -625,6 +628,18 @@ impl RcQp {
     // Output: requests, read responses, ACKs, timers
 
     /// Runs timers and emits whatever the window allows.
+    /// Whether [`tick`](Self::tick) has anything to do now or later: a
+    /// timer, an ACK owed, Read responses or requests to send, work
+    /// posted and not yet acknowledged. An idle queue pair needs no tick
+    /// until a packet, a post or the connection manager touches it.
+    pub fn needs_tick(&self) -> bool {
+        self.timer.is_some()
+            || self.rnr_until.is_some()
+            || self.ack_due
+            || !self.read_jobs.is_empty()
+            || !self.sq.is_empty()
+    }
+
     pub fn tick(&mut self, now: Instant, tx: &mut Tx) {
         if self.state != QpState::Rts {
             return;
