@@ -502,6 +502,11 @@ impl Cm {
 /// `Engine::active`).
 const FULL_TICK_EVERY: Duration = Duration::from_millis(10);
 
+/// How often a progress runs the connection manager's timers (REP and
+/// DREQ resends, a QP's DREQ after an error); a local disconnect runs them
+/// at once.
+const CM_TIMERS_EVERY: Duration = Duration::from_millis(1);
+
 /// Puts `qp` on its device's list of queue pairs to tick.
 fn mark_ticking(active: &mut Vec<u32>, qp: &mut RcQp) {
     if !qp.ticking {
@@ -522,6 +527,8 @@ struct Engine {
     /// manager changed).
     active: Vec<u32>,
     next_full_tick: Instant,
+    /// When a progress next runs the connection manager's timers.
+    next_cm_timers: Instant,
     cm: Cm,
     gsi_psn: Psn,
     verify_icrc: bool,
@@ -653,6 +660,7 @@ impl Device {
                 qps: HashMap::new(),
                 active: Vec::new(),
                 next_full_tick: Instant::now(),
+                next_cm_timers: Instant::now(),
                 cm: Cm::default(),
                 gsi_psn,
                 verify_icrc: cfg.verify_icrc,
@@ -771,7 +779,12 @@ impl Engine {
                 active.swap_remove(i);
             }
         }
-        self.cm_timers(now);
+        // The connection manager's timers walk every connection; their
+        // periods are hundreds of milliseconds.
+        if now >= self.next_cm_timers {
+            self.next_cm_timers = now + CM_TIMERS_EVERY;
+            self.cm_timers(now);
+        }
         self.tx.flush();
     }
 

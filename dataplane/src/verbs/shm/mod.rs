@@ -342,13 +342,17 @@ struct CqInner {
 }
 
 /// Polls a queue pair stays in its CQ's hot list after its last activity
-/// (about 65 ms of a busy worker's iterations).
-const HOT_POLLS: u64 = 1 << 16;
+/// (about a millisecond of a busy worker's iterations: a connection in a
+/// conversation stays hot, one that pauses longer goes back to the
+/// window). Measured with `rpcrdma-bench conns` (docs/BENCHMARKS.md): a
+/// longer stay kept hundreds of recently used idle connections driven on
+/// every poll.
+const HOT_POLLS: u64 = 1 << 10;
 
 /// Queue pairs outside the hot list driven per poll, round robin. A
 /// message to an idle connection waits at most `n / COLD_BUDGET` polls of
 /// a CQ with `n` queue pairs.
-const COLD_BUDGET: usize = 64;
+const COLD_BUDGET: usize = 32;
 
 /// The queue pairs bound to a CQ.
 ///
