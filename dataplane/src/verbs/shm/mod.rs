@@ -352,7 +352,7 @@ const HOT_POLLS: u64 = 1 << 10;
 /// Queue pairs outside the hot list driven per poll, round robin. A
 /// message to an idle connection waits at most `n / COLD_BUDGET` polls of
 /// a CQ with `n` queue pairs.
-const COLD_BUDGET: usize = 32;
+const COLD_BUDGET: usize = 8;
 
 /// The queue pairs bound to a CQ.
 ///
