@@ -33,7 +33,7 @@
 // queue-full path, which is a normal back-pressure event on the data path.
 #![allow(clippy::result_large_err)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::mem::{Arena, Buf, WrId};
@@ -44,6 +44,14 @@ pub mod roce;
 pub mod shm;
 mod soft_mr;
 pub use soft_mr::SoftMr;
+
+/// Locks a software provider's state. A panic while it was held leaves
+/// the state consistent enough to flush and report, so the poison is
+/// taken over rather than spreading the panic to every thread of the
+/// process.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Most scatter/gather elements in one work request.
 pub const MAX_SGE: usize = 4;

@@ -4,9 +4,9 @@
 //! both providers; `ibverbs` leaves all of this to the HCA.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use super::{check_registration, Access, MemoryRegion, Sge, VerbsError};
+use super::{check_registration, lock, Access, MemoryRegion, Sge, VerbsError};
 use crate::mem::Arena;
 
 /// One registered range.
@@ -28,10 +28,6 @@ pub(crate) struct MrInfo {
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
     mrs: Mutex<Vec<Option<MrInfo>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MrTable {

@@ -34,7 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use self::io::{bind_udp, Faults, Rx, Tx, RX_BATCH};
@@ -86,10 +86,6 @@ const REP_RETRIES: u8 = 3;
 const LISTEN_BACKLOG: usize = 1024;
 /// `recvmmsg` batches per progress call (bounds the work of one poll).
 const RX_ROUNDS: usize = 8;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 #[cfg(test)]
 thread_local! {

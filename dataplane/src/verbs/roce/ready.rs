@@ -7,7 +7,9 @@
 //! connection (docs/WORKER.md, "One completion queue per worker").
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::verbs::lock;
 
 /// A queue pair with completions waiting: its device (by address, as the
 /// completion queue lists them) and its number there.
@@ -22,11 +24,6 @@ pub(super) struct Ready {
 #[derive(Debug, Default)]
 pub(super) struct ReadyList {
     q: Mutex<VecDeque<Ready>>,
-}
-
-/// A poisoned list is still a valid list of queue-pair numbers.
-fn lock(m: &Mutex<VecDeque<Ready>>) -> MutexGuard<'_, VecDeque<Ready>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ReadyList {

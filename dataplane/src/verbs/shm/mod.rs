@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{
@@ -181,12 +181,6 @@ fn random_u32() -> u32 {
         b = t.to_le_bytes();
     }
     u32::from_le_bytes(b)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves consistent-enough state for
-    // flushing; do not propagate poison.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Debug)]
