@@ -788,18 +788,24 @@ unsafe impl Sync for QpShared {}
 
 impl Drop for QpShared {
     fn drop(&mut self) {
-        // SAFETY: last reference: nobody posts or polls for this QP any
-        // more. Destroying the QP first stops the HCA touching our
-        // buffers, which the rings then hand back to their slabs as they
-        // drop; windows are freed before the PD (we hold its Arc).
-        unsafe {
-            ibv_destroy_qp(self.qp);
-        }
+        // Last reference: nobody posts or polls for this QP any more.
+        // Windows go first: deallocating one invalidates its rkey, so the
+        // peer can no longer reach our buffers through it, and a bound
+        // type 2 window holds a reference on its QP in rdma_rxe
+        // (rxe_mw.c takes one at bind), which makes destroying the QP
+        // first wait in the kernel until its cleanup gives up. Then the
+        // QP, which stops the HCA touching the buffers the rings hand
+        // back to their slabs as they drop. Both before the PD (we hold
+        // its Arc).
         for w in lock(&self.windows).drain(..) {
-            // SAFETY: allocated by us, freed once; its QP is gone.
+            // SAFETY: allocated by us, freed once.
             unsafe {
                 ibv_dealloc_mw(w.mw);
             }
+        }
+        // SAFETY: valid QP, destroyed once.
+        unsafe {
+            ibv_destroy_qp(self.qp);
         }
     }
 }
