@@ -6,12 +6,20 @@
 //! into a failure (for machines that are meant to have one). The address
 //! comes from `RPCRDMA_CONFORMANCE_ADDR` (default 127.0.0.1). See
 //! docs/IBVERBS.md for running it on rxe.
+//!
+//! `on_linux_rxe` makes a host without an RDMA device run it all the
+//! same: it boots a Linux guest with rdma_rxe (`deploy/linux-peer`) and
+//! runs this very test binary there over rxe0, every case required.
 #![cfg(feature = "ibverbs")]
 #[macro_use]
 mod conformance;
+mod support;
+
+use std::time::Duration;
 
 use dataplane::verbs::ibverbs::{probe, Ibverbs};
 use dataplane::verbs::VerbsError;
+use support::linux_guest::{Guest, GUEST_IP};
 
 /// Env var that makes a missing RDMA device a failure.
 const REQUIRE: &str = "RPCRDMA_REQUIRE_RDMA_DEVICE";
@@ -42,3 +50,49 @@ fn child_peer() {
 }
 
 provider_suite!(Ibverbs, have_device);
+
+/// How long the whole suite may take in the guest before it counts as
+/// hung (it takes a few minutes under TCG; see docs/TESTING.md).
+const GUEST_RUN_DEADLINE: Duration = Duration::from_secs(900);
+
+/// The suite on a real kernel RDMA stack when this host has no device:
+/// this test binary, run in a Linux guest over rdma_rxe with every case
+/// required (`RPCRDMA_REQUIRE_RDMA_DEVICE=1`, so a case cannot skip), one
+/// test at a time. Passes when the guest's run passed and libtest counted
+/// every test of the binary but this one as passed. Without root or the
+/// guest's tools: the real-peer rule (fails under
+/// `RPCRDMA_REQUIRE_PEERS=1`, else `skipped: ...`).
+#[test]
+fn on_linux_rxe() {
+    if probe(&conformance::unique_ip_url("ibverbs")).is_ok() {
+        println!("skipped: this host has an RDMA device; the cases above ran on it");
+        return;
+    }
+    let Some(guest) = Guest::boot("conformance-rxe") else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    // Every case in process and cross process, child_peer and
+    // every_case_is_listed.
+    let expected = 2 * conformance::cases::<Ibverbs>().len() + 2;
+    let cmd = format!(
+        "cd /tmp && RPCRDMA_REQUIRE_RDMA_DEVICE=1 {}={GUEST_IP} {} \
+         --test-threads=1 --skip on_linux_rxe 2>&1",
+        conformance::ENV_ADDR,
+        exe.display()
+    );
+    let (ok, out) = guest.run(&cmd, GUEST_RUN_DEADLINE);
+    println!("{out}");
+    assert!(ok, "the suite failed in the guest (output above)");
+    let summary = out
+        .lines()
+        .find_map(|l| l.strip_prefix("test result: ok. "))
+        .expect("libtest's summary line");
+    let passed: usize = summary
+        .split(" passed")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a pass count");
+    assert!(summary.contains(" 0 failed;"), "{summary}");
+    assert_eq!(passed, expected, "tests passed in the guest: {summary}");
+}

@@ -3,5 +3,6 @@
 #![allow(dead_code)]
 
 pub mod alloc_counter;
+pub mod linux_guest;
 pub mod roce_pair;
 pub mod worker_harness;

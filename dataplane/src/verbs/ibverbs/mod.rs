@@ -156,6 +156,9 @@ struct Device {
     max_cqe: u32,
     /// RDMA Read depth we offer and ask for.
     rd_atomic: u8,
+    /// The device is rxe, whose receive completions carry the kernel's
+    /// `wc_flags` values (see [`recv_invalidated`]).
+    kernel_wc_flags: bool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe (every verb may be called
@@ -187,6 +190,7 @@ impl Device {
             max_qp_wr: attr.max_qp_wr.max(0) as u32,
             max_cqe: attr.max_cqe.max(0) as u32,
             rd_atomic: attr.max_qp_rd_atom.clamp(0, 16) as u8,
+            kernel_wc_flags: attr.vendor_id == RXE_VENDOR_ID,
         })
     }
 }
@@ -784,18 +788,24 @@ unsafe impl Sync for QpShared {}
 
 impl Drop for QpShared {
     fn drop(&mut self) {
-        // SAFETY: last reference: nobody posts or polls for this QP any
-        // more. Destroying the QP first stops the HCA touching our
-        // buffers, which the rings then hand back to their slabs as they
-        // drop; windows are freed before the PD (we hold its Arc).
-        unsafe {
-            ibv_destroy_qp(self.qp);
-        }
+        // Last reference: nobody posts or polls for this QP any more.
+        // Windows go first: deallocating one invalidates its rkey, so the
+        // peer can no longer reach our buffers through it, and a bound
+        // type 2 window holds a reference on its QP in rdma_rxe
+        // (rxe_mw.c takes one at bind), which makes destroying the QP
+        // first wait in the kernel until its cleanup gives up. Then the
+        // QP, which stops the HCA touching the buffers the rings hand
+        // back to their slabs as they drop. Both before the PD (we hold
+        // its Arc).
         for w in lock(&self.windows).drain(..) {
-            // SAFETY: allocated by us, freed once; its QP is gone.
+            // SAFETY: allocated by us, freed once.
             unsafe {
                 ibv_dealloc_mw(w.mw);
             }
+        }
+        // SAFETY: valid QP, destroyed once.
+        unsafe {
+            ibv_destroy_qp(self.qp);
         }
     }
 }
@@ -982,7 +992,7 @@ impl QpShared {
             if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
                 c.imm = Some(u32::from_be(imm));
             }
-            if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
+            if recv_invalidated(wc.wc_flags, self.pd.dev.kernel_wc_flags) {
                 c.invalidated_rkey = Some(inv);
                 self.window_invalidated(inv);
             }
@@ -1047,6 +1057,17 @@ impl QpShared {
         } else {
             rq.drained = true;
         }
+        drop(rq);
+        // Move to Error again, now that the markers are posted. A receive
+        // posted in the Error state must complete flushed (IBTA), but on
+        // rxe nothing runs to flush it: rdma-core's rxe library posts
+        // receives into a queue shared with the kernel without a system
+        // call, and the kernel's responder only flushes the receive queue
+        // when its task runs, which a transition to Error schedules
+        // (rxe_qp.c, `rxe_qp_error`). Without this every QP's drop waited
+        // out SETUP_TIMEOUT there. Error -> Error is allowed by the spec
+        // and harmless on hardware.
+        self.modify_err();
     }
 
     fn drained(&self) -> bool {

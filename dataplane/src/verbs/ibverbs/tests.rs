@@ -410,3 +410,22 @@ fn probe_reports_a_missing_device() {
         Err(VerbsError::BadAddress { .. })
     ));
 }
+
+#[test]
+fn invalidated_rkey_flag() {
+    let with_inv = ibv_wc_flags::IBV_WC_WITH_INV.0;
+    let csum_ok = ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    let grh_imm = ibv_wc_flags::IBV_WC_GRH.0 | ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    // libibverbs' own flag, on any device.
+    assert!(recv_invalidated(with_inv, false));
+    assert!(recv_invalidated(with_inv, true));
+    // The kernel's bit 2 is an invalidation only on rxe; elsewhere it is
+    // a checksum-offload report.
+    assert_eq!(csum_ok, 1 << 2);
+    assert!(!recv_invalidated(csum_ok | grh_imm, false));
+    assert!(recv_invalidated(csum_ok | ibv_wc_flags::IBV_WC_GRH.0, true));
+    // GRH and immediate data say nothing about invalidation.
+    assert!(!recv_invalidated(grh_imm, false));
+    assert!(!recv_invalidated(grh_imm, true));
+    assert!(!recv_invalidated(0, true));
+}

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdma_sys::{
-    ibv_access_flags, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_opcode,
-    ibv_wc_status, ibv_wr_opcode, rdma_conn_param,
+    ibv_access_flags, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_flags,
+    ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_conn_param,
 };
 
 use crate::verbs::{
@@ -132,6 +132,30 @@ pub fn recv_wc_opcode(op: ibv_wc_opcode::Type) -> WcOpcode {
     } else {
         WcOpcode::Recv
     }
+}
+
+/// `vendor_id` the kernel's soft-RoCE driver (rdma_rxe) reports: 0xFFFFFF,
+/// the IBTA "no OUI" value (ibv_devinfo shows it for rxe0).
+pub const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
+
+/// Bit 2 of `wc_flags` as the kernel writes it (`IB_WC_WITH_INVALIDATE`
+/// in include/rdma/ib_verbs.h). libibverbs gives that bit another
+/// meaning (`IBV_WC_IP_CSUM_OK`) and uses bit 3 (`IBV_WC_WITH_INV`).
+const KERNEL_WC_WITH_INVALIDATE: u32 = 1 << 2;
+
+/// Whether a successful receive completion carries an invalidated rkey
+/// (the peer used Send with Invalidate). Hardware providers translate
+/// their CQEs into `IBV_WC_WITH_INV`. rxe does not: its responder
+/// (drivers/infiniband/sw/rxe/rxe_resp.c, `do_complete`) fills the
+/// user-space CQE with the kernel's flag values, and rdma-core's rxe
+/// library copies CQEs verbatim, so the invalidation arrives as bit 2.
+/// On rxe that bit means nothing else (it never reports checksum
+/// offload), elsewhere it does, hence `kernel_flag_layout` (the device is
+/// rxe) gates it. A kernel that one day writes `IBV_WC_WITH_INV` is
+/// recognised either way.
+pub fn recv_invalidated(wc_flags: u32, kernel_flag_layout: bool) -> bool {
+    wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0
+        || (kernel_flag_layout && wc_flags & KERNEL_WC_WITH_INVALIDATE != 0)
 }
 
 /// [`Access`] -> `ibv_access_flags` for `ibv_reg_mr`. `mw_bind` adds
