@@ -25,7 +25,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdma_sys::*;
@@ -33,6 +33,7 @@ use rdma_sys::*;
 use self::sys::{errno_error, os_error, Channel, CmId, DeviceList, SockAddr};
 use self::translate::*;
 use crate::mem::{Arena, WrId};
+use crate::verbs::lock;
 use crate::verbs::{
     Access, Completion, CompletionQueue, Context, Incoming, Listener, MemoryRegion, PostError,
     PostFailed, PreparedQp, ProtectionDomain, Provider, QpCaps, QpState, QueuePair, RecvWr,
@@ -55,12 +56,6 @@ const CM_CHECK_EVERY: u32 = 32;
 /// Hardware `wr_id` bit marking a receive.
 const RECV_BIT: u64 = 1 << 62;
 const SEQ_MASK: u64 = (1 << 62) - 1;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain bookkeeping
-    // behind; keep going rather than poison every later call.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Checks whether an `ibverbs://` address can be served here: the URL
 /// parses and an RDMA device exists (the one named, or the one owning the
