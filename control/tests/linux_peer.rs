@@ -791,6 +791,25 @@ fn check_capture(tshark: &Path, file: &Path, upper: &str) {
     );
 }
 
+/// The guest's Linux NFS/RDMA client mounts `server:/` over RDMA from
+/// `rpcrdmad` on `port`, which serves no NFS: the mount must fail, at once
+/// and cleanly (the kernel parsed our PROG_UNAVAIL), not hang.
+fn linux_mount_is_refused(peer: &Peer, server: &str, port: u16) {
+    let out = peer.run(&format!(
+        "mkdir -p /mnt/rpcrdmad; timeout 120 mount -t nfs4 \
+         -o proto=rdma,port={port},soft,timeo=50,retrans=1 \
+         {server}:/ /mnt/rpcrdmad; echo mount-exit=$?"
+    ));
+    println!("guest mount from {server}:{port}: {out}");
+    let code: i32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("mount-exit="))
+        .and_then(|c| c.trim().parse().ok())
+        .expect("mount exit code");
+    assert_ne!(code, 0, "the mount succeeded against a server without NFS");
+    assert_ne!(code, 124, "the mount hung until the timeout: {out}");
+}
+
 /// The other direction: the guest's Linux NFS/RDMA client mounts from our
 /// `rpcrdmad` (in the namespace, on 198.18.0.1). We serve no NFS yet, so
 /// the kernel's first call gets PROG_UNAVAIL; the mount must then fail at
@@ -812,18 +831,7 @@ fn linux_nfs_client_against_rpcrdmad(peer: &Peer) {
     let mut daemon = Daemon::spawn_command(cmd);
     daemon.wait_for_line("started");
 
-    let out = peer.run(
-        "mkdir -p /mnt/ours; timeout 120 mount -t nfs4 -o proto=rdma,port=20049,soft,timeo=50,retrans=1 \
-         198.18.0.1:/ /mnt/ours; echo mount-exit=$?",
-    );
-    println!("guest mount: {out}");
-    let code: i32 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("mount-exit="))
-        .and_then(|c| c.trim().parse().ok())
-        .expect("mount exit code");
-    assert_ne!(code, 0, "the mount succeeded against a server without NFS");
-    assert_ne!(code, 124, "the mount hung until the timeout: {out}");
+    linux_mount_is_refused(peer, HOST, 20049);
 
     let body = peer.in_netns(move || {
         let (status, body) = http_get(metrics.parse().unwrap(), "/metrics");
@@ -930,19 +938,7 @@ fn rpcrdmad_on_linux_rxe_serves_our_roce_client_and_the_linux_nfs_client() {
     );
     println!("rpcrdmad on Linux rxe0 answered our {calls} calls");
 
-    let out = peer.run(&format!(
-        "mkdir -p /mnt/ibverbs; timeout 120 mount -t nfs4 \
-         -o proto=rdma,port={GUEST_DAEMON_PORT},soft,timeo=50,retrans=1 \
-         {GUEST}:/ /mnt/ibverbs; echo mount-exit=$?"
-    ));
-    println!("guest mount from the guest's rpcrdmad: {out}");
-    let code: i32 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("mount-exit="))
-        .and_then(|c| c.trim().parse().ok())
-        .expect("mount exit code");
-    assert_ne!(code, 0, "the mount succeeded against a server without NFS");
-    assert_ne!(code, 124, "the mount hung until the timeout: {out}");
+    linux_mount_is_refused(&peer, GUEST, GUEST_DAEMON_PORT);
     let after = rpcs();
     assert!(
         after > served,

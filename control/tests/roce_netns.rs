@@ -34,15 +34,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
-use dataplane::engine::{self, DdpItem};
+use dataplane::client::{CallOutcome, Client, ReplyTarget};
 use dataplane::service::bench::{self, Args};
 use dataplane::verbs::roce::Roce;
 use dataplane::wire::roce::icrc;
-use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
-use dataplane::wire::xdr::Encoder;
-use dataplane::worker::{EndpointConfig, IdleStrategy};
 use nix::sys::signal::Signal;
+use support::bench_calls::{client_config, echo, EchoPath};
 use support::*;
 
 const MIB: u32 = 1 << 20;
@@ -269,106 +266,6 @@ fn wait_long(child: &mut Child, patience: Duration) -> ExitStatus {
 // ---------------------------------------------------------------------------
 // Calls (run by the client role)
 
-fn client_config() -> ClientConfig {
-    ClientConfig {
-        endpoint: EndpointConfig {
-            engine: engine::Config {
-                inline_recv_size: 4096,
-                inline_send_size: 4096,
-                credits: 4,
-                max_outstanding_calls: 4,
-                max_call_size: MAX_MESSAGE,
-                max_reply_size: MAX_MESSAGE,
-                max_ddp_size: MAX_MESSAGE - 4096,
-                ..engine::Config::default()
-            },
-            ..EndpointConfig::default()
-        },
-        conf_rdma: true,
-        idle: IdleStrategy::Adaptive {
-            park_max: Duration::from_micros(200),
-        },
-        wait_timeout: PATIENCE,
-    }
-}
-
-/// How an ECHO travels (RFC 5666 s3.4, s5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path5666 {
-    /// DDP-eligible argument (a read chunk when above the inline size),
-    /// result into a write chunk.
-    ReadWrite,
-    /// DDP-eligible argument, the whole reply into a reply chunk.
-    ReadReply,
-    /// Argument not marked: above the inline size the call goes as
-    /// RDMA_NOMSG with a position-zero read chunk; reply chunk offered.
-    LongCall,
-}
-
-fn encode_echo(
-    buf: &mut [u8],
-    xid: u32,
-    data: &[u8],
-    mark: bool,
-) -> Option<(usize, Option<DdpItem>)> {
-    if mark {
-        let e = bench::encode_call(buf, xid, Args::Echo(data)).ok()?;
-        return Some((e.len, e.ddp));
-    }
-    let h = CallHeader::new(
-        xid,
-        bench::PROGRAM,
-        bench::VERSION,
-        1,
-        OpaqueAuth::None,
-        OpaqueAuth::None,
-    );
-    let mut enc = Encoder::new(buf);
-    h.emit(&mut enc).ok()?;
-    enc.put_opaque(data).ok()?;
-    Some((enc.position(), None))
-}
-
-/// ECHO of `data`, checked byte for byte; returns the XID used.
-fn echo(client: &mut Client<Roce>, data: &[u8], path: Path5666) -> u32 {
-    let target = match path {
-        Path5666::ReadWrite => ReplyTarget::WriteChunk {
-            max_ddp: (data.len() as u32).max(4),
-        },
-        Path5666::ReadReply | Path5666::LongCall => ReplyTarget::ReplyChunk,
-    };
-    let mut used = 0;
-    let call = client
-        .call(target, |xid, buf| {
-            used = xid;
-            encode_echo(buf, xid, data, path != Path5666::LongCall)
-        })
-        .unwrap_or_else(|e| panic!("echo {} via {path:?}: {e}", data.len()));
-    let outcome = client.wait(call).expect("echo reply");
-    let CallOutcome::Reply { len, ddp_len } = outcome else {
-        panic!("echo {} via {path:?}: {outcome:?}", data.len());
-    };
-    // Above the inline size the path was really taken.
-    if data.len() > 4096 {
-        match path {
-            Path5666::ReadWrite => assert_eq!(ddp_len, Some(data.len() as u32)),
-            Path5666::ReadReply | Path5666::LongCall => {
-                assert_eq!(ddp_len, None);
-                assert!(len as usize > data.len(), "reply of {len} bytes");
-            }
-        }
-    }
-    let got = bench::decode_data_reply(client.reply(call).unwrap(), client.ddp(call))
-        .unwrap_or_else(|e| panic!("echo {} via {path:?}: {e}", data.len()));
-    assert!(
-        got == data,
-        "echo of {} bytes via {path:?} differs",
-        data.len()
-    );
-    assert!(client.release(call));
-    used
-}
-
 /// A call of the bench program; returns (XID, result data).
 fn simple_call(client: &mut Client<Roce>, args: Args<'_>, target: ReplyTarget) -> (u32, Vec<u8>) {
     let mut used = 0;
@@ -403,7 +300,7 @@ fn pattern(size: usize) -> Vec<u8> {
 }
 
 fn connect() -> Client<Roce> {
-    let client = Client::<Roce>::connect(URL, client_config()).expect("connect");
+    let client = Client::<Roce>::connect(URL, client_config(MAX_MESSAGE, 4)).expect("connect");
     // CONF_RDMA (RFC 5666 s6) ran at connect: the server's limits.
     let conf = client.conf_rdma_reply().expect("CONF_RDMA reply");
     assert_eq!(conf.maxcall_sendsize, 4096);
@@ -438,7 +335,11 @@ fn full_session_client() {
     let sizes = [0usize, 1, 100, 4096, 4097, 64 << 10, 1 << 20];
     for &size in &sizes {
         let data = pattern(size);
-        for path in [Path5666::ReadWrite, Path5666::ReadReply, Path5666::LongCall] {
+        for path in [
+            EchoPath::DdpBothWays,
+            EchoPath::ReplyChunk,
+            EchoPath::LongCall,
+        ] {
             echo(&mut client, &data, path);
         }
     }
@@ -517,19 +418,19 @@ fn capture_session_client() {
         ),
         (
             "echo-inline",
-            echo(&mut client, &big[..100], Path5666::ReadWrite),
+            echo(&mut client, &big[..100], EchoPath::DdpBothWays),
         ),
         (
             "echo-read-write",
-            echo(&mut client, &big, Path5666::ReadWrite),
+            echo(&mut client, &big, EchoPath::DdpBothWays),
         ),
         (
             "echo-read-reply",
-            echo(&mut client, &big, Path5666::ReadReply),
+            echo(&mut client, &big, EchoPath::ReplyChunk),
         ),
         (
             "echo-long-call",
-            echo(&mut client, &big, Path5666::LongCall),
+            echo(&mut client, &big, EchoPath::LongCall),
         ),
     ];
     let (xid, got) = simple_call(

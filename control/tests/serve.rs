@@ -311,7 +311,7 @@ fn sixty_four_concurrent_clients() {
                 for round in 0..8u32 {
                     let size = ((t * 977 + round * 3001) % (40 << 10)) as usize;
                     let data: Vec<u8> = (0..size).map(|i| (i as u32 ^ t) as u8).collect();
-                    echo(&mut c, &data, Path::DdpBothWays);
+                    echo(&mut c, &data, EchoPath::DdpBothWays);
                 }
             })
         })

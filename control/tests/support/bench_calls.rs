@@ -44,7 +44,7 @@ pub fn client_config(max_message: u32, calls: u32) -> ClientConfig {
 
 /// How a call travels.
 #[derive(Debug, Clone, Copy)]
-pub enum Path {
+pub enum EchoPath {
     /// DDP-eligible argument (read chunk when large), result into a write
     /// chunk.
     DdpBothWays,
@@ -79,16 +79,21 @@ pub fn encode_echo(
     Some((enc.position(), None))
 }
 
-pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: Path) {
+/// ECHO of `data` by `path`, checked byte for byte; returns the XID used.
+pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: EchoPath) -> u32 {
     let target = match path {
-        Path::DdpBothWays => ReplyTarget::WriteChunk {
+        EchoPath::DdpBothWays => ReplyTarget::WriteChunk {
             max_ddp: (data.len() as u32).max(4),
         },
-        Path::ReplyChunk | Path::LongCall => ReplyTarget::ReplyChunk,
+        EchoPath::ReplyChunk | EchoPath::LongCall => ReplyTarget::ReplyChunk,
     };
-    let mark = !matches!(path, Path::LongCall);
+    let mark = !matches!(path, EchoPath::LongCall);
+    let mut used = 0;
     let call = client
-        .call(target, |xid, buf| encode_echo(buf, xid, data, mark))
+        .call(target, |xid, buf| {
+            used = xid;
+            encode_echo(buf, xid, data, mark)
+        })
         .unwrap_or_else(|e| panic!("echo {} via {path:?}: {e}", data.len()));
     let outcome = client.wait(call).expect("echo reply");
     let CallOutcome::Reply { len, ddp_len } = outcome else {
@@ -98,8 +103,8 @@ pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: Path) {
     // arrived in the write chunk, or (no write chunk) in the reply chunk.
     if data.len() > 4096 {
         match path {
-            Path::DdpBothWays => assert_eq!(ddp_len, Some(data.len() as u32)),
-            Path::ReplyChunk | Path::LongCall => {
+            EchoPath::DdpBothWays => assert_eq!(ddp_len, Some(data.len() as u32)),
+            EchoPath::ReplyChunk | EchoPath::LongCall => {
                 assert_eq!(ddp_len, None);
                 assert!(len as usize > data.len(), "reply of {len} bytes");
             }
@@ -113,6 +118,7 @@ pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: Path) {
         data.len()
     );
     assert!(client.release(call));
+    used
 }
 
 pub fn simple_call<P: Provider>(
@@ -170,7 +176,11 @@ pub fn rdma_calls<P: Provider>(
     let mut calls = 1;
     for &size in sizes {
         let data = test_data(size, seed);
-        for path in [Path::DdpBothWays, Path::ReplyChunk, Path::LongCall] {
+        for path in [
+            EchoPath::DdpBothWays,
+            EchoPath::ReplyChunk,
+            EchoPath::LongCall,
+        ] {
             echo(&mut client, &data, path);
             calls += 1;
         }
