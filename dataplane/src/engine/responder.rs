@@ -30,7 +30,8 @@ use super::{
 use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
 use crate::wire::rpcrdma::{
-    chunked_header_len, ChunkLists, ErrorBody, MessageBody, ReadSegment, Segment, RPCRDMA_VERSION,
+    chunked_header_len, ChunkLists, ErrorBody, Limits, MessageBody, ReadSegment, Segment,
+    RPCRDMA_VERSION,
 };
 
 /// Where a call from the peer is (SPDK-style request state; transitions
@@ -91,6 +92,19 @@ pub(super) struct ServeSlot {
     hdr_credits: u32,
 }
 
+/// Read segments a serve slot has room for before it grows.
+const SLOT_READS: usize = 4;
+
+/// The chunk lists a serve slot has room for before they grow: a write
+/// chunk or two of a few segments and a reply chunk (what NFS calls
+/// carry), not the worst case the limits allow.
+const SLOT_CHUNKS: Limits = Limits {
+    max_read_segments: 0,
+    max_write_chunks: 2,
+    max_segments_per_chunk: 4,
+    max_reply_segments: 4,
+};
+
 impl ServeSlot {
     pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> ServeSlot {
         ServeSlot {
@@ -101,10 +115,15 @@ impl ServeSlot {
             call_buf: b.add(BufClass::Message, c.max_call_size),
             reply_buf: b.add(BufClass::Message, c.max_reply_size),
             call_len: 0,
-            reads: Vec::with_capacity(c.limits.max_read_segments),
+            // A slot's lists start small and grow (within `c.limits`) to
+            // the largest call it has served, then keep that capacity: no
+            // allocation in steady state, and an idle connection does not
+            // carry 2 x credits worst-case chunk lists (about 20 KiB each
+            // at the default limits; docs/ENGINE.md, "Memory").
+            reads: Vec::with_capacity(SLOT_READS),
             reads_issued: 0,
             reads_done: 0,
-            peer_chunks: ChunkLists::with_capacity(&c.limits),
+            peer_chunks: ChunkLists::with_capacity(&SLOT_CHUNKS),
             ops_in_flight: 0,
             done_pending: false,
             done_deadline: Instant::ZERO,
