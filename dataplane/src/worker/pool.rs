@@ -450,12 +450,23 @@ impl WorkerSet {
         }
     }
 
-    /// Hands `ep` (on a completion queue of its own) to the least-loaded
-    /// worker over its control ring; returns the worker index.
+    /// Hands `ep` to the least-loaded worker over its control ring; returns
+    /// the worker index. An endpoint built on a worker's shared completion
+    /// queue ([`prepare_for`](Self::prepare_for)) goes to that worker.
     ///
     /// # Errors
-    /// The endpoint, when every ring is full.
+    /// The endpoint, when every ring is full (or its worker's is).
     pub fn hand_off<P: PoolProvider>(&self, ep: Endpoint<P>) -> Result<usize, Box<Endpoint<P>>> {
+        let owner = ep.shared_cq().and_then(|cq| {
+            P::slot(&self.providers)
+                .as_ref()?
+                .cqs
+                .iter()
+                .position(|c| Arc::ptr_eq(c, cq))
+        });
+        if let Some(worker) = owner {
+            return self.hand_off_to(worker, ep);
+        }
         self.push(P::command(Box::new(ep)), P::TRANSPORT)
             .map_err(|back| match P::take_back(back) {
                 Some(ep) => ep,

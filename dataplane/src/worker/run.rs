@@ -1,10 +1,11 @@
 //! One worker thread's loop: every connection it owns, of every transport,
 //! polled run-to-completion (docs/WORKER.md, "The loop").
 //!
-//! Each provider's connections live in a list of their own type
-//! (`Vec<Box<Endpoint<P>>>`) and go through the same generic functions,
-//! so the hot path is statically dispatched; the TCP connections are one
-//! [`TcpConnections`] polled after them.
+//! Each provider's connections live in a `ProviderConns<P>` of their own
+//! type (most on the worker's shared completion queue of that provider)
+//! and go through the same generic functions, so the hot path is
+//! statically dispatched; the TCP connections are one [`TcpConnections`]
+//! polled after them.
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -84,9 +85,10 @@ struct ProviderConns<P: PoolProvider> {
     shared: Vec<Box<Endpoint<P>>>,
     /// Index in `shared` by queue-pair number.
     by_qp: HashMap<u32, usize>,
-    /// The worker's completion queue of `P` (from the first endpoint on
-    /// it: every shared endpoint of this worker is on the same one).
-    cq: Option<Arc<P::Cq>>,
+    /// The worker's completion queues of `P`, taken from the endpoints on
+    /// them: one, unless the provider was attached again (a new context
+    /// brings new queues).
+    cqs: Vec<Arc<P::Cq>>,
     /// Indices of `shared` to process; `queued[i]` says whether `i` is in
     /// `dirty`.
     dirty: Vec<usize>,
@@ -110,7 +112,7 @@ impl<P: PoolProvider> ProviderConns<P> {
             own: Vec::new(),
             shared: Vec::with_capacity(hint),
             by_qp: HashMap::with_capacity(hint),
-            cq: None,
+            cqs: Vec::with_capacity(1),
             dirty: Vec::with_capacity(hint),
             queued: Vec::with_capacity(hint),
             next_sweep: engine::Instant(0),
@@ -127,8 +129,8 @@ impl<P: PoolProvider> ProviderConns<P> {
             self.own.push(ep);
             return;
         };
-        if self.cq.is_none() {
-            self.cq = Some(cq.clone());
+        if !self.cqs.iter().any(|known| Arc::ptr_eq(known, cq)) {
+            self.cqs.push(cq.clone());
         }
         let qp = ep.qp_num();
         for _ in 0..self.strays.len() {
@@ -460,7 +462,7 @@ impl Worker {
             work += self.process(ep, now, &mut scratch.reply);
         }
         self.retire_own(&mut pc.own, report);
-        if let Some(cq) = pc.cq.as_ref() {
+        for cq in &pc.cqs {
             let n = cq.poll(&mut scratch.wcs);
             work += n;
             for wc in scratch.wcs[..n].iter_mut() {

@@ -1352,7 +1352,14 @@ impl CompletionQueue for RoceCq {
                 }
                 let Some(r) = ready.pop() else { break };
                 if r.dev != me {
-                    ready.push(r);
+                    // Another device's: back in line, unless that device
+                    // has no queue pair on this CQ any more.
+                    if devices
+                        .iter()
+                        .any(|d| Arc::as_ptr(&d.dev) as usize == r.dev)
+                    {
+                        ready.push(r);
+                    }
                     continue;
                 }
                 // Gone since it announced: its completions are orphans.

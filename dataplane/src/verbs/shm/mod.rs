@@ -355,8 +355,8 @@ const COLD_BUDGET: usize = 8;
 /// drives every poll only the queue pairs active in the last
 /// [`HOT_POLLS`] polls, plus a window of [`COLD_BUDGET`] of the others:
 /// an iteration of a worker with a thousand idle connections stays cheap,
-/// and an idle connection's next message is still seen within a few dozen
-/// polls. A queue pair whose send and receive CQs differ is in each one's
+/// and an idle connection's next message is still seen within
+/// `n / COLD_BUDGET` polls (128 for 1,024 connections). A queue pair whose send and receive CQs differ is in each one's
 /// lists on its own terms (`QpShared::hot` has a flag per role).
 #[derive(Debug, Default)]
 struct CqQps {
