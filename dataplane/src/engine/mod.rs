@@ -67,7 +67,7 @@ pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
 
-pub use crate::wire::conf2::Extensions;
+pub use crate::wire::extensions::Extensions;
 use crate::wire::rpcrdma::{Limits, PrivateData, DEFAULT_INLINE_SIZE};
 use core::time::Duration;
 
