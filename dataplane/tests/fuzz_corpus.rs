@@ -117,7 +117,9 @@ fn replay_roce_packet_corpus() {
         .into_iter()
         .chain(corpus("roce_packet"))
     {
+        // What the roce_packet target runs: the packet codec, then IB CM.
         dataplane::wire::roce::fuzz_parse(&input);
+        dataplane::wire::ibcm::fuzz_parse(&input);
     }
 }
 
