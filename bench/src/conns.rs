@@ -27,11 +27,11 @@ use dataplane::worker::PoolProvider;
 
 use crate::driver::{drive, RpcDriver};
 use crate::rdma::RdmaDriver;
-use crate::tcp::TcpDriver;
-use crate::transport::{
+use crate::spec::{
     new_histogram, record_latency, BenchError, Idle, LatencySummary, Op, OpenOptions, RunResult,
     RunSpec,
 };
+use crate::tcp::TcpDriver;
 
 /// How long one connect plus its first NULL may take before the run is
 /// declared broken.

@@ -1,9 +1,10 @@
 //! `rpcrdma-bench` as a library: the bench's modules, reachable from the
 //! integration tests; `src/main.rs` is the command-line front end.
 //!
-//! - [`transport`]: a run ([`transport::RunSpec`]), its result
-//!   ([`transport::RunResult`]), the [`transport::Transport`] trait and
-//!   [`transport::open`] for `--connect` URLs;
+//! - [`spec`]: a run ([`spec::RunSpec`]), its result ([`spec::RunResult`]),
+//!   errors and the [`spec::Transport`] trait (below every driver);
+//! - [`transport`]: [`transport::open`] for `--connect` URLs (re-exports
+//!   [`spec`]);
 //! - [`driver`]: the generic timed loop and the [`driver::RpcDriver`] trait
 //!   an in-process transport implements (how to plug a transport in);
 //! - [`rdma`]: RPC over RDMA (`shm`, `roce`) with `dataplane::client`;
@@ -20,6 +21,7 @@ pub mod inproc;
 pub mod membw;
 pub mod output;
 pub mod rdma;
+pub mod spec;
 pub mod tcp;
 pub mod tirpc;
 pub mod transport;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::transport::{Op, RunResult};
+use crate::spec::{Op, RunResult};
 
 /// Human size: 512, 4K, 1M (binary units, as the `--size` arguments).
 pub fn size_label(bytes: u32) -> String {

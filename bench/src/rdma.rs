@@ -35,8 +35,8 @@ use dataplane::worker::{
 };
 
 use crate::driver::{thread_cpu_of, Reply, RpcDriver};
+use crate::spec::{BenchError, Idle, Op, OpenOptions, RunSpec};
 use crate::tirpc::CpuTimes;
-use crate::transport::{BenchError, Idle, Op, OpenOptions, RunSpec};
 
 /// Largest data size the embedded server takes (calls and replies carry
 /// up to this many bytes plus headers): the bench program's maximum.

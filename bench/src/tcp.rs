@@ -23,8 +23,8 @@ use dataplane::service::ServiceTable;
 use dataplane::tcp::{TcpClient, TcpClientConfig, TcpConfig, TcpServer};
 
 use crate::driver::{current_thread_id, thread_cpu_of, Reply, RpcDriver};
+use crate::spec::{BenchError, Idle, OpenOptions, RunSpec};
 use crate::tirpc::CpuTimes;
-use crate::transport::{BenchError, Idle, OpenOptions, RunSpec};
 
 /// Empty passes before an adaptive server thread starts yielding.
 const ADAPTIVE_SPINS: u32 = 1024;

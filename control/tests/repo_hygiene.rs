@@ -3,6 +3,10 @@
 //! repository do not have. Every text file is scanned (build output, git
 //! data, fuzz corpora and binary files excepted); each hit is listed as
 //! `file:line: text`.
+//!
+//! It is also layered: in `dataplane/src/wire`, `dataplane/src/engine` and
+//! `bench/src`, no two sibling files use each other's items (see
+//! [`no_import_circles_between_sibling_files`]).
 
 use std::path::{Path, PathBuf};
 
@@ -134,4 +138,219 @@ fn the_scanner_finds_what_it_must() {
     assert!(numbered_reference("reissue 2 Reads").is_none());
     assert!(numbered_reference("an issue: 4 bytes").is_none());
     assert!(numbered_reference("RDMA Reads still to issue, oldest first").is_none());
+}
+
+// ---------------------------------------------------------------------------
+// No import circles between the files of one module
+
+/// Directories whose `.rs` files must not form import circles, with the
+/// paths (besides `super::`) by which a file there names a sibling file's
+/// module. In `bench/src`, `crate::` is the library root for the library's
+/// modules and the binary's root for `floor` and `targets`, which reach
+/// the library as `bench::`.
+const LAYERED_DIRS: [(&str, &[&str]); 3] = [
+    ("dataplane/src/wire", &["crate::wire::"]),
+    ("dataplane/src/engine", &["crate::engine::"]),
+    ("bench/src", &["crate::", "bench::"]),
+];
+
+/// Engine files that use each other's items on purpose: `impl Connection`
+/// is split across them (state in `connection.rs`, each role's methods in
+/// its own file), so they are one unit, not layers.
+const ONE_UNIT: [&str; 4] = ["connection", "requester", "responder", "msgp"];
+
+/// `text` without `//` comments (doc comments included: an intra-doc link
+/// is not an import). Naive about `//` inside string literals, which at
+/// worst hides a use, never invents one.
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| l.find("//").map_or(l, |at| &l[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The leading identifier of `s`.
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The names in `siblings` that `text` reaches through one of `prefixes`:
+/// `prefix NAME` (`super::xdr::Decoder`, `crate::driver::drive(..)`, `use
+/// crate::spec;`) or a group `prefix {.., NAME::X, NAME, ..}`. A prefix
+/// counts only at the start of a path (`super::super::x` does not contain
+/// `super::x`).
+fn sibling_uses<'a>(text: &str, prefixes: &[String], siblings: &[&'a str]) -> Vec<&'a str> {
+    let text = without_comments(text);
+    let mut found = Vec::new();
+    let mut add = |name: &str| {
+        if let Some(s) = siblings.iter().find(|s| **s == name) {
+            if !found.contains(s) {
+                found.push(*s);
+            }
+        }
+    };
+    for prefix in prefixes {
+        for (at, _) in text.match_indices(prefix.as_str()) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = text[at + prefix.len()..].trim_start();
+            let Some(group) = rest.strip_prefix('{') else {
+                add(ident(rest));
+                continue;
+            };
+            // The top-level items of the group, up to its closing brace.
+            let mut depth = 0usize;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if c.is_whitespace() => {}
+                    _ if item_start && depth == 0 => {
+                        add(ident(&group[i..]));
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The `.rs` files of `dir` (not recursing), by module name, each with
+/// the files of its child modules (`roce.rs` with `roce/**.rs`). The
+/// parent files (`mod.rs`, `lib.rs`, `main.rs`) are no one's sibling.
+fn sibling_files(dir: &Path) -> Vec<(String, Vec<(PathBuf, usize)>)> {
+    let mut mods = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return mods;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        if ["mod", "lib", "main"].contains(&stem) || !path.is_file() {
+            continue;
+        }
+        let mut files = vec![(path.clone(), 0)];
+        let mut children = Vec::new();
+        walk(&dir.join(stem), &mut children);
+        for c in children {
+            if c.extension().is_some_and(|x| x == "rs") {
+                // Depth below `dir`: how many `super::` reach `dir`'s module.
+                let depth = c
+                    .strip_prefix(dir)
+                    .map_or(1, |r| r.components().count() - 1);
+                files.push((c, depth));
+            }
+        }
+        mods.push((stem.to_string(), files));
+    }
+    mods.sort();
+    mods
+}
+
+/// Every pair of sibling files in `dir` that use each other's items, as
+/// `a <-> b` lines with one example use each way.
+fn import_circles(root: &Path, dir: &str, paths: &[&str]) -> Vec<String> {
+    let mods = sibling_files(&root.join(dir));
+    let names: Vec<&str> = mods.iter().map(|(n, _)| n.as_str()).collect();
+    // uses[i]: the siblings module i uses, with the file that does.
+    let mut uses: Vec<Vec<(&str, String)>> = Vec::new();
+    for (name, files) in &mods {
+        let others: Vec<&str> = names.iter().copied().filter(|n| n != name).collect();
+        let mut seen = Vec::new();
+        for (file, depth) in files {
+            let Ok(text) = std::fs::read_to_string(file) else {
+                continue;
+            };
+            let mut prefixes = vec!["super::".repeat(depth + 1)];
+            prefixes.extend(paths.iter().map(|p| p.to_string()));
+            for s in sibling_uses(&text, &prefixes, &others) {
+                if !seen.iter().any(|(n, _)| *n == s) {
+                    let shown = file.strip_prefix(root).unwrap_or(file).display();
+                    seen.push((s, shown.to_string()));
+                }
+            }
+        }
+        uses.push(seen);
+    }
+    let mut circles = Vec::new();
+    for (i, a) in names.iter().enumerate() {
+        for (b, a_file) in &uses[i] {
+            let j = names.iter().position(|n| n == b).expect("a sibling");
+            let Some((_, b_file)) = uses[j].iter().find(|(n, _)| n == a) else {
+                continue;
+            };
+            let one_unit =
+                dir == "dataplane/src/engine" && ONE_UNIT.contains(a) && ONE_UNIT.contains(b);
+            if a < b && !one_unit {
+                circles.push(format!(
+                    "{dir}: {a} <-> {b} ({a_file} uses {b}, {b_file} uses {a})"
+                ));
+            }
+        }
+    }
+    circles
+}
+
+/// Files of one module are layered: when `a.rs` uses items of its sibling
+/// `b.rs`, `b.rs` does not use items of `a.rs`. An item both need goes to
+/// the lower one or to a small module of its own (re-exported from the old
+/// place if other crates name it there).
+#[test]
+fn no_import_circles_between_sibling_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut circles = Vec::new();
+    for (dir, paths) in LAYERED_DIRS {
+        assert!(
+            sibling_files(&root.join(dir)).len() > 3,
+            "{dir}: too few files found"
+        );
+        circles.extend(import_circles(&root, dir, paths));
+    }
+    assert!(
+        circles.is_empty(),
+        "sibling files that use each other (move the shared item down):\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_scanner_finds_what_it_must() {
+    let sibs = ["conf2", "rtrext", "xdr", "roce", "ibcm"];
+    let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let top = p(&["super::", "crate::wire::"]);
+    let text = "use super::conf2::Extensions;\n\
+                use super::{\n    xdr::{Decoder, Encoder},\n    Error,\n};\n\
+                fn f(d: &[u8]) { crate::wire::roce::fuzz_parse(d) }\n\
+                // super::ibcm::fuzz_parse(d) is only a comment\n\
+                /// [`super::ibcm`] is only a doc link\n";
+    let mut found = sibling_uses(text, &top, &sibs);
+    found.sort();
+    assert_eq!(found, ["conf2", "roce", "xdr"]);
+    assert_eq!(
+        sibling_uses("use super::{rtrext, Result};", &top, &sibs),
+        ["rtrext"]
+    );
+    // One level down (`roce/tests.rs`), `super::` is the file's own module.
+    let below = p(&["super::super::", "crate::wire::"]);
+    assert!(sibling_uses("use super::xdr;", &below, &sibs).is_empty());
+    assert_eq!(
+        sibling_uses("use super::super::xdr;", &below, &sibs),
+        ["xdr"]
+    );
+    assert!(sibling_uses("use super::super::super::xdr;", &below, &sibs).is_empty());
 }

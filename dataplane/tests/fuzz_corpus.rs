@@ -84,7 +84,7 @@ fn replay_record_marking_corpus() {
 fn replay_rtrext_corpus() {
     let limits = rtrext::Limits::DEFAULT;
     for (name, input) in seeds("rtrext") {
-        rtrext::fuzz_parse(&input);
+        conf2::fuzz_parse(&input);
         if name.starts_with("conf2_req") {
             let r = conf2::ConfigRdmaReqV2::parse(&input, &limits);
             assert!(r.is_ok(), "{name}: {r:?}");
@@ -97,7 +97,7 @@ fn replay_rtrext_corpus() {
         }
     }
     for (_, input) in corpus("rtrext") {
-        rtrext::fuzz_parse(&input);
+        conf2::fuzz_parse(&input);
     }
 }
 
@@ -117,7 +117,9 @@ fn replay_roce_packet_corpus() {
         .into_iter()
         .chain(corpus("roce_packet"))
     {
+        // What the roce_packet target runs: the packet codec, then IB CM.
         dataplane::wire::roce::fuzz_parse(&input);
+        dataplane::wire::ibcm::fuzz_parse(&input);
     }
 }
 

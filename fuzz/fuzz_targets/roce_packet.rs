@@ -4,4 +4,7 @@
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     dataplane::wire::roce::fuzz_parse(data);
+    // The IB CM codecs (also on a UD packet's payload): `roce` is below
+    // `ibcm`, so the two entries are combined here.
+    dataplane::wire::ibcm::fuzz_parse(data);
 });

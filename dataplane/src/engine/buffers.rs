@@ -18,7 +18,6 @@
 //! exposure maps to registering/invalidating a per-buffer memory window or
 //! FRWR (see `docs/ENGINE.md`).
 
-use super::wr::LocalSlice;
 use crate::wire::rpcrdma::Segment;
 
 /// Memory the engine cuts its buffers from: any byte region that lives as
@@ -57,6 +56,18 @@ impl SlabMemory for Vec<u8> {
 /// Index of a buffer in a [`BufferTable`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufId(pub u32);
+
+/// A byte range of one of the engine's buffers (what work requests and
+/// [`BufferTable::slice`] name memory by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSlice {
+    /// The buffer.
+    pub buf: BufId,
+    /// First byte, from the start of the buffer.
+    pub offset: u32,
+    /// Number of bytes.
+    pub len: u32,
+}
 
 /// What a buffer is used for (fixed at construction).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

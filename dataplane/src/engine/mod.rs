@@ -56,7 +56,7 @@ mod tests;
 #[cfg(test)]
 mod tests_show;
 
-pub use buffers::{Access, BufClass, BufId, BufferTable, SlabMemory};
+pub use buffers::{Access, BufClass, BufId, BufferTable, LocalSlice, SlabMemory};
 pub use conf::{
     decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
     encode_conf_rdma_call_v2, ConfRdmaError,
@@ -65,9 +65,9 @@ pub use connection::{Connection, Resources, Stats};
 pub use fuzz::fuzz_recv;
 pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
-pub use wr::{LocalSlice, WcStatus, WorkRequest, WrId, WrKind};
+pub use wr::{WcStatus, WorkRequest, WrId, WrKind};
 
-pub use crate::wire::conf2::Extensions;
+pub use crate::wire::extensions::Extensions;
 use crate::wire::rpcrdma::{Limits, PrivateData, DEFAULT_INLINE_SIZE};
 use core::time::Duration;
 

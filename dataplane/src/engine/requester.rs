@@ -15,10 +15,10 @@
 //! every reply's grant replaces ours (a grant of 0 counts as 1, as Linux
 //! reads it); calls beyond the grant wait in `call_queue`, in order.
 
-use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
-use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
+use super::wr::{WorkRequest, WrId, WrKind};
 use super::{
     app_ddp_item_fits, ddp_item_fits, roundup4, AppSlice, CallFailure, CallHandle, Config,
     Connection, DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,

@@ -19,10 +19,10 @@
 //! requester-provided resource is exposed in a position-zero read chunk
 //! instead, until RDMA_DONE or the reclaim timer (s3.8, draft-lever s4.1).
 
-use super::buffers::{Access, BufClass, BufId, BufferTableBuilder};
+use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{Disposition, PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
-use super::wr::{LocalSlice, WorkRequest, WrId, WrKind};
+use super::wr::{WorkRequest, WrId, WrKind};
 use super::{
     ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
     OutgoingReply, ReplyError,

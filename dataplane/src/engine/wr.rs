@@ -8,7 +8,7 @@
 //! maps a `BufId` to (lkey, address) through its registration of the
 //! engine's [`super::BufferTable`] (see `docs/ENGINE.md`).
 
-use super::buffers::BufId;
+use super::buffers::{BufId, LocalSlice};
 use crate::wire::rpcrdma::Segment;
 
 /// What a work request was posted for; selects the table `index` points
@@ -95,17 +95,6 @@ impl WrId {
     pub fn same_generation(&self, current: u32) -> bool {
         self.generation & GEN_MASK == current & GEN_MASK
     }
-}
-
-/// A byte range of one of the engine's buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalSlice {
-    /// The buffer.
-    pub buf: BufId,
-    /// First byte, from the start of the buffer.
-    pub offset: u32,
-    /// Number of bytes.
-    pub len: u32,
 }
 
 /// One operation for the provider, as plain data (the engine

@@ -28,13 +28,20 @@
 //! are ignored by [`PropertyList::extensions`] and kept by the codec.
 //!
 //! # Panic contract
-//! Nothing here panics; decoders and encoders return [`Error`] values.
+//! Nothing here panics, except [`fuzz_parse`], whose job is to panic
+//! when a codec invariant breaks; decoders and encoders return [`Error`]
+//! values.
 
 use super::conf::{ConfigRdmaReply, ConfigRdmaReq};
 use super::rpc::AcceptStatus;
 use super::rtrext::{prop_id, Limits, Property, PropertyList, RtrSupport};
 use super::xdr::{Decoder, Encoder};
 use super::{Error, Result};
+
+// The set itself lives in `extensions`, below both this module and
+// `rtrext` (whose headers are checked against it), so that neither of the
+// two has to import the other's items in both directions.
+pub use super::extensions::Extensions;
 
 /// Version 2 of the CONF_RDMA program (ours; program number and
 /// procedure numbers as in RFC 5666 s6.2, see `conf::CONFIG_RDMA_PROG`).
@@ -51,62 +58,6 @@ pub mod ext_flag {
     /// The sender sends and receives send-based data placement (rtrext
     /// s3.3, s5.3); it also advertises RTR Support.
     pub const SEND_PLACEMENT: u32 = 0x4;
-}
-
-/// A set of RPC-over-RDMA extensions (a small bitset). In memory only: on
-/// the wire each extension is advertised as the module documentation's
-/// table says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Extensions(u8);
-
-impl Extensions {
-    /// No extension: what a plain Version One peer gets.
-    pub const EMPTY: Extensions = Extensions(0);
-    /// Responder-provided read chunks with RDMA_DONE (Lever draft s4).
-    pub const RESPONDER_READ_CHUNKS: Extensions = Extensions(0x1);
-    /// Remote invalidation by Send With Invalidate (Lever draft s4.1.4).
-    pub const REMOTE_INVALIDATE: Extensions = Extensions(0x2);
-    /// Message continuation (rtrext s4).
-    pub const MESSAGE_CONTINUATION: Extensions = Extensions(0x4);
-    /// Send-based data placement (rtrext s3.3).
-    pub const SEND_PLACEMENT: Extensions = Extensions(0x8);
-    /// Every extension this crate knows.
-    pub const ALL: Extensions = Extensions(0xf);
-
-    /// The raw bits.
-    pub const fn bits(self) -> u8 {
-        self.0
-    }
-
-    /// The set with `bits`, ignoring unknown ones.
-    pub const fn from_bits_truncate(bits: u8) -> Extensions {
-        Extensions(bits & Self::ALL.0)
-    }
-
-    /// True when no extension is in the set.
-    pub const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// True when every extension of `other` is in `self`.
-    pub const fn contains(self, other: Extensions) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// True when `self` and `other` share an extension.
-    pub const fn intersects(self, other: Extensions) -> bool {
-        self.0 & other.0 != 0
-    }
-
-    /// The extensions in both.
-    pub const fn intersection(self, other: Extensions) -> Extensions {
-        Extensions(self.0 & other.0)
-    }
-
-    /// The extensions in either.
-    pub const fn union(self, other: Extensions) -> Extensions {
-        Extensions(self.0 | other.0)
-    }
 }
 
 /// The negotiation rule: an extension is on only when both
@@ -299,12 +250,40 @@ v2_body!(
     "config_rdma_reply_v2 = maxcall_sendsize align maxrdmaread proplist"
 );
 
+// ---------------------------------------------------------------------------
+// Fuzzing entry point
+
+/// Runs every parser of [`super::rtrext`] ([`super::rtrext::fuzz_parse`])
+/// and of this module over `data` and checks their invariants: whatever
+/// parses re-emits into exactly `buffer_len()` bytes that parse back
+/// equal. For the `rtrext` cargo-fuzz target and its corpus replay; it
+/// lives here, not in `rtrext`, because this module is the one that may
+/// call both.
+///
+/// # Panics
+/// Only when a codec invariant is broken (that is what it is for).
+pub fn fuzz_parse(data: &[u8]) {
+    super::rtrext::fuzz_parse(data);
+    let limits = Limits::DEFAULT;
+    if let Ok(req) = ConfigRdmaReqV2::parse(data, &limits) {
+        let mut buf = vec![0u8; req.buffer_len()];
+        assert_eq!(req.emit(&mut buf), Ok(buf.len()));
+        assert_eq!(ConfigRdmaReqV2::parse(&buf, &limits).as_ref(), Ok(&req));
+        let _ = req.properties.extensions();
+    }
+    if let Ok(rep) = ConfigRdmaReplyV2::parse(data, &limits) {
+        let mut buf = vec![0u8; rep.buffer_len()];
+        assert_eq!(rep.emit(&mut buf), Ok(buf.len()));
+        assert_eq!(ConfigRdmaReplyV2::parse(&buf, &limits).as_ref(), Ok(&rep));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
     use super::super::rpc::{CallHeader, ReplyBody, ReplyHeader};
     use super::super::rpcrdma::TransportHeader;
-    use super::super::rtrext::{fuzz_parse, BufferGroup, BufferStructure};
+    use super::super::rtrext::{BufferGroup, BufferStructure};
     use super::*;
 
     const L: Limits = Limits::DEFAULT;

@@ -15,6 +15,7 @@
 
 pub mod conf;
 pub mod conf2;
+pub mod extensions;
 pub mod ibcm;
 pub mod roce;
 pub mod rpc;

@@ -70,6 +70,11 @@
 use super::xdr::{Decoder, Encoder};
 use super::{Error, Result};
 
+// RDMA_MSGP's padding rule is applied by the XDR decoder (padded opaques),
+// so `xdr` owns the type and this module re-exports it: `xdr` stays below
+// `rpcrdma` and `wire::rpcrdma::Padding` keeps its path.
+pub use super::xdr::Padding;
+
 /// The only RPC-over-RDMA version this module speaks (RFC 5666 s4.1).
 pub const RPCRDMA_VERSION: u32 = 1;
 
@@ -602,45 +607,6 @@ fn encode_segment_array(enc: &mut Encoder<'_>, segments: &[Segment]) -> Result<(
 
 // ---------------------------------------------------------------------------
 // Message body and header
-
-/// RDMA_MSGP padding parameters (RFC 5666 s3.9, s4.3).
-///
-/// The rule (RFC 5666 s3.9, as the Linux client applied it): an opaque item
-/// of the inline RPC message whose length is at or above `thresh` has
-/// padding bytes inserted between its length word and its data, so that
-/// the data starts at a multiple of `align` counted from the first byte of
-/// the Send (the transport header's first byte: the receiver posts each
-/// buffer for one Send, so that is the alignment the receiver sees). The
-/// padding is not part of the RPC message; the receiver skips it. An
-/// `align` of 0 or 1 means no padding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Padding {
-    /// Alignment the sender padded opaque data to, in bytes.
-    pub align: u32,
-    /// Opaque length at or above which padding was applied.
-    pub thresh: u32,
-}
-
-impl Padding {
-    /// Number of padding bytes in front of the data of an opaque item of
-    /// `opaque_len` bytes whose data would, unpadded, start at
-    /// `data_offset` bytes from the start of the Send.
-    ///
-    /// # Errors
-    /// [`Error::Malformed`] when padding applies and `align` is not a
-    /// multiple of 4 (the padding would break the XDR alignment of what
-    /// follows, so no valid message can use it).
-    pub fn pad_len(&self, data_offset: usize, opaque_len: u32) -> Result<usize> {
-        if self.align <= 1 || opaque_len < self.thresh {
-            return Ok(0);
-        }
-        if self.align & 3 != 0 {
-            return Err(Error::Malformed);
-        }
-        let align = self.align as usize;
-        Ok((align - data_offset % align) % align)
-    }
-}
 
 /// The body of an RPC-over-RDMA header after the four fixed words, without
 /// the chunk lists (they are in [`TransportHeader::chunks`]).

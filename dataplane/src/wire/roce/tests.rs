@@ -178,7 +178,13 @@ fn golden_ud_gsi_send() {
     bytes.extend_from_slice(&[0x5A; 256]);
     bytes.extend_from_slice(&[0; 4]);
     let payload = [0x5Au8; 256];
-    let p = crate::wire::ibcm::gsi_packet(psn(0), &payload);
+    // Built by hand (`ibcm::gsi_packet` builds the same, checked in the
+    // ibcm tests): this module sits below `ibcm` and does not call it.
+    let mut p = RocePacket::new(Bth::new(Opcode::UdSendOnly, 1, psn(0)), &payload);
+    p.deth = Some(Deth {
+        qkey: 0x8001_0000,
+        src_qpn: 1,
+    });
     check_golden(&bytes, &p);
 }
 
@@ -694,34 +700,6 @@ proptest! {
             prop_assert_eq!(next, len);
         }
     }
-}
-
-/// The hand-written seeds in `fuzz/seeds/roce_packet/` (for the cargo-fuzz
-/// target calling [`fuzz_parse`]) are real packets or MADs: each must parse,
-/// not merely not panic.
-#[test]
-fn fuzz_seeds_parse() {
-    let dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/roce_packet");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("seed directory") {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let data = std::fs::read(&path).unwrap();
-        fuzz_parse(&data);
-        if name.ends_with("_mad") {
-            let r = crate::wire::ibcm::CmMad::parse(&data);
-            assert!(r.is_ok(), "{name}: {r:?}");
-        } else {
-            let p = RocePacket::parse(&data).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-            if name.starts_with("ud_cm_") {
-                let r = crate::wire::ibcm::CmMad::parse(p.payload);
-                assert!(r.is_ok(), "{name}: {r:?}");
-            }
-        }
-        n += 1;
-    }
-    assert!(n >= 5, "{}: too few seeds", dir.display());
 }
 
 #[test]
