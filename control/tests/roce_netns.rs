@@ -34,12 +34,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::client::{Client, ReplyTarget};
 use dataplane::service::bench::{self, Args};
 use dataplane::verbs::roce::Roce;
 use dataplane::wire::roce::icrc;
 use nix::sys::signal::Signal;
-use support::bench_calls::{client_config, echo, EchoPath};
+use support::bench_calls::{call_with_xid, client_config, echo, EchoPath};
 use support::*;
 
 const MIB: u32 = 1 << 20;
@@ -266,33 +266,6 @@ fn wait_long(child: &mut Child, patience: Duration) -> ExitStatus {
 // ---------------------------------------------------------------------------
 // Calls (run by the client role)
 
-/// A call of the bench program; returns (XID, result data).
-fn simple_call(client: &mut Client<Roce>, args: Args<'_>, target: ReplyTarget) -> (u32, Vec<u8>) {
-    let mut used = 0;
-    let call = client
-        .call(target, |xid, buf| {
-            used = xid;
-            bench::encode_call(buf, xid, args)
-                .ok()
-                .map(|e| (e.len, e.ddp))
-        })
-        .expect("call");
-    let CallOutcome::Reply { .. } = client.wait(call).expect("reply") else {
-        panic!("{args:?} failed");
-    };
-    let out = match args {
-        Args::Null | Args::Sink(_) => {
-            bench::decode_void_reply(client.reply(call).unwrap()).expect("void reply");
-            Vec::new()
-        }
-        _ => bench::decode_data_reply(client.reply(call).unwrap(), client.ddp(call))
-            .expect("data reply")
-            .to_vec(),
-    };
-    assert!(client.release(call));
-    (used, out)
-}
-
 fn pattern(size: usize) -> Vec<u8> {
     (0..size)
         .map(|i| (i.wrapping_mul(7) ^ (i >> 8)) as u8)
@@ -331,7 +304,7 @@ fn close_and_wait_for_daemon(client: Client<Roce>) -> String {
 /// The client role of `bench_program_between_namespaces`.
 fn full_session_client() {
     let mut client = connect();
-    simple_call(&mut client, Args::Null, ReplyTarget::Inline);
+    call_with_xid(&mut client, Args::Null, ReplyTarget::Inline);
     let sizes = [0usize, 1, 100, 4096, 4097, 64 << 10, 1 << 20];
     for &size in &sizes {
         let data = pattern(size);
@@ -345,7 +318,7 @@ fn full_session_client() {
     }
     // SOURCE into a write chunk (DDP) and inline; SINK from a read chunk.
     for n in [0u32, 100, 4095, 4097, MIB] {
-        let (_, got) = simple_call(
+        let (_, got) = call_with_xid(
             &mut client,
             Args::Source(n),
             ReplyTarget::WriteChunk { max_ddp: n.max(4) },
@@ -353,9 +326,9 @@ fn full_session_client() {
         assert_eq!(got.len(), n as usize);
         assert_eq!(bench::pattern_mismatch(&got), None, "source {n}");
     }
-    let (_, got) = simple_call(&mut client, Args::Source(1000), ReplyTarget::Inline);
+    let (_, got) = call_with_xid(&mut client, Args::Source(1000), ReplyTarget::Inline);
     assert_eq!(bench::pattern_mismatch(&got), None);
-    simple_call(
+    call_with_xid(
         &mut client,
         Args::Sink(&vec![5u8; MIB as usize]),
         ReplyTarget::Inline,
@@ -414,7 +387,7 @@ fn capture_session_client() {
     let mut xids = vec![
         (
             "null",
-            simple_call(&mut client, Args::Null, ReplyTarget::Inline).0,
+            call_with_xid(&mut client, Args::Null, ReplyTarget::Inline).0,
         ),
         (
             "echo-inline",
@@ -433,7 +406,7 @@ fn capture_session_client() {
             echo(&mut client, &big, EchoPath::LongCall),
         ),
     ];
-    let (xid, got) = simple_call(
+    let (xid, got) = call_with_xid(
         &mut client,
         Args::Source(4097),
         ReplyTarget::WriteChunk { max_ddp: 4097 },

@@ -121,13 +121,26 @@ pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: EchoPath) ->
     used
 }
 
+/// A call of the bench program, every result byte decoded; returns the
+/// result data.
 pub fn simple_call<P: Provider>(
     client: &mut Client<P>,
     args: Args<'_>,
     target: ReplyTarget,
 ) -> Vec<u8> {
+    call_with_xid(client, args, target).1
+}
+
+/// [`simple_call`], also returning the XID the call went with.
+pub fn call_with_xid<P: Provider>(
+    client: &mut Client<P>,
+    args: Args<'_>,
+    target: ReplyTarget,
+) -> (u32, Vec<u8>) {
+    let mut used = 0;
     let call = client
         .call(target, |xid, buf| {
+            used = xid;
             bench::encode_call(buf, xid, args)
                 .ok()
                 .map(|e| (e.len, e.ddp))
@@ -146,7 +159,7 @@ pub fn simple_call<P: Provider>(
             .to_vec(),
     };
     assert!(client.release(call));
-    out
+    (used, out)
 }
 
 pub fn test_data(size: usize, seed: usize) -> Vec<u8> {

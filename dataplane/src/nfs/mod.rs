@@ -243,10 +243,7 @@ impl Nfs3Proc {
     /// # Errors
     /// [`Error::UnknownValue`] above 21.
     pub fn from_wire(value: u32) -> Result<Self> {
-        usize::try_from(value)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-            .ok_or(Error::UnknownValue)
+        by_number(&Self::ALL, value)
     }
 
     /// The procedure number.
@@ -308,6 +305,46 @@ pub(crate) trait Message<'a> {
     fn ddp_data(&self) -> Option<&'a [u8]>;
 }
 
+/// The procedure numbered `value` of a program whose procedures are
+/// numbered 0.. in `all` (NFSv3: RFC 1813 s3; MOUNT v3: its appendix I).
+fn by_number<T: Copy>(all: &[T], value: u32) -> Result<T> {
+    usize::try_from(value)
+        .ok()
+        .and_then(|i| all.get(i).copied())
+        .ok_or(Error::UnknownValue)
+}
+
+/// A call of `program`/`version`/`procedure` with `credential` and an
+/// AUTH_NONE verifier, followed by `args` (see [`encode_message`]).
+fn encode_program_call<'a, T: Message<'a>>(
+    out: &mut [u8],
+    xid: u32,
+    (program, version, procedure): (u32, u32, u32),
+    credential: OpaqueAuth<'_>,
+    args: &T,
+) -> Result<Encoded> {
+    let header = CallHeader::new(
+        xid,
+        program,
+        version,
+        procedure,
+        credential,
+        OpaqueAuth::None,
+    );
+    encode_message(out, &RpcMessage::Call(header), args)
+}
+
+/// An accepted, successful reply with `verifier`, followed by `res`.
+fn encode_success_reply<'a, T: Message<'a>>(
+    out: &mut [u8],
+    xid: u32,
+    verifier: OpaqueAuth<'_>,
+    res: &T,
+) -> Result<Encoded> {
+    let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
+    encode_message(out, &RpcMessage::Reply(header), res)
+}
+
 /// Emits an RPC header followed by `body`, returning the message length
 /// and the body's DDP item located in the message. Checks everything
 /// before writing.
@@ -349,15 +386,8 @@ pub fn encode_call(
     credential: OpaqueAuth<'_>,
     args: &Nfs3Args<'_>,
 ) -> Result<Encoded> {
-    let header = CallHeader::new(
-        xid,
-        NFS_PROGRAM,
-        NFS_V3,
-        args.procedure().to_wire(),
-        credential,
-        OpaqueAuth::None,
-    );
-    encode_message(out, &RpcMessage::Call(header), args)
+    let procedure = (NFS_PROGRAM, NFS_V3, args.procedure().to_wire());
+    encode_program_call(out, xid, procedure, credential, args)
 }
 
 /// Encodes a successful (`MSG_ACCEPTED`/`SUCCESS`) RPC reply carrying
@@ -373,8 +403,7 @@ pub fn encode_reply(
     verifier: OpaqueAuth<'_>,
     res: &Nfs3Res<'_>,
 ) -> Result<Encoded> {
-    let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    encode_message(out, &RpcMessage::Reply(header), res)
+    encode_success_reply(out, xid, verifier, res)
 }
 
 /// A decoder over the results of a successful reply.

@@ -7,7 +7,7 @@ use super::{
     XdrList, MOUNT_PROGRAM, MOUNT_V3,
 };
 use crate::engine::ReplyExpect;
-use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader, RpcMessage};
+use crate::wire::rpc::OpaqueAuth;
 use crate::wire::xdr::{Decoder, Encoder};
 
 /// The largest DUMP or EXPORT reply [`MountArgs::reply_expect`] asks for:
@@ -50,10 +50,7 @@ impl MountProc {
     /// # Errors
     /// [`Error::UnknownValue`] above 5.
     pub fn from_wire(value: u32) -> Result<Self> {
-        usize::try_from(value)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-            .ok_or(Error::UnknownValue)
+        super::by_number(&Self::ALL, value)
     }
 
     /// The procedure number.
@@ -283,15 +280,8 @@ pub fn encode_mount_call(
     credential: OpaqueAuth<'_>,
     args: &MountArgs<'_>,
 ) -> Result<Encoded> {
-    let header = CallHeader::new(
-        xid,
-        MOUNT_PROGRAM,
-        MOUNT_V3,
-        args.procedure().to_wire(),
-        credential,
-        OpaqueAuth::None,
-    );
-    super::encode_message(out, &RpcMessage::Call(header), args)
+    let procedure = (MOUNT_PROGRAM, MOUNT_V3, args.procedure().to_wire());
+    super::encode_program_call(out, xid, procedure, credential, args)
 }
 
 /// Encodes a successful RPC reply carrying `res` into `out`.
@@ -305,8 +295,7 @@ pub fn encode_mount_reply(
     verifier: OpaqueAuth<'_>,
     res: &MountRes<'_>,
 ) -> Result<Encoded> {
-    let header = ReplyHeader::accepted(xid, verifier, AcceptStatus::Success);
-    super::encode_message(out, &RpcMessage::Reply(header), res)
+    super::encode_success_reply(out, xid, verifier, res)
 }
 
 /// Decodes the reply `message` to a MOUNT call of `procedure`.
