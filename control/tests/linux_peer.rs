@@ -30,6 +30,8 @@
 //! them the test fails under `RPCRDMA_REQUIRE_PEERS=1` and otherwise prints
 //! `skipped: ...` and passes. The guest is powered off and the namespace
 //! deleted when the test ends, panics included.
+#[path = "../../dataplane/tests/support/linux_guest.rs"]
+mod linux_guest;
 mod support;
 
 use std::io::{Read, Write};
@@ -45,9 +47,10 @@ use dataplane::verbs::roce::Roce;
 use dataplane::wire::rpc::{AcceptStatus, AuthSys, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
 use dataplane::wire::xdr::{Decoder, Encoder};
 use dataplane::worker::{EndpointConfig, IdleStrategy};
+use linux_guest::Guest;
 use support::*;
 
-const GUEST: &str = "198.18.0.2";
+const GUEST: &str = linux_guest::GUEST_IP;
 const HOST: &str = "198.18.0.1";
 const NFS_PROGRAM: u32 = 100_003;
 const MOUNT_PROGRAM: u32 = 100_005;
@@ -55,74 +58,34 @@ const MIB: usize = 1 << 20;
 /// Our limits: a 1 MiB READ or WRITE and its headers.
 const MAX_MESSAGE: u32 = (MIB + 64 * 1024) as u32;
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/linux-peer")
-}
+/// How long one command in the guest may take before it counts as stuck
+/// (the longest is a mount that `timeout 120` bounds).
+const GUEST_COMMAND_DEADLINE: Duration = Duration::from_secs(300);
 
-/// A booted guest; powered off and its namespace deleted on drop.
+/// A booted guest ([`linux_guest::Guest`], shared with the dataplane's
+/// tests) and what these tests do with it.
 struct Peer {
+    guest: Guest,
     dir: PathBuf,
     netns: String,
 }
 
 impl Peer {
-    fn boot() -> Option<Peer> {
-        if !nix::unistd::geteuid().is_root() {
-            skip("root not available (the Linux peer needs a namespace, a tap and qemu)");
-            return None;
-        }
-        for tool in [
-            "qemu-system-x86_64",
-            "busybox",
-            "rdma",
-            "rpc.nfsd",
-            "depmod",
-            "ip",
-        ] {
-            if find_tool(tool).is_none() {
-                skip(&format!("{tool} not installed (see deploy/linux-peer)"));
-                return None;
-            }
-        }
-        let dir = scratch_dir("linux-peer");
-        let out = Command::new(script())
-            .arg("up")
-            .arg(&dir)
-            .output()
-            .expect("run deploy/linux-peer");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        println!("{stderr}");
-        let netns = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("netns "))
-            .map(str::to_owned);
-        let peer = Peer {
-            dir,
-            netns: netns.clone().unwrap_or_default(),
-        };
-        assert!(
-            out.status.success() && netns.is_some(),
-            "deploy/linux-peer up failed: {stdout}{stderr}"
-        );
-        Some(peer)
+    /// Boots a guest whose state directory is named after `name` (each
+    /// test its own: tests of one binary run at once).
+    fn boot(name: &str) -> Option<Peer> {
+        let guest = Guest::boot(name)?;
+        Some(Peer {
+            dir: guest.dir().to_owned(),
+            netns: guest.netns().to_owned(),
+            guest,
+        })
     }
 
     /// Runs `cmd` in the guest; its output, panicking when it fails.
     fn run(&self, cmd: &str) -> String {
-        let out = Command::new(script())
-            .arg("run")
-            .arg(&self.dir)
-            .arg("--")
-            .arg(cmd)
-            .output()
-            .expect("run deploy/linux-peer run");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "guest: {cmd}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (ok, text) = self.guest.run(cmd, GUEST_COMMAND_DEADLINE);
+        assert!(ok, "guest: {cmd}: {text}");
         text
     }
 
@@ -152,30 +115,6 @@ impl Peer {
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "a panic without a message".to_owned())
         })
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            // What the guest's RDMA stack thinks, for the failure report.
-            let out = Command::new(script())
-                .arg("run")
-                .arg(&self.dir)
-                .arg("--")
-                .arg("dmesg | tail -20; rdma statistic show link rxe0/1; rdma resource show qp")
-                .output();
-            if let Ok(o) = out {
-                eprintln!("guest state:\n{}", String::from_utf8_lossy(&o.stdout));
-            }
-        }
-        let _ = Command::new(script()).arg("down").arg(&self.dir).status();
-        // A failed run keeps the capture and the guest's console.
-        if std::thread::panicking() || std::env::var("KEEP_LINUX_PEER").is_ok() {
-            eprintln!("kept: {} (session.pcap, console.log)", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 }
 
@@ -325,7 +264,7 @@ fn pattern(i: usize) -> u8 {
 
 #[test]
 fn knfsd_serves_our_roce_client() {
-    let Some(peer) = Peer::boot() else {
+    let Some(peer) = Peer::boot("linux-peer-knfsd") else {
         return;
     };
     println!("{}", peer.run("rdma link show; cat /proc/fs/nfsd/portlist"));
@@ -881,7 +820,7 @@ const GUEST_SIZES: [usize; 6] = [0, 1, 1024, 4096, 64 << 10, MIB];
 fn rpcrdmad_on_linux_rxe_serves_our_roce_client_and_the_linux_nfs_client() {
     use support::bench_calls::rdma_calls;
 
-    let Some(peer) = Peer::boot() else {
+    let Some(peer) = Peer::boot("linux-peer-ibverbs") else {
         return;
     };
     let Some(tshark) = find_tool("tshark") else {

@@ -6,6 +6,9 @@
 //! The real-peer rule: without root or the tools the script needs, a test
 //! fails under `RPCRDMA_REQUIRE_PEERS=1` and otherwise prints
 //! `skipped: ...` and passes.
+//!
+//! The daemon's tests include this file too (`control/tests/linux_peer.rs`,
+//! by path): one guest lifecycle for both crates.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,6 +54,8 @@ fn skip(why: &str) {
 /// A booted guest.
 pub struct Guest {
     dir: PathBuf,
+    /// The network namespace of the host's side of its link.
+    netns: String,
 }
 
 impl Guest {
@@ -71,7 +76,10 @@ impl Guest {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // Owned from here: a failed boot is still powered off on drop.
-        let guest = Guest { dir };
+        let mut guest = Guest {
+            dir,
+            netns: String::new(),
+        };
         let out = Command::new(script())
             .arg("up")
             .arg(&guest.dir)
@@ -80,11 +88,23 @@ impl Guest {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         println!("{stderr}");
+        let netns = stdout.lines().find_map(|l| l.strip_prefix("netns "));
         assert!(
-            out.status.success() && stdout.lines().any(|l| l.starts_with("netns ")),
+            out.status.success() && netns.is_some(),
             "deploy/linux-peer up failed: {stdout}{stderr}"
         );
+        guest.netns = netns.unwrap_or_default().to_owned();
         Some(guest)
+    }
+
+    /// Its state directory (captures may go there; kept when a test fails).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The name of the host side's network namespace (`ip netns exec`).
+    pub fn netns(&self) -> &str {
+        &self.netns
     }
 
     /// Runs the shell command `cmd` in the guest; its exit status and its
@@ -113,9 +133,22 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        let _ = Command::new(script()).arg("down").arg(&self.dir).status();
         if std::thread::panicking() {
-            eprintln!("kept: {} (console.log)", self.dir.display());
+            // What the guest's RDMA stack thinks, for the failure report.
+            let out = Command::new(script())
+                .arg("run")
+                .arg(&self.dir)
+                .arg("--")
+                .arg("dmesg | tail -20; rdma statistic show link rxe0/1; rdma resource show qp")
+                .output();
+            if let Ok(o) = out {
+                eprintln!("guest state:\n{}", String::from_utf8_lossy(&o.stdout));
+            }
+        }
+        let _ = Command::new(script()).arg("down").arg(&self.dir).status();
+        // A failed run keeps the guest's console and any capture.
+        if std::thread::panicking() || std::env::var_os("KEEP_LINUX_PEER").is_some() {
+            eprintln!("kept: {} (console.log, captures)", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
