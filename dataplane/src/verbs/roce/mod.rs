@@ -1294,6 +1294,10 @@ impl CqInner {
                 qps: 1,
             }),
         }
+        // A queue pair is on this CQ's list at most once: room for all of
+        // them now, so announcing never allocates.
+        let qps: usize = devices.iter().map(|d| d.qps).sum();
+        self.ready.reserve(qps);
     }
 
     fn detach(&self, dev: &Arc<Device>) {
@@ -1391,6 +1395,7 @@ impl CompletionQueue for RoceCq {
                     ready.push_front(r);
                     break;
                 }
+                qp.drained_on(id);
             }
         }
         got
@@ -1441,6 +1446,10 @@ impl RocePreparedQp {
             dev: Arc::as_ptr(dev) as usize,
         });
         eng.qps.insert(qpn, qp);
+        // Room to tick every queue pair (a full tick marks them all), set
+        // aside here, at connection setup, not on the data path.
+        let qps = eng.qps.len();
+        eng.active.reserve(qps.saturating_sub(eng.active.len()));
         Ok(qpn)
     }
 

@@ -133,6 +133,9 @@ pub(super) struct RcQp {
     /// Set when installed on a device: where new completions are
     /// announced (before that none are produced).
     pub announce: Option<Announce>,
+    /// On its send CQ's and its receive CQ's ready list (one flag when
+    /// both are one CQ: `[0]`).
+    announced: [bool; 2],
     /// In its device's list of queue pairs to tick (`Engine::active`).
     pub ticking: bool,
     pub mtu: Mtu,
@@ -306,6 +309,7 @@ impl RcQp {
             send_cq,
             recv_cq,
             announce: None,
+            announced: [false; 2],
             ticking: false,
             mtu,
             timers,
@@ -376,27 +380,45 @@ impl RcQp {
     }
 
     /// Queues a send-side completion, announcing the queue pair on its
-    /// send CQ when it had none waiting (ready.rs).
+    /// send CQ unless it is already on that CQ's list (ready.rs).
     fn push_send_done(&mut self, c: Completion) {
-        let first = self.send_done.is_empty();
         self.send_done.push_back(c);
-        if let (true, Some(a)) = (first, &self.announce) {
-            a.send.push(Ready {
+        self.announce_on(self.send_cq);
+    }
+
+    /// [`push_send_done`](Self::push_send_done) for receives.
+    fn push_recv_done(&mut self, c: Completion) {
+        self.recv_done.push_back(c);
+        self.announce_on(self.recv_cq);
+    }
+
+    /// Puts this queue pair on CQ `cq`'s ready list, once: a queue pair is
+    /// on a list at most once, so a list never holds more entries than
+    /// queue pairs (it was sized for them at attach, no allocation here).
+    fn announce_on(&mut self, cq: usize) {
+        let Some(a) = &self.announce else { return };
+        let (list, flag) = if cq == self.send_cq {
+            (&a.send, &mut self.announced[0])
+        } else {
+            (&a.recv, &mut self.announced[1])
+        };
+        if !*flag {
+            *flag = true;
+            list.push(Ready {
                 dev: a.dev,
                 qpn: self.qpn,
             });
         }
     }
 
-    /// [`push_send_done`](Self::push_send_done) for receives.
-    fn push_recv_done(&mut self, c: Completion) {
-        let first = self.recv_done.is_empty();
-        self.recv_done.push_back(c);
-        if let (true, Some(a)) = (first, &self.announce) {
-            a.recv.push(Ready {
-                dev: a.dev,
-                qpn: self.qpn,
-            });
+    /// CQ `cq` has taken every completion of this queue pair it holds:
+    /// the next one announces it again.
+    pub fn drained_on(&mut self, cq: usize) {
+        if cq == self.send_cq {
+            self.announced[0] = false;
+        }
+        if cq == self.recv_cq && cq != self.send_cq {
+            self.announced[1] = false;
         }
     }
 

@@ -41,6 +41,13 @@ impl ReadyList {
         lock(&self.q).pop_front()
     }
 
+    /// Makes room for `n` announcements in all (control path).
+    pub fn reserve(&self, n: usize) {
+        let mut q = lock(&self.q);
+        let more = n.saturating_sub(q.len());
+        q.reserve(more);
+    }
+
     pub fn len(&self) -> usize {
         lock(&self.q).len()
     }
