@@ -93,6 +93,9 @@ struct ProviderConns<P: PoolProvider> {
     /// `dirty`.
     dirty: Vec<usize>,
     queued: Vec<bool>,
+    /// The other list of indices (an iteration processes one while marks
+    /// go into the other).
+    spare: Vec<usize>,
     /// When the timers of `shared` are next looked at.
     next_sweep: engine::Instant,
     /// Completions of queue pairs not (yet) here, with when they came: a
@@ -115,6 +118,7 @@ impl<P: PoolProvider> ProviderConns<P> {
             cqs: Vec::with_capacity(1),
             dirty: Vec::with_capacity(hint),
             queued: Vec::with_capacity(hint),
+            spare: Vec::with_capacity(hint),
             next_sweep: engine::Instant(0),
             strays: VecDeque::new(),
         }
@@ -147,6 +151,11 @@ impl<P: PoolProvider> ProviderConns<P> {
         self.by_qp.insert(ep.qp_num(), i);
         self.shared.push(ep);
         self.queued.push(false);
+        // Every endpoint may be dirty at once: room for that is made here,
+        // at hand-off, not when the iteration marks them.
+        let n = self.shared.len();
+        self.dirty.reserve(n.saturating_sub(self.dirty.len()));
+        self.spare.reserve(n.saturating_sub(self.spare.len()));
         // Its first processing posts what the engine has queued.
         self.mark(i);
     }
@@ -498,7 +507,9 @@ impl Worker {
         }
         // The endpoints with something to do. Work that found no room in
         // a queue keeps its endpoint marked for the next iteration.
-        let mut dirty = std::mem::take(&mut pc.dirty);
+        // Work on this iteration's list; what gets marked meanwhile goes
+        // into the spare one (both sized at hand-off: no allocation).
+        let mut dirty = std::mem::replace(&mut pc.dirty, std::mem::take(&mut pc.spare));
         let mut k = 0;
         while k < dirty.len() {
             let i = dirty[k];
@@ -521,9 +532,7 @@ impl Worker {
             }
         }
         dirty.clear();
-        // Keep the list's capacity; what was marked meanwhile goes in.
-        dirty.append(&mut pc.dirty);
-        pc.dirty = dirty;
+        pc.spare = dirty;
         work
     }
 

@@ -317,9 +317,9 @@ impl ProtectionDomain<Shm> for ShmPd {
                 polls: 0,
             }),
         });
-        lock(&send_cq.inner.qps).all.push(shared.clone());
+        send_cq.inner.bind(&shared);
         if recv_cq.inner.id != send_cq.inner.id {
-            lock(&recv_cq.inner.qps).all.push(shared.clone());
+            recv_cq.inner.bind(&shared);
         }
         Ok(ShmPreparedQp { shared })
     }
@@ -333,6 +333,17 @@ struct CqInner {
     id: usize,
     depth: usize,
     qps: Mutex<CqQps>,
+}
+
+impl CqInner {
+    /// Lists `qp` with this CQ, with room set aside for it in the hot
+    /// list: a poll that makes a queue pair hot never allocates.
+    fn bind(&self, qp: &Arc<QpShared>) {
+        let mut st = lock(&self.qps);
+        st.all.push(qp.clone());
+        let more = st.all.len().saturating_sub(st.hot.len());
+        st.hot.reserve(more);
+    }
 }
 
 /// Polls a queue pair stays in its CQ's hot list after its last activity
