@@ -267,3 +267,67 @@ impl KeySlots {
         }
     }
 }
+
+/// Checks the key arithmetic of a window a software provider handed out
+/// (the providers' tests run it on real queue pairs): no tag gives rkey
+/// 0, every key keeps the window's fixed bits (its slot), the next key
+/// differs from the last, and a key with other fixed bits is not the
+/// window's.
+#[cfg(test)]
+pub(crate) fn check_window_keys(w: &Window) {
+    assert_eq!(w.mask(), !SLOT_BITS, "the tag is the upper 24 bits");
+    assert_eq!(w.fixed(), w.index(), "the slot is the fixed bits");
+    let tags = [0, 1, 0xff, 0x100, 0xdead_beef, u32::MAX, 0xffff_ff00];
+    for t in tags {
+        let k = w.rkey(t);
+        assert_ne!(k, 0, "tag {t:#x} of window {}", w.index());
+        assert_eq!(KeySlots::slot(k), w.index() as usize, "fixed bits kept");
+        assert!(w.owns(k));
+        let n = w.next_rkey(k);
+        assert_ne!(n, k);
+        assert_eq!(KeySlots::slot(n), w.index() as usize);
+        assert!(!w.owns(k ^ 1), "other fixed bits");
+    }
+    assert!(!w.owns(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_zero_never_gives_rkey_zero() {
+        let w = Window::new(0, 0, !SLOT_BITS);
+        assert_eq!(w.rkey(0), 0x100);
+        assert_eq!(w.rkey(0x100), 0x100);
+        check_window_keys(&w);
+    }
+
+    #[test]
+    fn hca_layout_keeps_the_index_bits() {
+        // ibverbs: the HCA's index in the upper 24 bits, our key byte low.
+        let w = Window::new(3, 0x0012_3400, 0xff);
+        assert_eq!(w.rkey(0xabcd_ef01), 0x0012_3401);
+        assert_eq!(w.next_rkey(0x0012_34ff), 0x0012_3400);
+        assert!(!w.owns(0x0012_3501));
+    }
+
+    #[test]
+    fn windows_and_exposures_share_the_slots() {
+        let mut t = KeySlots::new();
+        // Slot 0 with zero random bits would be rkey 0: drawn again.
+        let mut draws = [0x1234_5678, 0].into_iter().rev();
+        let k = t.expose(|| Ok(draws.next().unwrap())).unwrap();
+        assert_eq!(k, 0x1234_5600);
+        for i in 1..KEY_SLOTS {
+            let w = t.alloc_window().unwrap();
+            assert_eq!(w.index() as usize, i);
+            check_window_keys(&w);
+        }
+        assert!(matches!(t.alloc_window(), Err(VerbsError::Limit(_))));
+        assert!(matches!(t.expose(|| Ok(7 << 8)), Err(VerbsError::Limit(_))));
+        assert!(t.invalidate(k));
+        assert!(!t.invalidate(k), "once");
+        assert_eq!(t.alloc_window().unwrap().index(), 0);
+    }
+}
