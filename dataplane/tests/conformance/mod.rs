@@ -1402,6 +1402,21 @@ impl<P: Provider> Peer<P> {
         assert_eq!(c.opcode, WcOpcode::Bind);
     }
 
+    /// Binds `w` under `rkey` over `len` bytes at `WIN_OFF` of the `rdma`
+    /// region, waits for the bind, and sends the key out of band.
+    pub fn bind_and_send_key(&mut self, w: &Window, rkey: u32, len: u64, access: Access) {
+        let b = self.rdma_bind(w, rkey, WIN_OFF, len, access);
+        self.bind_ok(b);
+        self.oob.send(&key_str(b.remote_key()));
+    }
+
+    /// Waits for the peer's error to reach this QP, then checks that the
+    /// `rdma` region still holds `before`, every byte.
+    pub fn unchanged_at_error(&mut self, before: &[u8], what: &str) {
+        self.wait_error();
+        assert!(self.rdma_bytes() == before, "{what} changed the region");
+    }
+
     /// Posts a signaled local invalidate and waits for its completion.
     pub fn local_inv(&mut self, rkey: u32) {
         self.post(SendOp::LocalInv(rkey), SgeList::new(), true);
@@ -1424,6 +1439,16 @@ impl<P: Provider> Peer<P> {
     }
 }
 
+/// The active half's end after a work request that must fail with
+/// `status`: the status, the QP in error, then the usual end.
+fn end_with_error<P: Provider>(mut p: Peer<P>, c: Completion, status: WcStatus, what: &str) {
+    assert_eq!(c.status, status, "{what}");
+    assert_eq!(p.state(), QpState::Error);
+    drop(c);
+    join_peer(&mut p);
+    p.finish();
+}
+
 fn key_str(k: RemoteKey) -> String {
     format!("{} {} {}", k.addr, k.rkey, k.len)
 }
@@ -1440,8 +1465,7 @@ fn window_ro_target<P: Provider>(mut p: Peer<P>) {
     p.post(SendOp::Bind(b), SgeList::new(), false);
     p.send_bytes(SendOp::Send, key_str(b.remote_key()).as_bytes(), true);
     assert!(p.next_send().is_ok());
-    p.wait_error();
-    assert!(p.rdma_bytes() == before, "the region changed");
+    p.unchanged_at_error(&before, "the peer");
     p.passed();
 }
 
@@ -1462,15 +1486,12 @@ fn window_ro_key<P: Provider>(p: &mut Peer<P>) -> RemoteKey {
 fn window_read_only_active<P: Provider>(mut p: Peer<P>) {
     let key = window_ro_key(&mut p);
     let c = p.write(key.at(0), &[0xee; 16]);
-    assert_eq!(
-        c.status,
+    end_with_error(
+        p,
+        c,
         WcStatus::RemAccessErr,
-        "write through a read-only window"
+        "write through a read-only window",
     );
-    assert_eq!(p.state(), QpState::Error);
-    drop(c);
-    join_peer(&mut p);
-    p.finish();
 }
 
 /// Set by a provider's test file when its device checks a window's key
@@ -1482,28 +1503,21 @@ fn window_bounds_active<P: Provider>(mut p: Peer<P>) {
     let key = window_ro_key(&mut p);
     // The last byte is inside, the one after it is not.
     assert!(p.read(key.at(63), 1).is_ok());
-    let mut c = p.read(key.at(64), 1);
+    let c = p.read(key.at(64), 1);
     if c.is_ok() && WINDOW_RANGE_UNCHECKED.load(Ordering::Relaxed) {
         println!("known gap: this device bounds window accesses by the region");
         // Rights are checked: a write through the read-only window fails.
         drop(c);
-        c = p.write(key.at(0), &[0xee; 16]);
-        assert_eq!(
-            c.status,
+        let c = p.write(key.at(0), &[0xee; 16]);
+        end_with_error(
+            p,
+            c,
             WcStatus::RemAccessErr,
-            "write through a read-only window"
+            "write through a read-only window",
         );
     } else {
-        assert_eq!(
-            c.status,
-            WcStatus::RemAccessErr,
-            "read 1 byte past the window"
-        );
+        end_with_error(p, c, WcStatus::RemAccessErr, "read 1 byte past the window");
     }
-    assert_eq!(p.state(), QpState::Error);
-    drop(c);
-    join_peer(&mut p);
-    p.finish();
 }
 
 /// The hostile late Write: the peer writes through a window, the target
@@ -1513,10 +1527,7 @@ fn window_late_write_passive<P: Provider>(mut p: Peer<P>) {
     p.fill_rdma(12);
     let w = p.qp().alloc_window().unwrap();
     let rkey = w.rkey(WIN_TAG);
-    let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let b = p.rdma_bind(&w, rkey, WIN_OFF, 256, access);
-    p.bind_ok(b);
-    p.oob.send(&key_str(b.remote_key()));
+    p.bind_and_send_key(&w, rkey, 256, Access::REMOTE_WRITE | Access::REMOTE_READ);
     assert_eq!(p.oob.recv(), "written");
     let landed = p.rdma_bytes();
     let at = WIN_OFF as usize;
@@ -1527,11 +1538,7 @@ fn window_late_write_passive<P: Provider>(mut p: Peer<P>) {
     );
     p.local_inv(rkey);
     p.oob.send("invalidated");
-    p.wait_error();
-    assert!(
-        p.rdma_bytes() == landed,
-        "the late write changed the region"
-    );
+    p.unchanged_at_error(&landed, "the late write");
     p.passed();
 }
 
@@ -1541,11 +1548,7 @@ fn window_late_write_active<P: Provider>(mut p: Peer<P>) {
     p.oob.send("written");
     assert_eq!(p.oob.recv(), "invalidated");
     let c = p.write(key.at(0), &[0xee; 256]);
-    assert_eq!(c.status, WcStatus::RemAccessErr, "late write");
-    assert_eq!(p.state(), QpState::Error);
-    drop(c);
-    join_peer(&mut p);
-    p.finish();
+    end_with_error(p, c, WcStatus::RemAccessErr, "late write");
 }
 
 /// Send with Invalidate kills a window's key; the window is bound again
@@ -1554,11 +1557,7 @@ fn window_send_inv_passive<P: Provider>(mut p: Peer<P>) {
     p.fill_rdma(14);
     let w = p.qp().alloc_window().unwrap();
     let old = w.rkey(WIN_TAG);
-    let access = Access::REMOTE_WRITE;
-    p.bind_ok(p.rdma_bind(&w, old, WIN_OFF, 128, access));
-    p.oob.send(&key_str(
-        p.rdma_bind(&w, old, WIN_OFF, 128, access).remote_key(),
-    ));
+    p.bind_and_send_key(&w, old, 128, Access::REMOTE_WRITE);
     let c = p.next_recv();
     assert!(c.is_ok());
     assert_eq!(c.invalidated_rkey, Some(old));
@@ -1566,17 +1565,14 @@ fn window_send_inv_passive<P: Provider>(mut p: Peer<P>) {
     let new = w.next_rkey(old);
     assert_ne!(new, old);
     assert!(w.owns(new));
-    let b = p.rdma_bind(&w, new, WIN_OFF, 128, access);
-    p.bind_ok(b);
-    p.oob.send(&key_str(b.remote_key()));
+    p.bind_and_send_key(&w, new, 128, Access::REMOTE_WRITE);
     assert_eq!(p.oob.recv(), "second written");
     let now = p.rdma_bytes();
     let at = WIN_OFF as usize;
     assert_eq!(&now[at..at + 5], b"first");
     assert_eq!(&now[at + 8..at + 14], b"second");
     p.oob.send("checked");
-    p.wait_error();
-    assert!(p.rdma_bytes() == now, "a write with the old key landed");
+    p.unchanged_at_error(&now, "a write with the old key");
     p.passed();
 }
 
@@ -1591,26 +1587,20 @@ fn window_send_inv_active<P: Provider>(mut p: Peer<P>) {
     p.oob.send("second written");
     assert_eq!(p.oob.recv(), "checked");
     let c = p.write(old.at(0), b"stale!");
-    assert_eq!(
-        c.status,
+    end_with_error(
+        p,
+        c,
         WcStatus::RemAccessErr,
-        "write with the invalidated key"
+        "write with the invalidated key",
     );
-    drop(c);
-    join_peer(&mut p);
-    p.finish();
 }
 
 /// Posts `bad` (signaled) and expects `MwBindErr` and the error state.
 fn expect_bind_err<P: Provider>(mut p: Peer<P>, bad: BindWindow) {
     p.post(SendOp::Bind(bad), SgeList::new(), true);
     let c = p.next_send();
-    assert_eq!(c.status, WcStatus::MwBindErr, "{bad:?}");
     assert_eq!(c.opcode, WcOpcode::Bind);
-    assert_eq!(p.state(), QpState::Error);
-    drop(c);
-    join_peer(&mut p);
-    p.finish();
+    end_with_error(p, c, WcStatus::MwBindErr, &format!("{bad:?}"));
 }
 
 fn window_bind_while_bound_active<P: Provider>(mut p: Peer<P>) {

@@ -1026,6 +1026,29 @@ impl QpShared {
         Some(c)
     }
 
+    /// Allocates a type 2 window for `expose` or, `user`, for the
+    /// consumer's binds; returns its index. At most `MAX_WINDOWS`.
+    fn new_window(&self, ws: &mut Vec<MwSlot>, user: bool) -> Result<usize, VerbsError> {
+        if ws.len() >= MAX_WINDOWS {
+            return Err(VerbsError::Limit("256 memory windows on this QP"));
+        }
+        // SAFETY: valid PD.
+        let mw = unsafe { ibv_alloc_mw(self.pd.pd, ibv_mw_type::IBV_MW_TYPE_2) }
+            .unwrap_or(std::ptr::null_mut());
+        if mw.is_null() {
+            return Err(os_error("ibv_alloc_mw(type 2)"));
+        }
+        // SAFETY: freshly allocated window.
+        let rkey = unsafe { (*mw).rkey };
+        ws.push(MwSlot {
+            mw,
+            rkey,
+            state: WindowState::Free,
+            user,
+        });
+        Ok(ws.len() - 1)
+    }
+
     fn window_invalidated(&self, rkey: u32) {
         let mut ws = lock(&self.windows);
         if let Some(w) = ws
@@ -1652,26 +1675,7 @@ impl QueuePair<Ibverbs> for IbvQp {
                 .position(|w| !w.user && w.state == WindowState::Free)
             {
                 Some(w) => w,
-                None if ws.len() >= MAX_WINDOWS => {
-                    return Err(VerbsError::Limit("256 memory windows bound on this QP"))
-                }
-                None => {
-                    // SAFETY: valid PD.
-                    let mw = unsafe { ibv_alloc_mw(sh.pd.pd, ibv_mw_type::IBV_MW_TYPE_2) }
-                        .unwrap_or(std::ptr::null_mut());
-                    if mw.is_null() {
-                        return Err(os_error("ibv_alloc_mw(type 2)"));
-                    }
-                    // SAFETY: freshly allocated window.
-                    let rkey = unsafe { (*mw).rkey };
-                    ws.push(MwSlot {
-                        mw,
-                        rkey,
-                        state: WindowState::Free,
-                        user: false,
-                    });
-                    ws.len() - 1
-                }
+                None => sh.new_window(&mut ws, false)?,
             };
             let win = &mut ws[w];
             win.rkey = next_rkey(win.rkey);
@@ -1741,24 +1745,8 @@ impl QueuePair<Ibverbs> for IbvQp {
             return Err(VerbsError::NotConnected);
         }
         let mut ws = lock(&sh.windows);
-        if ws.len() >= MAX_WINDOWS {
-            return Err(VerbsError::Limit("256 memory windows on this QP"));
-        }
-        // SAFETY: valid PD.
-        let mw = unsafe { ibv_alloc_mw(sh.pd.pd, ibv_mw_type::IBV_MW_TYPE_2) }
-            .unwrap_or(std::ptr::null_mut());
-        if mw.is_null() {
-            return Err(os_error("ibv_alloc_mw(type 2)"));
-        }
-        // SAFETY: freshly allocated window.
-        let rkey = unsafe { (*mw).rkey };
-        ws.push(MwSlot {
-            mw,
-            rkey,
-            state: WindowState::Free,
-            user: true,
-        });
-        Ok(Window::new((ws.len() - 1) as u32, rkey & !0xff, 0xff))
+        let i = sh.new_window(&mut ws, true)?;
+        Ok(Window::new(i as u32, ws[i].rkey & !0xff, 0xff))
     }
 
     /// Sends a DREQ, moves the QP to ERR (everything flushes, in order,
