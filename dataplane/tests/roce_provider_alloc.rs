@@ -27,7 +27,7 @@ fn round(a: &mut Endpoint, b: &mut Endpoint, key: RemoteKey, data: &[u8]) {
     a.post(SendOp::Read(key.at(0)), &[], data.len() as u32);
     let c = wait(a, is_send);
     assert!(c.is_ok());
-    assert!(c.sgl.iter().next().unwrap().buf.data() == data);
+    assert!(c.sgl.iter().next().unwrap().buf.to_vec() == data);
 }
 
 #[test]
