@@ -26,7 +26,7 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, seed: u64) {
     assert!(wait(a, is_send).is_ok());
     let c = wait(b, |c| !is_send(c));
     assert!(c.is_ok());
-    assert!(c.sgl.iter().next().unwrap().buf.to_vec() == &data[..]);
+    assert!(c.sgl.iter().next().unwrap().buf.to_vec() == data[..]);
     drop(c);
     a.post(SendOp::Write(key.at(0)), &data, 0);
     assert!(wait(a, is_send).is_ok());
@@ -35,7 +35,7 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, seed: u64) {
     a.post(SendOp::Read(key.at(0)), &[], data.len() as u32);
     let c = wait(a, is_send);
     assert!(c.is_ok());
-    assert!(c.sgl.iter().next().unwrap().buf.to_vec() == &data[..]);
+    assert!(c.sgl.iter().next().unwrap().buf.to_vec() == data[..]);
 }
 
 fn hostile_datagrams(qpns: &[u32]) -> Vec<Vec<u8>> {

@@ -34,7 +34,7 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, rounds: u64) {
             assert_eq!(c.status, WcStatus::Success);
             assert_eq!(c.byte_len as usize, len);
             let got = c.sgl.iter().next().unwrap().buf.to_vec();
-            assert!(got == &pattern(seed, len)[..], "send bytes {len}");
+            assert!(got == pattern(seed, len)[..], "send bytes {len}");
             drop(c);
 
             // RDMA Write with immediate for odd sizes, plain Write else.
@@ -64,7 +64,7 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, rounds: u64) {
             assert_eq!(c.opcode, WcOpcode::RdmaRead);
             assert_eq!(c.byte_len as usize, len);
             let got = c.sgl.iter().next().unwrap().buf.to_vec();
-            assert!(got == &data[..], "read bytes {len}");
+            assert!(got == data[..], "read bytes {len}");
         }
     }
 }

@@ -13,6 +13,8 @@
 //!   hands it back. Dropping a handle returns the buffer to its slab, so
 //!   pool counts return to their totals when everything is closed.
 //! * [`WrId`]: a typed work-request id (kind, slab index, generation).
+//! * [`PeerBytes`], [`copy_out`], [`copy_in`]: how memory a peer can
+//!   touch is read and written (copies, never a Rust slice).
 //!
 //! This module does not import `wire` or any provider.
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -24,6 +26,9 @@ use crossbeam_queue::ArrayQueue;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+
+mod peer;
+pub use peer::{copy_in, copy_out, PeerBytes};
 
 /// Size of a hugepage on x86-64 / aarch64 Linux (the only size we use).
 pub const HUGEPAGE_SIZE: usize = 2 << 20;
@@ -716,13 +721,7 @@ impl Buf {
         // SAFETY: `offset..end` lies inside this buffer (checked above),
         // which lies inside the live arena; `dst` is our own memory and
         // cannot overlap registered memory handed out as a `Buf`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base_ptr().add(offset as usize),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
-        }
+        unsafe { copy_out(self.base_ptr().add(offset as usize), dst) };
         true
     }
     /// Copies `src` to `offset` of the buffer (the valid length is not
@@ -737,13 +736,7 @@ impl Buf {
         }
         // SAFETY: as in `read`; `&mut self` makes this handle the only
         // writer of these bytes in this process.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.base_ptr().add(offset as usize),
-                src.len(),
-            );
-        }
+        unsafe { copy_in(src, self.base_ptr().add(offset as usize)) };
         true
     }
     /// A copy of the valid bytes (empty for a region lease). For tests and
