@@ -36,11 +36,12 @@
 
 use std::time::{Duration, Instant};
 
-use dataplane::service::bench::{decode_data_reply, decode_void_reply, Args};
+use dataplane::mem::PeerBytes;
+use dataplane::service::bench::{decode_data_reply, decode_ddp_reply, decode_void_reply, Args};
 
 use crate::spec::{
-    fnv1a64, new_histogram, record_latency, BenchError, CheckReport, Idle, LatencySummary, Op,
-    RunResult, RunSpec, Transport,
+    fnv1a64, fnv1a64_more, new_histogram, record_latency, BenchError, CheckReport, Idle,
+    LatencySummary, Op, RunResult, RunSpec, Transport, FNV1A64_START,
 };
 use crate::tirpc::CpuTimes;
 
@@ -50,8 +51,9 @@ pub struct Reply<'a> {
     /// The RPC reply message (RFC 5531), as received inline.
     pub message: &'a [u8],
     /// The result's bytes when they were placed directly (an RDMA write
-    /// chunk); the message then carries only the length word.
-    pub ddp: Option<&'a [u8]>,
+    /// chunk); the message then carries only the length word. A view to
+    /// copy from: the server wrote those bytes and could again.
+    pub ddp: Option<PeerBytes<'a>>,
 }
 
 /// The client side of one transport, driven by [`drive`]. See the module
@@ -174,13 +176,36 @@ fn check_reply(op: Op, size: u32, reply: Reply<'_>, hash: bool) -> Result<u64, S
             .map(|()| 0)
             .map_err(|e| e.to_string()),
         Op::Echo | Op::Read => {
-            let data = decode_data_reply(reply.message, reply.ddp).map_err(|e| e.to_string())?;
-            if data.len() != size as usize {
-                return Err(format!("{} result bytes, not {size}", data.len()));
+            let (len, h) = match reply.ddp {
+                Some(ddp) => {
+                    decode_ddp_reply(reply.message, ddp.len()).map_err(|e| e.to_string())?;
+                    (ddp.len(), if hash { fnv1a64_peer(&ddp) } else { 0 })
+                }
+                None => {
+                    let data = decode_data_reply(reply.message, None).map_err(|e| e.to_string())?;
+                    (data.len(), if hash { fnv1a64(data) } else { 0 })
+                }
+            };
+            if len != size as usize {
+                return Err(format!("{len} result bytes, not {size}"));
             }
-            Ok(if hash { fnv1a64(data) } else { 0 })
+            Ok(h)
         }
     }
+}
+
+/// FNV-1a of bytes the peer placed, copied out a page at a time.
+fn fnv1a64_peer(data: &PeerBytes<'_>) -> u64 {
+    let mut piece = [0u8; 4096];
+    let mut h = FNV1A64_START;
+    let mut at = 0;
+    while at < data.len() {
+        let n = (data.len() - at).min(piece.len());
+        data.read(at, &mut piece[..n]);
+        h = fnv1a64_more(h, &piece[..n]);
+        at += n;
+    }
+    h
 }
 
 /// Runs `spec` on `driver`: `spec.warmup_calls` unmeasured calls, then

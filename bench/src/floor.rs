@@ -263,7 +263,7 @@ fn setup(url: &str, listener: Option<&dataplane::verbs::shm::ShmListener>) -> Si
     let recv = Slab::new(recv_arena, 0, 4096, 256, mr_recv.lkey(), WrKind::Recv).unwrap();
     let target_slab = Slab::new(target_arena, 0, 4096, 1, mr_target.lkey(), WrKind::Chunk).unwrap();
     let mut target = target_slab.alloc().unwrap();
-    target.as_mut_slice().fill(0);
+    target.write(0, &[0u8; 4096]);
     let caps = QpCaps {
         rnr_retry: 7,
         ..QpCaps::default()
@@ -302,7 +302,7 @@ fn setup(url: &str, listener: Option<&dataplane::verbs::shm::ShmListener>) -> Si
     m[12..20].copy_from_slice(&key.len.to_le_bytes());
     side.send(SendOp::Send, &m, false);
     let c = side.poll_until(WcOpcode::Recv);
-    let d = c.sgl.iter().next().unwrap().buf.data();
+    let d = c.sgl.iter().next().unwrap().buf.to_vec();
     side.peer = RemoteKey {
         addr: u64::from_le_bytes(d[..8].try_into().unwrap()),
         rkey: u32::from_le_bytes(d[8..12].try_into().unwrap()),

@@ -285,6 +285,10 @@ pub struct RdmaDriver<P: PoolProvider> {
     keep: bool,
     /// Shape of the connection prepared last: (op, size, depth, idle).
     prepared: Option<(Op, u32, u32, Idle)>,
+    /// The reply message being checked, copied out of the reply buffer
+    /// (the server writes that buffer, so it is never a slice); sized at
+    /// prepare, so the copy never allocates.
+    reply_copy: Vec<u8>,
 }
 
 /// Limits of a connection that makes one NULL call and then idles (the
@@ -377,6 +381,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
             lean: false,
             keep: false,
             prepared: None,
+            reply_copy: Vec::new(),
         }
     }
 
@@ -551,6 +556,8 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             None
         };
         self.loaded = vec![None; depth as usize];
+        let max_reply = client.endpoint().connection().config().max_reply_size;
+        self.reply_copy = Vec::with_capacity(max_reply as usize);
         self.client = Some(client);
         self.slots = vec![None; depth as usize];
         self.in_flight = 0;
@@ -598,9 +605,8 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 let loaded = &mut self.loaded[slot as usize];
                 if *loaded != have {
                     client
-                        .region_mut(key, source.offset, source.len)
-                        .map_err(|e| fail(e.to_string()))?
-                        .copy_from_slice(data);
+                        .write_region(key, source.offset, data)
+                        .map_err(|e| fail(e.to_string()))?;
                     *loaded = have;
                 }
                 client
@@ -650,9 +656,18 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             finished += 1;
             match outcome {
                 CallOutcome::Reply { .. } => {
-                    let message = client.reply(handle).unwrap_or(&[]);
+                    self.reply_copy.clear();
+                    if let Some(m) = client.reply(handle) {
+                        m.append_to(&mut self.reply_copy);
+                    }
                     let ddp = client.ddp(handle);
-                    done(slot as u32, Reply { message, ddp });
+                    done(
+                        slot as u32,
+                        Reply {
+                            message: &self.reply_copy,
+                            ddp,
+                        },
+                    );
                     client.release(handle);
                 }
                 CallOutcome::Failed(f) => {

@@ -191,9 +191,16 @@ impl CpuReport {
 /// FNV-1a, 64 bits: the reply hash of a checked run (the C client's
 /// `--check` computes the same).
 pub fn fnv1a64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    fnv1a64_more(FNV1A64_START, data)
+}
+
+/// The FNV-1a state before any byte.
+pub const FNV1A64_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `data` continued from state `h` (for data read in pieces).
+pub fn fnv1a64_more(h: u64, data: &[u8]) -> u64 {
+    data.iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The hash of `size` SOURCE pattern bytes: what every checked READ or

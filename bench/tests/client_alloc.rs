@@ -20,7 +20,9 @@ use bench::driver::{drive, Reply, RpcDriver};
 use bench::rdma::RdmaDriver;
 use bench::tcp::TcpDriver;
 use bench::transport::{Op, OpenOptions, RunSpec};
-use dataplane::service::bench::{decode_data_reply, decode_void_reply, fill_pattern, Args};
+use dataplane::service::bench::{
+    decode_data_reply, decode_ddp_reply, decode_void_reply, fill_pattern, Args,
+};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 
@@ -63,9 +65,14 @@ fn run_calls<D: RpcDriver>(d: &mut D, spec: &RunSpec, data: &[u8], calls: u32) -
             finished += 1;
             let ok = match spec.op {
                 Op::Null | Op::Write => decode_void_reply(r.message).is_ok(),
-                Op::Echo | Op::Read => {
-                    decode_data_reply(r.message, r.ddp).is_ok_and(|b| b.len() == spec.size as usize)
-                }
+                Op::Echo | Op::Read => match r.ddp {
+                    Some(ddp) => {
+                        ddp.len() == spec.size as usize
+                            && decode_ddp_reply(r.message, ddp.len()).is_ok()
+                    }
+                    None => decode_data_reply(r.message, None)
+                        .is_ok_and(|b| b.len() == spec.size as usize),
+                },
             };
             good += u32::from(ok);
             free.push(slot);

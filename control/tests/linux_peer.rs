@@ -228,8 +228,9 @@ impl Nfs {
             CallOutcome::Reply { .. } => {}
             CallOutcome::Failed(f) => panic!("NFSv{vers} procedure {proc_} failed: {f:?}"),
         }
-        let reply = self.client.reply(h).unwrap();
-        let out = check(results(reply, sent_xid), self.client.ddp(h));
+        let reply = self.client.reply(h).map(|b| b.to_vec()).unwrap();
+        let ddp = self.client.ddp(h).map(|b| b.to_vec());
+        let out = check(results(&reply, sent_xid), ddp.as_deref());
         assert!(self.client.release(h));
         out
     }

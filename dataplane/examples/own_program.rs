@@ -125,7 +125,8 @@ pub struct Returned {
 
 /// One call and its decoded opaque result. A result that came by RDMA
 /// Write is in `client.ddp(call)`; the inline reply then holds only its
-/// length word (RFC 8166 s3.4.5).
+/// length word (RFC 8166 s3.4.5). The client hands out views of memory
+/// the server wrote, never slices: both are copied out before decoding.
 fn call(
     client: &mut Client<Shm>,
     procedure: u32,
@@ -139,8 +140,8 @@ fn call(
         CallOutcome::Reply { .. } => {}
         CallOutcome::Failed(f) => return Err(format!("call failed: {f:?}")),
     }
-    let message = client.reply(handle).ok_or("no reply")?;
-    let (_, header_len) = ReplyHeader::parse(message).map_err(|e| format!("reply: {e}"))?;
+    let message = client.reply(handle).ok_or("no reply")?.to_vec();
+    let (_, header_len) = ReplyHeader::parse(&message).map_err(|e| format!("reply: {e}"))?;
     let result = match client.ddp(handle) {
         Some(placed) => Returned {
             data: placed.to_vec(),

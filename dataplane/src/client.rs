@@ -24,6 +24,7 @@ use crate::engine::{
     self, decode_conf_rdma_reply, encode_conf_rdma_call, AppChunks, CallFailure, CallHandle,
     DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
 };
+use crate::mem::PeerBytes;
 use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, Context, Provider, VerbsError};
 use crate::wire::conf::ConfigRdmaReply;
@@ -313,7 +314,7 @@ impl<P: Provider> Client<P> {
             CallOutcome::Reply { .. } => {
                 let decoded = self
                     .reply(call)
-                    .map(decode_conf_rdma_reply)
+                    .map(|r| decode_conf_rdma_reply(&r.to_vec()))
                     .ok_or_else(|| ClientError::ConfRdma("reply vanished".into()));
                 self.release(call);
                 let r = decoded?.map_err(|e| ClientError::ConfRdma(e.to_string()))?;
@@ -498,38 +499,50 @@ impl<P: Provider> Client<P> {
         })
     }
 
-    /// Reads `len` bytes at `offset` of a registered region.
+    /// `len` bytes at `offset` of a registered region, as a view to copy
+    /// from (the server may write registered memory, so it is never a
+    /// slice: `mem::PeerBytes`).
     ///
     /// # Errors
     /// [`ClientError::BadKey`], [`ClientError::OutOfRange`];
     /// [`ClientError::InFlight`] while the server may still write the
     /// range (a directed operation's target).
-    pub fn region(&self, key: MemKey, offset: u32, len: u32) -> Result<&[u8], ClientError> {
+    pub fn region(&self, key: MemKey, offset: u32, len: u32) -> Result<PeerBytes<'_>, ClientError> {
         let Span { start, len, .. } = self.absolute(key, offset, len)?;
         if let Some(op) = self.busy((start, len), false) {
             return Err(ClientError::InFlight(op));
         }
-        let a = start as usize;
-        Ok(&self.ep.connection().app_memory()[a..a + len as usize])
+        Ok(self
+            .ep
+            .connection()
+            .app_memory()
+            .sub(start as usize, len as usize)
+            .unwrap_or(PeerBytes::empty()))
     }
 
-    /// Writes into `len` bytes at `offset` of a registered region.
+    /// Copies `data` into a registered region at `offset`.
     ///
     /// # Errors
-    /// As [`Client::region`], and [`ClientError::InFlight`] also while the
-    /// server may still read the range (a directed operation's source).
-    pub fn region_mut(
+    /// As [`Client::region`] (for `data.len()` bytes), and
+    /// [`ClientError::InFlight`] also while the server may still read the
+    /// range (a directed operation's source).
+    pub fn write_region(
         &mut self,
         key: MemKey,
         offset: u32,
-        len: u32,
-    ) -> Result<&mut [u8], ClientError> {
-        let Span { start, len, .. } = self.absolute(key, offset, len)?;
+        data: &[u8],
+    ) -> Result<(), ClientError> {
+        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let Span { start, len, .. } = self.absolute(key, offset, n)?;
         if let Some(op) = self.busy((start, len), true) {
             return Err(ClientError::InFlight(op));
         }
-        let a = start as usize;
-        Ok(&mut self.ep.connection_mut().app_memory_mut()[a..a + len as usize])
+        // Inside the application memory: `absolute` checked the range.
+        let _ = self
+            .ep
+            .connection_mut()
+            .write_app_memory(start as usize, data);
+        Ok(())
     }
 
     /// Queues a directed operation: a call whose DDP-eligible argument
@@ -741,13 +754,15 @@ impl<P: Provider> Client<P> {
         }
     }
 
-    /// The reply message of a finished call.
-    pub fn reply(&self, call: CallHandle) -> Option<&[u8]> {
+    /// The reply message of a finished call, as a view to copy from
+    /// (`mem::PeerBytes`: the server wrote it, and could again).
+    pub fn reply(&self, call: CallHandle) -> Option<PeerBytes<'_>> {
         self.ep.connection().reply_message(call)
     }
 
-    /// The DDP result the server wrote into the call's write chunk.
-    pub fn ddp(&self, call: CallHandle) -> Option<&[u8]> {
+    /// The DDP result the server wrote into the call's write chunk (a
+    /// view, as [`Client::reply`]).
+    pub fn ddp(&self, call: CallHandle) -> Option<PeerBytes<'_>> {
         self.ep.connection().reply_ddp(call)
     }
 

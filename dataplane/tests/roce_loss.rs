@@ -33,8 +33,8 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, rounds: u64) {
             let c = wait(b, |c| !is_send(c));
             assert_eq!(c.status, WcStatus::Success);
             assert_eq!(c.byte_len as usize, len);
-            let got = c.sgl.iter().next().unwrap().buf.data();
-            assert!(got == &pattern(seed, len)[..], "send bytes {len}");
+            let got = c.sgl.iter().next().unwrap().buf.to_vec();
+            assert!(got == pattern(seed, len)[..], "send bytes {len}");
             drop(c);
 
             // RDMA Write with immediate for odd sizes, plain Write else.
@@ -51,18 +51,20 @@ fn exchange(a: &mut Endpoint, b: &mut Endpoint, rounds: u64) {
                 let c = wait(b, |c| c.opcode == WcOpcode::RecvRdmaWithImm);
                 assert_eq!(c.byte_len as usize, len);
             }
-            assert!(b.rdma().data()[..len] == data[..], "write bytes {len}");
+            let mut landed = vec![0u8; len];
+            assert!(b.rdma().read(0, &mut landed));
+            assert!(landed == data, "write bytes {len}");
 
             // RDMA Read.
             let data = pattern(seed + 20_000, len);
-            b.rdma().as_mut_slice()[..len].copy_from_slice(&data);
+            assert!(b.rdma().write(0, &data));
             a.post(SendOp::Read(key.at(0)), &[], len as u32);
             let c = wait(a, is_send);
             assert_eq!(c.status, WcStatus::Success, "read {len}");
             assert_eq!(c.opcode, WcOpcode::RdmaRead);
             assert_eq!(c.byte_len as usize, len);
-            let got = c.sgl.iter().next().unwrap().buf.data();
-            assert!(got == &data[..], "read bytes {len}");
+            let got = c.sgl.iter().next().unwrap().buf.to_vec();
+            assert!(got == data[..], "read bytes {len}");
         }
     }
 }

@@ -30,7 +30,7 @@ fn null<P: PoolProvider>(client: &mut Client<P>) {
         .expect("call");
     let outcome = client.wait(call).expect("reply");
     assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
-    bench::decode_void_reply(client.reply(call).unwrap()).expect("void reply");
+    bench::decode_void_reply(&client.reply(call).map(|b| b.to_vec()).unwrap()).expect("void reply");
     assert!(client.release(call));
 }
 

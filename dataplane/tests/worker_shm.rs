@@ -29,7 +29,8 @@ fn null_call_round_trips() {
             panic!("NULL failed");
         };
         assert_eq!((len, ddp_len), (24, None));
-        let (h, hl) = ReplyHeader::parse(client.reply(call).unwrap()).unwrap();
+        let reply = client.reply(call).map(|b| b.to_vec()).unwrap();
+        let (h, hl) = ReplyHeader::parse(&reply).unwrap();
         assert_eq!(hl, 24);
         assert!(matches!(
             h.body,
@@ -127,8 +128,8 @@ fn source_and_sink_with_ddp() {
             panic!("SOURCE {n} failed");
         };
         let data = match ddp_len {
-            Some(_) => client.ddp(call).unwrap().to_vec(),
-            None => decode_opaque_reply(client.reply(call).unwrap()),
+            Some(_) => client.ddp(call).map(|b| b.to_vec()).unwrap().to_vec(),
+            None => decode_opaque_reply(&client.reply(call).map(|b| b.to_vec()).unwrap()),
         };
         assert_eq!(data.len(), n as usize);
         assert!(data
@@ -151,7 +152,10 @@ fn source_and_sink_with_ddp() {
             CallOutcome::Reply { .. }
         ));
         // SINK returns void.
-        dataplane::service::bench::decode_void_reply(client.reply(call).unwrap()).unwrap();
+        dataplane::service::bench::decode_void_reply(
+            &client.reply(call).map(|b| b.to_vec()).unwrap(),
+        )
+        .unwrap();
         assert!(client.release(call));
     }
     let client_reads = client.endpoint().counters().rdma_reads;
@@ -232,8 +236,10 @@ fn sixty_four_concurrent_clients() {
                             panic!("client {t} call failed");
                         };
                         let back = match ddp_len {
-                            Some(_) => client.ddp(call).unwrap().to_vec(),
-                            None => decode_opaque_reply(client.reply(call).unwrap()),
+                            Some(_) => client.ddp(call).map(|b| b.to_vec()).unwrap().to_vec(),
+                            None => decode_opaque_reply(
+                                &client.reply(call).map(|b| b.to_vec()).unwrap(),
+                            ),
                         };
                         assert!(back == *p, "client {t}: echo differs");
                         assert!(client.release(call));
@@ -423,7 +429,7 @@ fn tiny_send_queue_work_waits_in_the_backlog() {
                 panic!("call failed");
             };
             assert_eq!(ddp_len, Some(p.len() as u32));
-            assert!(client.ddp(call).unwrap() == &p[..]);
+            assert!(client.ddp(call).map(|b| b.to_vec()).unwrap() == p[..]);
             assert!(client.release(call));
         }
     }

@@ -6,7 +6,7 @@
 //! (serve.rs) and on a Linux guest's RDMA device (linux_peer.rs).
 
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
-use dataplane::engine::{self, DdpItem};
+use dataplane::engine::{self, CallHandle, DdpItem};
 use dataplane::service::bench::{self, Args};
 use dataplane::verbs::Provider;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
@@ -110,7 +110,8 @@ pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: EchoPath) ->
             }
         }
     }
-    let got = bench::decode_data_reply(client.reply(call).unwrap(), client.ddp(call))
+    let (message, ddp) = reply_copies(client, call);
+    let got = bench::decode_data_reply(&message, ddp.as_deref())
         .unwrap_or_else(|e| panic!("echo {} via {path:?}: {e}", data.len()));
     assert!(
         got == data,
@@ -119,6 +120,16 @@ pub fn echo<P: Provider>(client: &mut Client<P>, data: &[u8], path: EchoPath) ->
     );
     assert!(client.release(call));
     used
+}
+
+/// Copies of a finished call's reply message and DDP result (the client
+/// hands out views of memory the server wrote, never slices).
+pub fn reply_copies<P: Provider>(
+    client: &Client<P>,
+    call: CallHandle,
+) -> (Vec<u8>, Option<Vec<u8>>) {
+    let message = client.reply(call).expect("reply message").to_vec();
+    (message, client.ddp(call).map(|d| d.to_vec()))
 }
 
 /// A call of the bench program, every result byte decoded; returns the
@@ -149,12 +160,13 @@ pub fn call_with_xid<P: Provider>(
     let CallOutcome::Reply { .. } = client.wait(call).expect("reply") else {
         panic!("{args:?} failed");
     };
+    let (message, ddp) = reply_copies(client, call);
     let out = match args {
         Args::Null | Args::Sink(_) => {
-            bench::decode_void_reply(client.reply(call).unwrap()).expect("void reply");
+            bench::decode_void_reply(&message).expect("void reply");
             Vec::new()
         }
-        _ => bench::decode_data_reply(client.reply(call).unwrap(), client.ddp(call))
+        _ => bench::decode_data_reply(&message, ddp.as_deref())
             .expect("data reply")
             .to_vec(),
     };

@@ -1,31 +1,43 @@
-//! The engine's memory: one slab allocated at construction, cut into
+//! The engine's memory: two regions allocated at construction, cut into
 //! fixed buffers named by [`BufId`].
 //!
-//! Why one slab owned by the engine: it is the simplest design that
+//! Why fixed buffers owned by the engine: it is the simplest design that
 //! allocates nothing per RPC, lets the worker register the memory once
-//! (one memory region over [`BufferTable::slab`]; a buffer's address is the
-//! region's base plus [`BufferTable::slab_offset`]), and keeps a buffer out
-//! of reuse while a work request that names it is posted: the engine's
-//! request slots, not the caller, decide when a buffer is free, and they
-//! only do so when the completion for its [`super::WrId`] arrived.
+//! (one memory region per region; a buffer's address is the region's base
+//! plus [`BufferTable::slab_offset`]), and keeps a buffer out of reuse
+//! while a work request that names it is posted: the engine's request
+//! slots, not the caller, decide when a buffer is free, and they only do
+//! so when the completion for its [`super::WrId`] arrived.
+//!
+//! Why two regions ([`Memory`]): a peer may write some buffers at any
+//! moment (receive buffers; the requester's reply, write-chunk and
+//! application buffers, which the peer RDMA-Writes), and with `shm` it has
+//! them mapped. Those live in [`Memory::Peer`], a [`PeerMemory`] the engine
+//! reaches only through copies ([`BufferTable::read`],
+//! [`BufferTable::write`], [`BufferTable::copy`], [`PeerBytes`]); a
+//! received header is copied out once before it is parsed. Everything
+//! else (Send buffers, the responder's call and reply assembly, the
+//! requester's call) lives in [`Memory::Private`], a [`SlabMemory`] that
+//! only this process writes, where slices are sound: the provider touches
+//! those bytes only while a work request owns them, and peers at most
+//! read them.
 //!
 //! Remote access: a buffer the engine advertises in a chunk list carries an
 //! rkey and an address ([`BufferTable::remote_key`]); the worker installs
 //! real ones with [`BufferTable::set_remote_key`] after registering. The
 //! engine marks a buffer exposed ([`Access`]) only while an exchange needs
 //! it; [`BufferTable::resolve`] is the check a provider (or the test
-//! harness) applies to a peer's RDMA Read or Write. On real hardware the
-//! exposure maps to registering/invalidating a per-buffer memory window or
-//! FRWR (see `docs/ENGINE.md`).
+//! harness) applies to a peer's RDMA Read or Write.
 
+use crate::mem::{copy_in, copy_out, PeerBytes};
 use crate::wire::rpcrdma::Segment;
 
-/// Memory the engine cuts its buffers from: any byte region that lives as
-/// long as the connection. [`super::Connection::new`] uses a private
+/// Memory only this process writes: any byte region that lives as long as
+/// the connection. [`super::Connection::new`] uses a private
 /// `Box<[u8]>`; [`super::Connection::with_memory`] takes another, e.g. a
-/// registered, shareable (memfd) region from the `mem` arena, so
-/// that a provider can reach the buffers one-sidedly. The engine never
-/// resizes it and reads or writes only inside the ranges of its buffers.
+/// registered arena that peers can at most read, so that a provider can
+/// reach the buffers one-sidedly. The engine never resizes it and reads or
+/// writes only inside the ranges of its buffers.
 pub trait SlabMemory: core::fmt::Debug + Send {
     /// The whole region.
     fn bytes(&self) -> &[u8];
@@ -53,6 +65,93 @@ impl SlabMemory for Vec<u8> {
     }
 }
 
+/// Memory a peer may write at any moment (module docs): only a base
+/// pointer and a length, never a slice.
+///
+/// # Safety
+/// `as_ptr()..as_ptr() + len()` must stay mapped and writable for as long
+/// as the value lives, and no Rust reference to those bytes may exist in
+/// this process.
+pub unsafe trait PeerMemory: core::fmt::Debug + Send {
+    /// First byte.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the length is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// [`PeerMemory`] on the heap, for an engine without a provider (tests,
+/// the fuzzer): zeroed, and held only as a raw pointer.
+pub struct HeapPeerMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain memory reached through raw pointers by its one owner.
+unsafe impl Send for HeapPeerMemory {}
+
+impl HeapPeerMemory {
+    /// `len` zeroed bytes, or `None` if they cannot be had.
+    pub fn new(len: usize) -> Option<HeapPeerMemory> {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len).ok()?;
+        v.resize(len, 0);
+        let b = v.into_boxed_slice();
+        let len = b.len();
+        Some(HeapPeerMemory {
+            ptr: Box::into_raw(b).cast::<u8>(),
+            len,
+        })
+    }
+}
+
+impl core::fmt::Debug for HeapPeerMemory {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HeapPeerMemory")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for HeapPeerMemory {
+    fn drop(&mut self) {
+        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+// SAFETY: the allocation lives until drop and is never referenced.
+unsafe impl PeerMemory for HeapPeerMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Which region a buffer lives in (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Only this process writes it; peers may at most read it.
+    Private,
+    /// A peer may write it at any moment; reached only by copies.
+    Peer,
+}
+
+/// Bytes each region needs (what [`super::Connection::with_memory`]
+/// wants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryLen {
+    /// Bytes of [`Memory::Private`].
+    pub private: usize,
+    /// Bytes of [`Memory::Peer`].
+    pub peer: usize,
+}
+
 /// Index of a buffer in a [`BufferTable`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufId(pub u32);
@@ -74,12 +173,20 @@ pub struct LocalSlice {
 pub enum BufClass {
     /// A receive buffer (the local inline receive size).
     Recv,
+    /// The private copy a received message is parsed from (one per
+    /// connection, the inline receive size).
+    RecvCopy,
     /// The Send buffer of a request slot (header plus inline message).
     Send,
     /// The Send buffer of an RDMA_ERROR reply.
     Error,
-    /// A whole RPC message: the call of a slot, or its reply.
+    /// A whole RPC message the engine assembles or sends: the call of a
+    /// requester slot, the call and the reply of a responder slot.
     Message,
+    /// The requester's buffer for a reply: the peer writes it (reply
+    /// chunk), or we pull it (responder-provided read chunk), or the
+    /// inline reply is copied into it.
+    Reply,
     /// The destination of a DDP-eligible reply item (write chunk target).
     Ddp,
     /// The application memory ([`super::Config::app_memory`]), or a view:
@@ -87,6 +194,19 @@ pub enum BufClass {
     /// ([`BufferTable::retarget`]), so that each call has its own exposure
     /// window.
     App,
+}
+
+impl BufClass {
+    /// The region buffers of this class live in: those a peer writes are
+    /// in [`Memory::Peer`].
+    pub fn memory(self) -> Memory {
+        match self {
+            BufClass::Recv | BufClass::Reply | BufClass::Ddp | BufClass::App => Memory::Peer,
+            BufClass::RecvCopy | BufClass::Send | BufClass::Error | BufClass::Message => {
+                Memory::Private
+            }
+        }
+    }
 }
 
 /// What a peer may currently do to a buffer.
@@ -102,6 +222,7 @@ pub enum Access {
 
 #[derive(Debug, Clone, Copy)]
 struct Desc {
+    /// Offset in the buffer's region.
     start: usize,
     len: u32,
     class: BufClass,
@@ -112,10 +233,17 @@ struct Desc {
     window: (u32, u32),
 }
 
-/// The engine's buffers: one slab ([`SlabMemory`]) and a descriptor per
+impl Desc {
+    fn memory(&self) -> Memory {
+        self.class.memory()
+    }
+}
+
+/// The engine's buffers: two regions (module docs) and a descriptor per
 /// buffer. Built once by [`super::Connection::new`]; never grows.
 pub struct BufferTable {
-    slab: Box<dyn SlabMemory>,
+    private: Box<dyn SlabMemory>,
+    peer: Box<dyn PeerMemory>,
     descs: Vec<Desc>,
 }
 
@@ -123,27 +251,34 @@ impl core::fmt::Debug for BufferTable {
     // Not the bytes: a slab is megabytes.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("BufferTable")
-            .field("slab_len", &self.slab.bytes().len())
+            .field("private_len", &self.private.bytes().len())
+            .field("peer_len", &self.peer.len())
             .field("buffers", &self.descs.len())
             .field("exposed", &self.exposed_count())
             .finish()
     }
 }
 
-/// Builds a [`BufferTable`]: add buffers, then `build` allocates the slab.
+/// Builds a [`BufferTable`]: add buffers, then `build` allocates the
+/// regions.
 #[derive(Debug, Default)]
 pub(crate) struct BufferTableBuilder {
     descs: Vec<Desc>,
-    total: usize,
+    total: MemoryLen,
 }
 
 impl BufferTableBuilder {
     /// Adds one buffer of `len` bytes; returns its id. Buffers start at
-    /// 64-byte boundaries of the slab (cache lines; any registration
+    /// 64-byte boundaries of their region (cache lines; any registration
     /// alignment beyond that is the worker's business).
     pub(crate) fn add(&mut self, class: BufClass, len: u32) -> BufId {
         let id = BufId(self.descs.len() as u32);
-        let start = self.total.next_multiple_of(64);
+        let total = match class.memory() {
+            Memory::Private => &mut self.total.private,
+            Memory::Peer => &mut self.total.peer,
+        };
+        let start = total.next_multiple_of(64);
+        *total = start + len as usize;
         self.descs.push(Desc {
             start,
             len,
@@ -155,30 +290,35 @@ impl BufferTableBuilder {
             access: Access::None,
             window: (0, 0),
         });
-        self.total = start + len as usize;
         id
     }
 
-    /// Bytes of slab the buffers added so far need.
-    pub(crate) fn total(&self) -> usize {
+    /// Bytes of each region the buffers added so far need.
+    pub(crate) fn total(&self) -> MemoryLen {
         self.total
     }
 
-    /// The table over a fresh zeroed private slab, written once so that
-    /// its pages are faulted in at construction, not on the data path.
+    /// The table over fresh zeroed heap regions, written once so that
+    /// their pages are faulted in at construction, not on the data path.
     /// `None` if the memory cannot be had.
     pub(crate) fn build(self) -> Option<BufferTable> {
-        let mut slab = Vec::new();
-        slab.try_reserve_exact(self.total).ok()?;
-        slab.resize(self.total, 0u8);
-        Some(self.build_in(Box::new(slab.into_boxed_slice())))
+        let mut private = Vec::new();
+        private.try_reserve_exact(self.total.private).ok()?;
+        private.resize(self.total.private, 0u8);
+        let peer = HeapPeerMemory::new(self.total.peer)?;
+        Some(self.build_in(Box::new(private.into_boxed_slice()), Box::new(peer)))
     }
 
-    /// The table over `memory`, which the caller checked holds at least
-    /// [`BufferTableBuilder::total`] bytes.
-    pub(crate) fn build_in(self, memory: Box<dyn SlabMemory>) -> BufferTable {
+    /// The table over `private` and `peer`, which the caller checked hold
+    /// at least [`BufferTableBuilder::total`] bytes each.
+    pub(crate) fn build_in(
+        self,
+        private: Box<dyn SlabMemory>,
+        peer: Box<dyn PeerMemory>,
+    ) -> BufferTable {
         BufferTable {
-            slab: memory,
+            private,
+            peer,
             descs: self.descs,
         }
     }
@@ -190,18 +330,26 @@ impl BufferTable {
         self.descs.len()
     }
 
-    /// The whole slab (for the worker to register once).
-    pub fn slab(&self) -> &[u8] {
-        self.slab.bytes()
+    /// Length of one region (for the worker to register it once).
+    pub fn memory_len(&self, memory: Memory) -> usize {
+        match memory {
+            Memory::Private => self.private.bytes().len(),
+            Memory::Peer => self.peer.len(),
+        }
     }
 
     fn desc(&self, id: BufId) -> Option<&Desc> {
         self.descs.get(id.0 as usize)
     }
 
-    /// Offset of buffer `id` in the slab (0 for an unknown id).
+    /// Offset of buffer `id` in its region (0 for an unknown id).
     pub fn slab_offset(&self, id: BufId) -> usize {
         self.desc(id).map_or(0, |d| d.start)
+    }
+
+    /// The region buffer `id` lives in (`Private` for an unknown id).
+    pub fn memory(&self, id: BufId) -> Memory {
+        self.desc(id).map_or(Memory::Private, Desc::memory)
     }
 
     /// Length of buffer `id` (0 for an unknown id).
@@ -214,33 +362,42 @@ impl BufferTable {
         self.desc(id).map(|d| d.class)
     }
 
-    /// The bytes of buffer `id` (empty for an unknown id).
+    /// The bytes of private buffer `id`. Empty for an unknown id and for
+    /// a buffer in [`Memory::Peer`], which is never a slice (use
+    /// [`BufferTable::read`] or [`BufferTable::peer_bytes`]).
     pub fn bytes(&self, id: BufId) -> &[u8] {
         match self.desc(id) {
-            Some(d) => self
-                .slab
+            Some(d) if d.memory() == Memory::Private => self
+                .private
                 .bytes()
                 .get(d.start..d.start + d.len as usize)
                 .unwrap_or(&[]),
+            Some(_) => {
+                debug_assert!(false, "a slice of peer memory was asked for");
+                &[]
+            }
             None => &[],
         }
     }
 
-    /// The bytes of buffer `id`, writable: how a provider without real
-    /// registered memory (the test harness) delivers receives and one-sided
-    /// operations. Empty for an unknown id.
+    /// The bytes of private buffer `id`, writable. Empty as for
+    /// [`BufferTable::bytes`].
     pub fn bytes_mut(&mut self, id: BufId) -> &mut [u8] {
         match self.descs.get(id.0 as usize) {
-            Some(d) => self
-                .slab
+            Some(d) if d.memory() == Memory::Private => self
+                .private
                 .bytes_mut()
                 .get_mut(d.start..d.start + d.len as usize)
                 .unwrap_or(&mut []),
+            Some(_) => {
+                debug_assert!(false, "a slice of peer memory was asked for");
+                &mut []
+            }
             None => &mut [],
         }
     }
 
-    /// The bytes named by `s`, if it lies inside its buffer.
+    /// The bytes named by `s`, if it lies inside its private buffer.
     pub fn slice(&self, s: LocalSlice) -> Option<&[u8]> {
         let b = self.bytes(s.buf);
         b.get(s.offset as usize..(s.offset as usize).checked_add(s.len as usize)?)
@@ -252,8 +409,91 @@ impl BufferTable {
         b.get_mut(s.offset as usize..(s.offset as usize).checked_add(s.len as usize)?)
     }
 
+    /// Pointer to byte `offset..offset + len` of buffer `id`, if inside.
+    fn raw(&self, id: BufId, offset: usize, len: usize) -> Option<*mut u8> {
+        let d = self.desc(id)?;
+        if offset.checked_add(len)? > d.len as usize {
+            return None;
+        }
+        let at = d.start + offset;
+        let (base, region) = match d.memory() {
+            Memory::Private => (
+                self.private.bytes().as_ptr().cast_mut(),
+                self.private.bytes().len(),
+            ),
+            Memory::Peer => (self.peer.as_ptr(), self.peer.len()),
+        };
+        if at + len > region {
+            return None;
+        }
+        // SAFETY: `at + len` is inside the region (checked above).
+        Some(unsafe { base.add(at) })
+    }
+
+    /// Copies the bytes named by `s` into `dst` (`dst.len()` must equal
+    /// `s.len`), from either region. False, copying nothing, if `s` is not
+    /// inside its buffer.
+    pub fn read(&self, s: LocalSlice, dst: &mut [u8]) -> bool {
+        if dst.len() != s.len as usize {
+            return false;
+        }
+        match self.raw(s.buf, s.offset as usize, dst.len()) {
+            Some(p) => {
+                // SAFETY: inside the live region; `dst` is the caller's own
+                // memory, not a buffer of this table (it holds `&self`
+                // while the caller holds `&mut dst`).
+                unsafe { copy_out(p, dst) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A copy of the bytes named by `s`, from either region (tests and
+    /// the control path; the data path copies into its own buffers).
+    pub fn to_vec(&self, s: LocalSlice) -> Option<Vec<u8>> {
+        let mut v = vec![0u8; s.len as usize];
+        self.read(s, &mut v).then_some(v)
+    }
+
+    /// Copies `src` to byte `offset` of buffer `id`, in either region.
+    /// False, copying nothing, if it does not fit.
+    pub fn write(&mut self, id: BufId, offset: usize, src: &[u8]) -> bool {
+        match self.raw(id, offset, src.len()) {
+            Some(p) => {
+                // SAFETY: inside the live region; `&mut self` excludes any
+                // slice of it in this process, so `src` cannot overlap.
+                unsafe { copy_in(src, p) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The first word of buffer `id` (an RPC message's XID), copied out.
+    pub fn peek_xid(&self, id: BufId) -> Option<u32> {
+        let mut w = [0u8; 4];
+        self.read(
+            LocalSlice {
+                buf: id,
+                offset: 0,
+                len: 4,
+            },
+            &mut w,
+        )
+        .then(|| u32::from_be_bytes(w))
+    }
+
+    /// A read-only view of `len` bytes at `offset` of buffer `id`, in
+    /// either region, for as long as the table is borrowed.
+    pub fn peer_bytes(&self, id: BufId, offset: usize, len: usize) -> Option<PeerBytes<'_>> {
+        let p = self.raw(id, offset, len)?;
+        // SAFETY: inside the region, which lives as long as `self`.
+        Some(unsafe { PeerBytes::new(p, len) })
+    }
+
     /// Installs the rkey and address under which the peer reaches buffer
-    /// `id` (the worker calls this after registering the slab).
+    /// `id` (the worker calls this after registering the regions).
     pub fn set_remote_key(&mut self, id: BufId, rkey: u32, addr: u64) {
         if let Some(d) = self.descs.get_mut(id.0 as usize) {
             d.rkey = rkey;
@@ -265,7 +505,7 @@ impl BufferTable {
     /// (its bytes, its address; the view keeps its own rkey, which the
     /// worker set to the one key of the whole memory). The view's exposure
     /// is withdrawn. False, changing nothing, if the range is outside
-    /// `base`.
+    /// `base` or the two live in different regions.
     pub(crate) fn retarget(&mut self, view: BufId, base: BufId, offset: u32, len: u32) -> bool {
         let Some(b) = self.desc(base).copied() else {
             return false;
@@ -274,7 +514,7 @@ impl BufferTable {
             return false;
         }
         match self.descs.get_mut(view.0 as usize) {
-            Some(v) => {
+            Some(v) if v.memory() == b.memory() => {
                 v.start = b.start + offset as usize;
                 v.len = len;
                 v.addr = b.addr.wrapping_add(u64::from(offset));
@@ -282,7 +522,7 @@ impl BufferTable {
                 v.window = (0, 0);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -358,31 +598,32 @@ impl BufferTable {
         })
     }
 
-    /// Copies `src` to `dst_offset` in buffer `dst` (both inside the slab,
-    /// possibly different buffers). Returns false, copying nothing, if
-    /// either range falls outside its buffer.
+    /// Copies `src` to `dst_offset` in buffer `dst` (possibly different
+    /// buffers and regions; overlapping ranges of one region are moved
+    /// correctly). Returns false, copying nothing, if either range falls
+    /// outside its buffer.
     pub(crate) fn copy(&mut self, src: LocalSlice, dst: BufId, dst_offset: usize) -> bool {
-        let (Some(s), Some(d)) = (self.desc(src.buf).copied(), self.desc(dst).copied()) else {
+        let n = src.len as usize;
+        let (Some(from), Some(to)) = (
+            self.raw(src.buf, src.offset as usize, n),
+            self.raw(dst, dst_offset, n),
+        ) else {
             return false;
         };
-        let (so, sl) = (src.offset as usize, src.len as usize);
-        if so + sl > s.len as usize || dst_offset + sl > d.len as usize {
-            return false;
-        }
-        let slab = self.slab.bytes_mut();
-        if s.start + so + sl > slab.len() || d.start + dst_offset + sl > slab.len() {
-            return false;
-        }
-        slab.copy_within(s.start + so..s.start + so + sl, d.start + dst_offset);
+        // SAFETY: both ranges are inside live regions (checked by `raw`);
+        // `&mut self` excludes any slice of them in this process; `copy`
+        // allows overlap.
+        unsafe { std::ptr::copy(from, to, n) };
         true
     }
 
     /// Zeroes `len` bytes at `offset` of buffer `id` (XDR roundup bytes
     /// the sender elided, RFC 5666 s3.7). False if out of range.
     pub(crate) fn zero(&mut self, id: BufId, offset: usize, len: usize) -> bool {
-        match self.bytes_mut(id).get_mut(offset..offset + len) {
-            Some(b) => {
-                b.fill(0);
+        match self.raw(id, offset, len) {
+            Some(p) => {
+                // SAFETY: inside a live region; `&mut self` as in `copy`.
+                unsafe { std::ptr::write_bytes(p, 0, len) };
                 true
             }
             None => false,
@@ -396,7 +637,7 @@ mod tests {
 
     fn table() -> (BufferTable, BufId, BufId) {
         let mut b = BufferTableBuilder::default();
-        let a = b.add(BufClass::Recv, 100);
+        let a = b.add(BufClass::Message, 100);
         let c = b.add(BufClass::Message, 50);
         (b.build().unwrap(), a, c)
     }
@@ -463,5 +704,53 @@ mod tests {
             c,
             0
         ));
+    }
+
+    #[test]
+    fn peer_buffers_live_apart_and_are_reached_only_by_copies() {
+        let mut b = BufferTableBuilder::default();
+        let msg = b.add(BufClass::Message, 64);
+        let recv = b.add(BufClass::Recv, 64);
+        let reply = b.add(BufClass::Reply, 64);
+        assert_eq!(
+            b.total(),
+            MemoryLen {
+                private: 64,
+                peer: 128
+            }
+        );
+        let mut t = b.build().unwrap();
+        assert_eq!(t.memory(msg), Memory::Private);
+        assert_eq!(
+            (t.memory(recv), t.memory(reply)),
+            (Memory::Peer, Memory::Peer)
+        );
+        assert_eq!(t.slab_offset(recv), 0);
+        assert_eq!(t.slab_offset(reply), 64);
+        assert!(t.write(recv, 60, b"wxyz"));
+        assert!(!t.write(recv, 61, b"wxyz"));
+        let s = LocalSlice {
+            buf: recv,
+            offset: 60,
+            len: 4,
+        };
+        let mut out = [0u8; 4];
+        assert!(t.read(s, &mut out) && &out == b"wxyz");
+        assert!(!t.read(s, &mut [0u8; 3]));
+        // Peer to private and private to peer.
+        assert!(t.copy(s, msg, 0));
+        assert_eq!(&t.bytes(msg)[..4], b"wxyz");
+        let from_msg = LocalSlice {
+            buf: msg,
+            offset: 0,
+            len: 4,
+        };
+        assert!(t.copy(from_msg, reply, 10));
+        assert!(t.peer_bytes(reply, 10, 4).unwrap() == *b"wxyz");
+        assert!(t.peer_bytes(reply, 62, 4).is_none());
+        assert!(t.zero(reply, 10, 2));
+        assert!(t.peer_bytes(reply, 10, 4).unwrap() == [0, 0, b'y', b'z']);
+        // A view must stay in its base's region.
+        assert!(!t.retarget(reply, msg, 0, 8));
     }
 }

@@ -4,7 +4,10 @@
 
 use std::collections::VecDeque;
 
-use super::buffers::{Access, BufClass, BufId, BufferTable, BufferTableBuilder, SlabMemory};
+use super::buffers::{
+    Access, BufClass, BufId, BufferTable, BufferTableBuilder, LocalSlice, MemoryLen, PeerMemory,
+    SlabMemory,
+};
 use super::requester::{CallSlot, CallState};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
@@ -161,6 +164,11 @@ pub struct Connection {
     pub(super) last_activity: Instant,
     /// Scratch for the header being parsed; reused, never reallocated.
     pub(super) rx_hdr: TransportHeader,
+    /// The private copy of the message being processed
+    /// ([`BufClass::RecvCopy`]): a receive buffer is peer memory, read
+    /// once into this buffer, and everything after parses the copy, so a
+    /// peer that rewrites the receive buffer later changes nothing.
+    pub(super) rx_copy: BufId,
     /// Scratch for the header being built.
     pub(super) tx_hdr: TransportHeader,
     pub(super) recvs: Vec<RecvBuf>,
@@ -210,6 +218,7 @@ pub struct Connection {
 /// A connection's buffers and slots, as [`Connection::layout`] cut them.
 struct Layout {
     recvs: Vec<RecvBuf>,
+    rx_copy: BufId,
     err_bufs: Vec<ErrBuf>,
     calls: Vec<CallSlot>,
     serves: Vec<ServeSlot>,
@@ -231,24 +240,28 @@ impl Connection {
         Self::build(config, None)
     }
 
-    /// [`Connection::new`] over caller-provided memory (for example a
-    /// registered, shareable region from the worker's arena) of at least
-    /// [`Connection::memory_len`] bytes. Its contents need not be zeroed.
+    /// [`Connection::new`] over caller-provided memory (for example
+    /// registered arenas of the worker's) of at least
+    /// [`Connection::memory_len`] bytes each: `private`, which only this
+    /// process writes, and `peer`, which the peer may write
+    /// (`engine::buffers` docs). Their contents need not be zeroed.
     ///
     /// # Errors
     /// [`ConfigError`], including [`ConfigError::MemoryTooSmall`].
     pub fn with_memory(
         config: Config,
-        memory: Box<dyn SlabMemory>,
+        private: Box<dyn SlabMemory>,
+        peer: Box<dyn PeerMemory>,
     ) -> Result<Connection, ConfigError> {
-        Self::build(config, Some(memory))
+        Self::build(config, Some((private, peer)))
     }
 
-    /// Bytes of memory a connection with `config` cuts its buffers from.
+    /// Bytes of each region a connection with `config` cuts its buffers
+    /// from.
     ///
     /// # Errors
     /// [`ConfigError`] for a configuration `new` would refuse.
-    pub fn memory_len(config: &Config) -> Result<usize, ConfigError> {
+    pub fn memory_len(config: &Config) -> Result<MemoryLen, ConfigError> {
         let mut b = BufferTableBuilder::default();
         Self::layout(config, &mut b)?;
         Ok(b.total())
@@ -312,6 +325,7 @@ impl Connection {
                 posted: false,
             })
             .collect();
+        let rx_copy = b.add(BufClass::RecvCopy, c.inline_recv_size);
         // An RDMA_ERROR header is at most 16 + 4 + 32 bytes.
         let err_bufs: Vec<ErrBuf> = (0..c.error_buffers)
             .map(|_| ErrBuf {
@@ -328,6 +342,7 @@ impl Connection {
         let app = (c.app_memory > 0).then(|| b.add(BufClass::App, c.app_memory));
         Ok(Layout {
             recvs,
+            rx_copy,
             err_bufs,
             calls,
             serves,
@@ -337,12 +352,13 @@ impl Connection {
 
     fn build(
         config: Config,
-        memory: Option<Box<dyn SlabMemory>>,
+        memory: Option<(Box<dyn SlabMemory>, Box<dyn PeerMemory>)>,
     ) -> Result<Connection, ConfigError> {
         let c = &config;
         let mut b = BufferTableBuilder::default();
         let Layout {
             recvs,
+            rx_copy,
             err_bufs,
             calls,
             serves,
@@ -353,7 +369,11 @@ impl Connection {
         let n_calls = calls.len();
         let bufs = match memory {
             None => b.build().ok_or(ConfigError::OutOfMemory)?,
-            Some(m) if m.bytes().len() >= b.total() => b.build_in(m),
+            Some((private, peer))
+                if private.bytes().len() >= b.total().private && peer.len() >= b.total().peer =>
+            {
+                b.build_in(private, peer)
+            }
             Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
         };
 
@@ -385,6 +405,7 @@ impl Connection {
             app_buf,
             last_activity: Instant::ZERO,
             rx_hdr: TransportHeader::with_capacity(&c.limits),
+            rx_copy,
             tx_hdr: TransportHeader::with_capacity(&c.limits),
             recvs: conn_recvs,
             err_bufs,
@@ -726,7 +747,18 @@ impl Connection {
     /// Classifies a received message and hands it to the requester or the
     /// responder half. Header errors are answered before anything is
     /// allocated or read (RFC 5666 s4.2).
-    fn process_message(&mut self, now: Instant, buf: BufId, len: usize) -> Disposition {
+    fn process_message(&mut self, now: Instant, recv: BufId, len: usize) -> Disposition {
+        // The one read of the receive buffer (see `rx_copy`).
+        let buf = self.rx_copy;
+        let whole = LocalSlice {
+            buf: recv,
+            offset: 0,
+            len: len as u32,
+        };
+        if !self.bufs.copy(whole, buf, 0) {
+            self.stats.bad_recv_len += 1;
+            return Disposition::Done;
+        }
         let limits = self.config.limits;
         let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
         let parsed = self.rx_hdr.parse_into(bytes, &limits);

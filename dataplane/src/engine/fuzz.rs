@@ -105,9 +105,9 @@ pub fn fuzz_recv(data: &[u8]) {
             let (msg, tail) = tail.split_at(len);
             rest = tail;
             if let Some((id, buf)) = recvs.pop_front() {
-                let dst = c.buffers_mut().bytes_mut(buf);
-                let n = msg.len().min(dst.len());
-                dst[..n].copy_from_slice(&msg[..n]);
+                let room = c.buffers().buf_len(buf) as usize;
+                let n = msg.len().min(room);
+                c.buffers_mut().write(buf, 0, &msg[..n]);
                 c.handle_recv(now, id, msg.len() as u32);
             }
         }

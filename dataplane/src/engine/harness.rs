@@ -247,9 +247,8 @@ impl Pair {
                         let bytes = self.peers[side]
                             .conn
                             .buffers()
-                            .slice(local)
-                            .expect("send slice")
-                            .to_vec();
+                            .to_vec(local)
+                            .expect("send slice");
                         Op::Send {
                             wr_id,
                             bytes,
@@ -265,9 +264,8 @@ impl Pair {
                         let bytes = self.peers[side]
                             .conn
                             .buffers()
-                            .slice(local)
-                            .expect("write slice")
-                            .to_vec();
+                            .to_vec(local)
+                            .expect("write slice");
                         Op::Write {
                             wr_id,
                             bytes,
@@ -402,8 +400,8 @@ impl Pair {
                     self.break_connection();
                     return;
                 };
-                let dst = self.peers[to].conn.buffers_mut().bytes_mut(buf);
-                if bytes.len() > dst.len() {
+                let room = self.peers[to].conn.buffers().buf_len(buf) as usize;
+                if bytes.len() > room {
                     self.complete(
                         to,
                         Done::Wc {
@@ -423,7 +421,7 @@ impl Pair {
                     self.break_connection();
                     return;
                 }
-                dst[..bytes.len()].copy_from_slice(&bytes);
+                assert!(self.peers[to].conn.buffers_mut().write(buf, 0, &bytes));
                 if let Some(rkey) = invalidate {
                     if !self.invalidate(to, rkey) {
                         // Invalid rkey: the receiver's QP fails (IB: remote
@@ -468,7 +466,7 @@ impl Pair {
                 let t = self.peers[to].conn.buffers_mut();
                 match t.resolve(&remote, Access::RemoteWrite) {
                     Some(s) => {
-                        t.slice_mut(s).expect("resolved").copy_from_slice(&bytes);
+                        assert!(t.write(s.buf, s.offset as usize, &bytes), "resolved");
                         self.complete(
                             from,
                             Done::Wc {
@@ -500,13 +498,16 @@ impl Pair {
                 let t = self.peers[to].conn.buffers();
                 match t.resolve(&remote, Access::RemoteRead) {
                     Some(s) => {
-                        let data = t.slice(s).expect("resolved").to_vec();
-                        let dst = self.peers[from]
-                            .conn
-                            .buffers_mut()
-                            .slice_mut(local)
-                            .expect("local read slice");
-                        dst.copy_from_slice(&data);
+                        let data = t.to_vec(s).expect("resolved");
+                        assert_eq!(data.len(), local.len as usize, "read lengths");
+                        assert!(
+                            self.peers[from].conn.buffers_mut().write(
+                                local.buf,
+                                local.offset as usize,
+                                &data
+                            ),
+                            "local read slice"
+                        );
                         self.complete(
                             from,
                             Done::Wc {
@@ -704,8 +705,7 @@ impl Pair {
     pub fn peer_read(&self, from: usize, remote: Segment) -> Result<Vec<u8>, WcStatus> {
         let t = self.peers[1 - from].conn.buffers();
         t.resolve(&remote, Access::RemoteRead)
-            .and_then(|s| t.slice(s))
-            .map(<[u8]>::to_vec)
+            .and_then(|s| t.to_vec(s))
             .ok_or(WcStatus::RemoteAccessError)
     }
 

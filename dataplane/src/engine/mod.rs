@@ -56,7 +56,10 @@ mod tests;
 #[cfg(test)]
 mod tests_show;
 
-pub use buffers::{Access, BufClass, BufId, BufferTable, LocalSlice, SlabMemory};
+pub use buffers::{
+    Access, BufClass, BufId, BufferTable, HeapPeerMemory, LocalSlice, Memory, MemoryLen,
+    PeerMemory, SlabMemory,
+};
 pub use conf::{
     decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
     encode_conf_rdma_call_v2, ConfRdmaError,
@@ -209,10 +212,14 @@ pub enum ConfigError {
     BadMessageSize,
     /// [`Connection::with_memory`] got less memory than
     /// [`Connection::memory_len`].
-    #[error("memory for the connection's buffers too small: {needed} bytes needed")]
+    #[error(
+        "memory for the connection's buffers too small: {} private and {} peer bytes needed",
+        needed.private,
+        needed.peer
+    )]
     MemoryTooSmall {
-        /// Bytes needed.
-        needed: usize,
+        /// Bytes needed in each region.
+        needed: MemoryLen,
     },
     /// The memory for the buffers could not be allocated.
     #[error("cannot allocate the connection's buffer memory")]

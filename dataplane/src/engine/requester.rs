@@ -23,6 +23,7 @@ use super::{
     app_ddp_item_fits, ddp_item_fits, roundup4, AppSlice, CallFailure, CallHandle, Config,
     Connection, DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
 };
+use crate::mem::PeerBytes;
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
 use crate::wire::rpcrdma::{
     chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
@@ -112,7 +113,7 @@ impl CallSlot {
         let (send_buf, call_buf, reply_buf, ddp_buf) = (
             b.add(BufClass::Send, c.inline_send_size),
             b.add(BufClass::Message, c.max_call_size),
-            b.add(BufClass::Message, c.max_reply_size),
+            b.add(BufClass::Reply, c.max_reply_size),
             b.add(BufClass::Ddp, c.max_ddp_size),
         );
         CallSlot {
@@ -326,15 +327,19 @@ impl Connection {
     /// The reply to `call` (after `ReplyArrived`, until released): the RPC
     /// reply message, without a DDP item the responder wrote into our
     /// write chunk.
-    pub fn reply_message(&self, call: CallHandle) -> Option<&[u8]> {
+    ///
+    /// A view, not a slice: the peer could write these bytes while a
+    /// slice lived (`engine::buffers` docs). It ends with the borrow.
+    pub fn reply_message(&self, call: CallHandle) -> Option<PeerBytes<'_>> {
         let s = self.ready_slot(call)?;
-        self.bufs.bytes(s.reply_buf).get(..s.reply_len as usize)
+        self.bufs.peer_bytes(s.reply_buf, 0, s.reply_len as usize)
     }
 
-    /// The DDP-eligible result the responder wrote into our write chunk.
-    pub fn reply_ddp(&self, call: CallHandle) -> Option<&[u8]> {
+    /// The DDP-eligible result the responder wrote into our write chunk
+    /// (a view, as [`Connection::reply_message`]).
+    pub fn reply_ddp(&self, call: CallHandle) -> Option<PeerBytes<'_>> {
         let s = self.ready_slot(call)?;
-        self.bufs.bytes(s.write_buf).get(..s.ddp_len? as usize)
+        self.bufs.peer_bytes(s.write_buf, 0, s.ddp_len? as usize)
     }
 
     /// The application memory ([`Config::app_memory`] bytes; empty
@@ -342,16 +347,19 @@ impl Connection {
     /// flight ([`super::AppChunks`]); keeping the application off those
     /// ranges meanwhile is the caller's part (`dataplane::client` refuses
     /// access to them).
-    pub fn app_memory(&self) -> &[u8] {
-        self.app_buf.map_or(&[], |b| self.bufs.bytes(b))
+    ///
+    /// A view, not a slice: the peer writes these bytes (write chunks).
+    pub fn app_memory(&self) -> PeerBytes<'_> {
+        self.app_buf
+            .and_then(|b| self.bufs.peer_bytes(b, 0, self.bufs.buf_len(b) as usize))
+            .unwrap_or(PeerBytes::empty())
     }
 
-    /// [`Connection::app_memory`], writable.
-    pub fn app_memory_mut(&mut self) -> &mut [u8] {
-        match self.app_buf {
-            Some(b) => self.bufs.bytes_mut(b),
-            None => &mut [],
-        }
+    /// Copies `src` into the application memory at `offset`; false,
+    /// copying nothing, if it does not fit.
+    pub fn write_app_memory(&mut self, offset: usize, src: &[u8]) -> bool {
+        self.app_buf
+            .is_some_and(|b| self.bufs.write(b, offset, src))
     }
 
     /// Gives the slot of an answered call back. False for a stale handle.
@@ -628,7 +636,7 @@ impl Connection {
                 if self.take_answer(idx, Some(credits)) {
                     let reply_buf = self.calls[idx].reply_buf;
                     let placed = self.check_write_chunk(idx, written).and_then(|ddp_len| {
-                        if peek_xid(self.bufs.bytes(src)) != Some(xid) {
+                        if self.bufs.peek_xid(src) != Some(xid) {
                             return Err(CallFailure::MalformedReply);
                         }
                         if len > self.bufs.buf_len(reply_buf) {
@@ -782,7 +790,7 @@ impl Connection {
         } else if done && ok {
             // Pull completion notification (RFC 5666 s3.8).
             self.queue_done(xid);
-            if peek_xid(self.bufs.bytes(reply_buf)) == Some(xid) {
+            if self.bufs.peek_xid(reply_buf) == Some(xid) {
                 self.stats.replies_pulled += 1;
                 self.reply_ready(i, reply_len, ddp_len);
             } else {
@@ -887,7 +895,7 @@ impl Connection {
                 if used > u64::from(offered) || used < 8 {
                     return Err(CallFailure::MalformedReply);
                 }
-                if peek_xid(self.bufs.bytes(s.reply_buf)) != Some(s.xid) {
+                if self.bufs.peek_xid(s.reply_buf) != Some(s.xid) {
                     return Err(CallFailure::MalformedReply);
                 }
                 Ok((used as u32, ddp_len))

@@ -103,11 +103,11 @@ pub(super) fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
 /// responder used it, else from the inline/reply-chunk message.
 pub(super) fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
     let c = &p.peers[CLIENT].conn;
-    match c.reply_ddp(h) {
+    match c.reply_ddp(h).map(|b| b.to_vec()) {
         Some(d) => d.to_vec(),
         None => {
-            let m = c.reply_message(h).expect("reply");
-            let (_, hl) = crate::wire::rpc::ReplyHeader::parse(m).expect("reply header");
+            let m = c.reply_message(h).map(|b| b.to_vec()).expect("reply");
+            let (_, hl) = crate::wire::rpc::ReplyHeader::parse(&m).expect("reply header");
             crate::wire::xdr::Decoder::new(&m[hl..])
                 .get_opaque(usize::MAX)
                 .expect("opaque")
@@ -168,7 +168,10 @@ fn rfc5666_s3_1_inline_call_and_reply_round_trip() {
     assert_eq!((xid, rh, ddp), (7, h, None));
     let want = echo_reply(7, b"hello, rdma").0;
     assert_eq!(len as usize, want.len());
-    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&want[..]));
+    assert_eq!(
+        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
+        Some(want.to_vec())
+    );
     // Two Sends, both RDMA_MSG with three empty lists; no RDMA at all.
     assert_eq!(p.ops, [2, 0, 0]);
     for (_, bytes) in &p.sends {
@@ -539,7 +542,10 @@ fn rfc5666_s3_6_write_chunk_receives_ddp_reply_with_rewritten_length() {
         full.len() - 150_004,
         "inline part without data and pad"
     );
-    assert_eq!(p.peers[CLIENT].conn.reply_ddp(h), Some(&data[..]));
+    assert_eq!(
+        p.peers[CLIENT].conn.reply_ddp(h).map(|b| b.to_vec()),
+        Some(data.to_vec())
+    );
     let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
     let hd = header(&reply_send);
     assert_eq!(hd.body, MessageBody::Msg);
@@ -565,7 +571,10 @@ fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
     let full = echo_reply(3, &data).0;
     let (_, _, len, ddp) = replies(&p)[0];
     assert_eq!((len as usize, ddp), (full.len(), None));
-    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&full[..]));
+    assert_eq!(
+        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
+        Some(full.to_vec())
+    );
     let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
     let hd = header(&reply_send);
     assert_eq!(hd.body, MessageBody::NoMsg);
@@ -1023,7 +1032,14 @@ fn rfc5666_s6_2_conf_rdma_answered_in_band_and_applied_both_ways() {
         .iter()
         .any(|e| matches!(e, Event::CallArrived { .. })));
     assert_eq!(p.peers[SERVER].conn.stats().conf_rdma_answered, 1);
-    let reply = decode_conf_rdma_reply(p.peers[CLIENT].conn.reply_message(h).unwrap()).unwrap();
+    let reply = decode_conf_rdma_reply(
+        &p.peers[CLIENT]
+            .conn
+            .reply_message(h)
+            .map(|b| b.to_vec())
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         reply,
         crate::wire::conf::ConfigRdmaReply {
@@ -1078,9 +1094,13 @@ fn rfc5666_s6_1_conf_rdma_accepted_only_as_the_first_call() {
     let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
     let h = conf_call(&mut p, &buf[..n]);
     p.drive();
-    let msg = p.peers[CLIENT].conn.reply_message(h).unwrap();
+    let msg = p.peers[CLIENT]
+        .conn
+        .reply_message(h)
+        .map(|b| b.to_vec())
+        .unwrap();
     assert_eq!(
-        decode_conf_rdma_reply(msg),
+        decode_conf_rdma_reply(&msg),
         Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
     );
     p.conn(CLIENT).release_reply(h);
@@ -1122,7 +1142,14 @@ fn rfc5666_s6_2_conf_rdma_maxrdmaread_zero_is_clamped_to_one() {
     let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
     let h = conf_call(&mut p, &buf[..n]);
     p.drive();
-    let reply = decode_conf_rdma_reply(p.peers[CLIENT].conn.reply_message(h).unwrap()).unwrap();
+    let reply = decode_conf_rdma_reply(
+        &p.peers[CLIENT]
+            .conn
+            .reply_message(h)
+            .map(|b| b.to_vec())
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(p.peers[SERVER].conn.config().max_rdma_read, 1);
     // The client side clamps a server's 0 the same way.
     p.conn(CLIENT)
@@ -1176,16 +1203,20 @@ fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
     let hs: Vec<_> = cases.iter().map(|(m, _)| conf_call(&mut p, m)).collect();
     p.drive();
     for ((_, want), h) in cases.iter().zip(hs) {
-        let msg = p.peers[CLIENT].conn.reply_message(h).unwrap();
+        let msg = p.peers[CLIENT]
+            .conn
+            .reply_message(h)
+            .map(|b| b.to_vec())
+            .unwrap();
         match want {
             None => {
                 // NULL: success with no results.
-                let (rh, hl) = crate::wire::rpc::ReplyHeader::parse(msg).unwrap();
+                let (rh, hl) = crate::wire::rpc::ReplyHeader::parse(&msg).unwrap();
                 assert!(rh.is_success());
                 assert_eq!(hl, msg.len());
             }
             Some(st) => assert_eq!(
-                decode_conf_rdma_reply(msg),
+                decode_conf_rdma_reply(&msg),
                 Err(ConfRdmaError::NotSuccessful(*st))
             ),
         }
@@ -1347,13 +1378,30 @@ fn engine_reply_before_send_completion_drains_the_slot_later() {
 #[test]
 fn engine_runs_over_caller_memory_and_refuses_too_little() {
     let need = Connection::memory_len(&cfg()).unwrap();
+    let peer = |len| Box::new(super::HeapPeerMemory::new(len).unwrap());
     assert_eq!(
-        Connection::with_memory(cfg(), Box::new(vec![0u8; need - 1])).err(),
+        Connection::with_memory(
+            cfg(),
+            Box::new(vec![0u8; need.private - 1]),
+            peer(need.peer)
+        )
+        .err(),
+        Some(ConfigError::MemoryTooSmall { needed: need })
+    );
+    assert_eq!(
+        Connection::with_memory(
+            cfg(),
+            Box::new(vec![0u8; need.private]),
+            peer(need.peer - 1)
+        )
+        .err(),
         Some(ConfigError::MemoryTooSmall { needed: need })
     );
     // Garbage-filled memory works: the engine zeroes what it relies on.
-    let c = Connection::with_memory(cfg(), Box::new(vec![0xa5u8; need])).unwrap();
-    assert_eq!(c.buffers().slab().len(), need);
+    let c = Connection::with_memory(cfg(), Box::new(vec![0xa5u8; need.private]), peer(need.peer))
+        .unwrap();
+    assert_eq!(c.buffers().memory_len(super::Memory::Private), need.private);
+    assert_eq!(c.buffers().memory_len(super::Memory::Peer), need.peer);
     fn assert_send<T: Send>() {}
     assert_send::<Connection>();
     let huge = Config {
@@ -1366,7 +1414,8 @@ fn engine_runs_over_caller_memory_and_refuses_too_little() {
         ..cfg()
     };
     // About 160 TB: refused with an error value, not an abort.
-    assert!(Connection::memory_len(&huge).unwrap() > 1 << 47);
+    let huge_len = Connection::memory_len(&huge).unwrap();
+    assert!(huge_len.private + huge_len.peer > 1 << 47);
     assert_eq!(Connection::new(huge).err(), Some(ConfigError::OutOfMemory));
 }
 
@@ -1612,7 +1661,10 @@ fn rfc5666_s3_8_reply_read_chunk_pulled_then_done_releases_it() {
     let h = send(&mut p, 21, &data, true, expect(512, None));
     p.drive();
     let full = echo_reply(21, &data).0;
-    assert_eq!(p.peers[CLIENT].conn.reply_message(h), Some(&full[..]));
+    assert_eq!(
+        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
+        Some(full.to_vec())
+    );
     let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
     let hd = header(&reply_send);
     assert_eq!(hd.body, MessageBody::NoMsg);
@@ -1861,8 +1913,11 @@ fn engine_calls_in_both_directions_share_one_connection() {
             .unwrap();
         }
         Event::ReplyArrived { call, .. } => {
-            g2.borrow_mut()
-                .push((side, call, conn.reply_ddp(call).unwrap().to_vec()));
+            g2.borrow_mut().push((
+                side,
+                call,
+                conn.reply_ddp(call).map(|b| b.to_vec()).unwrap().to_vec(),
+            ));
             conn.release_reply(call);
         }
         other => panic!("{other:?}"),
@@ -1912,7 +1967,11 @@ fn long_calls_same_xid_both_ways(mut p: Pair, reply: ReplyExpect) -> Pair {
             .unwrap();
         }
         Event::ReplyArrived { call, xid, .. } => {
-            let m = conn.reply_message(call).unwrap().to_vec();
+            let m = conn
+                .reply_message(call)
+                .map(|b| b.to_vec())
+                .unwrap()
+                .to_vec();
             g2.borrow_mut().push((side, xid, m));
             conn.release_reply(call);
         }
@@ -2080,7 +2139,13 @@ fn conf_v2_exchange(p: &mut Pair) -> Result<crate::wire::conf2::ConfigRdmaReplyV
     let n = encode_conf_rdma_call_v2(&mut buf, 0x0c01, &req).unwrap();
     let h = conf_call(p, &buf[..n]);
     p.drive();
-    let r = decode_conf_rdma_reply_v2(p.peers[CLIENT].conn.reply_message(h).unwrap());
+    let r = decode_conf_rdma_reply_v2(
+        &p.peers[CLIENT]
+            .conn
+            .reply_message(h)
+            .map(|b| b.to_vec())
+            .unwrap(),
+    );
     p.conn(CLIENT).release_reply(h);
     r
 }
@@ -2154,7 +2219,13 @@ fn extensions_conf_rdma_unknown_version_is_prog_mismatch_1_to_2() {
     h.emit(&mut crate::wire::xdr::Encoder::new(&mut v)).unwrap();
     let handle = conf_call(&mut p, &v);
     p.drive();
-    let r = decode_conf_rdma_reply_v2(p.peers[CLIENT].conn.reply_message(handle).unwrap());
+    let r = decode_conf_rdma_reply_v2(
+        &p.peers[CLIENT]
+            .conn
+            .reply_message(handle)
+            .map(|b| b.to_vec())
+            .unwrap(),
+    );
     let Err(ConfRdmaError::NotSuccessful(st)) = r else {
         panic!("{r:?}");
     };
@@ -2182,7 +2253,7 @@ fn app_memory_serves_as_read_chunk_source_and_write_chunk_target() {
     };
     let mut p = Pair::new(client, cfg());
     let data = payload(100_001, 7);
-    p.conn(CLIENT).app_memory_mut()[..data.len()].copy_from_slice(&data);
+    assert!(p.conn(CLIENT).write_app_memory(0, &data));
     let (full, item) = echo_call(9, &data);
     // Head up to and including the length word; no data, no padding.
     let head = &full[..item.offset as usize];
@@ -2244,7 +2315,11 @@ fn app_memory_serves_as_read_chunk_source_and_write_chunk_target() {
     assert_eq!(returned_payload(&p, h), data);
     let t = target.offset as usize;
     assert_eq!(
-        &p.peers[CLIENT].conn.app_memory()[t..t + data.len()],
+        p.peers[CLIENT]
+            .conn
+            .app_memory()
+            .sub(t, data.len())
+            .unwrap(),
         &data[..],
         "the result is in the application's range"
     );
@@ -2263,7 +2338,7 @@ fn a_small_app_read_source_goes_by_read_chunk() {
     };
     let mut p = Pair::new(client, cfg());
     let data = payload(10, 1);
-    p.conn(CLIENT).app_memory_mut()[100..110].copy_from_slice(&data);
+    assert!(p.conn(CLIENT).write_app_memory(100, &data));
     let (full, item) = echo_call(3, &data);
     let head = &full[..item.offset as usize];
     let app = AppChunks {

@@ -13,6 +13,8 @@
 //!   hands it back. Dropping a handle returns the buffer to its slab, so
 //!   pool counts return to their totals when everything is closed.
 //! * [`WrId`]: a typed work-request id (kind, slab index, generation).
+//! * [`PeerBytes`], [`copy_out`], [`copy_in`]: how memory a peer can
+//!   touch is read and written (copies, never a Rust slice).
 //!
 //! This module does not import `wire` or any provider.
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -24,6 +26,9 @@ use crossbeam_queue::ArrayQueue;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+
+mod peer;
+pub use peer::{copy_in, copy_out, PeerBytes};
 
 /// Size of a hugepage on x86-64 / aarch64 Linux (the only size we use).
 pub const HUGEPAGE_SIZE: usize = 2 << 20;
@@ -532,8 +537,8 @@ impl Slab {
     /// a verbs work request must own a [`Buf`] per scatter/gather element.
     /// A lease is such a `Buf` whose address and capacity are the whole
     /// range (the SGE's offset and length select the bytes). Leases alias
-    /// each other, so they never hand out Rust slices: [`Buf::as_slice`],
-    /// [`Buf::as_mut_slice`] and [`Buf::data`] are empty and [`Buf::fill`]
+    /// each other, so they copy nothing: [`Buf::read`], [`Buf::write`]
+    /// and [`Buf::fill`]
     /// refuses; providers use [`Buf::as_ptr`]. The owner of the range
     /// (the engine) decides which bytes are in flight. The count is
     /// bounded and accounted like a slab (`available() == total()` when
@@ -698,31 +703,56 @@ impl Buf {
     pub fn as_ptr(&self) -> *mut u8 {
         self.base_ptr()
     }
-    /// The whole capacity as bytes (empty for a region lease).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range is inside the live arena and this handle is its
-        // only owner (free-list exclusivity); memory exposed to a peer may
-        // still be written by a misbehaving peer, which only changes bytes.
-        unsafe { std::slice::from_raw_parts(self.base_ptr(), self.view_len()) }
+    /// Copies `dst.len()` bytes at `offset` of the buffer into `dst`.
+    /// False (copying nothing) if the range is outside the buffer, or the
+    /// buffer is a region lease.
+    ///
+    /// A buffer's bytes are never handed out as a Rust slice: registered
+    /// memory may be written by a peer (shm maps it; a Send lands in it)
+    /// or by a provider thread, so the only sound access is a copy through
+    /// a raw pointer into memory this process owns, parsed afterwards.
+    pub fn read(&self, offset: u32, dst: &mut [u8]) -> bool {
+        let Some(end) = (offset as usize).checked_add(dst.len()) else {
+            return false;
+        };
+        if end > self.view_len() {
+            return false;
+        }
+        // SAFETY: `offset..end` lies inside this buffer (checked above),
+        // which lies inside the live arena; `dst` is our own memory and
+        // cannot overlap registered memory handed out as a `Buf`.
+        unsafe { copy_out(self.base_ptr().add(offset as usize), dst) };
+        true
     }
-    /// The whole capacity as mutable bytes (empty for a region lease).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, plus `&mut self` gives exclusivity among
-        // users of this process.
-        unsafe { std::slice::from_raw_parts_mut(self.base_ptr(), self.view_len()) }
+    /// Copies `src` to `offset` of the buffer (the valid length is not
+    /// changed). False (copying nothing) if it does not fit, or the buffer
+    /// is a region lease.
+    pub fn write(&mut self, offset: u32, src: &[u8]) -> bool {
+        let Some(end) = (offset as usize).checked_add(src.len()) else {
+            return false;
+        };
+        if end > self.view_len() {
+            return false;
+        }
+        // SAFETY: as in `read`; `&mut self` makes this handle the only
+        // writer of these bytes in this process.
+        unsafe { copy_in(src, self.base_ptr().add(offset as usize)) };
+        true
     }
-    /// The valid bytes (empty for a region lease).
-    pub fn data(&self) -> &[u8] {
-        self.as_slice().get(..self.len as usize).unwrap_or(&[])
+    /// A copy of the valid bytes (empty for a region lease). For tests and
+    /// the control path; the data path reads into its own buffers.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; (self.len as usize).min(self.view_len())];
+        self.read(0, &mut v);
+        v
     }
     /// Copies `src` to the start of the buffer and sets the length.
     /// Returns false (and copies nothing) if it does not fit (always for
     /// a non-empty `src` into a region lease).
     pub fn fill(&mut self, src: &[u8]) -> bool {
-        if src.len() > self.view_len() {
+        if !self.write(0, src) {
             return false;
         }
-        self.as_mut_slice()[..src.len()].copy_from_slice(src);
         self.len = src.len() as u32;
         true
     }
@@ -759,7 +789,7 @@ mod tests {
         assert!(slab.alloc().is_none());
         assert_eq!(slab.available(), 0);
         assert!(bufs[0].fill(b"hello"));
-        assert_eq!(bufs[0].data(), b"hello");
+        assert_eq!(bufs[0].to_vec(), b"hello");
         assert_eq!(bufs[0].lkey(), 7);
         let first = bufs.remove(0);
         let (idx, generation) = (first.index(), first.generation());
@@ -788,8 +818,8 @@ mod tests {
         assert!(a.is_lease());
         // No slice views on aliased memory.
         b.set_len(100);
-        assert!(b.as_slice().is_empty() && b.data().is_empty());
-        assert!(b.as_mut_slice().is_empty());
+        assert!(b.to_vec().is_empty() && !b.read(0, &mut [0u8; 1]));
+        assert!(!b.write(0, b"x"));
         assert!(!b.fill(b"x"));
         assert!(b.fill(b""));
         drop((a, b, c));

@@ -265,16 +265,10 @@ pub fn decode_data_reply<'a>(
     message: &'a [u8],
     ddp: Option<&'a [u8]>,
 ) -> Result<&'a [u8], ReplyError> {
-    let mut dec = success_results(message)?;
     match ddp {
-        Some(data) => {
-            let len = dec.get_u32().map_err(ReplyError::Malformed)?;
-            if len as usize != data.len() {
-                return Err(ReplyError::Malformed(WireError::Malformed));
-            }
-            Ok(data)
-        }
+        Some(data) => decode_ddp_reply(message, data.len()).map(|()| data),
         None => {
+            let mut dec = success_results(message)?;
             let data = dec
                 .get_opaque(MAX_DATA as usize)
                 .map_err(ReplyError::Malformed)?;
@@ -282,6 +276,20 @@ pub fn decode_data_reply<'a>(
             Ok(data)
         }
     }
+}
+
+/// Checks a successful data reply whose `ddp_len` result bytes were
+/// placed in a write chunk: the message carries only their length word.
+///
+/// # Errors
+/// [`ReplyError`] when the reply is not a success or the length differs.
+pub fn decode_ddp_reply(message: &[u8], ddp_len: usize) -> Result<(), ReplyError> {
+    let mut dec = success_results(message)?;
+    let len = dec.get_u32().map_err(ReplyError::Malformed)?;
+    if len as usize != ddp_len {
+        return Err(ReplyError::Malformed(WireError::Malformed));
+    }
+    Ok(())
 }
 
 /// Checks a successful reply without results (NULL, SINK).

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{
-    self, BufferTable, CloseReason, Connection, Event, PeerLimits, Resources, SlabMemory, Stats,
-    WorkRequest,
+    self, BufferTable, CloseReason, Connection, Event, PeerLimits, PeerMemory, Resources,
+    SlabMemory, Stats, WorkRequest,
 };
 use crate::mem::{self, Arena, Backing, Slab};
 use crate::verbs::{
@@ -78,14 +78,14 @@ pub fn engine_status(status: WcStatus) -> engine::WcStatus {
     }
 }
 
-/// The engine's slab, living in a registered [`Arena`].
+/// The engine's private region ([`engine::Memory::Private`]), living in
+/// a registered [`Arena`] that peers can at most read (with `shm`, it is
+/// shared read-only and sealed against writes).
 ///
 /// The engine reads and writes its buffers through these slices; the
 /// provider reaches the same bytes through raw pointers of region leases
-/// while a work request is posted, on bytes the engine does not touch
-/// until the completion (its slot state machines guarantee it). With the
-/// `shm` provider a peer also writes exposed buffers one-sidedly from its
-/// own thread, exactly like an HCA's DMA: only bytes change.
+/// only while a work request owns them, on bytes the engine does not touch
+/// until the completion (its slot state machines guarantee it).
 pub struct ArenaSlab {
     arena: Arc<Arena>,
     len: usize,
@@ -117,6 +117,43 @@ impl SlabMemory for ArenaSlab {
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`; `&mut self` is the engine's exclusive view.
         unsafe { std::slice::from_raw_parts_mut(self.arena.as_ptr(), self.len) }
+    }
+}
+
+/// The engine's peer region ([`engine::Memory::Peer`]): receive buffers
+/// and RDMA Write targets, in a registered [`Arena`] the peer may write
+/// at any moment (with `shm`, it has the arena mapped writable). Only a
+/// pointer and a length: the engine copies in and out of it.
+pub struct ArenaPeerMemory {
+    arena: Arc<Arena>,
+    len: usize,
+}
+
+impl ArenaPeerMemory {
+    /// The first `len` bytes of `arena` (clamped to its length).
+    pub fn new(arena: Arc<Arena>, len: usize) -> ArenaPeerMemory {
+        let len = len.min(arena.len());
+        ArenaPeerMemory { arena, len }
+    }
+}
+
+impl core::fmt::Debug for ArenaPeerMemory {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ArenaPeerMemory")
+            .field("arena", &self.arena.id())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: the arena stays mapped while the Arc lives, and nothing in this
+// process makes a reference to its bytes (the engine copies).
+unsafe impl PeerMemory for ArenaPeerMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.arena.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -210,23 +247,70 @@ pub enum EndpointError {
     PrePost(PostError),
 }
 
-/// Registered memory of one endpoint.
-struct Registered<P: Provider> {
+/// One registered region of an endpoint.
+struct Region<P: Provider> {
     mr: P::Mr,
     leases: Slab,
     arena: Arc<Arena>,
 }
 
+impl<P: Provider> Region<P> {
+    /// `len` bytes (at least one page) in a fresh arena, registered with
+    /// `access`, with `max_leases` region leases over it.
+    fn new(
+        pd: &P::Pd,
+        len: usize,
+        access: Access,
+        max_leases: u32,
+        backing: Backing,
+    ) -> Result<Region<P>, EndpointError> {
+        let len = len.max(mem::PAGE_SIZE);
+        // Lazy: sized for the largest message in every slot, touched only
+        // where messages land (the populate would cost the whole size).
+        let arena = Arena::with_backing_lazy(len, backing).map_err(VerbsError::from)?;
+        let mr = pd.register(&arena, 0, len, access)?;
+        let leases = Slab::region_leases(
+            arena.clone(),
+            0,
+            len as u32,
+            max_leases,
+            mr.lkey(),
+            mem::WrKind::Engine,
+        )
+        .map_err(VerbsError::from)?;
+        Ok(Region { mr, leases, arena })
+    }
+
+    fn leases_idle(&self) -> bool {
+        self.leases.available() == self.leases.total()
+    }
+}
+
+/// Registered memory of one endpoint: the engine's two regions.
+struct Registered<P: Provider> {
+    private: Region<P>,
+    peer: Region<P>,
+}
+
+impl<P: Provider> Registered<P> {
+    fn region(&self, memory: engine::Memory) -> &Region<P> {
+        match memory {
+            engine::Memory::Private => &self.private,
+            engine::Memory::Peer => &self.peer,
+        }
+    }
+}
+
 /// Builds a scatter/gather list of one region lease over `len` bytes at
 /// `offset` of engine buffer `buf`; `None` when no lease is free.
-fn lease_sge(
-    leases: &Slab,
+fn lease_sge<P: Provider>(
+    mem: &Registered<P>,
     bufs: &BufferTable,
     buf: engine::BufId,
     offset: u32,
     len: u32,
 ) -> Option<SgeList> {
-    let lease = leases.alloc()?;
+    let lease = mem.region(bufs.memory(buf)).leases.alloc()?;
     let at = bufs.slab_offset(buf) as u64 + u64::from(offset);
     Some(SgeList::one(Sge {
         buf: lease,
@@ -301,30 +385,36 @@ impl<P: Provider> PreparedEndpoint<P> {
         shared: Option<Arc<P::Cq>>,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
         let len = Connection::memory_len(&config.engine)?;
-        if len > u32::MAX as usize {
-            return Err(EndpointError::TooLarge(len));
+        for l in [len.private, len.peer] {
+            if l > u32::MAX as usize {
+                return Err(EndpointError::TooLarge(l));
+            }
         }
-        // Lazy: sized for the largest message in every slot, touched only
-        // where messages land (the populate would cost the whole size).
-        let arena = Arena::with_backing_lazy(len, config.backing).map_err(VerbsError::from)?;
-        let mr = pd.register(
-            &arena,
-            0,
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )?;
         let max_recv_wr = config.max_recv_wr();
-        let leases = Slab::region_leases(
-            arena.clone(),
-            0,
-            len as u32,
-            config.max_send_wr + max_recv_wr + 8,
-            mr.lkey(),
-            mem::WrKind::Engine,
-        )
-        .map_err(VerbsError::from)?;
-        let mut conn =
-            Connection::with_memory(config.engine, Box::new(ArenaSlab::new(arena.clone(), len)))?;
+        let max_leases = config.max_send_wr + max_recv_wr + 8;
+        // Peers may read the private region (read chunks we offer) but
+        // never write it; the peer region takes their Sends and Writes.
+        let mem = Registered {
+            private: Region::new(
+                pd,
+                len.private,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+                max_leases,
+                config.backing,
+            )?,
+            peer: Region::new(
+                pd,
+                len.peer,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+                max_leases,
+                config.backing,
+            )?,
+        };
+        let mut conn = Connection::with_memory(
+            config.engine,
+            Box::new(ArenaSlab::new(mem.private.arena.clone(), len.private)),
+            Box::new(ArenaPeerMemory::new(mem.peer.arena.clone(), len.peer)),
+        )?;
         let cq = match shared {
             Some(cq) => CqHandle::Shared(cq),
             None => {
@@ -348,7 +438,7 @@ impl<P: Provider> PreparedEndpoint<P> {
         while let Some(wr) = conn.poll_transmit() {
             if let WorkRequest::PostRecv { wr_id, buf } = wr {
                 let len = conn.buffers().buf_len(buf);
-                let sgl = lease_sge(&leases, conn.buffers(), buf, 0, len)
+                let sgl = lease_sge(&mem, conn.buffers(), buf, 0, len)
                     .ok_or(EndpointError::PrePost(PostError::QueueFull))?;
                 qp.post_recv(RecvWr {
                     wr_id: to_verbs_wr_id(wr_id),
@@ -361,7 +451,7 @@ impl<P: Provider> PreparedEndpoint<P> {
             qp,
             cq,
             conn,
-            mem: Registered { mr, leases, arena },
+            mem,
             config: *config,
         })
     }
@@ -489,16 +579,20 @@ impl<P: Provider> Endpoint<P> {
         mem: Registered<P>,
         config: EndpointConfig,
     ) -> Result<Endpoint<P>, EndpointError> {
-        // One key for the whole arena, valid on this connection only; the
-        // engine advertises exact windows of it (docs/ENGINE.md). None at
-        // all when the peer never needs one (`expose_memory`).
+        // One key for each region, valid on this connection only; the
+        // engine advertises exact windows of them (docs/ENGINE.md). None
+        // at all when the peer never needs one (`expose_memory`).
         if config.expose_memory {
-            let key = qp.expose(&mem.mr)?;
-            let base = key.addr;
+            let private = qp.expose(&mem.private.mr)?;
+            let peer = qp.expose(&mem.peer.mr)?;
             let bufs = conn.buffers_mut();
             for i in 0..bufs.count() {
                 let id = engine::BufId(i as u32);
-                let addr = base + bufs.slab_offset(id) as u64;
+                let key = match bufs.memory(id) {
+                    engine::Memory::Private => private,
+                    engine::Memory::Peer => peer,
+                };
+                let addr = key.addr + bufs.slab_offset(id) as u64;
                 bufs.set_remote_key(id, key.rkey, addr);
             }
         }
@@ -567,12 +661,15 @@ impl<P: Provider> Endpoint<P> {
     /// Region leases held by posted work requests (and their unpolled
     /// completions).
     pub fn leases_in_use(&self) -> usize {
-        self.mem.leases.total() - self.mem.leases.available()
+        [&self.mem.private, &self.mem.peer]
+            .iter()
+            .map(|r| r.leases.total() - r.leases.available())
+            .sum()
     }
 
     /// Whether 2 MiB hugepages back this endpoint's memory.
     pub fn is_hugepage_backed(&self) -> bool {
-        self.mem.arena.is_hugepage_backed()
+        self.mem.private.arena.is_hugepage_backed() && self.mem.peer.arena.is_hugepage_backed()
     }
 
     /// Why the connection closed, once it has.
@@ -688,7 +785,8 @@ impl<P: Provider> Endpoint<P> {
     pub fn is_drained(&self) -> bool {
         self.close_reason().is_some()
             && self.pending.is_empty()
-            && self.mem.leases.available() == self.mem.leases.total()
+            && self.mem.private.leases_idle()
+            && self.mem.peer.leases_idle()
     }
 
     /// Moves the engine's output to the provider: receives one by one,
@@ -705,8 +803,7 @@ impl<P: Provider> Endpoint<P> {
                 None => return posted,
                 Some(WorkRequest::PostRecv { wr_id, buf }) => {
                     let len = self.conn.buffers().buf_len(buf);
-                    let Some(sgl) = lease_sge(&self.mem.leases, self.conn.buffers(), buf, 0, len)
-                    else {
+                    let Some(sgl) = lease_sge(&self.mem, self.conn.buffers(), buf, 0, len) else {
                         return posted;
                     };
                     let wr = RecvWr {
@@ -725,7 +822,7 @@ impl<P: Provider> Endpoint<P> {
                     let mut batch = SendBatch {
                         pending: &mut self.pending,
                         bufs: self.conn.buffers(),
-                        leases: &self.mem.leases,
+                        mem: &self.mem,
                         last: None,
                         starved: false,
                     };
@@ -775,15 +872,15 @@ impl<P: Provider> Endpoint<P> {
 
 /// The run of send-queue work at the front of the backlog, converted to
 /// verbs work requests on the fly (no allocation).
-struct SendBatch<'a> {
+struct SendBatch<'a, P: Provider> {
     pending: &'a mut VecDeque<WorkRequest>,
     bufs: &'a BufferTable,
-    leases: &'a Slab,
+    mem: &'a Registered<P>,
     last: Option<WorkRequest>,
     starved: bool,
 }
 
-impl Iterator for SendBatch<'_> {
+impl<P: Provider> Iterator for SendBatch<'_, P> {
     type Item = SendWr;
     fn next(&mut self) -> Option<SendWr> {
         let wr = *self.pending.front()?;
@@ -823,8 +920,7 @@ impl Iterator for SendBatch<'_> {
                 }),
             ),
         };
-        let Some(sgl) = lease_sge(self.leases, self.bufs, local.buf, local.offset, local.len)
-        else {
+        let Some(sgl) = lease_sge(self.mem, self.bufs, local.buf, local.offset, local.len) else {
             self.starved = true;
             return None;
         };

@@ -490,8 +490,13 @@ mod tests {
     fn default_server_connection_fits_one_registration() {
         let cfg = WorkerConfig::default();
         let len = engine::Connection::memory_len(&cfg.endpoint.engine).unwrap();
-        assert!(len < u32::MAX as usize, "{len}");
-        eprintln!("default connection memory: {} MiB", len >> 20);
+        assert!(len.private < u32::MAX as usize, "{len:?}");
+        assert!(len.peer < u32::MAX as usize, "{len:?}");
+        eprintln!(
+            "default connection memory: {} MiB private, {} MiB peer",
+            len.private >> 20,
+            len.peer >> 20
+        );
     }
 
     #[test]

@@ -745,7 +745,7 @@ fn send_recv_passive<P: Provider>(mut p: Peer<P>) {
         assert_eq!(c.imm, if i % 3 == 1 { Some(i as u32) } else { None });
         let buf = &c.sgl.iter().next().unwrap().buf;
         assert_eq!(
-            buf.data(),
+            buf.to_vec(),
             &pattern(i as u64, len)[..],
             "bytes of message {i}"
         );
@@ -773,7 +773,7 @@ fn send_recv_passive<P: Provider>(mut p: Peer<P>) {
     assert_eq!(c.byte_len, 200_000);
     let mut got = Vec::new();
     for s in c.sgl.iter() {
-        got.extend_from_slice(s.buf.data());
+        got.extend_from_slice(&s.buf.to_vec());
     }
     assert_eq!(got, pattern(99, 200_000));
     drop(c);
@@ -907,7 +907,7 @@ fn write_send_passive<P: Provider>(mut p: Peer<P>) {
     for _ in 0..20 {
         let c = p.next_recv();
         assert!(c.is_ok());
-        let text = String::from_utf8(c.sgl.iter().next().unwrap().buf.data().to_vec()).unwrap();
+        let text = String::from_utf8(c.sgl.iter().next().unwrap().buf.to_vec()).unwrap();
         drop(c);
         p.post_recvs(1);
         let v: Vec<usize> = text.split(' ').map(|x| x.parse().unwrap()).collect();
@@ -915,7 +915,7 @@ fn write_send_passive<P: Provider>(mut p: Peer<P>) {
         // The Send completed here: the earlier Write must be visible.
         let rdma = p.mem.rdma.as_ref().unwrap();
         let want = pattern(round + 1000, len);
-        let got = &rdma.data()[off..off + len];
+        let got = &rdma.to_vec()[off..off + len];
         let bad = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(bad, None, "round {round}: first difference (len {len})");
         p.oob.send("checked");
@@ -961,7 +961,7 @@ fn read_active<P: Provider>(mut p: Peer<P>) {
         assert_eq!(c.byte_len as usize, len);
         let mut got = Vec::new();
         for s in c.sgl.iter() {
-            got.extend_from_slice(s.buf.data());
+            got.extend_from_slice(&s.buf.to_vec());
         }
         let seed = if k == key { 5 } else { 6 };
         let full = pattern(seed, if k == key { 1 << 20 } else { 64 << 10 });
@@ -1008,7 +1008,7 @@ fn write_imm_passive<P: Provider>(mut p: Peer<P>) {
     assert_eq!(c.byte_len, 5000);
     drop(c);
     assert_eq!(
-        &p.mem.rdma.as_ref().unwrap().data()[64..5064],
+        &p.mem.rdma.as_ref().unwrap().to_vec()[64..5064],
         &pattern(77, 5000)[..]
     );
     p.passed();
@@ -1038,10 +1038,10 @@ fn send_inv_passive<P: Provider>(mut p: Peer<P>) {
     assert!(c.is_ok());
     assert_eq!(c.invalidated_rkey, Some(rkey));
     drop(c);
-    assert_eq!(&p.mem.rdma.as_ref().unwrap().data()[..6], b"before");
+    assert_eq!(&p.mem.rdma.as_ref().unwrap().to_vec()[..6], b"before");
     p.oob.send("invalidated");
     p.wait_error();
-    assert_eq!(&p.mem.rdma.as_ref().unwrap().data()[..6], b"before");
+    assert_eq!(&p.mem.rdma.as_ref().unwrap().to_vec()[..6], b"before");
     p.passed();
 }
 
@@ -1105,7 +1105,7 @@ fn bad_access_passive<P: Provider>(mut p: Peer<P>) {
     p.oob.send(&k);
     p.wait_error();
     // Nothing was written to the read-only region.
-    assert!(p.mem.ro.as_ref().unwrap().data().iter().all(|&b| b == 0));
+    assert!(p.mem.ro.as_ref().unwrap().to_vec().iter().all(|&b| b == 0));
     p.passed();
 }
 
@@ -1258,7 +1258,7 @@ fn many_active<P: Provider>(mut p: Peer<P>) {
     for _ in 0..N {
         let c = p.next_recv();
         assert!(c.is_ok());
-        let idx: usize = std::str::from_utf8(c.sgl.iter().next().unwrap().buf.data())
+        let idx: usize = std::str::from_utf8(&c.sgl.iter().next().unwrap().buf.to_vec())
             .unwrap()
             .parse()
             .unwrap();
@@ -1336,7 +1336,7 @@ fn many_passive<P: Provider>(mut p: Peer<P>) {
             WcOpcode::Send => ok_sends += 1,
             _ => {
                 let qpn = c.qp_num;
-                let text = std::str::from_utf8(c.sgl.iter().next().unwrap().buf.data())
+                let text = std::str::from_utf8(&c.sgl.iter().next().unwrap().buf.to_vec())
                     .unwrap()
                     .to_owned();
                 let i = qps.iter().position(|q| q.qp_num() == qpn).unwrap();

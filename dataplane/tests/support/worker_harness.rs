@@ -275,19 +275,19 @@ pub fn echo(
         .unwrap();
     match client.wait(call).unwrap() {
         CallOutcome::Reply { ddp_len, .. } => {
-            let reply = client.reply(call).unwrap();
+            let reply = client.reply(call).map(|b| b.to_vec()).unwrap();
             let out = match ddp_len {
                 // The DDP result moved by the write chunk: the inline
                 // reply keeps its length word, the data is in the chunk.
                 Some(n) => {
-                    let data = client.ddp(call).unwrap();
+                    let data = client.ddp(call).map(|b| b.to_vec()).unwrap();
                     assert_eq!(data.len(), n as usize);
-                    let (_, hl) = ReplyHeader::parse(reply).unwrap();
+                    let (_, hl) = ReplyHeader::parse(&reply).unwrap();
                     let len = Decoder::new(&reply[hl..]).get_u32().unwrap();
                     assert_eq!(len, n);
                     data.to_vec()
                 }
-                None => decode_opaque_reply(reply),
+                None => decode_opaque_reply(&reply),
             };
             assert!(client.release(call));
             (out, ddp_len)

@@ -428,7 +428,7 @@ fn responder_acks_wraps_naks_once_and_replays_reads() {
     let c = next_completion(&s.cq);
     assert!(c.is_ok());
     assert_eq!(c.byte_len, 2058);
-    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), &body[..]);
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), &body[..]);
     drop(c);
 
     // Out of order: one sequence-error NAK naming the expected PSN, then
@@ -709,7 +709,7 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     fake.send(&RocePacket::new(bth, b"to you"));
     let c = next_completion(&cq);
     assert!(c.is_ok());
-    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"to you");
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"to you");
     drop(c);
     let (apsn, syn, _) = ack_of(&fake.recv_rc());
     assert_eq!((apsn, syn), (rep.starting_psn, Syndrome::ACK));
@@ -970,7 +970,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     assert_eq!((apsn.value(), syn), (req_psn, Syndrome::ACK));
     let c = next_completion(&s.cq);
     assert!(c.is_ok());
-    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"good");
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"good");
     assert_eq!(s.qp.spoofed_count(), 1);
 }
 
@@ -1264,7 +1264,7 @@ fn a_packet_of_the_peer_stands_for_a_lost_rtu() {
     a.fake.send(&RocePacket::new(bth, b"no rtu"));
     let c = next_completion(&a.cq);
     assert!(c.is_ok());
-    assert_eq!(c.sgl.iter().next().unwrap().buf.data(), b"no rtu");
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"no rtu");
     drop(c);
     // Longer than every REP retry together: only the ACK of our Send may
     // arrive, never a REP or a REJ.
