@@ -1354,14 +1354,6 @@ fn many_passive<P: Provider>(mut p: Peer<P>) {
 // Memory windows: a key per exchange, bound by a work request.
 // ---------------------------------------------------------------------------
 
-/// The valid bytes of a buffer (what the provider placed or we filled).
-pub fn bytes(buf: &Buf) -> Vec<u8> {
-    // SAFETY: `as_ptr` points at the buffer's `capacity()` bytes, of which
-    // the first `len()` are valid; nothing writes them during the copy
-    // (the peer's work on them has completed or failed).
-    unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len() as usize) }.to_vec()
-}
-
 /// Where the window cases bind inside the 1 MiB `rdma` region, and the
 /// tag of their first key.
 const WIN_OFF: u64 = 4096;
@@ -1377,7 +1369,7 @@ impl<P: Provider> Peer<P> {
 
     /// The `rdma` region's bytes now.
     pub fn rdma_bytes(&self) -> Vec<u8> {
-        bytes(self.mem.rdma.as_ref().unwrap())
+        self.mem.rdma.as_ref().unwrap().to_vec()
     }
 
     /// A bind of `w` under `rkey` over `len` bytes at `off` of the `rdma`
@@ -1473,13 +1465,13 @@ fn window_ro_target<P: Provider>(mut p: Peer<P>) {
 fn window_ro_key<P: Provider>(p: &mut Peer<P>) -> RemoteKey {
     let c = p.next_recv();
     assert!(c.is_ok());
-    let text = bytes(&c.sgl.iter().next().unwrap().buf);
+    let text = c.sgl.iter().next().unwrap().buf.to_vec();
     let key = parse_key(std::str::from_utf8(&text).unwrap());
     assert_eq!(key.len, 64);
     let expect = &pattern(11, 1 << 20)[WIN_OFF as usize..WIN_OFF as usize + 64];
     let c = p.read(key.at(0), 64);
     assert_eq!(c.status, WcStatus::Success, "read inside the window");
-    assert_eq!(bytes(&c.sgl.iter().next().unwrap().buf), expect);
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), expect);
     key
 }
 
