@@ -376,7 +376,8 @@ impl Window {
 /// Valid when: `window` is a window of this queue pair that is not bound
 /// (type 2 windows must be invalidated before they are bound again);
 /// `rkey` is one of its keys ([`Window::owns`]) and not the key it was
-/// last bound under; `lkey` names a live region of the queue pair's
+/// last bound under (for a type 2 window of an HCA never bound yet: the
+/// key it was allocated with); `lkey` names a live region of the queue pair's
 /// protection domain; `addr..addr + len` lies inside it and `len` is not
 /// 0 (as for IB type 2 windows, a zero-length bind is refused); `access`
 /// is `REMOTE_READ` and/or `REMOTE_WRITE`, each also granted by the

@@ -1,7 +1,8 @@
 //! Memory registration as the software providers (`shm`, `roce`) keep it:
 //! a per-PD table of regions, the local-key check every posted SGE goes
-//! through, and the region handle that deregisters on drop. One copy for
-//! both providers; `ibverbs` leaves all of this to the HCA.
+//! through, the region handle that deregisters on drop, and who owns the
+//! slots of a connection's key table (exposures, memory windows). One
+//! copy for both providers; `ibverbs` leaves all of this to the HCA.
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
