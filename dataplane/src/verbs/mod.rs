@@ -22,6 +22,11 @@
 //!   (think of a type 2 memory window bound to the QP): the returned
 //!   [`RemoteKey`] is valid on that connection only, until invalidated
 //!   locally ([`SendOp::LocalInv`]) or remotely ([`SendOp::SendWithInv`]).
+//!   Per exchange, a [`Window`] ([`QueuePair::alloc_window`]) is bound by
+//!   a work request ([`SendOp::Bind`]) over exactly the exchange's bytes,
+//!   under an rkey the consumer chooses ([`Window::rkey`]), so a sans-IO
+//!   engine knows the key when it marshals a header, before the bind has
+//!   executed.
 //! * Connection setup is a listener/connector pair carrying private data
 //!   (as rdma_cm does; RFC 8797 data rides on it).
 //!
@@ -267,6 +272,167 @@ pub enum SendOp {
     Read(RemoteAddr),
     /// Invalidates one of our own rkeys (no SGEs).
     LocalInv(u32),
+    /// Binds a memory window of this queue pair (no SGEs); executes in
+    /// send-queue order, so the key is live for every later work request
+    /// of this queue pair (a Send posted after it included).
+    Bind(BindWindow),
+}
+
+impl SendOp {
+    /// Whether the operation works on this side's keys only and carries
+    /// no SGEs (local invalidate, window bind).
+    pub fn is_key_op(&self) -> bool {
+        matches!(self, SendOp::LocalInv(_) | SendOp::Bind(_))
+    }
+    /// The opcode of its completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
+            SendOp::Bind(_) => WcOpcode::Bind,
+        }
+    }
+}
+
+/// A memory window: a key slot of one queue pair
+/// ([`QueuePair::alloc_window`]) that a [`SendOp::Bind`] binds over a
+/// byte range of a memory region under an rkey the consumer chooses, and
+/// that [`SendOp::LocalInv`] or the peer's [`SendOp::SendWithInv`]
+/// invalidates. It dies with its queue pair.
+///
+/// The rkey is the window's `fixed` bits where `mask` is clear and the
+/// consumer's tag where it is set: the provider owns the bits that find
+/// the window (its slot or the HCA's index), the consumer owns the key
+/// that tells one binding of it from the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    index: u32,
+    fixed: u32,
+    mask: u32,
+}
+
+impl Window {
+    /// A window handle (providers only).
+    pub(crate) fn new(index: u32, fixed: u32, mask: u32) -> Window {
+        debug_assert!(mask != 0, "a window needs key bits");
+        Window { index, fixed, mask }
+    }
+    /// Index of the window in its queue pair (what [`BindWindow::window`]
+    /// names).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    /// The provider's bits of every rkey of this window (where `mask` is
+    /// clear).
+    pub fn fixed(&self) -> u32 {
+        self.fixed & !self.mask
+    }
+    /// The bits of an rkey the consumer chooses.
+    pub fn mask(&self) -> u32 {
+        self.mask
+    }
+    /// The rkey for `tag`: `(fixed & !mask) | (tag & mask)`. Never 0 (the
+    /// value every provider treats as no key): should the fixed bits be
+    /// all clear and the tag's masked bits too, the lowest mask bit is set
+    /// instead, so tag 0 and that bit then name the same key.
+    pub fn rkey(&self, tag: u32) -> u32 {
+        let r = self.fixed() | (tag & self.mask);
+        if r == 0 {
+            self.mask & self.mask.wrapping_neg()
+        } else {
+            r
+        }
+    }
+    /// The rkey after `rkey` when the tag counts up by one in the mask's
+    /// bits (the mask is one run of bits in every provider): a fresh key
+    /// per exchange without knowing where the provider put the tag.
+    pub fn next_rkey(&self, rkey: u32) -> u32 {
+        let step = self.mask & self.mask.wrapping_neg();
+        self.rkey((rkey & self.mask).wrapping_add(step))
+    }
+    /// Whether `rkey` could be one of this window's keys (fixed bits
+    /// match, not 0).
+    pub fn owns(&self, rkey: u32) -> bool {
+        rkey != 0 && rkey & !self.mask == self.fixed()
+    }
+    /// A bind of this window under `rkey` over `len` bytes at `addr` of
+    /// the region with local key `lkey`, granting `access`.
+    pub fn bind(&self, rkey: u32, lkey: u32, addr: u64, len: u64, access: Access) -> BindWindow {
+        BindWindow {
+            window: self.index,
+            rkey,
+            lkey,
+            addr,
+            len,
+            access,
+        }
+    }
+}
+
+/// What a [`SendOp::Bind`] binds.
+///
+/// Valid when: `window` is a window of this queue pair that is not bound
+/// (type 2 windows must be invalidated before they are bound again);
+/// `rkey` is one of its keys ([`Window::owns`]) and not the key it was
+/// last bound under; `lkey` names a live region of the queue pair's
+/// protection domain; `addr..addr + len` lies inside it and `len` is not
+/// 0 (as for IB type 2 windows, a zero-length bind is refused); `access`
+/// is `REMOTE_READ` and/or `REMOTE_WRITE`, each also granted by the
+/// region. Otherwise the bind completes with [`WcStatus::MwBindErr`] and
+/// the queue pair moves to the error state. A window index the queue
+/// pair never allocated is a malformed request ([`PostError::Invalid`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindWindow {
+    /// [`Window::index`].
+    pub window: u32,
+    /// The key to bind under ([`Window::rkey`]).
+    pub rkey: u32,
+    /// Local key of the memory region the window lies in.
+    pub lkey: u32,
+    /// Address of the first byte granted.
+    pub addr: u64,
+    /// Bytes granted.
+    pub len: u64,
+    /// `REMOTE_READ` and/or `REMOTE_WRITE`.
+    pub access: Access,
+}
+
+impl BindWindow {
+    /// The key the peer uses, as advertised.
+    pub fn remote_key(&self) -> RemoteKey {
+        RemoteKey {
+            addr: self.addr,
+            rkey: self.rkey,
+            len: self.len,
+        }
+    }
+}
+
+/// The checks of a [`BindWindow`] against the window's key bits and the
+/// region it names (`mr_addr`, `mr_len`, `mr_access`) that every provider
+/// applies (the window's own state is the provider's to check): one of
+/// the window's keys, a non-empty range inside the region, remote rights
+/// the region also grants.
+pub(crate) fn bind_ok(
+    b: &BindWindow,
+    w: &Window,
+    mr_addr: u64,
+    mr_len: u64,
+    mr_access: Access,
+) -> bool {
+    let remote = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let rights = b.access.bits();
+    w.owns(b.rkey)
+        && b.len > 0
+        && b.addr >= mr_addr
+        && b.addr
+            .checked_add(b.len)
+            .is_some_and(|end| end <= mr_addr.saturating_add(mr_len))
+        && rights != 0
+        && rights & !remote.bits() == 0
+        && mr_access.contains(b.access)
 }
 
 /// A send-queue work request.
@@ -329,6 +495,8 @@ pub enum WcStatus {
     RetryExcErr,
     /// Flushed because the queue pair is in the error state.
     WrFlushErr,
+    /// A memory-window bind was invalid (see [`BindWindow`]).
+    MwBindErr,
 }
 
 /// Completion opcode, as `ibv_wc_opcode`.
@@ -343,6 +511,8 @@ pub enum WcOpcode {
     RdmaRead,
     /// Local invalidate.
     LocalInv,
+    /// Memory-window bind.
+    Bind,
     /// Receive of a Send.
     Recv,
     /// Receive consumed by an RDMA Write with Immediate.
@@ -696,6 +866,17 @@ pub trait QueuePair<P: Provider>: Send {
     /// [`VerbsError::InvalidRegistration`] if `mr` has no remote access,
     /// [`VerbsError::NotConnected`] in the error state.
     fn expose(&mut self, mr: &P::Mr) -> Result<RemoteKey, VerbsError>;
+    /// Reserves a memory window of this queue pair, to be bound per
+    /// exchange with [`SendOp::Bind`]. Windows live as long as the queue
+    /// pair; each provider has a fixed number per queue pair (shared with
+    /// [`QueuePair::expose`]'s keys).
+    ///
+    /// # Errors
+    /// [`VerbsError::Limit`] when the queue pair has no window left,
+    /// [`VerbsError::NotConnected`] in the error state,
+    /// [`VerbsError::Unavailable`] when the device has no type 2 memory
+    /// windows (use [`QueuePair::expose`] there).
+    fn alloc_window(&mut self) -> Result<Window, VerbsError>;
     /// Moves the queue pair to the error state (flushing everything) and
     /// tells the peer. Completions remain pollable from the CQs.
     fn disconnect(&mut self);

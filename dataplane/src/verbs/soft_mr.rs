@@ -6,7 +6,9 @@
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use super::{check_registration, lock, Access, MemoryRegion, Sge, VerbsError};
+use super::{
+    bind_ok, check_registration, lock, Access, BindWindow, MemoryRegion, Sge, VerbsError, Window,
+};
 use crate::mem::Arena;
 
 /// One registered range.
@@ -62,6 +64,15 @@ impl MrTable {
             info,
             _provider: PhantomData,
         })
+    }
+
+    /// The live registration with local key `lkey`.
+    pub(crate) fn get(&self, lkey: u32) -> Option<MrInfo> {
+        let mrs = lock(&self.mrs);
+        match mrs.get((lkey as usize).wrapping_sub(1)) {
+            Some(Some(mr)) if mr.lkey == lkey => Some(mr.clone()),
+            _ => None,
+        }
     }
 
     /// Whether an SGE lies in a live registration of this table with `need`.
@@ -120,5 +131,203 @@ impl<P> Drop for SoftMr<P> {
         if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
             *slot = None;
         }
+    }
+}
+
+/// Slots of a connection's key table (the low 8 bits of an rkey).
+pub(crate) const KEY_SLOTS: usize = 256;
+/// The rkey bits that pick the slot.
+const SLOT_BITS: u32 = KEY_SLOTS as u32 - 1;
+
+/// What a slot of a software provider's per-connection key table is used
+/// for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    /// An [`expose`](super::QueuePair::expose) key, live until invalidated.
+    Exposed(u32),
+    /// A memory window: the key it is bound under, and the key of its
+    /// last binding (a rebind must change it).
+    Window {
+        bound: Option<u32>,
+        last: u32,
+    },
+}
+
+/// Who owns the slots of one connection's key table, for `shm` and
+/// `roce` (the providers keep what a key grants in their own tables):
+/// `expose` keys (24 random bits above the slot), memory windows (slot
+/// fixed, the upper 24 bits the consumer's) and their bindings.
+#[derive(Debug)]
+pub(crate) struct KeySlots {
+    slots: Vec<Slot>,
+}
+
+impl KeySlots {
+    pub(crate) fn new() -> KeySlots {
+        KeySlots {
+            slots: vec![Slot::Free; KEY_SLOTS],
+        }
+    }
+
+    /// The slot an rkey names.
+    pub(crate) fn slot(rkey: u32) -> usize {
+        (rkey & SLOT_BITS) as usize
+    }
+
+    /// Takes a free slot for an `expose` key: `random` supplies the upper
+    /// bits (drawn again while the key would be 0).
+    pub(crate) fn expose(
+        &mut self,
+        mut random: impl FnMut() -> Result<u32, VerbsError>,
+    ) -> Result<u32, VerbsError> {
+        let slot = self.free()?;
+        let rkey = loop {
+            let r = (random()? & !SLOT_BITS) | slot as u32;
+            if r != 0 {
+                break r;
+            }
+        };
+        self.slots[slot] = Slot::Exposed(rkey);
+        Ok(rkey)
+    }
+
+    fn free(&self) -> Result<usize, VerbsError> {
+        self.slots
+            .iter()
+            .position(|s| *s == Slot::Free)
+            .ok_or(VerbsError::Limit("key table of this connection is full"))
+    }
+
+    /// Reserves a free slot as a window: the slot is its fixed bits, the
+    /// upper 24 bits its consumer's tag.
+    pub(crate) fn alloc_window(&mut self) -> Result<Window, VerbsError> {
+        let slot = self.free()?;
+        self.slots[slot] = Slot::Window {
+            bound: None,
+            last: 0,
+        };
+        Ok(Window::new(slot as u32, slot as u32, !SLOT_BITS))
+    }
+
+    /// Whether `index` names a window of this table.
+    pub(crate) fn is_window(&self, index: u32) -> bool {
+        matches!(self.slots.get(index as usize), Some(Slot::Window { .. }))
+    }
+
+    /// Checks a bind against the window's state and the region `lkey`
+    /// names in `mrs`; on success the window is bound and the region is
+    /// returned (the caller publishes the key).
+    pub(crate) fn bind(&mut self, b: &BindWindow, mrs: &MrTable) -> Option<MrInfo> {
+        let i = b.window as usize;
+        let Some(Slot::Window { bound: None, last }) = self.slots.get(i).copied() else {
+            return None;
+        };
+        let w = Window::new(b.window, b.window, !SLOT_BITS);
+        let mr = mrs.get(b.lkey)?;
+        if b.rkey == last || !bind_ok(b, &w, mr.addr, mr.len, mr.access) {
+            return None;
+        }
+        self.slots[i] = Slot::Window {
+            bound: Some(b.rkey),
+            last: b.rkey,
+        };
+        Some(mr)
+    }
+
+    /// Invalidates `rkey` if it is live here (an `expose` key frees its
+    /// slot, a window becomes bindable again); returns whether it was.
+    pub(crate) fn invalidate(&mut self, rkey: u32) -> bool {
+        let i = Self::slot(rkey);
+        match self.slots[i] {
+            _ if rkey == 0 => false,
+            Slot::Exposed(k) if k == rkey => {
+                self.slots[i] = Slot::Free;
+                true
+            }
+            Slot::Window {
+                bound: Some(k),
+                last,
+            } if k == rkey => {
+                self.slots[i] = Slot::Window { bound: None, last };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every key dies (the connection failed); windows stay reserved.
+    pub(crate) fn invalidate_all(&mut self) {
+        for s in &mut self.slots {
+            match *s {
+                Slot::Exposed(_) => *s = Slot::Free,
+                Slot::Window { last, .. } => *s = Slot::Window { bound: None, last },
+                Slot::Free => {}
+            }
+        }
+    }
+}
+
+/// Checks the key arithmetic of a window a software provider handed out
+/// (the providers' tests run it on real queue pairs): no tag gives rkey
+/// 0, every key keeps the window's fixed bits (its slot), the next key
+/// differs from the last, and a key with other fixed bits is not the
+/// window's.
+#[cfg(test)]
+pub(crate) fn check_window_keys(w: &Window) {
+    assert_eq!(w.mask(), !SLOT_BITS, "the tag is the upper 24 bits");
+    assert_eq!(w.fixed(), w.index(), "the slot is the fixed bits");
+    let tags = [0, 1, 0xff, 0x100, 0xdead_beef, u32::MAX, 0xffff_ff00];
+    for t in tags {
+        let k = w.rkey(t);
+        assert_ne!(k, 0, "tag {t:#x} of window {}", w.index());
+        assert_eq!(KeySlots::slot(k), w.index() as usize, "fixed bits kept");
+        assert!(w.owns(k));
+        let n = w.next_rkey(k);
+        assert_ne!(n, k);
+        assert_eq!(KeySlots::slot(n), w.index() as usize);
+        assert!(!w.owns(k ^ 1), "other fixed bits");
+    }
+    assert!(!w.owns(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_zero_never_gives_rkey_zero() {
+        let w = Window::new(0, 0, !SLOT_BITS);
+        assert_eq!(w.rkey(0), 0x100);
+        assert_eq!(w.rkey(0x100), 0x100);
+        check_window_keys(&w);
+    }
+
+    #[test]
+    fn hca_layout_keeps_the_index_bits() {
+        // ibverbs: the HCA's index in the upper 24 bits, our key byte low.
+        let w = Window::new(3, 0x0012_3400, 0xff);
+        assert_eq!(w.rkey(0xabcd_ef01), 0x0012_3401);
+        assert_eq!(w.next_rkey(0x0012_34ff), 0x0012_3400);
+        assert!(!w.owns(0x0012_3501));
+    }
+
+    #[test]
+    fn windows_and_exposures_share_the_slots() {
+        let mut t = KeySlots::new();
+        // Slot 0 with zero random bits would be rkey 0: drawn again.
+        let mut draws = [0x1234_5678, 0].into_iter().rev();
+        let k = t.expose(|| Ok(draws.next().unwrap())).unwrap();
+        assert_eq!(k, 0x1234_5600);
+        for i in 1..KEY_SLOTS {
+            let w = t.alloc_window().unwrap();
+            assert_eq!(w.index() as usize, i);
+            check_window_keys(&w);
+        }
+        assert!(matches!(t.alloc_window(), Err(VerbsError::Limit(_))));
+        assert!(matches!(t.expose(|| Ok(7 << 8)), Err(VerbsError::Limit(_))));
+        assert!(t.invalidate(k));
+        assert!(!t.invalidate(k), "once");
+        assert_eq!(t.alloc_window().unwrap().index(), 0);
     }
 }

@@ -73,7 +73,8 @@ pub fn engine_status(status: WcStatus) -> engine::WcStatus {
         WcStatus::LocProtErr
         | WcStatus::LocQpOpErr
         | WcStatus::RemInvReqErr
-        | WcStatus::RetryExcErr => engine::WcStatus::Other,
+        | WcStatus::RetryExcErr
+        | WcStatus::MwBindErr => engine::WcStatus::Other,
     }
 }
 

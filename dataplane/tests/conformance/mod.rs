@@ -42,6 +42,13 @@ macro_rules! provider_suite {
             flush_on_close,
             peer_death_mid_transfer,
             many_qps_256,
+            window_read_only,
+            window_bounds,
+            window_late_write,
+            window_send_with_invalidate,
+            window_bind_while_bound,
+            window_bind_wrong_fixed_bits,
+            window_bind_outside_mr,
         );
     };
     (@cases $provider:ident, $guard:ident; $($name:ident),* $(,)?) => {
@@ -73,7 +80,7 @@ macro_rules! provider_suite {
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -1343,6 +1350,276 @@ fn many_passive<P: Provider>(mut p: Peer<P>) {
     p.finish();
 }
 
+// ---------------------------------------------------------------------------
+// Memory windows: a key per exchange, bound by a work request.
+// ---------------------------------------------------------------------------
+
+/// Where the window cases bind inside the 1 MiB `rdma` region, and the
+/// tag of their first key.
+const WIN_OFF: u64 = 4096;
+const WIN_TAG: u32 = 0x5a5a_5a5a;
+
+impl<P: Provider> Peer<P> {
+    /// Fills the `rdma` region with `pattern(seed)` and returns its bytes.
+    pub fn fill_rdma(&mut self, seed: u64) -> Vec<u8> {
+        let data = pattern(seed, 1 << 20);
+        assert!(self.mem.rdma.as_mut().unwrap().fill(&data));
+        data
+    }
+
+    /// The `rdma` region's bytes now.
+    pub fn rdma_bytes(&self) -> Vec<u8> {
+        self.mem.rdma.as_ref().unwrap().to_vec()
+    }
+
+    /// A bind of `w` under `rkey` over `len` bytes at `off` of the `rdma`
+    /// region.
+    pub fn rdma_bind(
+        &self,
+        w: &Window,
+        rkey: u32,
+        off: u64,
+        len: u64,
+        access: Access,
+    ) -> BindWindow {
+        let mr = &self.mem.rdma_mr;
+        w.bind(rkey, mr.lkey(), mr.addr() + off, len, access)
+    }
+
+    /// Posts a signaled bind and waits for its successful completion.
+    pub fn bind_ok(&mut self, b: BindWindow) {
+        self.post(SendOp::Bind(b), SgeList::new(), true);
+        let c = self.next_send();
+        assert_eq!(c.status, WcStatus::Success, "bind");
+        assert_eq!(c.opcode, WcOpcode::Bind);
+    }
+
+    /// Binds `w` under `rkey` over `len` bytes at `WIN_OFF` of the `rdma`
+    /// region, waits for the bind, and sends the key out of band.
+    pub fn bind_and_send_key(&mut self, w: &Window, rkey: u32, len: u64, access: Access) {
+        let b = self.rdma_bind(w, rkey, WIN_OFF, len, access);
+        self.bind_ok(b);
+        self.oob.send(&key_str(b.remote_key()));
+    }
+
+    /// Waits for the peer's error to reach this QP, then checks that the
+    /// `rdma` region still holds `before`, every byte.
+    pub fn unchanged_at_error(&mut self, before: &[u8], what: &str) {
+        self.wait_error();
+        assert!(self.rdma_bytes() == before, "{what} changed the region");
+    }
+
+    /// Posts a signaled local invalidate and waits for its completion.
+    pub fn local_inv(&mut self, rkey: u32) {
+        self.post(SendOp::LocalInv(rkey), SgeList::new(), true);
+        let c = self.next_send();
+        assert_eq!(c.status, WcStatus::Success, "local invalidate");
+        assert_eq!(c.opcode, WcOpcode::LocalInv);
+    }
+
+    /// Reads `len` bytes at `ra` and returns the completion.
+    pub fn read(&mut self, ra: RemoteAddr, len: usize) -> Completion {
+        let b = self.local_buf(&vec![0; len]);
+        self.post(SendOp::Read(ra), SgeList::one(Sge::data(b)), true);
+        self.next_send()
+    }
+
+    /// Writes `data` at `ra` and returns the completion.
+    pub fn write(&mut self, ra: RemoteAddr, data: &[u8]) -> Completion {
+        self.send_bytes(SendOp::Write(ra), data, true);
+        self.next_send()
+    }
+}
+
+/// The active half's end after a work request that must fail with
+/// `status`: the status, the QP in error, then the usual end.
+fn end_with_error<P: Provider>(mut p: Peer<P>, c: Completion, status: WcStatus, what: &str) {
+    assert_eq!(c.status, status, "{what}");
+    assert_eq!(p.state(), QpState::Error);
+    drop(c);
+    join_peer(&mut p);
+    p.finish();
+}
+
+fn key_str(k: RemoteKey) -> String {
+    format!("{} {} {}", k.addr, k.rkey, k.len)
+}
+
+/// Target of the read-only cases: binds 64 bytes in the middle of the
+/// (writable) `rdma` region read-only, unsignaled, and sends the key in a
+/// Send posted right behind the bind (send-queue order makes it valid by
+/// the time the peer sees the Send); then checks that no byte of the
+/// region changed when the peer's error reaches it.
+fn window_ro_target<P: Provider>(mut p: Peer<P>) {
+    let before = p.fill_rdma(11);
+    let w = p.qp().alloc_window().unwrap();
+    let b = p.rdma_bind(&w, w.rkey(WIN_TAG), WIN_OFF, 64, Access::REMOTE_READ);
+    p.post(SendOp::Bind(b), SgeList::new(), false);
+    p.send_bytes(SendOp::Send, key_str(b.remote_key()).as_bytes(), true);
+    assert!(p.next_send().is_ok());
+    p.unchanged_at_error(&before, "the peer");
+    p.passed();
+}
+
+/// The peer's side: the key from the Send, then a Read inside the window.
+fn window_ro_key<P: Provider>(p: &mut Peer<P>) -> RemoteKey {
+    let c = p.next_recv();
+    assert!(c.is_ok());
+    let text = c.sgl.iter().next().unwrap().buf.to_vec();
+    let key = parse_key(std::str::from_utf8(&text).unwrap());
+    assert_eq!(key.len, 64);
+    let expect = &pattern(11, 1 << 20)[WIN_OFF as usize..WIN_OFF as usize + 64];
+    let c = p.read(key.at(0), 64);
+    assert_eq!(c.status, WcStatus::Success, "read inside the window");
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), expect);
+    key
+}
+
+fn window_read_only_active<P: Provider>(mut p: Peer<P>) {
+    let key = window_ro_key(&mut p);
+    let c = p.write(key.at(0), &[0xee; 16]);
+    end_with_error(
+        p,
+        c,
+        WcStatus::RemAccessErr,
+        "write through a read-only window",
+    );
+}
+
+/// Set by a provider's test file when its device checks a window's key
+/// and rights but bounds its accesses by the whole region (rdma_rxe: its
+/// responder checks the range against the region the window lies in).
+pub static WINDOW_RANGE_UNCHECKED: AtomicBool = AtomicBool::new(false);
+
+fn window_bounds_active<P: Provider>(mut p: Peer<P>) {
+    let key = window_ro_key(&mut p);
+    // The last byte is inside, the one after it is not.
+    assert!(p.read(key.at(63), 1).is_ok());
+    let c = p.read(key.at(64), 1);
+    if c.is_ok() && WINDOW_RANGE_UNCHECKED.load(Ordering::Relaxed) {
+        println!("known gap: this device bounds window accesses by the region");
+        // Rights are checked: a write through the read-only window fails.
+        drop(c);
+        let c = p.write(key.at(0), &[0xee; 16]);
+        end_with_error(
+            p,
+            c,
+            WcStatus::RemAccessErr,
+            "write through a read-only window",
+        );
+    } else {
+        end_with_error(p, c, WcStatus::RemAccessErr, "read 1 byte past the window");
+    }
+}
+
+/// The hostile late Write: the peer writes through a window, the target
+/// invalidates it, the peer writes again: that write fails at the peer
+/// and changes no byte of the region.
+fn window_late_write_passive<P: Provider>(mut p: Peer<P>) {
+    p.fill_rdma(12);
+    let w = p.qp().alloc_window().unwrap();
+    let rkey = w.rkey(WIN_TAG);
+    p.bind_and_send_key(&w, rkey, 256, Access::REMOTE_WRITE | Access::REMOTE_READ);
+    assert_eq!(p.oob.recv(), "written");
+    let landed = p.rdma_bytes();
+    let at = WIN_OFF as usize;
+    assert_eq!(
+        &landed[at..at + 256],
+        &pattern(13, 256)[..],
+        "the write landed"
+    );
+    p.local_inv(rkey);
+    p.oob.send("invalidated");
+    p.unchanged_at_error(&landed, "the late write");
+    p.passed();
+}
+
+fn window_late_write_active<P: Provider>(mut p: Peer<P>) {
+    let key = parse_key(&p.oob.recv());
+    assert!(p.write(key.at(0), &pattern(13, 256)).is_ok());
+    p.oob.send("written");
+    assert_eq!(p.oob.recv(), "invalidated");
+    let c = p.write(key.at(0), &[0xee; 256]);
+    end_with_error(p, c, WcStatus::RemAccessErr, "late write");
+}
+
+/// Send with Invalidate kills a window's key; the window is bound again
+/// under a new tag, which works, and the old key stays dead.
+fn window_send_inv_passive<P: Provider>(mut p: Peer<P>) {
+    p.fill_rdma(14);
+    let w = p.qp().alloc_window().unwrap();
+    let old = w.rkey(WIN_TAG);
+    p.bind_and_send_key(&w, old, 128, Access::REMOTE_WRITE);
+    let c = p.next_recv();
+    assert!(c.is_ok());
+    assert_eq!(c.invalidated_rkey, Some(old));
+    drop(c);
+    let new = w.next_rkey(old);
+    assert_ne!(new, old);
+    assert!(w.owns(new));
+    p.bind_and_send_key(&w, new, 128, Access::REMOTE_WRITE);
+    assert_eq!(p.oob.recv(), "second written");
+    let now = p.rdma_bytes();
+    let at = WIN_OFF as usize;
+    assert_eq!(&now[at..at + 5], b"first");
+    assert_eq!(&now[at + 8..at + 14], b"second");
+    p.oob.send("checked");
+    p.unchanged_at_error(&now, "a write with the old key");
+    p.passed();
+}
+
+fn window_send_inv_active<P: Provider>(mut p: Peer<P>) {
+    let old = parse_key(&p.oob.recv());
+    assert!(p.write(old.at(0), b"first").is_ok());
+    p.send_bytes(SendOp::SendWithInv(old.rkey), b"done with it", true);
+    assert!(p.next_send().is_ok());
+    let new = parse_key(&p.oob.recv());
+    assert_ne!(new.rkey, old.rkey);
+    assert!(p.write(new.at(8), b"second").is_ok());
+    p.oob.send("second written");
+    assert_eq!(p.oob.recv(), "checked");
+    let c = p.write(old.at(0), b"stale!");
+    end_with_error(
+        p,
+        c,
+        WcStatus::RemAccessErr,
+        "write with the invalidated key",
+    );
+}
+
+/// Posts `bad` (signaled) and expects `MwBindErr` and the error state.
+fn expect_bind_err<P: Provider>(mut p: Peer<P>, bad: BindWindow) {
+    p.post(SendOp::Bind(bad), SgeList::new(), true);
+    let c = p.next_send();
+    assert_eq!(c.opcode, WcOpcode::Bind);
+    end_with_error(p, c, WcStatus::MwBindErr, &format!("{bad:?}"));
+}
+
+fn window_bind_while_bound_active<P: Provider>(mut p: Peer<P>) {
+    let w = p.qp().alloc_window().unwrap();
+    let rkey = w.rkey(WIN_TAG);
+    p.bind_ok(p.rdma_bind(&w, rkey, WIN_OFF, 64, Access::REMOTE_READ));
+    // Type 2 windows must be invalidated before they are bound again.
+    let again = p.rdma_bind(&w, w.next_rkey(rkey), WIN_OFF, 64, Access::REMOTE_READ);
+    expect_bind_err(p, again);
+}
+
+fn window_bind_wrong_fixed_bits_active<P: Provider>(mut p: Peer<P>) {
+    let w = p.qp().alloc_window().unwrap();
+    let fixed_bit = !w.mask() & (!w.mask()).wrapping_neg();
+    let rkey = w.rkey(WIN_TAG) ^ fixed_bit;
+    assert!(!w.owns(rkey));
+    let bad = p.rdma_bind(&w, rkey, WIN_OFF, 64, Access::REMOTE_READ);
+    expect_bind_err(p, bad);
+}
+
+fn window_bind_outside_mr_active<P: Provider>(mut p: Peer<P>) {
+    let w = p.qp().alloc_window().unwrap();
+    // 32 bytes inside the 1 MiB region, 32 past its end.
+    let bad = p.rdma_bind(&w, w.rkey(WIN_TAG), (1 << 20) - 32, 64, Access::REMOTE_READ);
+    expect_bind_err(p, bad);
+}
+
 /// `Slab::alloc` for tests that churn many small buffers.
 pub trait AllocOrWait {
     fn alloc_or_wait(&self) -> Buf;
@@ -1464,6 +1741,55 @@ pub fn cases<P: Provider>() -> Vec<Case<P>> {
             passive_cfg: many_cfg(),
             active: many_active::<P>,
             passive: many_passive::<P>,
+        },
+        Case {
+            name: "window_read_only",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_read_only_active::<P>,
+            passive: window_ro_target::<P>,
+        },
+        Case {
+            name: "window_bounds",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_bounds_active::<P>,
+            passive: window_ro_target::<P>,
+        },
+        Case {
+            name: "window_late_write",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_late_write_active::<P>,
+            passive: window_late_write_passive::<P>,
+        },
+        Case {
+            name: "window_send_with_invalidate",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_send_inv_active::<P>,
+            passive: window_send_inv_passive::<P>,
+        },
+        Case {
+            name: "window_bind_while_bound",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_bind_while_bound_active::<P>,
+            passive: expect_peer_error_passive::<P>,
+        },
+        Case {
+            name: "window_bind_wrong_fixed_bits",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_bind_wrong_fixed_bits_active::<P>,
+            passive: expect_peer_error_passive::<P>,
+        },
+        Case {
+            name: "window_bind_outside_mr",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: window_bind_outside_mr_active::<P>,
+            passive: expect_peer_error_passive::<P>,
         },
     ]
 }

@@ -35,9 +35,9 @@ use self::translate::*;
 use crate::mem::{Arena, WrId};
 use crate::verbs::lock;
 use crate::verbs::{
-    Access, Completion, CompletionQueue, Context, Incoming, Listener, MemoryRegion, PostError,
-    PostFailed, PreparedQp, ProtectionDomain, Provider, QpCaps, QpState, QueuePair, RecvWr,
-    RemoteKey, SendOp, SendWr, SgeList, VerbsError, WcOpcode, WcStatus, MAX_SGE,
+    bind_ok, Access, Completion, CompletionQueue, Context, Incoming, Listener, MemoryRegion,
+    PostError, PostFailed, PreparedQp, ProtectionDomain, Provider, QpCaps, QpState, QueuePair,
+    RecvWr, RemoteKey, SendOp, SendWr, SgeList, VerbsError, WcOpcode, WcStatus, Window, MAX_SGE,
 };
 
 /// Send-queue slots beyond the user's depth: one window bind, one drain
@@ -219,6 +219,7 @@ impl Context<Ibverbs> for IbvContext {
             inner: Arc::new(PdInner {
                 pd,
                 dev: Arc::clone(&self.dev),
+                mrs: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -292,6 +293,18 @@ impl Context<Ibverbs> for IbvContext {
 struct PdInner {
     pd: *mut ibv_pd,
     dev: Arc<Device>,
+    /// Live regions by lkey, for window binds (which name the region by
+    /// its lkey and need its `ibv_mr`).
+    mrs: Mutex<HashMap<u32, MrRef>>,
+}
+
+/// What a window bind needs to know about a region.
+#[derive(Debug, Clone, Copy)]
+struct MrRef {
+    mr: *mut ibv_mr,
+    addr: u64,
+    len: u64,
+    access: Access,
 }
 
 // SAFETY: protection domains are thread-safe verbs objects; freed once.
@@ -335,6 +348,15 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
         }
         // SAFETY: a registered MR is valid until dereg.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        lock(&self.inner.mrs).insert(
+            lkey,
+            MrRef {
+                mr,
+                addr: addr as u64,
+                len: len as u64,
+                access,
+            },
+        );
         Ok(IbvMr {
             mr,
             addr: addr as u64,
@@ -461,6 +483,7 @@ impl IbvMr {
 
 impl Drop for IbvMr {
     fn drop(&mut self) {
+        lock(&self._pd.mrs).remove(&self.lkey);
         // SAFETY: registered once, deregistered once, before the arena
         // Arc (a later field) lets the memory go.
         unsafe {
@@ -740,11 +763,16 @@ enum WindowState {
     Failed,
 }
 
+/// A type 2 memory window of a QP: one `expose` uses and frees again,
+/// or one the consumer binds itself (`user`, from `alloc_window`).
 #[derive(Debug)]
-struct Window {
+struct MwSlot {
     mw: *mut ibv_mw,
+    /// The key it is (or was last) bound under; also in `(*mw).rkey`,
+    /// which rdma_rxe's bind checks against the window's current key.
     rkey: u32,
     state: WindowState,
+    user: bool,
 }
 
 /// The connection's rdma_cm side (id before channel: drop order).
@@ -766,7 +794,7 @@ struct QpShared {
     state: AtomicU8,
     sq: Mutex<SendRing>,
     rq: Mutex<RecvRing>,
-    windows: Mutex<Vec<Window>>,
+    windows: Mutex<Vec<MwSlot>>,
     cm: Mutex<Option<CmConn>>,
     caps: QpCaps,
     pd: Arc<PdInner>,
@@ -998,11 +1026,34 @@ impl QpShared {
         Some(c)
     }
 
+    /// Allocates a type 2 window for `expose` or, `user`, for the
+    /// consumer's binds; returns its index. At most `MAX_WINDOWS`.
+    fn new_window(&self, ws: &mut Vec<MwSlot>, user: bool) -> Result<usize, VerbsError> {
+        if ws.len() >= MAX_WINDOWS {
+            return Err(VerbsError::Limit("256 memory windows on this QP"));
+        }
+        // SAFETY: valid PD.
+        let mw = unsafe { ibv_alloc_mw(self.pd.pd, ibv_mw_type::IBV_MW_TYPE_2) }
+            .unwrap_or(std::ptr::null_mut());
+        if mw.is_null() {
+            return Err(os_error("ibv_alloc_mw(type 2)"));
+        }
+        // SAFETY: freshly allocated window.
+        let rkey = unsafe { (*mw).rkey };
+        ws.push(MwSlot {
+            mw,
+            rkey,
+            state: WindowState::Free,
+            user,
+        });
+        Ok(ws.len() - 1)
+    }
+
     fn window_invalidated(&self, rkey: u32) {
         let mut ws = lock(&self.windows);
         if let Some(w) = ws
             .iter_mut()
-            .find(|w| w.rkey == rkey && w.state == WindowState::Bound)
+            .find(|w| !w.user && w.rkey == rkey && w.state == WindowState::Bound)
         {
             w.state = WindowState::Free;
         }
@@ -1401,7 +1452,12 @@ impl IbvQp {
         let mut hws: [ibv_send_wr; CHUNK] = std::array::from_fn(|_| zeroed_send_wr());
         let mut sges = [NO_SGES; CHUNK];
         let mut held: [Option<SendWr>; CHUNK] = std::array::from_fn(|_| None);
+        // Binds our checks refuse still need a region pointer (the HCA
+        // refuses them for their zero length before looking at it).
+        // SAFETY: all-zero is a valid ibv_mr (null pointers, zero keys).
+        let mut no_mr: ibv_mr = unsafe { std::mem::zeroed() };
         let mut k = 0;
+        let mut rekey = None;
         let mut refused = None;
         let mut exhausted = false;
         while k < CHUNK {
@@ -1418,11 +1474,37 @@ impl IbvQp {
                 break;
             }
             fill_send_wr(&wr, sq.head + k as u64, &mut sges[k], &mut hws[k]);
+            if let SendOp::Bind(b) = wr.op {
+                let mut ws = lock(&sh.windows);
+                let Some(win) = ws.get_mut(b.window as usize).filter(|w| w.user) else {
+                    refused = Some(Self::pf(PostError::Invalid, wr));
+                    break;
+                };
+                let mr = lock(&sh.pd.mrs).get(&b.lkey).copied();
+                let w = Window::new(b.window, win.rkey & !0xff, 0xff);
+                let valid = b.rkey != win.rkey
+                    && mr.is_some_and(|m| bind_ok(&b, &w, m.addr, m.len, m.access));
+                let mr_ptr = match mr {
+                    Some(m) if valid => m.mr,
+                    _ => std::ptr::addr_of_mut!(no_mr),
+                };
+                fill_bind(&b, win.mw, mr_ptr, valid, &mut hws[k]);
+                if valid {
+                    win.rkey = b.rkey;
+                    rekey = Some((win.mw, b.rkey));
+                }
+            }
             if wr.inline && wr.sgl.total_len() > u64::from(self.hw_inline) {
                 hws[k].send_flags &= !ibv_send_flags::IBV_SEND_INLINE.0;
             }
             held[k] = Some(wr);
             k += 1;
+            if rekey.is_some() {
+                // A bind ends the doorbell: it must go to the HCA
+                // carrying the window's current key (rdma_rxe checks it),
+                // and the window's next bind the key this one gives it.
+                break;
+            }
         }
         if k == 0 {
             return (0, exhausted, refused);
@@ -1461,6 +1543,11 @@ impl IbvQp {
             // SAFETY: `bad` points into `hws` (libibverbs contract).
             (unsafe { bad.offset_from(p) }).clamp(0, k as isize) as usize
         };
+        if let Some((mw, rkey)) = rekey.filter(|_| posted == k) {
+            // SAFETY: our window (freed only with the QP); the bind (the
+            // last request of the list) was posted.
+            unsafe { (*mw).rkey = rkey };
+        }
         for h in held.iter_mut().take(posted) {
             let wr = h.take().expect("held");
             let seq = sq.head;
@@ -1583,27 +1670,12 @@ impl QueuePair<Ibverbs> for IbvQp {
         }
         let (w, mw, rkey) = {
             let mut ws = lock(&sh.windows);
-            let w = match ws.iter().position(|w| w.state == WindowState::Free) {
+            let w = match ws
+                .iter()
+                .position(|w| !w.user && w.state == WindowState::Free)
+            {
                 Some(w) => w,
-                None if ws.len() >= MAX_WINDOWS => {
-                    return Err(VerbsError::Limit("256 memory windows bound on this QP"))
-                }
-                None => {
-                    // SAFETY: valid PD.
-                    let mw = unsafe { ibv_alloc_mw(sh.pd.pd, ibv_mw_type::IBV_MW_TYPE_2) }
-                        .unwrap_or(std::ptr::null_mut());
-                    if mw.is_null() {
-                        return Err(os_error("ibv_alloc_mw(type 2)"));
-                    }
-                    // SAFETY: freshly allocated window.
-                    let rkey = unsafe { (*mw).rkey };
-                    ws.push(Window {
-                        mw,
-                        rkey,
-                        state: WindowState::Free,
-                    });
-                    ws.len() - 1
-                }
+                None => sh.new_window(&mut ws, false)?,
             };
             let win = &mut ws[w];
             win.rkey = next_rkey(win.rkey);
@@ -1629,6 +1701,10 @@ impl QueuePair<Ibverbs> for IbvQp {
                 "send queue full: no room for a window bind",
             ));
         }
+        // SAFETY: our window. The bind just posted carried the window's
+        // current key (rdma_rxe refuses a bind naming any other); the
+        // next one must carry the key this one gives it.
+        unsafe { (*mw).rkey = rkey };
         let deadline = Instant::now() + SETUP_TIMEOUT;
         loop {
             let st = lock(&sh.windows)[w].state;
@@ -1645,6 +1721,32 @@ impl QueuePair<Ibverbs> for IbvQp {
                 }
             }
         }
+    }
+
+    /// A type 2 window (`ibv_alloc_mw`), bound per exchange by
+    /// `IBV_WR_BIND_MW` work requests: the HCA owns the upper 24 bits of
+    /// its rkeys (the window's index), the consumer the low byte (as
+    /// `ibv_inc_rkey` changes it). At most 256 per QP, counting the
+    /// windows `expose` uses; freed with the QP.
+    ///
+    /// # Errors
+    /// [`VerbsError::Unavailable`] on devices without type 2 windows;
+    /// [`VerbsError::NotConnected`] in the error state;
+    /// [`VerbsError::Limit`] with 256 windows; OS errors.
+    fn alloc_window(&mut self) -> Result<Window, VerbsError> {
+        let sh = &self.h.shared;
+        if !sh.pd.dev.mw_type2 {
+            return Err(VerbsError::Unavailable(format!(
+                "{} has no type 2 memory windows: use expose instead",
+                sh.pd.dev.name
+            )));
+        }
+        if sh.state() == QpState::Error {
+            return Err(VerbsError::NotConnected);
+        }
+        let mut ws = lock(&sh.windows);
+        let i = sh.new_window(&mut ws, true)?;
+        Ok(Window::new(i as u32, ws[i].rkey & !0xff, 0xff))
     }
 
     /// Sends a DREQ, moves the QP to ERR (everything flushes, in order,

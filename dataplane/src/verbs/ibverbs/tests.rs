@@ -57,7 +57,7 @@ fn every_wc_status_maps() {
         (IBV_WC_LOC_EEC_OP_ERR, WcStatus::LocQpOpErr),
         (IBV_WC_LOC_PROT_ERR, WcStatus::LocProtErr),
         (IBV_WC_WR_FLUSH_ERR, WcStatus::WrFlushErr),
-        (IBV_WC_MW_BIND_ERR, WcStatus::LocProtErr),
+        (IBV_WC_MW_BIND_ERR, WcStatus::MwBindErr),
         (IBV_WC_BAD_RESP_ERR, WcStatus::RemInvReqErr),
         (IBV_WC_LOC_ACCESS_ERR, WcStatus::LocProtErr),
         (IBV_WC_REM_INV_REQ_ERR, WcStatus::RemInvReqErr),
@@ -100,6 +100,14 @@ fn completion_opcodes() {
     );
     assert_eq!(send_wc_opcode(&SendOp::Read(ra)), WcOpcode::RdmaRead);
     assert_eq!(send_wc_opcode(&SendOp::LocalInv(1)), WcOpcode::LocalInv);
+    let b = crate::verbs::Window::new(0, 0x1234_5600, 0xff).bind(
+        0x1234_5601,
+        7,
+        0,
+        1,
+        Access::REMOTE_READ,
+    );
+    assert_eq!(send_wc_opcode(&SendOp::Bind(b)), WcOpcode::Bind);
     assert_eq!(recv_wc_opcode(ibv_wc_opcode::IBV_WC_RECV), WcOpcode::Recv);
     assert_eq!(
         recv_wc_opcode(ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM),

@@ -7,12 +7,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdma_sys::{
-    ibv_access_flags, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_flags,
-    ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_conn_param,
+    bind_mw_t, ibv_access_flags, ibv_mr, ibv_mw, ibv_mw_bind_info, ibv_recv_wr, ibv_send_flags,
+    ibv_send_wr, ibv_sge, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode,
+    rdma_conn_param,
 };
 
 use crate::verbs::{
-    Access, PostError, QpCaps, RecvWr, SendOp, SendWr, VerbsError, WcOpcode, WcStatus, MAX_SGE,
+    Access, BindWindow, PostError, QpCaps, RecvWr, SendOp, SendWr, VerbsError, WcOpcode, WcStatus,
+    MAX_SGE,
 };
 
 /// URL scheme of this provider.
@@ -97,8 +99,7 @@ pub fn wc_status(status: ibv_wc_status::Type) -> WcStatus {
         IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR | IBV_WC_LOC_RDD_VIOL_ERR => {
             WcStatus::LocProtErr
         }
-        // A failed memory-window bind is a local protection problem.
-        IBV_WC_MW_BIND_ERR => WcStatus::LocProtErr,
+        IBV_WC_MW_BIND_ERR => WcStatus::MwBindErr,
         IBV_WC_WR_FLUSH_ERR => WcStatus::WrFlushErr,
         IBV_WC_REM_INV_REQ_ERR | IBV_WC_REM_OP_ERR | IBV_WC_REM_INV_RD_REQ_ERR => {
             WcStatus::RemInvReqErr
@@ -117,12 +118,7 @@ pub fn wc_status(status: ibv_wc_status::Type) -> WcStatus {
 /// what was posted (for flushed and failed completions the hardware
 /// opcode is undefined, so the provider always uses this).
 pub fn send_wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
-        SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
-        SendOp::Read(_) => WcOpcode::RdmaRead,
-        SendOp::LocalInv(_) => WcOpcode::LocalInv,
-    }
+    op.wc_opcode()
 }
 
 /// The opcode of a successful receive completion.
@@ -226,8 +222,10 @@ pub fn check_send(wr: &SendWr, max_inline: u32) -> Result<(), PostError> {
         return Err(PostError::Invalid);
     }
     match wr.op {
-        SendOp::LocalInv(_) if !wr.sgl.is_empty() => return Err(PostError::Invalid),
-        SendOp::Read(_) | SendOp::LocalInv(_) if wr.inline => return Err(PostError::Invalid),
+        op if op.is_key_op() && !wr.sgl.is_empty() => return Err(PostError::Invalid),
+        op if (op.is_key_op() || matches!(op, SendOp::Read(_))) && wr.inline => {
+            return Err(PostError::Invalid)
+        }
         _ => {}
     }
     if wr.inline && wr.sgl.total_len() > u64::from(max_inline) {
@@ -296,6 +294,9 @@ pub fn fill_send_wr(
             out.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
             (IBV_WR_LOCAL_INV, None)
         }
+        // The window and region pointers come from the provider's tables
+        // (`fill_bind`).
+        SendOp::Bind(_) => (IBV_WR_BIND_MW, None),
     };
     out.opcode = opcode;
     if let Some(ra) = remote {
@@ -304,6 +305,31 @@ pub fn fill_send_wr(
             rkey: ra.rkey,
         };
     }
+}
+
+/// The bind part of an `IBV_WR_BIND_MW` work request: window `mw`, region
+/// `mr`, the consumer's rkey, range and remote rights. A bind our own
+/// checks refused (`valid` false) goes to the HCA with length 0, which a
+/// type 2 window must refuse (IBTA o10-37.2.40): it completes
+/// `IBV_WC_MW_BIND_ERR` in send-queue order, as the HCA's own refusals do.
+pub fn fill_bind(
+    b: &BindWindow,
+    mw: *mut ibv_mw,
+    mr: *mut ibv_mr,
+    valid: bool,
+    out: &mut ibv_send_wr,
+) {
+    out.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+    out.bind_mw_tso_union.bind_mw = bind_mw_t {
+        mw,
+        rkey: b.rkey,
+        bind_info: ibv_mw_bind_info {
+            mr,
+            addr: b.addr,
+            length: if valid { b.len } else { 0 },
+            mw_access_flags: mw_access(b.access),
+        },
+    };
 }
 
 /// Checks a receive work request: at least one SGE, all inside their

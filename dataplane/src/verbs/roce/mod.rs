@@ -1844,6 +1844,14 @@ impl QueuePair<Roce> for RoceQp {
         qp.expose(mr.info.addr, mr.info.len, mr.info.access, &mr.info.arena)
     }
 
+    /// A slot of this connection's key table (256, shared with `expose`):
+    /// the slot is the rkey's low byte, the upper 24 bits the consumer's.
+    fn alloc_window(&mut self) -> Result<Window, VerbsError> {
+        let mut eng = lock(&self.dev.eng);
+        let qp = eng.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
+        qp.alloc_window()
+    }
+
     fn disconnect(&mut self) {
         let mut eng = lock(&self.dev.eng);
         let Engine { qps, active, .. } = &mut *eng;

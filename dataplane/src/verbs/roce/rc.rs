@@ -13,6 +13,7 @@ use super::io::{Faults, Tx};
 use super::ready::{Announce, Ready};
 use super::PdInner;
 use crate::mem::Arena;
+use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
 use crate::verbs::*;
 use crate::wire::roce::seg::{self, MessageKind, Mtu};
 use crate::wire::roce::{Aeth, Bth, NakCode, Opcode, Position, Psn, Reth, RocePacket, Syndrome};
@@ -26,9 +27,6 @@ pub(super) const MAX_RD: u32 = 16;
 /// Read response packets a responder emits per progress call (pacing: a
 /// 1 MiB read would otherwise overrun the peer's socket buffer at once).
 const READ_BURST: u32 = 64;
-/// Key-table entries per connection.
-pub(super) const KEY_SLOTS: usize = 256;
-
 static ZEROS: [u8; 4096] = [0; 4096];
 
 /// Where the peer of a connected QP is.
@@ -57,7 +55,9 @@ pub(super) struct Timers {
 enum Kind {
     Msg(MessageKind),
     Read,
-    LocalInv,
+    /// Local Invalidate or window Bind: runs in order when reached, sends
+    /// nothing.
+    Local,
 }
 
 struct SqEntry {
@@ -180,7 +180,10 @@ pub(super) struct RcQp {
     read_res: VecDeque<ReadJob>,
     /// Reads we may have outstanding: the peer's responder resources.
     max_rd: u32,
+    /// What each key slot grants (live keys only).
     keys: Vec<Option<KeyEntry>>,
+    /// Who owns each key slot (exposures, windows).
+    slots: KeySlots,
 }
 
 /// Smallest RNR NAK timer code waiting at least `d` (IBTA table, rxe
@@ -262,15 +265,6 @@ fn set_placed(sgl: &mut SgeList, mut placed: u64) {
     }
 }
 
-fn wc_opcode(op: SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
-        SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
-        SendOp::Read(_) => WcOpcode::RdmaRead,
-        SendOp::LocalInv(_) => WcOpcode::LocalInv,
-    }
-}
-
 /// What a received request packet is, for the responder.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ReqClass {
@@ -343,6 +337,7 @@ impl RcQp {
             read_res: VecDeque::with_capacity(MAX_RD as usize),
             max_rd: MAX_RD,
             keys: vec![None; KEY_SLOTS],
+            slots: KeySlots::new(),
         }
     }
 
@@ -429,7 +424,7 @@ impl RcQp {
         self.push_send_done(Completion {
             wr_id: wr.wr_id,
             status,
-            opcode: wc_opcode(wr.op),
+            opcode: wr.op.wc_opcode(),
             byte_len,
             imm: None,
             invalidated_rkey: None,
@@ -479,6 +474,7 @@ impl RcQp {
         for k in self.keys.iter_mut() {
             *k = None;
         }
+        self.slots.invalidate_all();
     }
 
     // ------------------------------------------------------------------
@@ -486,8 +482,9 @@ impl RcQp {
 
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
         let invalid = (wr.inline && wr.sgl.total_len() > self.caps.max_inline as u64)
-            || (matches!(wr.op, SendOp::LocalInv(_)) && !wr.sgl.is_empty())
-            || !wr.sgl.iter().all(Sge::in_bounds);
+            || (wr.op.is_key_op() && !wr.sgl.is_empty())
+            || !wr.sgl.iter().all(Sge::in_bounds)
+            || matches!(wr.op, SendOp::Bind(b) if !self.slots.is_window(b.window));
         if invalid {
             return Err(PostFailed {
                 error: PostError::Invalid,
@@ -525,10 +522,10 @@ impl RcQp {
             SendOp::Write(ra) => (Kind::Msg(MessageKind::Write), ra),
             SendOp::WriteWithImm(ra, _) => (Kind::Msg(MessageKind::WriteImm), ra),
             SendOp::Read(ra) => (Kind::Read, ra),
-            SendOp::LocalInv(_) => (Kind::LocalInv, RemoteAddr::default()),
+            SendOp::LocalInv(_) | SendOp::Bind(_) => (Kind::Local, RemoteAddr::default()),
         };
         let npkts = match kind {
-            Kind::LocalInv => 0,
+            Kind::Local => 0,
             _ if local_err.is_some() => 0,
             _ => seg::packet_count(total, self.mtu),
         };
@@ -591,18 +588,8 @@ impl RcQp {
         if self.state == QpState::Error {
             return Err(VerbsError::NotConnected);
         }
-        let slot = self
-            .keys
-            .iter()
-            .position(Option::is_none)
-            .ok_or(VerbsError::Limit("key table of this connection is full"))?;
-        let rkey = loop {
-            let r = (super::random_u32()? << 8) | slot as u32;
-            if r != 0 {
-                break r;
-            }
-        };
-        self.keys[slot] = Some(KeyEntry {
+        let rkey = self.slots.expose(super::random_u32)?;
+        self.keys[KeySlots::slot(rkey)] = Some(KeyEntry {
             rkey,
             addr,
             len,
@@ -612,19 +599,41 @@ impl RcQp {
         Ok(RemoteKey { addr, rkey, len })
     }
 
-    fn invalidate(&mut self, rkey: u32) -> bool {
-        let slot = (rkey & 0xff) as usize;
-        match self.keys.get(slot) {
-            Some(Some(k)) if k.rkey == rkey => {
-                self.keys[slot] = None;
-                // Reads done under this key must not be replayed to a
-                // duplicate request any more (IBTA 9.7.5.1.2 replays
-                // only what the key still grants).
-                self.read_res.retain(|r| r.rkey != rkey);
-                true
-            }
-            _ => false,
+    /// Reserves a key slot as a memory window.
+    pub fn alloc_window(&mut self) -> Result<Window, VerbsError> {
+        if self.state == QpState::Error {
+            return Err(VerbsError::NotConnected);
         }
+        self.slots.alloc_window()
+    }
+
+    /// Invalidates an exposure or a window's binding.
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        if !self.slots.invalidate(rkey) {
+            return false;
+        }
+        self.keys[KeySlots::slot(rkey)] = None;
+        // Reads done under this key must not be replayed to a duplicate
+        // request any more (IBTA 9.7.5.1.2 replays only what the key
+        // still grants).
+        self.read_res.retain(|r| r.rkey != rkey);
+        true
+    }
+
+    /// Executes a window bind (in send-queue order): checks it and fills
+    /// the slot's entry.
+    fn bind_window(&mut self, b: &BindWindow) -> bool {
+        let Some(mr) = self.slots.bind(b, &self.pd.mrs) else {
+            return false;
+        };
+        self.keys[KeySlots::slot(b.rkey)] = Some(KeyEntry {
+            rkey: b.rkey,
+            addr: b.addr,
+            len: b.len,
+            access: b.access,
+            _arena: mr.arena,
+        });
+        true
     }
 
     /// Validates a peer access of `len` bytes at `va` with `rkey`.
@@ -635,7 +644,7 @@ impl RcQp {
         len: u32,
         need: Access,
     ) -> Option<(usize, Arc<Arena>)> {
-        let k = self.keys.get((rkey & 0xff) as usize)?.as_ref()?;
+        let k = self.keys.get(KeySlots::slot(rkey))?.as_ref()?;
         if k.rkey != rkey || !k.access.contains(need) {
             return None;
         }
@@ -772,12 +781,16 @@ impl RcQp {
                 return;
             }
             match self.sq[idx].kind {
-                Kind::LocalInv => {
-                    let SendOp::LocalInv(rkey) = self.sq[idx].wr.op else {
-                        unreachable!("LocalInv entry")
+                Kind::Local => {
+                    let err = match self.sq[idx].wr.op {
+                        SendOp::LocalInv(rkey) => {
+                            (!self.invalidate(rkey)).then_some(WcStatus::LocProtErr)
+                        }
+                        SendOp::Bind(b) => (!self.bind_window(&b)).then_some(WcStatus::MwBindErr),
+                        _ => unreachable!("local entry"),
                     };
-                    if !self.invalidate(rkey) {
-                        self.sq[idx].local_err = Some(WcStatus::LocProtErr);
+                    if err.is_some() {
+                        self.sq[idx].local_err = err;
                         continue;
                     }
                     self.sq[idx].done = true;
@@ -903,11 +916,11 @@ impl RcQp {
     fn go_back(&mut self, psn: Psn) {
         let mut first_unsent = None;
         for (i, e) in self.sq.iter_mut().enumerate() {
-            if e.done || e.npkts == 0 && e.kind != Kind::LocalInv {
+            if e.done || e.npkts == 0 && e.kind != Kind::Local {
                 continue;
             }
             match e.kind {
-                Kind::LocalInv => {}
+                Kind::Local => {}
                 Kind::Read => {
                     if e.last().distance(psn) >= 0 {
                         e.sent = 0;
@@ -937,7 +950,7 @@ impl RcQp {
             }
             let e = self.sq.pop_front().expect("front exists");
             self.sq_next = self.sq_next.saturating_sub(1);
-            let len = if e.kind == Kind::LocalInv { 0 } else { e.total };
+            let len = if e.kind == Kind::Local { 0 } else { e.total };
             let mut wr = e.wr;
             if e.kind == Kind::Read {
                 set_placed(&mut wr.sgl, e.total as u64);
@@ -996,7 +1009,7 @@ impl RcQp {
                     implicit_nak.get_or_insert(e.first.add(e.got));
                     break;
                 }
-                Kind::LocalInv => {}
+                Kind::Local => {}
             }
         }
         let new_una = match implicit_nak {

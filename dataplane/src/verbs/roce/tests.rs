@@ -1063,13 +1063,46 @@ fn without_randomness_qp_creation_and_expose_fail_instead_of_guessing() {
 
 #[test]
 fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
+    duplicate_read_after_invalidation(false);
+}
+
+#[test]
+fn a_duplicate_read_under_a_rebound_windows_old_key_is_not_replayed() {
+    duplicate_read_after_invalidation(true);
+}
+
+/// Binds `s`'s window `w` under `rkey` over the whole exposed region.
+fn bind_window(s: &mut Side, w: &Window, rkey: u32) -> RemoteKey {
+    let b = w.bind(rkey, s.mr.lkey(), s.mr.addr(), 1 << 16, Access::REMOTE_READ);
+    s.qp.post_send(SendWr::new(
+        WrId::default(),
+        SendOp::Bind(b),
+        SgeList::new(),
+    ))
+    .unwrap();
+    let c = next_completion(&s.cq);
+    assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Bind));
+    b.remote_key()
+}
+
+/// An RDMA Read from the fake, answered; the key is invalidated (for a
+/// window: and the window bound again under its next key); a duplicate
+/// of that read must not be replayed (IBTA 9.7.5.1.2: only what the key
+/// still grants).
+fn duplicate_read_after_invalidation(window: bool) {
     let (pip, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, ""), b"world");
     // The fake sends from the PSN the provider's REQ announced.
     let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
-    let key = s.qp.expose(&s.mr).unwrap();
+    let w = s.qp.alloc_window().unwrap();
+    crate::verbs::soft_mr::check_window_keys(&w);
+    let key = if window {
+        bind_window(&mut s, &w, w.rkey(0x77_0000))
+    } else {
+        s.qp.expose(&s.mr).unwrap()
+    };
     let psn = |k: u32| req_psn.wrapping_add(k) & 0xFF_FFFF;
     let read = |k: u32| {
         let mut bth = Bth::new(Opcode::RcReadRequest, qpn, Psn::from_masked(psn(k)));
@@ -1097,6 +1130,10 @@ fn a_duplicate_read_after_its_rkey_is_invalidated_is_not_replayed() {
     ))
     .unwrap();
     assert!(next_completion(&s.cq).is_ok());
+    if window {
+        let again = bind_window(&mut s, &w, w.next_rkey(key.rkey));
+        assert_ne!(again.rkey, key.rkey);
+    }
     // A duplicate of the old read, then a new Send: only the Send's ACK
     // comes back, no replayed data.
     read(0);

@@ -49,7 +49,7 @@ use nix::sys::socket::{
 };
 
 use self::shared::*;
-use super::soft_mr::{MrInfo, MrTable};
+use super::soft_mr::{KeySlots, MrInfo, MrTable};
 use super::*;
 use crate::mem::{Arena, Backing, PeerAccess};
 
@@ -534,12 +534,6 @@ impl Drop for ShmQp {
     }
 }
 
-/// An rkey slot of ours on this connection.
-#[derive(Debug, Clone, Copy)]
-struct KeySlot {
-    rkey: u32,
-}
-
 #[derive(Debug)]
 struct OutRegion {
     arena: u64,
@@ -576,7 +570,7 @@ struct Conn {
     peer_desc_tail_seen: u64,
     out_regions: Vec<OutRegion>,
     in_regions: Vec<Option<Mapping>>,
-    keys: Vec<Option<KeySlot>>,
+    keys: KeySlots,
 }
 
 impl Conn {
@@ -809,12 +803,7 @@ impl QpInner {
         if status == WcStatus::Success && !wr.signaled {
             return; // buffers go back to their slabs here (drop)
         }
-        let opcode = match wr.op {
-            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
-            SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
-            SendOp::Read(_) => WcOpcode::RdmaRead,
-            SendOp::LocalInv(_) => WcOpcode::LocalInv,
-        };
+        let opcode = wr.op.wc_opcode();
         self.send_done.push_back(Completion {
             wr_id: wr.wr_id,
             status,
@@ -937,24 +926,50 @@ fn set_placed(sgl: &mut SgeList, mut placed: u64) {
 }
 
 impl Conn {
-    /// Invalidates one of our rkeys on this connection.
+    /// Invalidates one of our rkeys (an exposure or a window's binding)
+    /// on this connection.
     fn invalidate(&mut self, rkey: u32) -> bool {
-        let layout = self.layout;
-        let slot = (rkey & (layout.key_cap - 1)) as usize;
-        if rkey == 0
-            || self
-                .keys
-                .get(slot)
-                .copied()
-                .flatten()
-                .is_none_or(|k| k.rkey != rkey)
-        {
+        if !self.keys.invalidate(rkey) {
             return false;
         }
-        self.my_words()[layout.key_base() + slot * KEY_WORDS].store(0, Ordering::Relaxed);
+        let slot = KeySlots::slot(rkey);
+        self.my_words()[self.layout.key_base() + slot * KEY_WORDS].store(0, Ordering::Relaxed);
         fence(Ordering::Release);
-        self.keys[slot] = None;
         true
+    }
+
+    /// Executes a window bind: checks it, then publishes the key-table
+    /// entry as `expose` does (the rkey last, with a release store).
+    fn bind(&mut self, b: &BindWindow, mrs: &MrTable) -> bool {
+        let Some(mr) = self.keys.bind(b, mrs) else {
+            return false;
+        };
+        let writable = mr.access.contains(Access::REMOTE_WRITE);
+        match self.ensure_region(&mr.arena, writable) {
+            Ok(region) => {
+                let region_off = b.addr - mr.arena.as_ptr() as u64;
+                self.publish_key(b.rkey, b.access, region, b.addr, region_off, b.len);
+                true
+            }
+            Err(_) => {
+                self.keys.invalidate(b.rkey);
+                false
+            }
+        }
+    }
+
+    /// Writes one key-table entry, the rkey last (release).
+    fn publish_key(&self, rkey: u32, access: Access, region: u32, va: u64, off: u64, len: u64) {
+        let base = self.layout.key_base() + KeySlots::slot(rkey) * KEY_WORDS;
+        let w = self.my_words();
+        w[base + 1].store(
+            access.bits() as u64 | ((region as u64) << 32),
+            Ordering::Relaxed,
+        );
+        w[base + 2].store(va, Ordering::Relaxed);
+        w[base + 3].store(off, Ordering::Relaxed);
+        w[base + 4].store(len, Ordering::Relaxed);
+        w[base].store(rkey as u64, Ordering::Release);
     }
 
     /// Publishes a posted receive in our recv ring.
@@ -982,31 +997,10 @@ impl Conn {
 
     /// Grants the peer access to a registration; returns its rkey.
     fn expose(&mut self, mr: &MrInfo) -> Result<RemoteKey, VerbsError> {
-        let layout = self.layout;
-        let slot = self
-            .keys
-            .iter()
-            .position(Option::is_none)
-            .ok_or(VerbsError::Limit("key table of this connection is full"))?;
         let region = self.ensure_region(&mr.arena, mr.access.contains(Access::REMOTE_WRITE))?;
-        let mask = layout.key_cap - 1;
-        let rkey = loop {
-            let r = (random_u32() & !mask) | slot as u32;
-            if r != 0 {
-                break r;
-            }
-        };
-        let base = layout.key_base() + slot * KEY_WORDS;
-        let w = self.my_words();
-        w[base + 1].store(
-            mr.access.bits() as u64 | ((region as u64) << 32),
-            Ordering::Relaxed,
-        );
-        w[base + 2].store(mr.addr, Ordering::Relaxed);
-        w[base + 3].store(mr.addr - mr.arena.as_ptr() as u64, Ordering::Relaxed);
-        w[base + 4].store(mr.len, Ordering::Relaxed);
-        w[base].store(rkey as u64, Ordering::Release);
-        self.keys[slot] = Some(KeySlot { rkey });
+        let rkey = self.keys.expose(|| Ok(random_u32()))?;
+        let off = mr.addr - mr.arena.as_ptr() as u64;
+        self.publish_key(rkey, mr.access, region, mr.addr, off, mr.len);
         Ok(RemoteKey {
             addr: mr.addr,
             rkey,
@@ -1218,8 +1212,13 @@ impl QpInner {
     }
 
     fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
+        let unknown_window = match (wr.op, self.conn.as_ref()) {
+            (SendOp::Bind(b), Some(c)) => !c.keys.is_window(b.window),
+            _ => false,
+        };
         let invalid = (wr.inline && wr.sgl.total_len() > self.caps.max_inline as u64)
-            || (matches!(wr.op, SendOp::LocalInv(_)) && !wr.sgl.is_empty());
+            || (wr.op.is_key_op() && !wr.sgl.is_empty())
+            || unknown_window;
         if invalid {
             return Err(PostFailed {
                 error: PostError::Invalid,
@@ -1313,6 +1312,13 @@ fn exec_one(
                 Step::Done(WcStatus::Success, 0)
             } else {
                 Step::Done(WcStatus::LocProtErr, 0)
+            }
+        }
+        SendOp::Bind(b) => {
+            if conn.bind(&b, &pd.mrs) {
+                Step::Done(WcStatus::Success, 0)
+            } else {
+                Step::Done(WcStatus::MwBindErr, 0)
             }
         }
         SendOp::Write(ra) => done(conn.remote(ra, total, Access::REMOTE_WRITE).map(|dst| {
@@ -1409,7 +1415,7 @@ impl ShmPreparedQp {
                 peer_desc_tail_seen: 0,
                 out_regions: Vec::new(),
                 in_regions: Vec::new(),
-                keys: vec![None; inner.layout.key_cap as usize],
+                keys: KeySlots::new(),
             };
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
@@ -1651,6 +1657,14 @@ impl QueuePair<Shm> for ShmQp {
         let mut inner = lock(&self.shared.inner);
         let conn = inner.conn.as_mut().ok_or(VerbsError::NotConnected)?;
         conn.expose(&mr.info)
+    }
+
+    /// A slot of this connection's key table (256, shared with `expose`):
+    /// the slot is the rkey's low byte, the upper 24 bits the consumer's.
+    fn alloc_window(&mut self) -> Result<Window, VerbsError> {
+        let mut inner = lock(&self.shared.inner);
+        let conn = inner.conn.as_mut().ok_or(VerbsError::NotConnected)?;
+        conn.keys.alloc_window()
     }
 
     fn disconnect(&mut self) {

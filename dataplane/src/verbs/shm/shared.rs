@@ -45,7 +45,8 @@ pub(crate) const KEY_WORDS: usize = 8;
 pub(crate) const FLAG_CLOSED: u64 = 1;
 pub(crate) const FLAG_ERROR: u64 = 2;
 pub(crate) const MAX_RING: u32 = 1 << 16;
-pub(crate) const MAX_KEYS: u32 = 256;
+/// Key-table slots (the rkey's low byte).
+pub(crate) const MAX_KEYS: u32 = crate::verbs::soft_mr::KEY_SLOTS as u32;
 /// Most regions (memfds) one side may expose to a connection.
 pub(crate) const MAX_REGIONS: usize = 1024;
 /// Largest region a peer may hand us (1 TiB).

@@ -705,3 +705,44 @@ fn corrupt_own_layout_words_do_not_panic() {
         assert_eq!(a.qp.state(), QpState::Rts, "value {v:#x}");
     }
 }
+
+#[test]
+fn window_keys_keep_their_slot_and_are_never_zero() {
+    let (mut a, mut b) = pair();
+    let k = a.qp.expose(&a.ro_mr).unwrap();
+    let mut windows = Vec::new();
+    while let Ok(w) = a.qp.alloc_window() {
+        crate::verbs::soft_mr::check_window_keys(&w);
+        assert_ne!(
+            w.index() as usize,
+            KeySlots::slot(k.rkey),
+            "the exposure's slot"
+        );
+        windows.push(w);
+    }
+    assert_eq!(
+        windows.len(),
+        MAX_KEYS as usize - 1,
+        "one slot is the exposure's"
+    );
+    assert!(matches!(a.qp.alloc_window(), Err(VerbsError::Limit(_))));
+    // Windows live on the other connection's table separately.
+    crate::verbs::soft_mr::check_window_keys(&b.qp.alloc_window().unwrap());
+    // A bind naming a window this QP never allocated is malformed.
+    let mut bad = windows[0].bind(
+        windows[0].rkey(1),
+        a.ro_mr.lkey(),
+        0,
+        1,
+        Access::REMOTE_READ,
+    );
+    bad.window = 100_000;
+    let e =
+        a.qp.post_send(SendWr::new(
+            WrId::default(),
+            SendOp::Bind(bad),
+            SgeList::new(),
+        ))
+        .unwrap_err();
+    assert_eq!(e.error, PostError::Invalid);
+}
