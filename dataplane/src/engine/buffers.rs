@@ -245,6 +245,8 @@ pub struct BufferTable {
     private: Box<dyn SlabMemory>,
     peer: Box<dyn PeerMemory>,
     descs: Vec<Desc>,
+    /// Reads of receive buffers so far ([`BufferTable::receive_reads`]).
+    recv_reads: core::cell::Cell<u64>,
 }
 
 impl core::fmt::Debug for BufferTable {
@@ -320,6 +322,7 @@ impl BufferTableBuilder {
             private,
             peer,
             descs: self.descs,
+            recv_reads: core::cell::Cell::new(0),
         }
     }
 }
@@ -409,6 +412,21 @@ impl BufferTable {
         b.get_mut(s.offset as usize..(s.offset as usize).checked_add(s.len as usize)?)
     }
 
+    /// How many times bytes were read out of a receive buffer: the engine
+    /// reads each received message exactly once (into its private copy),
+    /// so that a peer rewriting the buffer afterwards changes nothing it
+    /// parsed. Tests compare this with the messages delivered.
+    pub fn receive_reads(&self) -> u64 {
+        self.recv_reads.get()
+    }
+
+    /// Counts a read from buffer `id` if it is a receive buffer.
+    fn note_read(&self, id: BufId) {
+        if self.class(id) == Some(BufClass::Recv) {
+            self.recv_reads.set(self.recv_reads.get() + 1);
+        }
+    }
+
     /// Pointer to byte `offset..offset + len` of buffer `id`, if inside.
     fn raw(&self, id: BufId, offset: usize, len: usize) -> Option<*mut u8> {
         let d = self.desc(id)?;
@@ -437,6 +455,7 @@ impl BufferTable {
         if dst.len() != s.len as usize {
             return false;
         }
+        self.note_read(s.buf);
         match self.raw(s.buf, s.offset as usize, dst.len()) {
             Some(p) => {
                 // SAFETY: inside the live region; `dst` is the caller's own
@@ -487,6 +506,7 @@ impl BufferTable {
     /// A read-only view of `len` bytes at `offset` of buffer `id`, in
     /// either region, for as long as the table is borrowed.
     pub fn peer_bytes(&self, id: BufId, offset: usize, len: usize) -> Option<PeerBytes<'_>> {
+        self.note_read(id);
         let p = self.raw(id, offset, len)?;
         // SAFETY: inside the region, which lives as long as `self`.
         Some(unsafe { PeerBytes::new(p, len) })
@@ -603,6 +623,7 @@ impl BufferTable {
     /// correctly). Returns false, copying nothing, if either range falls
     /// outside its buffer.
     pub(crate) fn copy(&mut self, src: LocalSlice, dst: BufId, dst_offset: usize) -> bool {
+        self.note_read(src.buf);
         let n = src.len as usize;
         let (Some(from), Some(to)) = (
             self.raw(src.buf, src.offset as usize, n),

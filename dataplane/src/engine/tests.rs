@@ -584,6 +584,51 @@ fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
 }
 
 #[test]
+fn design_s5_a_received_message_is_read_from_peer_memory_once_then_parsed_from_a_copy() {
+    // Receive buffers are memory the peer can write at any moment. The
+    // engine reads each received message out of its buffer exactly once
+    // and parses only that copy, so a header the peer rewrites after it
+    // arrived cannot change what was parsed. Every path: inline both
+    // ways, read chunk plus write chunk, reply chunk, a long call.
+    let mut p = pair();
+    let small = payload(100, 1);
+    let h1 = send(&mut p, 1, &small, false, expect(4 * KIB, None));
+    let bulk = payload(100_000, 2);
+    let h2 = send(&mut p, 2, &bulk, true, expect(200 * KIB, Some(128 * KIB)));
+    let long = payload(60_000, 3);
+    let h3 = send(&mut p, 3, &long, true, expect(64 * KIB, None));
+    let h4 = send(&mut p, 4, &long, false, expect(64 * KIB, None));
+    p.drive();
+    assert_eq!(returned_payload(&p, h1), small);
+    assert_eq!(returned_payload(&p, h2), bulk);
+    assert_eq!(returned_payload(&p, h3), long);
+    assert_eq!(returned_payload(&p, h4), long);
+    for (side, from) in [(CLIENT, SERVER), (SERVER, CLIENT)] {
+        let received = p.sends_from(from).count() as u64;
+        assert!(received >= 4, "{received} messages to side {side}");
+        assert_eq!(
+            p.peers[side].conn.buffers().receive_reads(),
+            received,
+            "side {side}: one read of the receive buffer per message"
+        );
+    }
+    // Rewriting every receive buffer afterwards changes no reply the
+    // application sees.
+    let recvs: Vec<BufId> = (0..p.peers[CLIENT].conn.buffers().count() as u32)
+        .map(BufId)
+        .filter(|&b| p.peers[CLIENT].conn.buffers().class(b) == Some(BufClass::Recv))
+        .collect();
+    for b in recvs {
+        let t = p.peers[CLIENT].conn.buffers_mut();
+        let len = t.buf_len(b) as usize;
+        assert!(t.write(b, 0, &vec![0xee; len]));
+    }
+    assert_eq!(returned_payload(&p, h1), small);
+    assert_eq!(returned_payload(&p, h3), long);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
 fn rfc5666_s5_2_reply_chunk_offered_when_peer_sends_less_than_we_receive() {
     // RFC 8797: the client receives 16 KiB but the server posts at most
     // 1 KiB Sends (its private data said so): an 8 KiB reply needs a reply
