@@ -736,7 +736,19 @@ fn check_capture(tshark_bin: &Path, file: &Path, xids: &[(u32, String)]) {
         // from the reply chunk's RDMA Writes; a reply, with our XID.
         assert_eq!(reply.rpc_xids.first(), Some(xid), "{label}: {reply:?}");
         assert_eq!(reply.rpc_msg_types.first(), Some(&1), "{label}: {reply:?}");
-        let rpc_call_decoded = call.rpc_xids.first() == Some(xid);
+        // Where tshark shows the RPC call: in the call's Send, or (a call
+        // with a read chunk) in the last RDMA Read Response that carried
+        // the chunk to the daemon, once it reassembled the call there.
+        // It reassembles only when each read chunk has a handle of its
+        // own, as per-exchange keys give (RDMA Read Response Last or
+        // Only, BTH opcodes 15 and 16).
+        let rpc_call_decoded = call.rpc_xids.first() == Some(xid)
+            || frames.iter().any(|f| {
+                f.from_client
+                    && matches!(f.opcode, Some(15 | 16))
+                    && f.rpc_xids.first() == Some(xid)
+                    && f.rpc_msg_types.first() == Some(&0)
+            });
         match label.as_str() {
             "null" | "echo-inline" => {
                 assert_eq!(

@@ -59,6 +59,10 @@ impl Wire {
         let (me, other) = if side == 0 { (a, b) } else { (b, a) };
         match wr {
             WorkRequest::PostRecv { wr_id, buf } => self.rq[side].push_back((wr_id, buf)),
+            // This loopback gives no key windows: the engine never binds.
+            WorkRequest::Bind { .. } | WorkRequest::Invalidate { .. } => {
+                unreachable!("key operation without key windows: {wr:?}")
+            }
             WorkRequest::Send { wr_id, local, .. } => {
                 self.ops[0] += 1;
                 let (rwr, rbuf) = self.rq[peer].pop_front().expect("receiver not ready");

@@ -29,7 +29,10 @@
 //! it; [`BufferTable::resolve`] is the check a provider (or the test
 //! harness) applies to a peer's RDMA Read or Write.
 
+use std::hash::{BuildHasher, RandomState};
+
 use crate::mem::{copy_in, copy_out, PeerBytes};
+use crate::verbs::Window;
 use crate::wire::rpcrdma::Segment;
 
 /// Memory only this process writes: any byte region that lives as long as
@@ -231,12 +234,42 @@ struct Desc {
     access: Access,
     /// The exposed byte range (offset, length) while `access` is not None.
     window: (u32, u32),
+    /// The key window bound for the current exposure (its slot in
+    /// [`KeyWindows::windows`]), when windows are in use.
+    bound: Option<u16>,
+    /// The peer invalidated the current exposure's key (Send With
+    /// Invalidate): no local invalidation is due.
+    remotely_invalidated: bool,
 }
 
 impl Desc {
     fn memory(&self) -> Memory {
         self.class.memory()
     }
+}
+
+/// A bind the engine asks for when it exposes a buffer with key windows in
+/// use ([`BufferTable::set_key_windows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyBind {
+    /// The provider's window index.
+    pub(crate) window: u32,
+    /// The fresh key.
+    pub(crate) rkey: u32,
+}
+
+/// The memory windows of a connection (per-exchange keys): a pool the
+/// engine binds one of per exposure, under a fresh, unpredictable key.
+struct KeyWindows {
+    windows: Vec<Window>,
+    /// Slots of `windows` not bound, used as a stack.
+    free: Vec<u16>,
+    /// Keys come from SipHash under a per-process random key over a
+    /// counter: a peer that saw every earlier key cannot tell the next
+    /// (the bits it can choose are the window's mask; rkeys are
+    /// unpredictable, per connection and per exchange).
+    hasher: RandomState,
+    counter: u64,
 }
 
 /// The engine's buffers: two regions (module docs) and a descriptor per
@@ -247,6 +280,8 @@ pub struct BufferTable {
     descs: Vec<Desc>,
     /// Reads of receive buffers so far ([`BufferTable::receive_reads`]).
     recv_reads: core::cell::Cell<u64>,
+    /// Per-exchange keys, when the provider has windows.
+    keys: Option<KeyWindows>,
 }
 
 impl core::fmt::Debug for BufferTable {
@@ -291,6 +326,8 @@ impl BufferTableBuilder {
             addr: start as u64,
             access: Access::None,
             window: (0, 0),
+            bound: None,
+            remotely_invalidated: false,
         });
         id
     }
@@ -323,6 +360,7 @@ impl BufferTableBuilder {
             peer,
             descs: self.descs,
             recv_reads: core::cell::Cell::new(0),
+            keys: None,
         }
     }
 }
@@ -556,19 +594,99 @@ impl BufferTable {
         self.desc(id).map_or(Access::None, |d| d.access)
     }
 
-    /// Exposes bytes `offset..offset + len` of buffer `id` for `access`
-    /// (exactly what one advertised segment covers: a peer reaches nothing
-    /// else of the buffer, e.g. stale bytes of an earlier call).
-    pub(crate) fn set_access(&mut self, id: BufId, access: Access, offset: u32, len: u32) {
-        if let Some(d) = self.descs.get_mut(id.0 as usize) {
-            d.access = access;
-            d.window = (offset, len);
-        }
+    /// Gives the engine memory windows to expose its buffers under, one
+    /// per exposure with a fresh key each time, instead of the one key per
+    /// region [`BufferTable::set_remote_key`] installed. At most
+    /// 65,536 are used.
+    pub fn set_key_windows(&mut self, windows: &[Window]) {
+        let windows: Vec<Window> = windows.iter().take(1 << 16).copied().collect();
+        let free = (0..windows.len() as u16).rev().collect();
+        self.keys = Some(KeyWindows {
+            windows,
+            free,
+            hasher: RandomState::new(),
+            counter: 0,
+        });
     }
 
-    /// Withdraws any exposure of buffer `id`.
-    pub(crate) fn unexpose(&mut self, id: BufId) {
-        self.set_access(id, Access::None, 0, 0);
+    /// Whether exposures bind key windows.
+    pub fn uses_key_windows(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// Exposes bytes `offset..offset + len` of buffer `id` for `access`
+    /// (exactly what one advertised segment covers: a peer reaches nothing
+    /// else of the buffer, e.g. stale bytes of an earlier call). With key
+    /// windows, binds a free one under a fresh key and returns the bind to
+    /// queue; the buffer's [`BufferTable::remote_key`] is then that key.
+    /// `Err(())` when every window is bound (nothing changes).
+    pub(crate) fn set_access(
+        &mut self,
+        id: BufId,
+        access: Access,
+        offset: u32,
+        len: u32,
+    ) -> Result<Option<KeyBind>, ()> {
+        let Some(d) = self.descs.get_mut(id.0 as usize) else {
+            return Ok(None);
+        };
+        let bind = match self.keys.as_mut() {
+            Some(k) if access != Access::None => {
+                debug_assert!(d.bound.is_none(), "exposed twice without unexpose");
+                let slot = k.free.pop().ok_or(())?;
+                let w = k.windows[slot as usize];
+                k.counter += 1;
+                let tag = k.hasher.hash_one(k.counter) as u32;
+                let mut rkey = w.rkey(tag);
+                if rkey == d.rkey {
+                    // Never the key this buffer was last exposed under.
+                    rkey = w.next_rkey(rkey);
+                }
+                d.bound = Some(slot);
+                d.remotely_invalidated = false;
+                d.rkey = rkey;
+                Some(KeyBind {
+                    window: w.index(),
+                    rkey,
+                })
+            }
+            _ => None,
+        };
+        d.access = access;
+        d.window = (offset, len);
+        Ok(bind)
+    }
+
+    /// Withdraws any exposure of buffer `id`. With key windows, returns
+    /// the key to invalidate locally (none when the peer invalidated it
+    /// already), and the window goes back to the pool: a later bind of it
+    /// is queued after this invalidation.
+    pub(crate) fn unexpose(&mut self, id: BufId) -> Option<u32> {
+        let d = self.descs.get_mut(id.0 as usize)?;
+        d.access = Access::None;
+        d.window = (0, 0);
+        let slot = d.bound.take()?;
+        if let Some(k) = self.keys.as_mut() {
+            k.free.push(slot);
+        }
+        (!std::mem::take(&mut d.remotely_invalidated)).then_some(d.rkey)
+    }
+
+    /// The peer invalidated `rkey` (a Send With Invalidate arrived): the
+    /// buffer exposed under it no longer needs a local invalidation. False
+    /// if no current exposure has that key.
+    pub(crate) fn note_remote_invalidation(&mut self, rkey: u32) -> bool {
+        match self
+            .descs
+            .iter_mut()
+            .find(|d| d.bound.is_some() && d.rkey == rkey)
+        {
+            Some(d) => {
+                d.remotely_invalidated = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Number of buffers currently exposed to the peer.
@@ -678,7 +796,7 @@ mod tests {
         let (mut t, _, c) = table();
         let seg = t.segment(c, 8, 16);
         assert_eq!(t.resolve(&seg, Access::RemoteRead), None);
-        t.set_access(c, Access::RemoteRead, 8, 20);
+        assert_eq!(t.set_access(c, Access::RemoteRead, 8, 20), Ok(None));
         assert_eq!(
             t.resolve(&seg, Access::RemoteRead),
             Some(LocalSlice {
@@ -692,10 +810,10 @@ mod tests {
         assert_eq!(t.resolve(&past_window, Access::RemoteRead), None);
         let before_window = t.segment(c, 4, 8);
         assert_eq!(t.resolve(&before_window, Access::RemoteRead), None);
-        t.set_access(c, Access::RemoteRead, 0, 50);
+        assert_eq!(t.set_access(c, Access::RemoteRead, 0, 50), Ok(None));
         let past_end = t.segment(c, 40, 11);
         assert_eq!(t.resolve(&past_end, Access::RemoteRead), None);
-        t.unexpose(c);
+        assert_eq!(t.unexpose(c), None);
         assert_eq!(t.resolve(&seg, Access::RemoteRead), None);
         let before = Segment {
             offset: seg.offset.wrapping_sub(100),

@@ -52,6 +52,14 @@ pub struct Stats {
     pub conf_rdma_answered: u64,
     /// RDMA_DONE matching none of our exposed replies: dropped.
     pub done_ignored: u64,
+    /// Exposures refused because every key window was bound (the
+    /// exchange failed; a sizing bug, since there are
+    /// `Connection::max_exposures` windows).
+    pub key_windows_exhausted: u64,
+    /// Send With Invalidate naming a key of none of our exposures (with
+    /// key windows; with region keys the peer would have killed the
+    /// region's key, and the connection fails at its next access).
+    pub unknown_remote_invalidations: u64,
     /// RDMA_DONE that released an exposed reply.
     pub done_received: u64,
     /// RDMA_DONE sent after pulling a reply's read chunk.
@@ -169,6 +177,8 @@ pub struct Connection {
     /// once into this buffer, and everything after parses the copy, so a
     /// peer that rewrites the receive buffer later changes nothing.
     pub(super) rx_copy: BufId,
+    /// Key binds and invalidations queued and not yet completed.
+    pub(super) key_ops_posted: u64,
     /// Scratch for the header being built.
     pub(super) tx_hdr: TransportHeader,
     pub(super) recvs: Vec<RecvBuf>,
@@ -406,6 +416,7 @@ impl Connection {
             last_activity: Instant::ZERO,
             rx_hdr: TransportHeader::with_capacity(&c.limits),
             rx_copy,
+            key_ops_posted: 0,
             tx_hdr: TransportHeader::with_capacity(&c.limits),
             recvs: conn_recvs,
             err_bufs,
@@ -539,6 +550,25 @@ impl Connection {
         }
     }
 
+    /// [`Connection::handle_recv`] for a message that came as Send With
+    /// Invalidate of our key `invalidated` (an RDMA_DONE with remote
+    /// invalidation): that exposure needs no local invalidation any more.
+    /// A key naming none of our exposures is counted.
+    pub fn handle_recv_invalidating(
+        &mut self,
+        now: Instant,
+        wr_id: WrId,
+        byte_len: u32,
+        invalidated: Option<u32>,
+    ) {
+        if let Some(rkey) = invalidated {
+            if !self.bufs.note_remote_invalidation(rkey) {
+                self.stats.unknown_remote_invalidations += 1;
+            }
+        }
+        self.handle_recv(now, wr_id, byte_len);
+    }
+
     /// A receive completed successfully with `byte_len` bytes in the
     /// buffer of `wr_id`. Unknown or stale ids are counted and ignored.
     pub fn handle_recv(&mut self, now: Instant, wr_id: WrId, byte_len: u32) {
@@ -626,6 +656,9 @@ impl Connection {
             WrKind::CallSend => self.on_call_send_done(wr_id),
             WrKind::ReplySend | WrKind::ChunkWrite => self.on_reply_op_done(wr_id),
             WrKind::ChunkRead => self.on_read_done(now, wr_id, ok),
+            WrKind::KeyBind | WrKind::KeyInvalidate => {
+                self.key_ops_posted = self.key_ops_posted.saturating_sub(1);
+            }
         }
         if !ok {
             self.close_with(CloseReason::TransportError(status));
@@ -890,9 +923,75 @@ impl Connection {
         });
     }
 
-    /// Lets the peer reach `offset..offset + len` of `buf` (the range of
-    /// the segment just advertised).
-    pub(super) fn expose(&mut self, buf: BufId, access: Access, offset: u32, len: u32) {
-        self.bufs.set_access(buf, access, offset, len);
+    /// Lets the peer reach `offset..offset + len` of `buf`: call before
+    /// the segment is marshaled (with key windows it takes the key of
+    /// this exposure from here, and the bind is queued ahead of the Send
+    /// that advertises it). False when no key window is free (the caller
+    /// fails the exchange).
+    #[must_use]
+    pub(super) fn expose(&mut self, buf: BufId, access: Access, offset: u32, len: u32) -> bool {
+        if self.bufs.access(buf) != Access::None {
+            self.unexpose(buf);
+        }
+        match self.bufs.set_access(buf, access, offset, len) {
+            Ok(None) => true,
+            Ok(Some(bind)) => {
+                self.tx.push_back(WorkRequest::Bind {
+                    wr_id: WrId {
+                        kind: WrKind::KeyBind,
+                        index: bind.window,
+                        generation: 0,
+                    },
+                    window: bind.window,
+                    rkey: bind.rkey,
+                    local: LocalSlice { buf, offset, len },
+                    access,
+                });
+                self.key_ops_posted += 1;
+                true
+            }
+            Err(()) => {
+                self.stats.key_windows_exhausted += 1;
+                false
+            }
+        }
+    }
+
+    /// Ends the peer's access to `buf` (the exchange ended: answer,
+    /// timeout, error). With key windows its key is invalidated by a work
+    /// request, so a late access fails at the provider; a closed
+    /// connection's queue pair is in error and takes every key with it.
+    pub(super) fn unexpose(&mut self, buf: BufId) {
+        let Some(rkey) = self.bufs.unexpose(buf) else {
+            return;
+        };
+        if self.closed.is_some() {
+            return;
+        }
+        self.tx.push_back(WorkRequest::Invalidate {
+            wr_id: WrId {
+                kind: WrKind::KeyInvalidate,
+                index: 0,
+                generation: 0,
+            },
+            rkey,
+        });
+        self.key_ops_posted += 1;
+    }
+
+    /// Gives the connection memory windows to expose buffers under (one
+    /// fresh key per exposure, invalidated when the exchange ends), at
+    /// least [`Connection::max_exposures`] of them; the worker allocates
+    /// them on the queue pair. Without, every buffer is reached under the
+    /// one key of its region ([`BufferTable::set_remote_key`]).
+    pub fn set_key_windows(&mut self, windows: &[crate::verbs::Window]) {
+        self.bufs.set_key_windows(windows);
+    }
+
+    /// The most exposures a connection with this layout has at once: a
+    /// call's read chunk, write chunk and reply chunk per requester slot,
+    /// a reply read chunk per responder slot.
+    pub fn max_exposures(&self) -> usize {
+        3 * self.calls.len() + self.serves.len()
     }
 }

@@ -21,7 +21,7 @@
 //! posted request of both sides with `Flushed` completions, as a queue
 //! pair in the error state does.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::*;
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
@@ -92,8 +92,17 @@ struct InFlight {
 
 #[derive(Debug, Clone, Copy)]
 enum Done {
-    Recv { wr_id: WrId, len: u32 },
-    Wc { wr_id: WrId, status: WcStatus },
+    Recv {
+        wr_id: WrId,
+        len: u32,
+        /// Our key the Send invalidated (Send With Invalidate), reported
+        /// when the side uses key windows.
+        invalidated: Option<u32>,
+    },
+    Wc {
+        wr_id: WrId,
+        status: WcStatus,
+    },
 }
 
 #[derive(Debug)]
@@ -137,6 +146,12 @@ pub struct Pair {
     pub rnr: u64,
     /// Rkeys invalidated by Send With Invalidate: (from side, rkey).
     pub invalidations: Vec<(usize, u32)>,
+    /// With key windows ([`Pair::with_key_windows`]), each side's live
+    /// keys as a provider keeps them: bound by a Bind, gone with its
+    /// invalidation; the peer's one-sided accesses are checked here.
+    pub live_keys: [Option<HashMap<u32, (LocalSlice, Access)>>; 2],
+    /// Binds and local invalidations executed, per side.
+    pub key_ops: [(u64, u64); 2],
 }
 
 impl core::fmt::Debug for Pair {
@@ -177,6 +192,8 @@ impl Pair {
             ops: [0; 3],
             rnr: 0,
             invalidations: Vec::new(),
+            live_keys: [None, None],
+            key_ops: [(0, 0); 2],
         };
         // Distinct, non-sequential rkeys per side, as a provider would hand out.
         for side in 0..2 {
@@ -190,6 +207,44 @@ impl Pair {
         p
     }
 
+    /// [`Pair::new`] with memory windows on both sides: every exposure
+    /// gets its own key, bound before it is advertised and invalidated when
+    /// the exchange ends, and the harness enforces live keys as a provider
+    /// does.
+    pub fn with_key_windows(client: Config, server: Config) -> Pair {
+        let mut p = Pair::new(client, server);
+        for side in 0..2 {
+            let conn = &mut p.peers[side].conn;
+            let windows: Vec<crate::verbs::Window> = (0..conn.max_exposures() as u32)
+                .map(|i| crate::verbs::Window::new(i, i + 1, 0xffff_f000))
+                .collect();
+            conn.set_key_windows(&windows);
+            p.live_keys[side] = Some(HashMap::new());
+        }
+        p
+    }
+
+    /// Where a peer's access to side `side` with `seg` lands: through the
+    /// live keys with key windows, else through the engine's exposure
+    /// bookkeeping ([`BufferTable::resolve`]).
+    fn resolve_at(&self, side: usize, seg: &Segment, want: Access) -> Option<LocalSlice> {
+        let t = self.peers[side].conn.buffers();
+        let Some(keys) = &self.live_keys[side] else {
+            return t.resolve(seg, want);
+        };
+        let &(local, access) = keys.get(&seg.handle)?;
+        let start = t.remote_key(local.buf).1 + u64::from(local.offset);
+        let off = seg.offset.checked_sub(start)?;
+        if access != want || off + u64::from(seg.length) > u64::from(local.len) {
+            return None;
+        }
+        Some(LocalSlice {
+            buf: local.buf,
+            offset: local.offset + off as u32,
+            len: seg.length,
+        })
+    }
+
     pub fn set_fault_hook(&mut self, hook: impl FnMut(FaultPoint<'_>) -> Fault + 'static) {
         self.hook = Box::new(hook);
     }
@@ -201,6 +256,19 @@ impl Pair {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
+    }
+
+    /// Completes a key operation; a failed one fails the queue pair.
+    fn finish_key_op(&mut self, side: usize, wr_id: WrId, ok: bool, now: Instant) {
+        let status = if ok {
+            WcStatus::Success
+        } else {
+            WcStatus::Other
+        };
+        self.complete(side, Done::Wc { wr_id, status }, now);
+        if !ok {
+            self.break_connection();
+        }
     }
 
     fn complete(&mut self, side: usize, done: Done, at: Instant) {
@@ -237,6 +305,30 @@ impl Pair {
                         let peer = &mut self.peers[side];
                         peer.rq.push_back((wr_id, buf));
                         peer.max_recvs_posted = peer.max_recvs_posted.max(peer.rq.len());
+                        continue;
+                    }
+                    WorkRequest::Bind {
+                        wr_id,
+                        rkey,
+                        local,
+                        access,
+                        ..
+                    } => {
+                        // A key already live, or a side without windows, is
+                        // a bad bind (IB: the window is still bound).
+                        let ok = self.live_keys[side]
+                            .as_mut()
+                            .is_some_and(|k| k.insert(rkey, (local, access)).is_none());
+                        self.key_ops[side].0 += 1;
+                        self.finish_key_op(side, wr_id, ok, self.now);
+                        continue;
+                    }
+                    WorkRequest::Invalidate { wr_id, rkey } => {
+                        let ok = self.live_keys[side]
+                            .as_mut()
+                            .is_some_and(|k| k.remove(&rkey).is_some());
+                        self.key_ops[side].1 += 1;
+                        self.finish_key_op(side, wr_id, ok, self.now);
                         continue;
                     }
                     WorkRequest::Send {
@@ -445,6 +537,7 @@ impl Pair {
                     Done::Recv {
                         wr_id: rwr,
                         len: bytes.len() as u32,
+                        invalidated: invalidate.filter(|_| self.live_keys[to].is_some()),
                     },
                     now,
                 );
@@ -463,9 +556,9 @@ impl Pair {
                 remote,
             } => {
                 self.ops[2] += 1;
-                let t = self.peers[to].conn.buffers_mut();
-                match t.resolve(&remote, Access::RemoteWrite) {
+                match self.resolve_at(to, &remote, Access::RemoteWrite) {
                     Some(s) => {
+                        let t = self.peers[to].conn.buffers_mut();
                         assert!(t.write(s.buf, s.offset as usize, &bytes), "resolved");
                         self.complete(
                             from,
@@ -495,10 +588,9 @@ impl Pair {
                 remote,
             } => {
                 self.ops[1] += 1;
-                let t = self.peers[to].conn.buffers();
-                match t.resolve(&remote, Access::RemoteRead) {
+                match self.resolve_at(to, &remote, Access::RemoteRead) {
                     Some(s) => {
-                        let data = t.to_vec(s).expect("resolved");
+                        let data = self.peers[to].conn.buffers().to_vec(s).expect("resolved");
                         assert_eq!(data.len(), local.len as usize, "read lengths");
                         assert!(
                             self.peers[from].conn.buffers_mut().write(
@@ -600,7 +692,11 @@ impl Pair {
         let conn = &mut self.peers[d.side].conn;
         for _ in 0..times {
             match d.done {
-                Done::Recv { wr_id, len } => conn.handle_recv(now, wr_id, len),
+                Done::Recv {
+                    wr_id,
+                    len,
+                    invalidated,
+                } => conn.handle_recv_invalidating(now, wr_id, len, invalidated),
                 Done::Wc { wr_id, status } => conn.handle_completion(now, wr_id, status),
             }
         }
@@ -680,6 +776,9 @@ impl Pair {
     /// re-register it), so the old one no longer resolves. False when no
     /// buffer has that rkey.
     fn invalidate(&mut self, side: usize, rkey: u32) -> bool {
+        if let Some(keys) = self.live_keys[side].as_mut() {
+            return keys.remove(&rkey).is_some();
+        }
         let t = self.peers[side].conn.buffers_mut();
         let Some(id) = (0..t.count() as u32)
             .map(BufId)
@@ -703,9 +802,9 @@ impl Pair {
     /// memory, executed at once outside any engine (a hostile peer probing
     /// what is exposed). Err is the completion status it would get.
     pub fn peer_read(&self, from: usize, remote: Segment) -> Result<Vec<u8>, WcStatus> {
-        let t = self.peers[1 - from].conn.buffers();
-        t.resolve(&remote, Access::RemoteRead)
-            .and_then(|s| t.to_vec(s))
+        let to = 1 - from;
+        self.resolve_at(to, &remote, Access::RemoteRead)
+            .and_then(|s| self.peers[to].conn.buffers().to_vec(s))
             .ok_or(WcStatus::RemoteAccessError)
     }
 

@@ -365,12 +365,16 @@ pub enum CallFailure {
     UnsupportedReply,
     /// The reply is larger than `max_reply_size`.
     ReplyTooLarge,
-    /// No reply within `call_timeout`. The slot stays reserved (its memory
-    /// may still be written by the peer and the credit is still in use)
+    /// No reply within `call_timeout`. Every key the call advertised is
+    /// invalidated at once (a late RDMA Write or Read fails at the
+    /// provider); the slot stays reserved (the credit is still in use)
     /// until the reply arrives or the connection closes.
     Timeout,
     /// The connection closed before the reply arrived.
     ConnectionLost,
+    /// No key window was free to expose the call's chunks under (fewer
+    /// windows than `Connection::max_exposures` were given).
+    NoKeyWindow,
 }
 
 /// What a peer told us about itself (RFC 8797 private data, CONF_RDMA
@@ -501,6 +505,10 @@ pub enum ReplyError {
     /// The DDP item is larger than the call's write chunk.
     #[error("DDP item larger than the write chunk")]
     DdpTooLarge,
+    /// No key window was free to expose the reply in a read chunk under
+    /// (fewer windows than `Connection::max_exposures` were given).
+    #[error("no key window free to expose the reply")]
+    NoKeyWindow,
     /// The DDP item lies outside the message, is misaligned, or its XDR
     /// length word does not hold `len`.
     #[error("DDP item outside the message, misaligned or not matching its length word")]

@@ -422,6 +422,28 @@ impl Connection {
         } else {
             (s.call_buf, 0, false)
         };
+        // Expose first: with key windows each exposure takes its key here
+        // and queues its bind ahead of the Send below.
+        let mut exposed = match plan {
+            CallPlan::Inline => true,
+            CallPlan::ReadChunk { len, .. } if app_read => {
+                self.expose(read_src, Access::RemoteRead, read_off, len)
+            }
+            CallPlan::ReadChunk { position, len } => {
+                self.expose(call_buf, Access::RemoteRead, position, len)
+            }
+            CallPlan::Long => self.expose(call_buf, Access::RemoteRead, 0, msg_len),
+        };
+        if let Some(w) = wc {
+            exposed &= self.expose(write_buf, Access::RemoteWrite, 0, w);
+        }
+        if let Some(r) = rc {
+            exposed &= self.expose(reply_buf, Access::RemoteWrite, 0, r);
+        }
+        if !exposed {
+            self.fail_call(idx, CallFailure::NoKeyWindow);
+            return;
+        }
         let h = &mut self.tx_hdr;
         h.chunks.clear();
         h.xid = xid;
@@ -499,22 +521,6 @@ impl Connection {
             }
             CallPlan::Long => hlen,
         };
-        match plan {
-            CallPlan::Inline => {}
-            CallPlan::ReadChunk { len, .. } if app_read => {
-                self.expose(read_src, Access::RemoteRead, read_off, len)
-            }
-            CallPlan::ReadChunk { position, len } => {
-                self.expose(call_buf, Access::RemoteRead, position, len)
-            }
-            CallPlan::Long => self.expose(call_buf, Access::RemoteRead, 0, msg_len),
-        }
-        if let Some(w) = wc {
-            self.expose(write_buf, Access::RemoteWrite, 0, w);
-        }
-        if let Some(r) = rc {
-            self.expose(reply_buf, Access::RemoteWrite, 0, r);
-        }
         let s = &mut self.calls[idx];
         s.state = CallState::Sent;
         s.send_pending = true;
@@ -961,7 +967,7 @@ impl Connection {
             s.read_view,
         ];
         for buf in bufs {
-            self.bufs.unexpose(buf);
+            self.unexpose(buf);
         }
     }
 
@@ -1008,13 +1014,12 @@ impl Connection {
                     let s = &mut self.calls[idx];
                     s.state = CallState::Abandoned;
                     s.deadline = None;
-                    // The slot's own buffers stay exposed until the answer
-                    // (or close): nobody else uses them. Application
-                    // memory goes back to the application with this
-                    // failure, so the peer loses access to it now.
-                    let (wv, rv) = (s.write_view, s.read_view);
-                    self.bufs.unexpose(wv);
-                    self.bufs.unexpose(rv);
+                    // The exchange is over for us: every key it advertised
+                    // is invalidated now, so a late Write or Read fails at
+                    // the provider instead of landing (the slot's own
+                    // buffers wait for the answer or close before reuse;
+                    // application memory goes back to the application).
+                    self.unexpose_call(idx);
                     let s = &self.calls[idx];
                     self.events.push_back(Event::CallFailed {
                         call: CallHandle {

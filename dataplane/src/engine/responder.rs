@@ -615,6 +615,11 @@ impl Connection {
         } = plan;
         let s = &self.serves[idx];
         let (reply_buf, send_buf, generation) = (s.reply_buf, s.send_buf, s.generation);
+        // Expose a reply read chunk first: with key windows its key is
+        // taken here, and its bind queued ahead of the Send.
+        if use_read_chunk && !self.expose(reply_buf, Access::RemoteRead, 0, inline_len as u32) {
+            return Err(ReplyError::NoKeyWindow);
+        }
         // Header chunk lists, lengths rewritten to what is written.
         let h = &mut self.tx_hdr;
         h.chunks.clear();
@@ -708,6 +713,9 @@ impl Connection {
                 for _ in 0..ops {
                     self.tx.pop_back();
                 }
+                if use_read_chunk {
+                    self.unexpose(reply_buf);
+                }
                 return Err(ReplyError::TooLarge);
             }
         };
@@ -742,8 +750,6 @@ impl Connection {
             s.done_deadline = now.saturating_add(self.config.done_timeout);
             self.dones_pending += 1;
             self.stats.replies_exposed += 1;
-            self.bufs
-                .set_access(reply_buf, Access::RemoteRead, 0, inline_len as u32);
             self.arm_done_reclaim();
         }
         self.active_calls = self.active_calls.saturating_sub(1);
@@ -856,7 +862,7 @@ impl Connection {
         s.done_pending = false;
         let (buf, state) = (s.reply_buf, s.state);
         self.dones_pending = self.dones_pending.saturating_sub(1);
-        self.bufs.unexpose(buf);
+        self.unexpose(buf);
         if state == ServeState::AwaitingDone {
             self.free_serve(i);
         }
@@ -911,7 +917,7 @@ impl Connection {
             if s.done_pending {
                 s.done_pending = false;
                 let buf = s.reply_buf;
-                self.bufs.unexpose(buf);
+                self.unexpose(buf);
             }
             let s = &mut self.serves[idx];
             match s.state {

@@ -628,6 +628,136 @@ fn design_s5_a_received_message_is_read_from_peer_memory_once_then_parsed_from_a
     close_and_check_leaks(&mut p);
 }
 
+/// Each side's (binds, invalidations) must balance and no key stay live.
+fn assert_keys_all_invalidated(p: &Pair) {
+    for side in [CLIENT, SERVER] {
+        let (binds, invalidations) = p.key_ops[side];
+        assert_eq!(
+            binds, invalidations,
+            "side {side}: every bound key invalidated"
+        );
+        assert_eq!(
+            p.live_keys[side].as_ref().map(|k| k.len()),
+            Some(0),
+            "side {side}: no key left live"
+        );
+    }
+}
+
+#[test]
+fn design_s5_each_exposure_has_its_own_key_bound_before_it_is_advertised() {
+    // With key windows: a fresh key per exposure, over exactly the
+    // advertised bytes, bound before the Send that names it (the harness
+    // resolves only live keys) and invalidated when the exchange ends.
+    let mut p = Pair::with_key_windows(cfg(), cfg());
+    let bulk = payload(100_000, 2);
+    let long = payload(60_000, 3);
+    let mut handles = Vec::new();
+    for round in 0..3u32 {
+        let h1 = send(
+            &mut p,
+            10 * round + 1,
+            &bulk,
+            true,
+            expect(200 * KIB, Some(128 * KIB)),
+        );
+        let h2 = send(&mut p, 10 * round + 2, &long, true, expect(64 * KIB, None));
+        let h3 = send(&mut p, 10 * round + 3, &long, false, expect(64 * KIB, None));
+        p.drive();
+        assert_eq!(returned_payload(&p, h1), bulk);
+        assert_eq!(returned_payload(&p, h2), long);
+        assert_eq!(returned_payload(&p, h3), long);
+        release_all(&mut p);
+        assert_keys_all_invalidated(&p);
+    }
+    // Per round: read chunk + write chunk + reply chunk (the reply may
+    // exceed the inline size), read + reply chunk, long call + reply
+    // chunk.
+    assert_eq!(p.key_ops[CLIENT].0, 3 * 7);
+    for call in p.sends_from(CLIENT) {
+        let hd = header(call);
+        handles.extend(hd.chunks.reads().iter().map(|r| r.segment.handle));
+        handles.extend(
+            hd.chunks
+                .write_chunks()
+                .flat_map(|c| c.segments.iter().map(|s| s.handle)),
+        );
+        handles.extend(
+            hd.chunks
+                .reply()
+                .into_iter()
+                .flat_map(|c| c.segments.iter().map(|s| s.handle)),
+        );
+    }
+    assert_eq!(handles.len(), 21, "one advertised segment per bind");
+    let mut unique = handles.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        handles.len(),
+        "no key advertised twice: {handles:x?}"
+    );
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn design_s5_a_late_write_after_a_timeout_fails_at_the_provider_and_changes_no_byte() {
+    // The call offers a write chunk, the server pulls the argument, then
+    // holds its reply past the client's timeout. The timeout invalidates
+    // every key of the call, so the server's late RDMA Write is refused
+    // (remote access error) and no byte of the client's memory changes.
+    let client = Config {
+        call_timeout: Some(core::time::Duration::from_millis(5)),
+        ..cfg()
+    };
+    let mut p = Pair::with_key_windows(client, cfg());
+    let data = payload(20_000, 7);
+    send(&mut p, 9, &data, true, expect(4 * KIB, Some(64 * KIB)));
+    let mut held = None;
+    p.drive_with(&mut |side, _, _, ev| {
+        if let (SERVER, Event::CallArrived { call, .. }) = (side, ev) {
+            held = Some(call);
+        }
+    });
+    let call = held.expect("the server got the call");
+    assert_eq!(failures(&p), vec![(9, CallFailure::Timeout)]);
+    assert_eq!(
+        p.live_keys[CLIENT].as_ref().map(|k| k.len()),
+        Some(0),
+        "the timeout invalidated the call's keys"
+    );
+    let client_memory = |p: &Pair| -> Vec<Vec<u8>> {
+        let t = p.peers[CLIENT].conn.buffers();
+        (0..t.count() as u32)
+            .map(BufId)
+            .filter(|&b| matches!(t.class(b), Some(BufClass::Ddp | BufClass::Reply)))
+            .map(|b| t.peer_bytes(b, 0, t.buf_len(b) as usize).unwrap().to_vec())
+            .collect()
+    };
+    let before = client_memory(&p);
+    let (msg, item) = echo_reply(9, &data);
+    let now = p.now;
+    p.conn(SERVER)
+        .send_reply(
+            now,
+            call,
+            &OutgoingReply {
+                message: &msg,
+                ddp: Some(item),
+            },
+        )
+        .expect("reply");
+    p.drive();
+    assert_eq!(
+        p.peers[SERVER].conn.close_reason(),
+        Some(CloseReason::TransportError(WcStatus::RemoteAccessError)),
+        "the late Write was refused"
+    );
+    assert!(client_memory(&p) == before, "no byte of the client changed");
+    close_and_check_leaks(&mut p);
+}
+
 #[test]
 fn rfc5666_s5_2_reply_chunk_offered_when_peer_sends_less_than_we_receive() {
     // RFC 8797: the client receives 16 KiB but the server posts at most

@@ -8,7 +8,7 @@
 //! maps a `BufId` to (lkey, address) through its registration of the
 //! engine's [`super::BufferTable`] (see `docs/ENGINE.md`).
 
-use super::buffers::{BufId, LocalSlice};
+use super::buffers::{Access, BufId, LocalSlice};
 use crate::wire::rpcrdma::Segment;
 
 /// What a work request was posted for; selects the table `index` points
@@ -34,6 +34,10 @@ pub enum WrKind {
     ReplyRead = 7,
     /// The Send of an RDMA_DONE; `index` is the control buffer number.
     DoneSend = 8,
+    /// A memory-window bind for one exposure; `index` is the window.
+    KeyBind = 9,
+    /// A local invalidation ending one exposure; `index` is the window.
+    KeyInvalidate = 10,
 }
 
 impl WrKind {
@@ -47,6 +51,8 @@ impl WrKind {
             6 => WrKind::ErrorSend,
             7 => WrKind::ReplyRead,
             8 => WrKind::DoneSend,
+            9 => WrKind::KeyBind,
+            10 => WrKind::KeyInvalidate,
             _ => return None,
         })
     }
@@ -143,6 +149,31 @@ pub enum WorkRequest {
         /// Destination in the peer's memory; `remote.length == local.len`.
         remote: Segment,
     },
+    /// Bind memory window `window` under `rkey` over exactly `local`,
+    /// granting `access`: one exchange's exposure, under a key of its
+    /// own. Queued before the Send that advertises the key, so send-queue
+    /// order makes it valid before the peer can use it.
+    Bind {
+        /// Id for the completion.
+        wr_id: WrId,
+        /// The provider's window index.
+        window: u32,
+        /// The key, chosen by the engine among the window's keys.
+        rkey: u32,
+        /// The bytes exposed.
+        local: LocalSlice,
+        /// What the peer may do.
+        access: Access,
+    },
+    /// Invalidate our `rkey`: the exposure ended (answer, timeout, error),
+    /// and from the execution of this request on the peer's accesses
+    /// under it fail at the provider.
+    Invalidate {
+        /// Id for the completion.
+        wr_id: WrId,
+        /// The key.
+        rkey: u32,
+    },
 }
 
 impl WorkRequest {
@@ -152,7 +183,9 @@ impl WorkRequest {
             WorkRequest::PostRecv { wr_id, .. }
             | WorkRequest::Send { wr_id, .. }
             | WorkRequest::RdmaRead { wr_id, .. }
-            | WorkRequest::RdmaWrite { wr_id, .. } => wr_id,
+            | WorkRequest::RdmaWrite { wr_id, .. }
+            | WorkRequest::Bind { wr_id, .. }
+            | WorkRequest::Invalidate { wr_id, .. } => wr_id,
         }
     }
 }
@@ -191,6 +224,8 @@ mod tests {
             WrKind::ErrorSend,
             WrKind::ReplyRead,
             WrKind::DoneSend,
+            WrKind::KeyBind,
+            WrKind::KeyInvalidate,
         ] {
             let id = WrId {
                 kind,

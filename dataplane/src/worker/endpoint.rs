@@ -33,9 +33,9 @@ use crate::engine::{
 };
 use crate::mem::{self, Arena, Backing, Slab};
 use crate::verbs::{
-    Access, Completion, CompletionQueue, Context, Incoming, MemoryRegion, PostError, PreparedQp,
-    ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, Sge,
-    SgeList, VerbsError, WcOpcode, WcStatus,
+    Access, BindWindow, Completion, CompletionQueue, Context, Incoming, MemoryRegion, PostError,
+    PreparedQp, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr,
+    Sge, SgeList, VerbsError, WcOpcode, WcStatus, Window,
 };
 use crate::wire::rpcrdma::{PrivateData, PRIVATE_DATA_LEN};
 
@@ -285,6 +285,25 @@ impl<P: Provider> Region<P> {
         self.leases.available() == self.leases.total()
     }
 }
+
+/// `want` memory windows of `qp` for per-exchange keys, or `None` when
+/// the provider cannot give that many (no type 2 windows, or more than
+/// its key table holds beside the two region keys the fallback needs).
+fn alloc_key_windows<P: Provider>(qp: &mut P::Qp, want: usize) -> Option<Vec<Window>> {
+    // Two slots of the 256-entry key tables stay free for region keys.
+    if want > MAX_KEY_WINDOWS {
+        return None;
+    }
+    let mut windows = Vec::with_capacity(want);
+    for _ in 0..want {
+        windows.push(qp.alloc_window().ok()?);
+    }
+    Some(windows)
+}
+
+/// Most windows an endpoint asks for (every provider has 256 keys per
+/// queue pair, shared with whole-region exposures).
+pub const MAX_KEY_WINDOWS: usize = 254;
 
 /// Registered memory of one endpoint: the engine's two regions.
 struct Registered<P: Provider> {
@@ -579,21 +598,32 @@ impl<P: Provider> Endpoint<P> {
         mem: Registered<P>,
         config: EndpointConfig,
     ) -> Result<Endpoint<P>, EndpointError> {
-        // One key for each region, valid on this connection only; the
-        // engine advertises exact windows of them (docs/ENGINE.md). None
-        // at all when the peer never needs one (`expose_memory`).
+        // Keys per exchange: memory windows the engine binds over exactly
+        // one exchange's bytes under a fresh key, and invalidates when the
+        // exchange ends (docs/ENGINE.md). Where the provider has too few
+        // (or none), one key for each region, valid on this connection
+        // only, and the engine advertises exact ranges of it. None at all
+        // when the peer never needs one (`expose_memory`).
         if config.expose_memory {
-            let private = qp.expose(&mem.private.mr)?;
-            let peer = qp.expose(&mem.peer.mr)?;
+            let windows = alloc_key_windows::<P>(&mut qp, conn.max_exposures());
+            let region_keys = if windows.is_some() {
+                None
+            } else {
+                Some((qp.expose(&mem.private.mr)?, qp.expose(&mem.peer.mr)?))
+            };
             let bufs = conn.buffers_mut();
             for i in 0..bufs.count() {
                 let id = engine::BufId(i as u32);
-                let key = match bufs.memory(id) {
-                    engine::Memory::Private => private,
-                    engine::Memory::Peer => peer,
-                };
-                let addr = key.addr + bufs.slab_offset(id) as u64;
-                bufs.set_remote_key(id, key.rkey, addr);
+                let region = mem.region(bufs.memory(id));
+                let addr = region.mr.addr() + bufs.slab_offset(id) as u64;
+                let rkey = region_keys.map_or(0, |(private, peer)| match bufs.memory(id) {
+                    engine::Memory::Private => private.rkey,
+                    engine::Memory::Peer => peer.rkey,
+                });
+                bufs.set_remote_key(id, rkey, addr);
+            }
+            if let Some(w) = windows {
+                conn.set_key_windows(&w);
             }
         }
         Ok(Endpoint {
@@ -724,7 +754,8 @@ impl<P: Provider> Endpoint<P> {
             WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
                 self.counters.recvs += 1;
                 self.counters.bytes_in += u64::from(wc.byte_len);
-                self.conn.handle_recv(now, id, wc.byte_len);
+                self.conn
+                    .handle_recv_invalidating(now, id, wc.byte_len, wc.invalidated_rkey);
             }
             op => {
                 let c = &mut self.counters;
@@ -886,6 +917,35 @@ impl<P: Provider> Iterator for SendBatch<'_, P> {
         let wr = *self.pending.front()?;
         let (wr_id, local, op) = match wr {
             WorkRequest::PostRecv { .. } => return None,
+            WorkRequest::Bind {
+                wr_id,
+                window,
+                rkey,
+                local,
+                access,
+            } => {
+                let region = self.mem.region(self.bufs.memory(local.buf));
+                let addr = region.mr.addr()
+                    + self.bufs.slab_offset(local.buf) as u64
+                    + u64::from(local.offset);
+                let access = match access {
+                    engine::Access::RemoteRead => Access::REMOTE_READ,
+                    engine::Access::RemoteWrite => Access::REMOTE_WRITE,
+                    engine::Access::None => Access::NONE,
+                };
+                let bind = BindWindow {
+                    window,
+                    rkey,
+                    lkey: region.mr.lkey(),
+                    addr,
+                    len: u64::from(local.len),
+                    access,
+                };
+                return Some(self.take(wr, wr_id, SendOp::Bind(bind)));
+            }
+            WorkRequest::Invalidate { wr_id, rkey } => {
+                return Some(self.take(wr, wr_id, SendOp::LocalInv(rkey)));
+            }
             WorkRequest::Send {
                 wr_id,
                 local,
@@ -930,6 +990,16 @@ impl<P: Provider> Iterator for SendBatch<'_, P> {
     }
 }
 
+impl<P: Provider> SendBatch<'_, P> {
+    /// A work request without SGEs (key operations), taken off the
+    /// backlog.
+    fn take(&mut self, wr: WorkRequest, wr_id: engine::WrId, op: SendOp) -> SendWr {
+        self.pending.pop_front();
+        self.last = Some(wr);
+        SendWr::new(to_verbs_wr_id(wr_id), op, SgeList::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -945,6 +1015,8 @@ mod tests {
             engine::WrKind::ErrorSend,
             engine::WrKind::ReplyRead,
             engine::WrKind::DoneSend,
+            engine::WrKind::KeyBind,
+            engine::WrKind::KeyInvalidate,
         ] {
             for (index, generation) in [(0, 0), (4095, (1 << 28) - 1), ((1 << 24) - 1, 12345)] {
                 let id = engine::WrId {

@@ -245,7 +245,7 @@ fn rfc5666_s4_3_msgp_chunk_lists_still_validated() {
             .map(BufId)
             .find(|&b| t.class(b) == Some(BufClass::Ddp))
             .unwrap();
-        t.set_access(id, Access::RemoteWrite, 0, 64);
+        assert_eq!(t.set_access(id, Access::RemoteWrite, 0, 64), Ok(None));
         (id, t.segment(id, 0, 64))
     };
     let mut h = TransportHeader::new(10, 4, pad);
