@@ -988,10 +988,15 @@ impl Connection {
         self.bufs.set_key_windows(windows);
     }
 
-    /// The most exposures a connection with this layout has at once: a
-    /// call's read chunk, write chunk and reply chunk per requester slot,
-    /// a reply read chunk per responder slot.
+    /// The most exposures a connection with this configuration has at
+    /// once: a call's read chunk, write chunk and reply chunk per
+    /// requester slot, and the replies exposed in read chunks
+    /// (`max_reply_read_chunks`) when responder-provided read chunks may
+    /// be in use. Small on a server (a window is an HCA object on
+    /// `ibverbs`).
     pub fn max_exposures(&self) -> usize {
-        3 * self.calls.len() + self.serves.len()
+        let c = &self.config;
+        let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
+        3 * self.calls.len() + if rrc { c.max_reply_read_chunks as usize } else { 0 }
     }
 }
