@@ -466,24 +466,43 @@ impl BufferTable {
     }
 
     /// Pointer to byte `offset..offset + len` of buffer `id`, if inside.
-    fn raw(&self, id: BufId, offset: usize, len: usize) -> Option<*mut u8> {
+    fn locate(&self, id: BufId, offset: usize, len: usize) -> Option<(Memory, usize)> {
         let d = self.desc(id)?;
         if offset.checked_add(len)? > d.len as usize {
             return None;
         }
         let at = d.start + offset;
-        let (base, region) = match d.memory() {
-            Memory::Private => (
-                self.private.bytes().as_ptr().cast_mut(),
-                self.private.bytes().len(),
-            ),
-            Memory::Peer => (self.peer.as_ptr(), self.peer.len()),
+        let region = self.memory_len(d.memory());
+        (at + len <= region).then_some((d.memory(), at))
+    }
+
+    /// A pointer for reading `len` bytes at `offset` of buffer `id`, if
+    /// inside (derived from a shared borrow: never written through).
+    fn raw(&self, id: BufId, offset: usize, len: usize) -> Option<*const u8> {
+        let (memory, at) = self.locate(id, offset, len)?;
+        let base = match memory {
+            Memory::Private => self.private.bytes().as_ptr(),
+            Memory::Peer => self.peer.as_ptr().cast_const(),
         };
-        if at + len > region {
-            return None;
-        }
-        // SAFETY: `at + len` is inside the region (checked above).
+        // SAFETY: `at + len` is inside the region (`locate`).
         Some(unsafe { base.add(at) })
+    }
+
+    /// The first byte of region `memory`, for writing (derived from an
+    /// exclusive borrow of the private region).
+    fn base_mut(&mut self, memory: Memory) -> *mut u8 {
+        match memory {
+            Memory::Private => self.private.bytes_mut().as_mut_ptr(),
+            Memory::Peer => self.peer.as_ptr(),
+        }
+    }
+
+    /// A pointer for writing `len` bytes at `offset` of buffer `id`, if
+    /// inside.
+    fn raw_mut(&mut self, id: BufId, offset: usize, len: usize) -> Option<*mut u8> {
+        let (memory, at) = self.locate(id, offset, len)?;
+        // SAFETY: `at + len` is inside the region (`locate`).
+        Some(unsafe { self.base_mut(memory).add(at) })
     }
 
     /// Copies the bytes named by `s` into `dst` (`dst.len()` must equal
@@ -516,7 +535,7 @@ impl BufferTable {
     /// Copies `src` to byte `offset` of buffer `id`, in either region.
     /// False, copying nothing, if it does not fit.
     pub fn write(&mut self, id: BufId, offset: usize, src: &[u8]) -> bool {
-        match self.raw(id, offset, src.len()) {
+        match self.raw_mut(id, offset, src.len()) {
             Some(p) => {
                 // SAFETY: inside the live region; `&mut self` excludes any
                 // slice of it in this process, so `src` cannot overlap.
@@ -743,23 +762,31 @@ impl BufferTable {
     pub(crate) fn copy(&mut self, src: LocalSlice, dst: BufId, dst_offset: usize) -> bool {
         self.note_read(src.buf);
         let n = src.len as usize;
-        let (Some(from), Some(to)) = (
-            self.raw(src.buf, src.offset as usize, n),
-            self.raw(dst, dst_offset, n),
+        let (Some((from_mem, from)), Some((to_mem, to))) = (
+            self.locate(src.buf, src.offset as usize, n),
+            self.locate(dst, dst_offset, n),
         ) else {
             return false;
         };
-        // SAFETY: both ranges are inside live regions (checked by `raw`);
-        // `&mut self` excludes any slice of them in this process; `copy`
-        // allows overlap.
-        unsafe { std::ptr::copy(from, to, n) };
+        // Both pointers from one base per region, the private one from an
+        // exclusive borrow (a pointer from a shared borrow may not be
+        // written through).
+        let from_base = self.base_mut(from_mem);
+        let to_base = if to_mem == from_mem {
+            from_base
+        } else {
+            self.base_mut(to_mem)
+        };
+        // SAFETY: both ranges are inside live regions (`locate`); no slice
+        // of them exists while `&mut self` is held; `copy` allows overlap.
+        unsafe { std::ptr::copy(from_base.add(from), to_base.add(to), n) };
         true
     }
 
     /// Zeroes `len` bytes at `offset` of buffer `id` (XDR roundup bytes
     /// the sender elided, RFC 5666 s3.7). False if out of range.
     pub(crate) fn zero(&mut self, id: BufId, offset: usize, len: usize) -> bool {
-        match self.raw(id, offset, len) {
+        match self.raw_mut(id, offset, len) {
             Some(p) => {
                 // SAFETY: inside a live region; `&mut self` as in `copy`.
                 unsafe { std::ptr::write_bytes(p, 0, len) };
