@@ -997,6 +997,11 @@ impl Connection {
     pub fn max_exposures(&self) -> usize {
         let c = &self.config;
         let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
-        3 * self.calls.len() + if rrc { c.max_reply_read_chunks as usize } else { 0 }
+        3 * self.calls.len()
+            + if rrc {
+                c.max_reply_read_chunks as usize
+            } else {
+                0
+            }
     }
 }
