@@ -879,15 +879,26 @@ pub fn echo_service(side: usize, conn: &mut Connection, now: Instant, ev: Event)
     }
     if let Event::CallArrived { call, xid, .. } = ev {
         let payload = echo_payload(conn.call_message(call).expect("call")).expect("echo payload");
-        let (msg, item) = echo_reply(xid, &payload);
-        conn.send_reply(
-            now,
-            call,
-            &OutgoingReply {
-                message: &msg,
-                ddp: Some(item),
-            },
-        )
-        .expect("reply");
+        reply_echo(conn, now, call, xid, &payload);
     }
+}
+
+/// Answers `call` with the echo of `payload`, its data DDP-eligible.
+pub fn reply_echo(
+    conn: &mut Connection,
+    now: Instant,
+    call: IncomingCall,
+    xid: u32,
+    payload: &[u8],
+) {
+    let (msg, item) = echo_reply(xid, payload);
+    conn.send_reply(
+        now,
+        call,
+        &OutgoingReply {
+            message: &msg,
+            ddp: Some(item),
+        },
+    )
+    .expect("reply");
 }

@@ -736,18 +736,8 @@ fn design_s5_a_late_write_after_a_timeout_fails_at_the_provider_and_changes_no_b
             .collect()
     };
     let before = client_memory(&p);
-    let (msg, item) = echo_reply(9, &data);
     let now = p.now;
-    p.conn(SERVER)
-        .send_reply(
-            now,
-            call,
-            &OutgoingReply {
-                message: &msg,
-                ddp: Some(item),
-            },
-        )
-        .expect("reply");
+    reply_echo(p.conn(SERVER), now, call, 9, &data);
     p.drive();
     assert_eq!(
         p.peers[SERVER].conn.close_reason(),
