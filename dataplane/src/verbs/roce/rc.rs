@@ -588,7 +588,7 @@ impl RcQp {
         if self.state == QpState::Error {
             return Err(VerbsError::NotConnected);
         }
-        let rkey = self.slots.expose(super::random_u32)?;
+        let rkey = self.slots.expose(super::random::random_u32)?;
         self.keys[KeySlots::slot(rkey)] = Some(KeyEntry {
             rkey,
             addr,

@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
+use super::random::FAIL_RANDOM;
 use super::*;
 use crate::mem::{Arena, Slab, WrKind};
 use crate::wire::ibcm::{CmMad, CmMessage, Rep};
