@@ -9,11 +9,13 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
+use super::cm::trim_private;
 use super::random::FAIL_RANDOM;
 use super::*;
 use crate::mem::{Arena, Slab, WrKind};
-use crate::wire::ibcm::{CmMad, CmMessage, Rep};
+use crate::wire::ibcm::{gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CommIds, Rep, MAD_LEN};
 use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
+use crate::wire::roce::seg::Mtu;
 use crate::wire::roce::{Bth, NakCode, Reth, Syndrome};
 
 const LONG: Duration = Duration::from_secs(20);
