@@ -16,7 +16,7 @@ use crate::mem::{Arena, Slab, WrKind};
 use crate::wire::ibcm::{gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CommIds, Rep, MAD_LEN};
 use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
 use crate::wire::roce::seg::Mtu;
-use crate::wire::roce::{Bth, NakCode, Reth, Syndrome};
+use crate::wire::roce::{icrc, Bth, NakCode, Opcode, Packet, Reth, RocePacket, Syndrome};
 
 const LONG: Duration = Duration::from_secs(20);
 /// The fake peer's QPN and the PSN it announces (two before the wrap).
