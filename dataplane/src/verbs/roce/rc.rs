@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::io::{Faults, Tx};
+use super::pd::PdInner;
 use super::ready::{Announce, Ready};
-use super::PdInner;
 use crate::mem::Arena;
 use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
 use crate::verbs::*;
