@@ -9,12 +9,13 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
-use super::cm::{cm_path, trim_private};
+use super::cm::{cm_path, trim_private, CM_RETRY, REP_RETRIES};
+use super::qp::idle;
 use super::random::FAIL_RANDOM;
 use super::*;
 use crate::mem::{Arena, Slab, WrKind};
 use crate::wire::ibcm::{
-    gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, RdmaCmHeader, Rep, Req,
+    self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, RdmaCmHeader, Rep, Req,
     MAD_LEN, RDMA_CM_HEADER_LEN,
 };
 use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
