@@ -14,13 +14,14 @@ use super::qp::idle;
 use super::random::FAIL_RANDOM;
 use super::*;
 use crate::mem::{Arena, Slab, WrKind};
+use crate::verbs::*;
 use crate::wire::ibcm::{
     self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, RdmaCmHeader, Rep, Req,
     MAD_LEN, RDMA_CM_HEADER_LEN,
 };
 use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
 use crate::wire::roce::seg::Mtu;
-use crate::wire::roce::{icrc, Bth, NakCode, Opcode, Packet, Reth, RocePacket, Syndrome};
+use crate::wire::roce::{icrc, Bth, NakCode, Opcode, Packet, Psn, Reth, RocePacket, Syndrome};
 
 const LONG: Duration = Duration::from_secs(20);
 /// The fake peer's QPN and the PSN it announces (two before the wrap).
