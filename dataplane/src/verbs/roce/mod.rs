@@ -30,6 +30,8 @@
 //! exposed on that connection (access, bounds) before any copy. A peer
 //! that breaks the protocol gets a NAK and its connection moves to error;
 //! nothing else is affected.
+//!
+//! [`CompletionQueue::poll`]: super::CompletionQueue::poll
 use std::sync::Mutex;
 
 pub use self::cm::MAX_REQ_PRIVATE_DATA;
