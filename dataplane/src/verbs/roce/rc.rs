@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::io::{Faults, Tx};
+use super::pd::PdInner;
 use super::ready::{Announce, Ready};
-use super::PdInner;
 use crate::mem::Arena;
 use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
 use crate::verbs::*;
@@ -588,7 +588,7 @@ impl RcQp {
         if self.state == QpState::Error {
             return Err(VerbsError::NotConnected);
         }
-        let rkey = self.slots.expose(super::random_u32)?;
+        let rkey = self.slots.expose(super::random::random_u32)?;
         self.keys[KeySlots::slot(rkey)] = Some(KeyEntry {
             rkey,
             addr,

@@ -4,16 +4,24 @@
 //! starting PSNs the right way round, ICRC, retransmissions, DREQ) and how
 //! its responder answers (ACK with MSN, PSN wrap, sequence-error NAK once,
 //! duplicate RDMA Read replay, remote access NAK).
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
+use super::cm::{cm_path, trim_private, CM_RETRY, REP_RETRIES};
+use super::qp::idle;
+use super::random::FAIL_RANDOM;
 use super::*;
 use crate::mem::{Arena, Slab, WrKind};
-use crate::wire::ibcm::{CmMad, CmMessage, Rep};
+use crate::verbs::*;
+use crate::wire::ibcm::{
+    self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, RdmaCmHeader, Rep, Req,
+    MAD_LEN, RDMA_CM_HEADER_LEN,
+};
 use crate::wire::roce::icrc::{Ipv4Header, UdpPorts};
-use crate::wire::roce::{Bth, NakCode, Reth, Syndrome};
+use crate::wire::roce::seg::Mtu;
+use crate::wire::roce::{icrc, Bth, NakCode, Opcode, Packet, Psn, Reth, RocePacket, Syndrome};
 
 const LONG: Duration = Duration::from_secs(20);
 /// The fake peer's QPN and the PSN it announces (two before the wrap).

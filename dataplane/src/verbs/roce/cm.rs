@@ -1,0 +1,519 @@
+//! The connection manager: the IB CM MADs on QP1 (REQ/REP/RTU/REJ/DREQ/
+//! DREP/MRA) that set connections up and tear them down the way rdma_cm
+//! does over RoCEv2, and their retransmission timers.
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use super::io::Tx;
+use super::random::random_u64;
+use super::rc::{ConnRef, PeerPath, RcQp};
+use crate::wire::ibcm::{
+    self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, CommIds, Dreq, Mra, RdmaCmHeader,
+    Rej, Req, MAD_LEN, RDMA_CM_HEADER_LEN,
+};
+use crate::wire::roce::seg::Mtu;
+use crate::wire::roce::Psn;
+
+/// User private data that fits a REQ after the 36-byte rdma_cm header.
+pub const MAX_REQ_PRIVATE_DATA: usize = ibcm::private_len::REQ - RDMA_CM_HEADER_LEN;
+
+/// Interval between REQ (and DREQ) retransmissions. rdma_cm waits
+/// 4.096 us x 2^20 (about 4.3 s); a shorter wait recovers a lost MAD on a
+/// LAN faster and stays far above any loopback/LAN round trip. A peer that
+/// needs longer answers with an MRA.
+pub(super) const CM_RETRY: Duration = Duration::from_millis(500);
+/// DREQ retransmissions before the connection is forgotten.
+const DREQ_RETRIES: u8 = 3;
+/// REP retransmissions (every [`CM_RETRY`]) while the passive side waits
+/// for the RTU; then the connection fails (REJ "timeout", QP to error).
+/// Without the limit a peer that never completes the handshake would hold
+/// an accepted connection, and its memory, forever.
+pub(super) const REP_RETRIES: u8 = 3;
+/// Connection requests a listener queues before rejecting.
+const LISTEN_BACKLOG: usize = 1024;
+
+/// Private data as handed to the application: IB CM carries fixed-size
+/// areas with no length, so trailing zero bytes are removed.
+pub(super) fn trim_private(pd: &[u8]) -> Vec<u8> {
+    let end = pd.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    pd[..end].to_vec()
+}
+
+/// A connection request waiting in a listener's queue.
+#[derive(Debug, Clone)]
+pub(super) struct PendingReq {
+    pub(super) peer_ip: Ipv4Addr,
+    pub(super) remote_comm_id: u32,
+    pub(super) remote_qpn: u32,
+    pub(super) psn: Psn,
+    pub(super) mtu: Mtu,
+    pub(super) tid: u64,
+    /// The requester's responder resources (its capacity for our Reads).
+    pub(super) responder_resources: u8,
+    pub(super) private: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(super) enum ConnState {
+    /// Active: REQ sent, waiting for REP (or REJ / MRA).
+    ReqSent,
+    /// Passive: REP sent, waiting for the RTU (or the first packet of the
+    /// peer's QP, which implies it); the REP is resent at `next`, `left`
+    /// more times, then the connection fails.
+    RepSent { next: Instant, left: u8 },
+    /// Active: REP received, RTU sent. Passive: RTU (or data) received.
+    Established,
+    /// Active: the peer refused, with its private data.
+    Rejected(Vec<u8>),
+    /// DREQ sent, waiting for DREP.
+    DreqSent { next: Instant, left: u8 },
+    /// Active: established and already torn down by the peer before
+    /// `connect` saw it (kept until `connect` returns the QP).
+    Closed,
+}
+
+#[derive(Debug)]
+pub(super) struct ConnRec {
+    pub(super) local_comm_id: u32,
+    pub(super) remote_comm_id: u32,
+    pub(super) peer_ip: Ipv4Addr,
+    pub(super) qpn: u32,
+    pub(super) remote_qpn: u32,
+    pub(super) active: bool,
+    pub(super) state: ConnState,
+    /// Last REQ (active) or REP (passive), for retransmission.
+    pub(super) mad: Box<[u8; MAD_LEN]>,
+    /// The peer's REP private data (active).
+    pub(super) peer_private: Vec<u8>,
+    /// Active: MRA received, do not retransmit the REQ before this.
+    pub(super) quiet_until: Option<Instant>,
+    /// Active: `connect` has returned this connection.
+    pub(super) claimed: bool,
+}
+
+#[derive(Default)]
+pub(super) struct Cm {
+    pub(super) listeners: HashMap<u16, VecDeque<PendingReq>>,
+    pub(super) conns: HashMap<u32, ConnRec>,
+    /// Requests the application took with `Listener::accept` and has not
+    /// answered yet, as (peer, its comm id): a REQ the peer resends
+    /// meanwhile gets an MRA, not a second queue entry (else one client
+    /// would be accepted twice).
+    pub(super) held: Vec<(Ipv4Addr, u32)>,
+}
+
+impl Cm {
+    /// Forgets a held request (answered or dropped).
+    pub(super) fn release_held(&mut self, peer_ip: Ipv4Addr, remote_comm_id: u32) {
+        self.held
+            .retain(|&(ip, id)| !(ip == peer_ip && id == remote_comm_id));
+    }
+}
+
+pub(super) fn send_mad(tx: &mut Tx, gsi_psn: &mut Psn, dst: Ipv4Addr, port: u16, mad: &[u8]) {
+    let psn = *gsi_psn;
+    *gsi_psn = psn.next();
+    let p = gsi_packet(psn, mad);
+    let slot = tx.slot();
+    if let Ok(n) = p.emit(slot) {
+        tx.commit(n, SocketAddrV4::new(dst, port), None);
+    }
+}
+
+pub(super) fn emit_mad(mad: &CmMad<'_>) -> Option<[u8; MAD_LEN]> {
+    let mut b = [0u8; MAD_LEN];
+    mad.emit(&mut b).ok()?;
+    Some(b)
+}
+
+fn send_dreq(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec) {
+    let port = tx.local.port();
+    // The TID only pairs the DREP with this DREQ; without randomness (an
+    // error nobody on this path could act on) the comm ids serve.
+    let tid =
+        random_u64().unwrap_or(u64::from(rec.local_comm_id) << 32 | u64::from(rec.remote_comm_id));
+    let m = CmMad::new(
+        tid,
+        CmMessage::Dreq(Dreq {
+            local_comm_id: rec.local_comm_id,
+            remote_comm_id: rec.remote_comm_id,
+            remote_qpn: rec.remote_qpn,
+            private_data: &[],
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, rec.peer_ip, port, &b);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn send_rej(
+    tx: &mut Tx,
+    gsi_psn: &mut Psn,
+    dst: Ipv4Addr,
+    tid: u64,
+    local_comm_id: u32,
+    remote_comm_id: u32,
+    reason: u16,
+    private_data: &[u8],
+) {
+    let port = tx.local.port();
+    let m = CmMad::new(
+        tid,
+        CmMessage::Rej(Rej {
+            local_comm_id,
+            remote_comm_id,
+            message_rejected: 0,
+            reject_info_len: 0,
+            reason,
+            ari: [0; 72],
+            private_data,
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, dst, port, &b);
+    }
+}
+
+impl Cm {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_mad(
+        &mut self,
+        payload: &[u8],
+        src: SocketAddrV4,
+        qps: &mut HashMap<u32, RcQp>,
+        tx: &mut Tx,
+        gsi_psn: &mut Psn,
+        now: Instant,
+        spoofed: &mut u64,
+    ) {
+        let Ok(mad) = CmMad::parse(payload) else {
+            return;
+        };
+        let port = tx.local.port();
+        match mad.message {
+            CmMessage::Req(r) => {
+                // The REP goes to the address in the REQ's path: it must be
+                // the sender's, or anyone could aim our REPs (and bind a
+                // connection) at a third party.
+                if ibcm::gid_to_ip(r.primary_path.local_gid) != IpAddr::V4(*src.ip()) {
+                    *spoofed += 1;
+                    return;
+                }
+                self.on_req(&r, mad.tid, src, tx, gsi_psn)
+            }
+            CmMessage::Rep(r) => {
+                let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
+                    return;
+                };
+                if !rec.active || rec.peer_ip != *src.ip() {
+                    return;
+                }
+                match rec.state {
+                    ConnState::ReqSent => {
+                        if r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
+                            send_rej(
+                                tx,
+                                gsi_psn,
+                                rec.peer_ip,
+                                mad.tid,
+                                rec.local_comm_id,
+                                r.local_comm_id,
+                                ibcm::rej_reason::NO_QP,
+                                &[],
+                            );
+                            rec.state = ConnState::Rejected(Vec::new());
+                            return;
+                        }
+                        rec.remote_comm_id = r.local_comm_id;
+                        rec.remote_qpn = r.local_qpn;
+                        rec.peer_private = trim_private(r.private_data);
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            // We send from the PSN the REP announced (the
+                            // first the peer expects); the peer sends from
+                            // the one our REQ announced.
+                            qp.bind(
+                                PeerPath {
+                                    addr: SocketAddrV4::new(rec.peer_ip, port),
+                                    qpn: r.local_qpn,
+                                },
+                                r.starting_psn,
+                                ConnRef {
+                                    local_comm_id: rec.local_comm_id,
+                                },
+                                qp.mtu,
+                                r.responder_resources,
+                            );
+                        }
+                        rec.state = ConnState::Established;
+                        send_rtu(tx, gsi_psn, rec, mad.tid);
+                    }
+                    // Our RTU was lost: the peer repeats its REP.
+                    ConnState::Established => send_rtu(tx, gsi_psn, rec, mad.tid),
+                    _ => {}
+                }
+            }
+            CmMessage::Rtu(ids) => {
+                if let Some(rec) = self.conns.get_mut(&ids.remote_comm_id) {
+                    if !rec.active
+                        && rec.peer_ip == *src.ip()
+                        && rec.remote_comm_id == ids.local_comm_id
+                        && matches!(rec.state, ConnState::RepSent { .. })
+                    {
+                        rec.state = ConnState::Established;
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.awaiting_rtu = false;
+                        }
+                    }
+                }
+            }
+            CmMessage::Rej(j) => {
+                let Some(rec) = self.conns.get_mut(&j.remote_comm_id) else {
+                    return;
+                };
+                if rec.peer_ip != *src.ip() {
+                    return;
+                }
+                match rec.state {
+                    ConnState::ReqSent => {
+                        rec.state = ConnState::Rejected(trim_private(j.private_data))
+                    }
+                    _ => {
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.enter_error(None, false);
+                        }
+                        if rec.active && !rec.claimed {
+                            rec.state = ConnState::Closed;
+                        } else {
+                            self.conns.remove(&j.remote_comm_id);
+                        }
+                    }
+                }
+            }
+            CmMessage::Mra(m) => {
+                if let Some(rec) = self.conns.get_mut(&m.remote_comm_id) {
+                    if matches!(rec.state, ConnState::ReqSent) && rec.peer_ip == *src.ip() {
+                        // Service timeout: 4.096 us x 2^t, plus our own.
+                        let us = 4.096 * f64::from(1u32 << m.service_timeout.min(31));
+                        rec.quiet_until =
+                            Some(now + CM_RETRY + Duration::from_micros(us.min(6e7) as u64));
+                    }
+                }
+            }
+            CmMessage::Dreq(d) => {
+                let mut drep_ids = (0, d.local_comm_id);
+                if let Some(rec) = self.conns.get_mut(&d.remote_comm_id) {
+                    if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.enter_error(None, false);
+                        }
+                        drep_ids = (rec.local_comm_id, rec.remote_comm_id);
+                        if rec.active && !rec.claimed {
+                            rec.state = ConnState::Closed;
+                        } else {
+                            self.conns.remove(&d.remote_comm_id);
+                        }
+                    }
+                }
+                let m = CmMad::new(
+                    mad.tid,
+                    CmMessage::Drep(CommIds {
+                        local_comm_id: drep_ids.0,
+                        remote_comm_id: drep_ids.1,
+                        private_data: &[],
+                    }),
+                );
+                if let Some(b) = emit_mad(&m) {
+                    send_mad(tx, gsi_psn, *src.ip(), port, &b);
+                }
+            }
+            CmMessage::Drep(ids) => {
+                if let Some(rec) = self.conns.get(&ids.remote_comm_id) {
+                    if matches!(rec.state, ConnState::DreqSent { .. }) {
+                        self.conns.remove(&ids.remote_comm_id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_req(&mut self, r: &Req<'_>, tid: u64, src: SocketAddrV4, tx: &mut Tx, gsi_psn: &mut Psn) {
+        let port = tx.local.port();
+        // Checked against the path GID by the caller.
+        let peer_ip = *src.ip();
+        // A repeated REQ: answer with our REP again, or MRA while the
+        // application has not decided yet.
+        if let Some(rec) = self
+            .conns
+            .values()
+            .find(|c| !c.active && c.peer_ip == peer_ip && c.remote_comm_id == r.local_comm_id)
+        {
+            if matches!(
+                rec.state,
+                ConnState::Established | ConnState::RepSent { .. }
+            ) {
+                let mad = *rec.mad;
+                send_mad(tx, gsi_psn, peer_ip, port, &mad);
+            }
+            return;
+        }
+        let pending = self.listeners.values().any(|q| {
+            q.iter()
+                .any(|p| p.peer_ip == peer_ip && p.remote_comm_id == r.local_comm_id)
+        }) || self.held.contains(&(peer_ip, r.local_comm_id));
+        if pending {
+            let m = CmMad::new(
+                tid,
+                CmMessage::Mra(Mra {
+                    local_comm_id: 0,
+                    remote_comm_id: r.local_comm_id,
+                    message_mraed: 0,
+                    // 4.096 us x 2^22: about 17 s.
+                    service_timeout: 22,
+                    private_data: &[],
+                }),
+            );
+            if let Some(b) = emit_mad(&m) {
+                send_mad(tx, gsi_psn, peer_ip, port, &b);
+            }
+            return;
+        }
+        let reject = |tx: &mut Tx, gsi_psn: &mut Psn, reason| {
+            send_rej(tx, gsi_psn, peer_ip, tid, 0, r.local_comm_id, reason, &[]);
+        };
+        let queue =
+            ibcm::tcp_port_of_service_id(r.service_id).and_then(|p| self.listeners.get_mut(&p));
+        let Some(queue) = queue else {
+            return reject(tx, gsi_psn, ibcm::rej_reason::INVALID_SERVICE_ID);
+        };
+        if r.transport_type != 0 || r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
+            return reject(tx, gsi_psn, ibcm::rej_reason::NO_QP);
+        }
+        let Ok((_hdr, user)) = RdmaCmHeader::parse(r.private_data) else {
+            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+        };
+        if queue.len() >= LISTEN_BACKLOG {
+            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+        }
+        queue.push_back(PendingReq {
+            peer_ip,
+            remote_comm_id: r.local_comm_id,
+            remote_qpn: r.local_qpn,
+            psn: r.starting_psn,
+            mtu: r.path_mtu,
+            tid,
+            responder_resources: r.responder_resources,
+            private: trim_private(user),
+        });
+    }
+}
+
+fn send_rtu(tx: &mut Tx, gsi_psn: &mut Psn, rec: &ConnRec, tid: u64) {
+    let port = tx.local.port();
+    let m = CmMad::new(
+        tid,
+        CmMessage::Rtu(CommIds {
+            local_comm_id: rec.local_comm_id,
+            remote_comm_id: rec.remote_comm_id,
+            private_data: &[],
+        }),
+    );
+    if let Some(b) = emit_mad(&m) {
+        send_mad(tx, gsi_psn, rec.peer_ip, port, &b);
+    }
+}
+
+pub(super) fn ca_guid(ip: Ipv4Addr) -> u64 {
+    0x0200_00FF_FE00_0000 | u64::from(u32::from(ip) & 0x00FF_FFFF)
+}
+
+pub(super) fn cm_path(local: Ipv4Addr, remote: Ipv4Addr, ack_code: u8) -> CmPath {
+    CmPath {
+        local_lid: 0xFFFF,
+        remote_lid: 0xFFFF,
+        local_gid: ipv4_mapped_gid(local),
+        remote_gid: ipv4_mapped_gid(remote),
+        flow_label: 0,
+        packet_rate: 0,
+        traffic_class: 0,
+        hop_limit: 64,
+        sl: 0,
+        subnet_local: false,
+        local_ack_timeout: ack_code,
+    }
+}
+
+impl Cm {
+    /// CM timers: DREQs for QPs that entered the error state, DREQ
+    /// retries, and REP retries while a passive connection awaits its RTU.
+    pub(super) fn timers(
+        &mut self,
+        now: Instant,
+        qps: &mut HashMap<u32, RcQp>,
+        tx: &mut Tx,
+        gsi_psn: &mut Psn,
+    ) {
+        for qp in qps.values_mut() {
+            if !qp.dreq_due {
+                continue;
+            }
+            qp.dreq_due = false;
+            let Some(c) = qp.conn else { continue };
+            if let Some(rec) = self.conns.get_mut(&c.local_comm_id) {
+                rec.state = ConnState::DreqSent {
+                    next: now + CM_RETRY,
+                    left: DREQ_RETRIES,
+                };
+                send_dreq(tx, gsi_psn, rec);
+            }
+        }
+        let mut forget = None;
+        for rec in self.conns.values_mut() {
+            if let ConnState::RepSent { next, left } = &mut rec.state {
+                if now >= *next {
+                    if *left == 0 {
+                        // No RTU and no packet: the requester is gone or
+                        // never meant to finish. Tell it and fail the QP
+                        // (its owner sees the flush and drops it).
+                        send_rej(
+                            tx,
+                            gsi_psn,
+                            rec.peer_ip,
+                            0,
+                            rec.local_comm_id,
+                            rec.remote_comm_id,
+                            ibcm::rej_reason::TIMEOUT,
+                            &[],
+                        );
+                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                            qp.awaiting_rtu = false;
+                            qp.enter_error(None, false);
+                        }
+                        forget = Some(rec.local_comm_id);
+                        continue;
+                    }
+                    *left -= 1;
+                    *next = now + CM_RETRY;
+                    let (peer, port) = (rec.peer_ip, tx.local.port());
+                    send_mad(tx, gsi_psn, peer, port, &rec.mad[..]);
+                }
+                continue;
+            }
+            if let ConnState::DreqSent { next, left } = &mut rec.state {
+                if now >= *next {
+                    if *left == 0 {
+                        forget = Some(rec.local_comm_id);
+                        continue;
+                    }
+                    *left -= 1;
+                    *next = now + CM_RETRY;
+                    send_dreq(tx, gsi_psn, rec);
+                }
+            }
+        }
+        if let Some(id) = forget {
+            self.conns.remove(&id);
+        }
+    }
+}

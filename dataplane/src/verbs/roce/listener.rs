@@ -1,0 +1,241 @@
+//! Listeners and incoming connection requests: the passive side of
+//! connection setup (accept with a REP, refuse with a REJ).
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cm::{
+    ca_guid, emit_mad, send_mad, send_rej, ConnRec, ConnState, PendingReq, CM_RETRY, REP_RETRIES,
+};
+use super::device::{Device, Engine};
+use super::qp::{idle, RocePreparedQp, RoceQp};
+use super::random::random_u32;
+use super::rc::{ConnRef, PeerPath, MAX_RD};
+use super::Roce;
+use crate::verbs::{lock, Incoming, Listener, VerbsError};
+use crate::wire::ibcm::{self, CmMad, CmMessage, Rep};
+
+/// A service port listening on a device.
+#[derive(Debug)]
+pub struct RoceListener {
+    pub(super) dev: Arc<Device>,
+    pub(super) port: u16,
+}
+
+impl RoceListener {
+    /// The local RoCE address (IP and UDP port) of the device.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.dev.local
+    }
+}
+
+impl Drop for RoceListener {
+    fn drop(&mut self) {
+        let mut eng = lock(&self.dev.eng);
+        if let Some(q) = eng.cm.listeners.remove(&self.port) {
+            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            for p in q {
+                send_rej(
+                    tx,
+                    gsi_psn,
+                    p.peer_ip,
+                    p.tid,
+                    0,
+                    p.remote_comm_id,
+                    ibcm::rej_reason::INVALID_SERVICE_ID,
+                    &[],
+                );
+            }
+            tx.flush();
+        }
+    }
+}
+
+impl Listener<Roce> for RoceListener {
+    fn accept(&self, timeout: Duration) -> Result<RoceIncoming, VerbsError> {
+        let deadline = Instant::now() + timeout;
+        let mut n = 0;
+        loop {
+            let now = Instant::now();
+            {
+                let mut eng = lock(&self.dev.eng);
+                eng.progress(now);
+                self.dev.mark_progress(now);
+                if let Some(req) = eng
+                    .cm
+                    .listeners
+                    .get_mut(&self.port)
+                    .and_then(VecDeque::pop_front)
+                {
+                    eng.cm.held.push((req.peer_ip, req.remote_comm_id));
+                    return Ok(RoceIncoming {
+                        dev: self.dev.clone(),
+                        req: Some(req),
+                    });
+                }
+            }
+            if now >= deadline {
+                return Err(VerbsError::Timeout);
+            }
+            n += 1;
+            idle(n);
+        }
+    }
+}
+
+/// A connection request waiting for accept or reject.
+#[derive(Debug)]
+pub struct RoceIncoming {
+    dev: Arc<Device>,
+    req: Option<PendingReq>,
+}
+
+impl RoceIncoming {
+    /// The requester's IPv4 address.
+    pub fn peer_ip(&self) -> Option<Ipv4Addr> {
+        self.req.as_ref().map(|r| r.peer_ip)
+    }
+}
+
+impl Drop for RoceIncoming {
+    fn drop(&mut self) {
+        // Neither accepted nor rejected: refuse, so the peer stops waiting.
+        if let Some(r) = self.req.take() {
+            let mut eng = lock(&self.dev.eng);
+            eng.cm.release_held(r.peer_ip, r.remote_comm_id);
+            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            send_rej(
+                tx,
+                gsi_psn,
+                r.peer_ip,
+                r.tid,
+                0,
+                r.remote_comm_id,
+                ibcm::rej_reason::CONSUMER_DEFINED,
+                &[],
+            );
+            tx.flush();
+        }
+    }
+}
+
+impl Incoming<Roce> for RoceIncoming {
+    fn private_data(&self) -> &[u8] {
+        self.req.as_ref().map_or(&[], |r| &r.private)
+    }
+
+    fn accept(mut self, mut qp: RocePreparedQp, private_data: &[u8]) -> Result<RoceQp, VerbsError> {
+        if private_data.len() > ibcm::private_len::REP {
+            return Err(VerbsError::Limit("REP private data is at most 196 bytes"));
+        }
+        let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
+        let dev = self.dev.clone();
+        let mut eng = lock(&dev.eng);
+        let port = eng.local.port();
+        let local_ip = *eng.local.ip();
+        // Fallible steps first: on error the request is still ours to
+        // refuse (Drop sends a REJ).
+        let local_comm_id = loop {
+            let c = random_u32()?;
+            if c != 0 && !eng.cm.conns.contains_key(&c) {
+                break c;
+            }
+        };
+        let qpn = qp.install(&mut eng, &dev)?;
+        let req = self.req.take().expect("not yet answered");
+        eng.cm.release_held(req.peer_ip, req.remote_comm_id);
+        let rc = eng.qps.get_mut(&qpn).expect("just installed");
+        rc.awaiting_rtu = true;
+        let my_psn = rc.initial_psn();
+        // We send from the PSN the REQ announced (the first the requester
+        // expects); the requester sends from the one in our REP.
+        rc.bind(
+            PeerPath {
+                addr: SocketAddrV4::new(req.peer_ip, port),
+                qpn: req.remote_qpn,
+            },
+            req.psn,
+            ConnRef { local_comm_id },
+            // The REQ's path MTU is the requester's; ours may be smaller
+            // (an oversized DF packet is refused with EMSGSIZE). The REP
+            // has no MTU field: each side sends within its own limit.
+            req.mtu.min(rc.mtu),
+            req.responder_resources,
+        );
+        let rnr = rc.caps.rnr_retry.min(7);
+        let rep = Rep {
+            local_comm_id,
+            remote_comm_id: req.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: qpn,
+            local_eecn: 0,
+            starting_psn: my_psn,
+            responder_resources: MAX_RD as u8,
+            // >= 1, or an rxe initiator could never RDMA Read from us.
+            initiator_depth: MAX_RD as u8,
+            target_ack_delay: 15,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: rnr,
+            srq: false,
+            local_ca_guid: ca_guid(local_ip),
+            private_data,
+        };
+        let mad = emit_mad(&CmMad::new(req.tid, CmMessage::Rep(rep)))
+            .ok_or(VerbsError::Protocol("REP encoding"))?;
+        eng.cm.conns.insert(
+            local_comm_id,
+            ConnRec {
+                local_comm_id,
+                remote_comm_id: req.remote_comm_id,
+                peer_ip: req.peer_ip,
+                qpn,
+                remote_qpn: req.remote_qpn,
+                active: false,
+                state: ConnState::RepSent {
+                    next: Instant::now() + CM_RETRY,
+                    left: REP_RETRIES,
+                },
+                mad: Box::new(mad),
+                peer_private: Vec::new(),
+                quiet_until: None,
+                claimed: true,
+            },
+        );
+        let Engine { tx, gsi_psn, .. } = &mut *eng;
+        send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
+        tx.flush();
+        drop(eng);
+        qp.attach(&dev);
+        Ok(RoceQp {
+            dev,
+            qpn,
+            pd,
+            send_cq: qp.send_cq.clone(),
+            recv_cq: qp.recv_cq.clone(),
+        })
+    }
+
+    fn reject(mut self, private_data: &[u8]) -> Result<(), VerbsError> {
+        if private_data.len() > ibcm::private_len::REJ {
+            return Err(VerbsError::Limit("REJ private data is at most 148 bytes"));
+        }
+        let r = self.req.take().expect("not yet answered");
+        let mut eng = lock(&self.dev.eng);
+        eng.cm.release_held(r.peer_ip, r.remote_comm_id);
+        let Engine { tx, gsi_psn, .. } = &mut *eng;
+        send_rej(
+            tx,
+            gsi_psn,
+            r.peer_ip,
+            r.tid,
+            0,
+            r.remote_comm_id,
+            ibcm::rej_reason::CONSUMER_DEFINED,
+            private_data,
+        );
+        tx.flush();
+        Ok(())
+    }
+}

@@ -1,0 +1,29 @@
+//! Protection domains and memory regions.
+use std::sync::Arc;
+
+use super::config::RoceConfig;
+use super::Roce;
+use crate::verbs::soft_mr::MrTable;
+use crate::verbs::{Access, Sge};
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    pub(super) mrs: Arc<MrTable>,
+}
+
+impl PdInner {
+    /// Whether an SGE lies in a live registration of this PD with `need`.
+    pub(crate) fn check_local(&self, sge: &Sge, need: Access) -> bool {
+        self.mrs.check_local(sge, need)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct RocePd {
+    pub(super) inner: Arc<PdInner>,
+    pub(super) cfg: RoceConfig,
+}
+
+/// A registered memory region; deregistered on drop.
+pub type RoceMr = crate::verbs::SoftMr<Roce>;
