@@ -468,8 +468,9 @@ impl Cm {
                 send_dreq(tx, gsi_psn, rec);
             }
         }
-        let mut forget = None;
-        for rec in self.conns.values_mut() {
+        // Every record whose retries ran out in this run is forgotten in
+        // this run (one at a time would REJ the others again each tick).
+        self.conns.retain(|_, rec| {
             if let ConnState::RepSent { next, left } = &mut rec.state {
                 if now >= *next {
                     if *left == 0 {
@@ -490,30 +491,26 @@ impl Cm {
                             qp.awaiting_rtu = false;
                             qp.enter_error(None, false);
                         }
-                        forget = Some(rec.local_comm_id);
-                        continue;
+                        return false;
                     }
                     *left -= 1;
                     *next = now + CM_RETRY;
                     let (peer, port) = (rec.peer_ip, tx.local.port());
                     send_mad(tx, gsi_psn, peer, port, &rec.mad[..]);
                 }
-                continue;
+                return true;
             }
             if let ConnState::DreqSent { next, left } = &mut rec.state {
                 if now >= *next {
                     if *left == 0 {
-                        forget = Some(rec.local_comm_id);
-                        continue;
+                        return false;
                     }
                     *left -= 1;
                     *next = now + CM_RETRY;
                     send_dreq(tx, gsi_psn, rec);
                 }
             }
-        }
-        if let Some(id) = forget {
-            self.conns.remove(&id);
-        }
+            true
+        });
     }
 }
