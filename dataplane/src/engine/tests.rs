@@ -10,6 +10,7 @@ use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
 use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHeader};
 
+mod miri;
 mod msgp_inv;
 
 pub(super) const KIB: u32 = 1024;
