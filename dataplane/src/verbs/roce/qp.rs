@@ -206,12 +206,6 @@ impl PreparedQp<Roce> for RocePreparedQp {
         let dev = Device::for_connect(*target.ip(), &cfg)?;
         let local_ip = *dev.local.ip();
         let deadline = Instant::now() + timeout;
-        let local_comm_id = loop {
-            let c = random_u32()?;
-            if c != 0 {
-                break c;
-            }
-        };
         let tid = random_u64()?;
         let src_port = 0x8000 | (random_u32()? as u16 & 0x7FFF);
         let pd = self
@@ -219,8 +213,17 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .as_ref()
             .map(|q| q.pd.clone())
             .expect("not installed");
-        let (qpn, mad) = {
+        let (qpn, mad, local_comm_id) = {
             let mut eng = lock(&dev.eng);
+            // Drawn under the lock, unique among this device's connection
+            // records (as the passive side does), before anything is
+            // installed.
+            let local_comm_id = loop {
+                let c = random_u32()?;
+                if c != 0 && !eng.cm.conns.contains_key(&c) {
+                    break c;
+                }
+            };
             let qpn = self.install(&mut eng, &dev)?;
             let qp = eng.qps.get_mut(&qpn).expect("just installed");
             // Options in the connect URL apply to this connection.
@@ -290,7 +293,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
             let Engine { tx, gsi_psn, .. } = &mut *eng;
             send_mad(tx, gsi_psn, *target.ip(), cfg.udp_port, &mad);
             tx.flush();
-            (qpn, mad)
+            (qpn, mad, local_comm_id)
         };
         self.attach(&dev);
         let qp = RoceQp {
