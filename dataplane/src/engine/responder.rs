@@ -398,13 +398,12 @@ impl Connection {
         s.reads_done += 1;
         s.ops_in_flight -= 1;
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
-        if s.state == ServeState::Draining {
-            if s.ops_in_flight == 0 {
-                self.free_serve(i);
-            }
-        } else if ok && s.reads_done == s.reads.len() {
+        // A failed Read is not delivered: the connection closes right
+        // after (every error completion does), which drains the slot.
+        if ok && s.state == ServeState::PullingReadChunks && s.reads_done == s.reads.len() {
             self.deliver_call(now, i);
         }
+        self.settle_serve(i);
         self.pump_reads();
     }
 
@@ -828,15 +827,38 @@ impl Connection {
                     && s.ops_in_flight > 0 =>
             {
                 s.ops_in_flight -= 1;
-                if s.ops_in_flight == 0 {
-                    if s.done_pending {
-                        s.state = ServeState::AwaitingDone;
-                    } else {
-                        self.free_serve(i);
-                    }
-                }
+                self.settle_serve(i);
             }
             _ => self.stats.stale_completions += 1,
+        }
+    }
+
+    /// Moves slot `idx` on as far as what still holds it allows: the one
+    /// place a responder slot waits for and is released by its posted
+    /// work, the exposure of its reply (RDMA_DONE, the reclaim timer) and
+    /// the close's flush (SPDK's request `process`, for the release
+    /// half; a call's arrival, delivery and reply are their entry
+    /// points' transitions):
+    ///
+    /// ```text
+    /// AwaitingCompletions --ops done, reply exposed--> AwaitingDone
+    /// AwaitingCompletions --ops done---------------->  Free
+    /// AwaitingDone        --DONE or timer----------->  Free
+    /// Draining            --ops flushed------------->  Free
+    /// ```
+    fn settle_serve(&mut self, idx: usize) {
+        let s = &mut self.serves[idx];
+        match s.state {
+            ServeState::AwaitingCompletions if s.ops_in_flight == 0 => {
+                if s.done_pending {
+                    s.state = ServeState::AwaitingDone;
+                } else {
+                    self.free_serve(idx);
+                }
+            }
+            ServeState::AwaitingDone if !s.done_pending => self.free_serve(idx),
+            ServeState::Draining if s.ops_in_flight == 0 => self.free_serve(idx),
+            _ => {}
         }
     }
 
@@ -860,12 +882,10 @@ impl Connection {
     fn withdraw_exposed_reply(&mut self, i: usize) {
         let s = &mut self.serves[i];
         s.done_pending = false;
-        let (buf, state) = (s.reply_buf, s.state);
+        let buf = s.reply_buf;
         self.dones_pending = self.dones_pending.saturating_sub(1);
         self.unexpose(buf);
-        if state == ServeState::AwaitingDone {
-            self.free_serve(i);
-        }
+        self.settle_serve(i);
     }
 
     /// `Timer::DoneReclaim` fired: withdraw every exposed reply whose
@@ -920,10 +940,9 @@ impl Connection {
                 self.unexpose(buf);
             }
             let s = &mut self.serves[idx];
-            match s.state {
-                ServeState::Free | ServeState::Draining => {}
-                _ if s.ops_in_flight == 0 => self.free_serve(idx),
-                _ => s.state = ServeState::Draining,
+            if s.state != ServeState::Free {
+                s.state = ServeState::Draining;
+                self.settle_serve(idx);
             }
         }
     }
