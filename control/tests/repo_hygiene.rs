@@ -4,9 +4,12 @@
 //! data, fuzz corpora and binary files excepted); each hit is listed as
 //! `file:line: text`.
 //!
-//! It is also layered: in `dataplane/src/wire`, `dataplane/src/engine` and
-//! `bench/src`, no two sibling files use each other's items (see
-//! [`no_import_circles_between_sibling_files`]).
+//! It is also layered: in `dataplane/src/wire`, `dataplane/src/engine`,
+//! `dataplane/src/verbs/roce`, `dataplane/src/tcp` and `bench/src`, no two
+//! sibling files use each other's items (see
+//! [`no_import_circles_between_sibling_files`]). And memory a peer can write
+//! is never made a Rust slice
+//! ([`memory_a_peer_can_write_is_never_made_a_slice`]).
 
 use std::path::{Path, PathBuf};
 
@@ -355,4 +358,102 @@ fn the_circle_scanner_finds_what_it_must() {
         ["xdr"]
     );
     assert!(sibling_uses("use super::super::super::xdr;", &below, &sibs).is_empty());
+}
+
+/// Where the dataplane may turn a raw pointer into a Rust slice, and why.
+/// Memory a peer can write (registered memory, receive buffers, RDMA
+/// targets) must never become a `&[u8]`: a slice promises that nothing
+/// changes the bytes while it lives, which a peer can break. It is read by
+/// copying (`mem::copy_out`, `mem::PeerBytes`). Each entry: a file, and a
+/// fragment every such line in it must contain.
+const RAW_SLICES_ALLOWED: [(&str, &str, &str); 7] = [
+    (
+        "dataplane/src/tcp/buf.rs",
+        "from_raw_parts",
+        "the TCP ring: heap memory of this process only",
+    ),
+    (
+        "dataplane/src/engine/buffers.rs",
+        "Box::from_raw",
+        "freeing the engine's own heap region",
+    ),
+    (
+        "dataplane/src/verbs/shm/mod.rs",
+        "AtomicU64",
+        "shared rings and key tables: atomics, sound under concurrent writes",
+    ),
+    (
+        "dataplane/src/verbs/shm/shared.rs",
+        "AtomicU64",
+        "the shared outbox: atomics",
+    ),
+    (
+        "dataplane/src/verbs/ibverbs/sys.rs",
+        "self.list",
+        "a device list the library allocated for us",
+    ),
+    (
+        "dataplane/src/verbs/ibverbs/translate.rs",
+        ".to_vec()",
+        "private data the CM owns, copied at once",
+    ),
+    (
+        "dataplane/src/worker/endpoint.rs",
+        "self.arena.as_ptr(), self.len",
+        "ArenaSlab: the engine's private region, which peers can at most read",
+    ),
+];
+
+/// Lines of `dataplane/src` (tests excepted) that make a slice from a raw
+/// pointer, outside what [`RAW_SLICES_ALLOWED`] allows.
+fn unexpected_raw_slices(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    walk(&root.join("dataplane/src"), &mut files);
+    let mut hits = Vec::new();
+    for f in files {
+        let rel = f
+            .strip_prefix(root)
+            .unwrap_or(&f)
+            .to_string_lossy()
+            .replace('\\', "/");
+        if !rel.ends_with(".rs") || rel.ends_with("tests.rs") || rel.contains("/tests/") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if !code.contains("from_raw_parts") && !code.contains("Box::from_raw") {
+                continue;
+            }
+            let allowed = RAW_SLICES_ALLOWED
+                .iter()
+                .any(|(file, must, _)| rel == *file && code.contains(must));
+            if !allowed {
+                hits.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    hits
+}
+
+/// The compile-time half is in the types: `mem::Buf`, `engine::PeerMemory`
+/// and `mem::PeerBytes` have no method that returns a slice. This is the
+/// other half: no code makes one from a raw pointer except where the
+/// memory is this process's own or the elements are atomics.
+#[test]
+fn memory_a_peer_can_write_is_never_made_a_slice() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let hits = unexpected_raw_slices(&root);
+    assert!(
+        hits.is_empty(),
+        "slices made from raw pointers outside the allowed places (copy peer memory out with \
+         mem::copy_out / mem::PeerBytes instead, or add the place to RAW_SLICES_ALLOWED with \
+         the reason it is this process's own memory):\n{}",
+        hits.join("\n")
+    );
+    for (file, _, why) in RAW_SLICES_ALLOWED {
+        assert!(root.join(file).exists(), "{file} ({why}) moved");
+    }
 }
