@@ -387,8 +387,11 @@ impl Connection {
             Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
         };
 
+        // Per call slot: its Send, and with key windows up to three binds
+        // and three invalidations; per responder slot: Reads, Writes, the
+        // Send, a bind and an invalidation.
         let mut tx = VecDeque::with_capacity(
-            recvs.len() + err_bufs.len() + calls.len() + serves.len() * 4 + 64,
+            recvs.len() + err_bufs.len() + calls.len() * 7 + serves.len() * 6 + 64,
         );
         let mut conn_recvs = recvs;
         for (i, r) in conn_recvs.iter_mut().enumerate() {
