@@ -388,10 +388,18 @@ impl Connection {
         };
 
         // Per call slot: its Send, and with key windows up to three binds
-        // and three invalidations; per responder slot: Reads, Writes, the
-        // Send, a bind and an invalidation.
+        // and three invalidations; per responder slot: its Reads, Writes
+        // and Send; per reply exposed in a read chunk, a bind and an
+        // invalidation. (An idle connection's heap is mostly this queue.)
+        let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
+        let exposed_replies = if rrc { c.max_reply_read_chunks as usize } else { 0 };
         let mut tx = VecDeque::with_capacity(
-            recvs.len() + err_bufs.len() + calls.len() * 7 + serves.len() * 6 + 64,
+            recvs.len()
+                + err_bufs.len()
+                + calls.len() * 7
+                + serves.len() * 4
+                + 2 * exposed_replies
+                + 64,
         );
         let mut conn_recvs = recvs;
         for (i, r) in conn_recvs.iter_mut().enumerate() {
