@@ -392,7 +392,11 @@ impl Connection {
         // and Send; per reply exposed in a read chunk, a bind and an
         // invalidation. (An idle connection's heap is mostly this queue.)
         let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
-        let exposed_replies = if rrc { c.max_reply_read_chunks as usize } else { 0 };
+        let exposed_replies = if rrc {
+            c.max_reply_read_chunks as usize
+        } else {
+            0
+        };
         let mut tx = VecDeque::with_capacity(
             recvs.len()
                 + err_bufs.len()
