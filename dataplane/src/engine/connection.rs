@@ -390,7 +390,7 @@ impl Connection {
         // Per call slot: its Send, and with key windows up to three binds
         // and three invalidations; per responder slot: its Reads, Writes
         // and Send; per reply exposed in a read chunk, a bind and an
-        // invalidation. (An idle connection's heap is mostly this queue.)
+        // invalidation.
         let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
         let exposed_replies = if rrc {
             c.max_reply_read_chunks as usize
