@@ -994,6 +994,13 @@ impl Connection {
         self.key_ops_posted += 1;
     }
 
+    /// Whether the peer accepts Send With Invalidate (its RFC 8797
+    /// private data flag), for replies from now on
+    /// ([`Config::peer_remote_invalidate`]).
+    pub fn set_peer_remote_invalidate(&mut self, accepts: bool) {
+        self.config.peer_remote_invalidate = accepts;
+    }
+
     /// Gives the connection memory windows to expose buffers under (one
     /// fresh key per exposure, invalidated when the exchange ends), at
     /// least [`Connection::max_exposures`] of them; the worker allocates

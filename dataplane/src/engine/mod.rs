@@ -94,6 +94,11 @@ pub struct Config {
     /// reply chunk even if our receive buffers would hold it. 1024 when
     /// the peer sent no private data (RFC 8797).
     pub peer_inline_send_size: u32,
+    /// The peer accepts Send With Invalidate (the RFC 8797 private data
+    /// flag): a reply then invalidates the call's key remotely when every
+    /// chunk of the call was advertised under that one key (as Linux's
+    /// svcrdma does). False when the peer sent no private data.
+    pub peer_remote_invalidate: bool,
     /// Credits we grant the peer: calls it may have outstanding with us
     /// (RFC 5666 s3.3). Never zero.
     pub credits: u32,
@@ -157,12 +162,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// Takes the peer's inline sizes from its RFC 8797 connection private
-    /// data (use [`PrivateData::parse_or_default`] so that a peer without
-    /// valid private data counts as 1024 bytes each way).
+    /// Takes the peer's inline sizes and its remote-invalidation flag from
+    /// its RFC 8797 connection private data (use
+    /// [`PrivateData::parse_or_default`] so that a peer without valid
+    /// private data counts as 1024 bytes each way, no remote invalidation).
     pub fn with_peer_private_data(mut self, pd: &PrivateData) -> Config {
         self.peer_inline_recv_size = pd.max_recv_size;
         self.peer_inline_send_size = pd.max_send_size;
+        self.peer_remote_invalidate = pd.remote_invalidate;
         self
     }
 }
@@ -176,6 +183,7 @@ impl Default for Config {
             inline_send_size: 4096,
             peer_inline_recv_size: DEFAULT_INLINE_SIZE,
             peer_inline_send_size: DEFAULT_INLINE_SIZE,
+            peer_remote_invalidate: false,
             credits: 32,
             max_outstanding_calls: 32,
             max_call_size: 1 << 20,

@@ -739,7 +739,7 @@ impl Connection {
                 offset: 0,
                 len: total as u32,
             },
-            invalidate_rkey: None,
+            invalidate_rkey: self.remote_invalidation_for(idx),
         });
         let s = &mut self.serves[idx];
         s.ops_in_flight = ops + 1;
@@ -831,6 +831,30 @@ impl Connection {
             }
             _ => self.stats.stale_completions += 1,
         }
+    }
+
+    /// The requester's key the reply to slot `idx` invalidates with Send
+    /// With Invalidate: when the peer accepts it (RFC 8797) and every
+    /// segment of the call's read list, write list and reply chunk carries
+    /// the same handle (RFC 8166 s3.4.4 lets one key be invalidated; as
+    /// Linux's svcrdma, we invalidate only when that ends every exposure of
+    /// the call). The requester invalidates anything else itself.
+    fn remote_invalidation_for(&self, idx: usize) -> Option<u32> {
+        if !self.config.peer_remote_invalidate {
+            return None;
+        }
+        let s = &self.serves[idx];
+        let reads = s.reads.iter().map(|r| r.seg.handle);
+        let writes = s
+            .peer_chunks
+            .write_chunks()
+            .flat_map(|c| c.segments.iter().map(|g| g.handle));
+        let reply = s
+            .peer_chunks
+            .reply()
+            .into_iter()
+            .flat_map(|c| c.segments.iter().map(|g| g.handle));
+        super::inval::single_handle(reads.chain(writes).chain(reply))
     }
 
     /// Moves slot `idx` on as far as what still holds it allows: the one

@@ -637,12 +637,8 @@ fn assert_keys_all_invalidated(p: &Pair) {
             binds, invalidations,
             "side {side}: every bound key invalidated"
         );
-        assert_eq!(
-            p.live_keys[side].as_ref().map(|k| k.len()),
-            Some(0),
-            "side {side}: no key left live"
-        );
     }
+    assert_keys_all_invalidated_or_remote(p);
 }
 
 #[test]
@@ -700,6 +696,51 @@ fn design_s5_each_exposure_has_its_own_key_bound_before_it_is_advertised() {
         "no key advertised twice: {handles:x?}"
     );
     close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rfc8797_remote_invalidation_ends_a_single_key_exchange_and_only_then() {
+    // The client's private data offered remote invalidation. A call whose
+    // only chunk is its write chunk: the reply is a Send With Invalidate
+    // of that key, and the client invalidates nothing itself. A call with
+    // a read chunk and a write chunk (two keys): a plain Send, and the
+    // client invalidates both.
+    let server = Config {
+        peer_remote_invalidate: true,
+        ..cfg()
+    };
+    let mut p = Pair::with_key_windows(cfg(), server);
+    let small = payload(3000, 4);
+    let h = send(&mut p, 1, &small, false, expect(4 * KIB, Some(8 * KIB)));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), small);
+    release_all(&mut p);
+    let call = header(p.sends_from(CLIENT).next().unwrap());
+    let key = call.chunks.write_chunks().next().unwrap().segments[0].handle;
+    assert_eq!(p.invalidations, vec![(SERVER, key)]);
+    assert_eq!(p.key_ops[CLIENT], (1, 0), "bound once, invalidated by the peer");
+    assert_keys_all_invalidated_or_remote(&p);
+
+    let bulk = payload(9000, 5);
+    let h = send(&mut p, 2, &bulk, true, expect(4 * KIB, Some(16 * KIB)));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), bulk);
+    release_all(&mut p);
+    assert_eq!(p.invalidations.len(), 1, "two keys: no remote invalidation");
+    assert_eq!(p.key_ops[CLIENT], (3, 2));
+    assert_keys_all_invalidated_or_remote(&p);
+    close_and_check_leaks(&mut p);
+}
+
+/// No key left live on either side (whoever invalidated it).
+fn assert_keys_all_invalidated_or_remote(p: &Pair) {
+    for side in [CLIENT, SERVER] {
+        assert_eq!(
+            p.live_keys[side].as_ref().map(|k| k.len()),
+            Some(0),
+            "side {side}: no key left live"
+        );
+    }
 }
 
 #[test]

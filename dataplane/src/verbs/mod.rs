@@ -708,6 +708,12 @@ pub trait Provider: Sized + 'static {
     /// URL scheme this provider serves (`"shm"`, ...).
     const SCHEME: &'static str;
 
+    /// Whether every connected queue pair has memory windows
+    /// ([`QueuePair::alloc_window`] fails only when they run out), so that
+    /// a consumer may promise a peer before connecting that each of its
+    /// keys can be invalidated on its own (RFC 8797 remote invalidation).
+    const WINDOWS_ALWAYS: bool = false;
+
     /// Opens the device for `url` (for `shm`, any `shm://` URL).
     ///
     /// # Errors

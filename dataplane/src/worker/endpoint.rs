@@ -215,11 +215,18 @@ impl EndpointConfig {
         c.credits + c.max_outstanding_calls + c.max_reply_read_chunks + 1
     }
 
-    /// Our RFC 8797 private data (inline sizes, no remote invalidation).
+    /// Our RFC 8797 private data: inline sizes, no remote invalidation
+    /// (see [`EndpointConfig::private_data_with`]).
     pub fn private_data(&self) -> [u8; PRIVATE_DATA_LEN] {
+        self.private_data_with(false)
+    }
+
+    /// Our RFC 8797 private data, telling the peer whether it may
+    /// invalidate our keys with Send With Invalidate.
+    pub fn private_data_with(&self, remote_invalidate: bool) -> [u8; PRIVATE_DATA_LEN] {
         let mut out = [0u8; PRIVATE_DATA_LEN];
         let pd = PrivateData {
-            remote_invalidate: false,
+            remote_invalidate,
             max_send_size: self.engine.inline_send_size,
             max_recv_size: self.engine.inline_recv_size,
         };
@@ -475,9 +482,16 @@ impl<P: Provider> PreparedEndpoint<P> {
         })
     }
 
-    /// Our RFC 8797 private data, to send with connect/accept.
+    /// Our RFC 8797 private data, to send with connect/accept. It offers
+    /// remote invalidation when every exposure will have a key of its own
+    /// (a provider with windows on every queue pair, and few enough
+    /// exposures): then a peer's Send With Invalidate ends one exchange's
+    /// access, never a whole region's.
     pub fn private_data(&self) -> [u8; PRIVATE_DATA_LEN] {
-        self.config.private_data()
+        let own_keys = P::WINDOWS_ALWAYS
+            && self.config.expose_memory
+            && self.conn.max_exposures() <= MAX_KEY_WINDOWS;
+        self.config.private_data_with(own_keys)
     }
 
     /// Applies the peer's RFC 8797 private data (absent or invalid: 1024
@@ -525,6 +539,7 @@ impl<P: Provider> PreparedEndpoint<P> {
 
 fn apply_private_data(conn: &mut Connection, bytes: &[u8]) {
     let pd = PrivateData::parse_or_default(bytes);
+    conn.set_peer_remote_invalidate(pd.remote_invalidate);
     let max_rdma_read = conn.config().max_rdma_read;
     conn.set_peer_limits(PeerLimits {
         inline_recv_size: pd.max_recv_size,

@@ -74,6 +74,7 @@ impl Provider for Roce {
     type Listener = RoceListener;
     type Incoming = RoceIncoming;
     const SCHEME: &'static str = "roce";
+    const WINDOWS_ALWAYS: bool = true;
 
     fn open(url: &str) -> Result<RoceContext, VerbsError> {
         let (_, cfg) = parse_url(url, RoceConfig::from_env())?;

@@ -74,6 +74,7 @@ impl Provider for Shm {
     type Listener = ShmListener;
     type Incoming = ShmIncoming;
     const SCHEME: &'static str = "shm";
+    const WINDOWS_ALWAYS: bool = true;
 
     fn open(url: &str) -> Result<ShmContext, VerbsError> {
         socket_path(url)?;
