@@ -718,7 +718,11 @@ fn rfc8797_remote_invalidation_ends_a_single_key_exchange_and_only_then() {
     let call = header(p.sends_from(CLIENT).next().unwrap());
     let key = call.chunks.write_chunks().next().unwrap().segments[0].handle;
     assert_eq!(p.invalidations, vec![(SERVER, key)]);
-    assert_eq!(p.key_ops[CLIENT], (1, 0), "bound once, invalidated by the peer");
+    assert_eq!(
+        p.key_ops[CLIENT],
+        (1, 0),
+        "bound once, invalidated by the peer"
+    );
     assert_keys_all_invalidated_or_remote(&p);
 
     let bulk = payload(9000, 5);
