@@ -690,6 +690,34 @@ fn check_capture(tshark: &Path, file: &Path, upper: &str) {
     println!(
         "frames Wireshark 4.0 reassembled short from several RDMA operations: {short_reassembly}"
     );
+    // Our client offered remote invalidation in its private data (RFC
+    // 8797: every exposure has a key of its own), and the server took it:
+    // the replies to calls with a single chunk key came as Send With
+    // Invalidate (BTH opcodes 0x16 SEND Last and 0x17 SEND Only with
+    // Invalidate), from the guest.
+    let with_invalidate = tshark_out(
+        tshark,
+        file,
+        &[
+            "-Y",
+            &format!(
+                "ip.src == {GUEST} && (infiniband.bth.opcode == 0x16 || infiniband.bth.opcode == 0x17)"
+            ),
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ],
+    );
+    let with_invalidate = with_invalidate
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    println!("Send With Invalidate from the server: {with_invalidate} frame(s)");
+    assert!(
+        with_invalidate > 0,
+        "the server never used the remote invalidation our private data offered"
+    );
     // Wireshark saw the connection set up and NFS over RPC-over-RDMA.
     let summary = tshark_out(tshark, file, &["-Y", "rpcordma || infiniband.mad"]);
     for want in [
