@@ -95,7 +95,7 @@ impl CompletionQueue for RoceCq {
             let mut eng = lock(&d.dev.eng);
             eng.progress(now);
             d.dev.mark_progress(now);
-            let me = Arc::as_ptr(&d.dev) as usize;
+            let me = d.dev.id;
             // Each announced queue pair once; another device's go back.
             for _ in 0..ready.len() {
                 if got == out.len() {
@@ -105,10 +105,7 @@ impl CompletionQueue for RoceCq {
                 if r.dev != me {
                     // Another device's: back in line, unless that device
                     // has no queue pair on this CQ any more.
-                    if devices
-                        .iter()
-                        .any(|d| Arc::as_ptr(&d.dev) as usize == r.dev)
-                    {
+                    if devices.iter().any(|d| d.dev.id == r.dev) {
                         ready.push(r);
                     }
                     continue;

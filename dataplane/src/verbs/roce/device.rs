@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,9 @@ pub(super) struct Engine {
 
 /// One UDP socket at a local address, shared by the process.
 pub(super) struct Device {
+    /// Unique for the process's life (never reused, unlike an address),
+    /// so a completion queue's ready list names its device safely.
+    pub(super) id: usize,
     pub(super) local: SocketAddrV4,
     /// The socket (owned by the engine's `Tx`), for the idle thread's poll.
     raw_fd: i32,
@@ -135,6 +138,9 @@ impl std::fmt::Debug for Device {
 /// the address was ours).
 static DEVICES: Mutex<Vec<(SocketAddrV4, Weak<Device>)>> = Mutex::new(Vec::new());
 
+/// Source of [`Device::id`].
+static DEVICE_IDS: AtomicUsize = AtomicUsize::new(1);
+
 fn os_err(what: &'static str, e: std::io::Error) -> VerbsError {
     VerbsError::Os {
         what,
@@ -173,6 +179,7 @@ impl Device {
         let gsi_psn = Psn::from_masked(random_u32()?);
         devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
         let dev = Arc::new(Device {
+            id: DEVICE_IDS.fetch_add(1, Ordering::Relaxed),
             local,
             raw_fd: fd.as_raw_fd(),
             last_progress: AtomicU64::new(0),

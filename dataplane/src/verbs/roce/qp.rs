@@ -66,7 +66,7 @@ impl RocePreparedQp {
         qp.announce = Some(Announce {
             send: self.send_cq.ready.clone(),
             recv: self.recv_cq.ready.clone(),
-            dev: Arc::as_ptr(dev) as usize,
+            dev: dev.id,
         });
         eng.qps.insert(qpn, qp);
         // Room to tick every queue pair (a full tick marks them all), set

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::verbs::lock;
 
-/// A queue pair with completions waiting: its device (by address, as the
-/// completion queue lists them) and its number there.
+/// A queue pair with completions waiting: its device (by `Device::id`)
+/// and its number there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Ready {
     pub dev: usize,
