@@ -111,6 +111,8 @@ pub struct Resources {
     pub reads_in_flight: u32,
     /// Buffers exposed to the peer for RDMA.
     pub buffers_exposed: u32,
+    /// Key binds and invalidations queued or posted, not yet completed.
+    pub key_ops_in_flight: u32,
 }
 
 impl Resources {
@@ -708,6 +710,7 @@ impl Connection {
             error_sends_busy: self.err_bufs.iter().filter(|e| e.busy).count() as u32,
             reads_in_flight: self.reads_in_flight,
             buffers_exposed: self.bufs.exposed_count() as u32,
+            key_ops_in_flight: self.key_ops_posted as u32,
         }
     }
 
