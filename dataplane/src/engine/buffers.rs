@@ -582,7 +582,8 @@ impl BufferTable {
     /// (its bytes, its address; the view keeps its own rkey, which the
     /// worker set to the one key of the whole memory). The view's exposure
     /// is withdrawn. False, changing nothing, if the range is outside
-    /// `base` or the two live in different regions.
+    /// `base`, the two live in different regions, or the view is still
+    /// bound to a key window.
     pub(crate) fn retarget(&mut self, view: BufId, base: BufId, offset: u32, len: u32) -> bool {
         let Some(b) = self.desc(base).copied() else {
             return false;
@@ -591,7 +592,9 @@ impl BufferTable {
             return false;
         }
         match self.descs.get_mut(view.0 as usize) {
-            Some(v) if v.memory() == b.memory() => {
+            // A view still bound to a key window is still exposed: the
+            // caller unexposes it first (its key must be invalidated).
+            Some(v) if v.memory() == b.memory() && v.bound.is_none() => {
                 v.start = b.start + offset as usize;
                 v.len = len;
                 v.addr = b.addr.wrapping_add(u64::from(offset));
