@@ -787,12 +787,9 @@ impl Connection {
         s.reads_done += 1;
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
         let (state, done, xid) = (s.state, s.reads_done == s.reads.len(), s.xid);
-        let idle = !s.reads_in_flight() && !s.send_pending;
         let (reply_buf, reply_len, ddp_len) = (s.reply_buf, s.reply_len, s.ddp_len);
         if state == CallState::Draining {
-            if idle {
-                self.free_call(i);
-            }
+            self.settle_call(i);
         } else if done && ok {
             // Pull completion notification (RFC 5666 s3.8).
             self.queue_done(xid);
@@ -948,9 +945,17 @@ impl Connection {
     /// The exchange of slot `idx` is over: free it, or wait for its Send
     /// completion.
     fn finish_call(&mut self, idx: usize) {
-        if self.calls[idx].send_pending || self.calls[idx].reads_in_flight() {
-            self.calls[idx].state = CallState::Draining;
-        } else {
+        self.calls[idx].state = CallState::Draining;
+        self.settle_call(idx);
+    }
+
+    /// Frees slot `idx` once nothing holds it: the one place a requester
+    /// slot that is done with (`Draining`) waits for its Send's completion
+    /// and its Reads' completions (their buffers belong to the work
+    /// requests until then).
+    fn settle_call(&mut self, idx: usize) {
+        let s = &self.calls[idx];
+        if s.state == CallState::Draining && !s.send_pending && !s.reads_in_flight() {
             self.free_call(idx);
         }
     }
@@ -989,9 +994,7 @@ impl Connection {
                     && wr_id.same_generation(s.generation) =>
             {
                 s.send_pending = false;
-                if s.state == CallState::Draining && !s.reads_in_flight() {
-                    self.free_call(i);
-                }
+                self.settle_call(i);
             }
             _ => self.stats.stale_completions += 1,
         }
