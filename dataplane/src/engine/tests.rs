@@ -2112,16 +2112,7 @@ fn engine_calls_in_both_directions_share_one_connection() {
     p.drive_with(&mut move |side, conn, now, ev| match ev {
         Event::CallArrived { call, xid, .. } => {
             let body = echo_payload(conn.call_message(call).unwrap()).unwrap();
-            let (msg, item) = echo_reply(xid, &body);
-            conn.send_reply(
-                now,
-                call,
-                &OutgoingReply {
-                    message: &msg,
-                    ddp: Some(item),
-                },
-            )
-            .unwrap();
+            reply_echo(conn, now, call, xid, &body);
         }
         Event::ReplyArrived { call, .. } => {
             g2.borrow_mut().push((
