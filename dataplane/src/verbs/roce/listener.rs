@@ -182,8 +182,12 @@ impl Incoming<Roce> for RoceIncoming {
             local_ca_guid: ca_guid(local_ip),
             private_data,
         };
-        let mad = emit_mad(&CmMad::new(req.tid, CmMessage::Rep(rep)))
-            .ok_or(VerbsError::Protocol("REP encoding"))?;
+        let Some(mad) = emit_mad(&CmMad::new(req.tid, CmMessage::Rep(rep))) else {
+            // Not reachable with checked lengths; the queue pair is not
+            // left in the device with nobody to remove it.
+            eng.qps.remove(&qpn);
+            return Err(VerbsError::Protocol("REP encoding"));
+        };
         eng.cm.conns.insert(
             local_comm_id,
             ConnRec {

@@ -224,6 +224,18 @@ impl PreparedQp<Roce> for RocePreparedQp {
                     break c;
                 }
             };
+            // Fallible steps before the queue pair is installed: a failure
+            // after would leave it in the device with nobody to remove it.
+            let mut private = [0u8; ibcm::private_len::REQ];
+            RdmaCmHeader {
+                src_port,
+                src: IpAddr::V4(local_ip),
+                dst: IpAddr::V4(*target.ip()),
+            }
+            .emit(&mut private)
+            .map_err(|_| VerbsError::Protocol("rdma_cm header"))?;
+            private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + private_data.len()]
+                .copy_from_slice(private_data);
             let qpn = self.install(&mut eng, &dev)?;
             let qp = eng.qps.get_mut(&qpn).expect("just installed");
             // Options in the connect URL apply to this connection.
@@ -235,16 +247,6 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 },
             );
             qp.faults = Faults::new(cfg.faults, qpn);
-            let mut private = [0u8; ibcm::private_len::REQ];
-            RdmaCmHeader {
-                src_port,
-                src: IpAddr::V4(local_ip),
-                dst: IpAddr::V4(*target.ip()),
-            }
-            .emit(&mut private)
-            .map_err(|_| VerbsError::Protocol("rdma_cm header"))?;
-            private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + private_data.len()]
-                .copy_from_slice(private_data);
             let req = Req {
                 local_comm_id,
                 service_id: ibcm::tcp_service_id(target.port()),
@@ -272,8 +274,10 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 alternate_path: CmPath::default(),
                 private_data: &private,
             };
-            let mad = emit_mad(&CmMad::new(tid, CmMessage::Req(req)))
-                .ok_or(VerbsError::Protocol("REQ encoding"))?;
+            let Some(mad) = emit_mad(&CmMad::new(tid, CmMessage::Req(req))) else {
+                eng.qps.remove(&qpn);
+                return Err(VerbsError::Protocol("REQ encoding"));
+            };
             eng.cm.conns.insert(
                 local_comm_id,
                 ConnRec {
