@@ -264,6 +264,10 @@ struct KeyWindows {
     windows: Vec<Window>,
     /// Slots of `windows` not bound, used as a stack.
     free: Vec<u16>,
+    /// The bound ones: (rkey, buffer), a few at a time (what calls in
+    /// flight advertised), so a Send With Invalidate finds its buffer
+    /// without a scan of every descriptor. Capacity: every window.
+    live: Vec<(u32, BufId)>,
     /// Keys come from SipHash under a per-process random key over a
     /// counter: a peer that saw every earlier key cannot tell the next
     /// (the bits it can choose are the window's mask; rkeys are
@@ -623,9 +627,11 @@ impl BufferTable {
     pub fn set_key_windows(&mut self, windows: &[Window]) {
         let windows: Vec<Window> = windows.iter().take(1 << 16).copied().collect();
         let free = (0..windows.len() as u16).rev().collect();
+        let live = Vec::with_capacity(windows.len());
         self.keys = Some(KeyWindows {
             windows,
             free,
+            live,
             hasher: RandomState::new(),
             counter: 0,
         });
@@ -667,6 +673,7 @@ impl BufferTable {
                 d.bound = Some(slot);
                 d.remotely_invalidated = false;
                 d.rkey = rkey;
+                k.live.push((rkey, id));
                 Some(KeyBind {
                     window: w.index(),
                     rkey,
@@ -690,6 +697,9 @@ impl BufferTable {
         let slot = d.bound.take()?;
         if let Some(k) = self.keys.as_mut() {
             k.free.push(slot);
+            if let Some(i) = k.live.iter().position(|&(_, b)| b == id) {
+                k.live.swap_remove(i);
+            }
         }
         (!std::mem::take(&mut d.remotely_invalidated)).then_some(d.rkey)
     }
@@ -698,11 +708,14 @@ impl BufferTable {
     /// buffer exposed under it no longer needs a local invalidation. False
     /// if no current exposure has that key.
     pub(crate) fn note_remote_invalidation(&mut self, rkey: u32) -> bool {
-        match self
-            .descs
-            .iter_mut()
-            .find(|d| d.bound.is_some() && d.rkey == rkey)
-        {
+        let Some(&(_, id)) = self
+            .keys
+            .as_ref()
+            .and_then(|k| k.live.iter().find(|&&(r, _)| r == rkey))
+        else {
+            return false;
+        };
+        match self.descs.get_mut(id.0 as usize) {
             Some(d) => {
                 d.remotely_invalidated = true;
                 true
