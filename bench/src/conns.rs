@@ -313,7 +313,6 @@ pub fn run(
     match scheme {
         "shm" | "roce" => {
             fn go<P: PoolProvider>(
-                name: &'static str,
                 url: &str,
                 embedded: bool,
                 options: &OpenOptions,
@@ -321,6 +320,7 @@ pub fn run(
                 spec: &ConnsSpec,
                 limits: &str,
             ) -> Result<ConnsReport, BenchError> {
+                let name = P::SCHEME;
                 let busy = if embedded {
                     RdmaDriver::<P>::embedded(name, options)?
                 } else {
@@ -337,25 +337,9 @@ pub fn run(
                 )
             }
             if scheme == "shm" {
-                go::<Shm>(
-                    "shm",
-                    url,
-                    rest.is_empty(),
-                    options,
-                    &plain,
-                    spec,
-                    rdma_limits,
-                )
+                go::<Shm>(url, rest.is_empty(), options, &plain, spec, rdma_limits)
             } else {
-                go::<Roce>(
-                    "roce",
-                    url,
-                    rest.is_empty(),
-                    options,
-                    &plain,
-                    spec,
-                    rdma_limits,
-                )
+                go::<Roce>(url, rest.is_empty(), options, &plain, spec, rdma_limits)
             }
         }
         "tcp" => {

@@ -308,13 +308,7 @@ impl Connection {
         // Receives: every call the peer may send within its grant, a reply
         // to each of our calls, and an RDMA_DONE for each reply we may
         // have exposed in a read chunk.
-        let n_recv = c.credits
-            + c.max_outstanding_calls
-            + if c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS) {
-                c.max_reply_read_chunks
-            } else {
-                0
-            };
+        let n_recv = c.credits + c.max_outstanding_calls + c.replies_exposed_at_most();
         let n_serve = 2 * c.credits;
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)
@@ -393,18 +387,12 @@ impl Connection {
         // and three invalidations; per responder slot: its Reads, Writes
         // and Send; per reply exposed in a read chunk, a bind and an
         // invalidation.
-        let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
-        let exposed_replies = if rrc {
-            c.max_reply_read_chunks as usize
-        } else {
-            0
-        };
         let mut tx = VecDeque::with_capacity(
             recvs.len()
                 + err_bufs.len()
                 + calls.len() * 7
                 + serves.len() * 4
-                + 2 * exposed_replies
+                + 2 * c.replies_exposed_at_most() as usize
                 + 64,
         );
         let mut conn_recvs = recvs;
@@ -1020,13 +1008,6 @@ impl Connection {
     /// be in use. Small on a server (a window is an HCA object on
     /// `ibverbs`).
     pub fn max_exposures(&self) -> usize {
-        let c = &self.config;
-        let rrc = c.reply_read_chunks || c.extensions.contains(Extensions::RESPONDER_READ_CHUNKS);
-        3 * self.calls.len()
-            + if rrc {
-                c.max_reply_read_chunks as usize
-            } else {
-                0
-            }
+        3 * self.calls.len() + self.config.replies_exposed_at_most() as usize
     }
 }

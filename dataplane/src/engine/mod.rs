@@ -162,6 +162,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// Replies this side may have exposed in read chunks at once:
+    /// `max_reply_read_chunks` when responder-provided read chunks may be
+    /// used (configured, or offered for CONF_RDMA v2 negotiation), else 0.
+    /// Sizes the receives kept for RDMA_DONE, the key windows and the
+    /// work-request queue.
+    pub fn replies_exposed_at_most(&self) -> u32 {
+        if self.reply_read_chunks || self.extensions.contains(Extensions::RESPONDER_READ_CHUNKS) {
+            self.max_reply_read_chunks
+        } else {
+            0
+        }
+    }
+
     /// Takes the peer's inline sizes and its remote-invalidation flag from
     /// its RFC 8797 connection private data (use
     /// [`PrivateData::parse_or_default`] so that a peer without valid

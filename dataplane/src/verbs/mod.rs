@@ -686,6 +686,24 @@ pub(crate) fn check_registration(
     Ok(())
 }
 
+/// The check the software providers apply to [`ProtectionDomain::create_qp`]:
+/// both queue depths in `1..=max`.
+///
+/// # Errors
+/// [`VerbsError::Limit`] with `why` (which names the range).
+pub(crate) fn check_queue_depths(
+    caps: &QpCaps,
+    max: u32,
+    why: &'static str,
+) -> Result<(), VerbsError> {
+    let ok = |d: u32| (1..=max).contains(&d);
+    if ok(caps.max_send_wr) && ok(caps.max_recv_wr) {
+        Ok(())
+    } else {
+        Err(VerbsError::Limit(why))
+    }
+}
+
 /// A verbs provider: the family of types one implementation supplies.
 pub trait Provider: Sized + 'static {
     /// An opened device.

@@ -109,6 +109,27 @@ impl<P> SoftMr<P> {
     pub(crate) fn belongs_to(&self, table: &Arc<MrTable>) -> bool {
         Arc::ptr_eq(&self.table, table)
     }
+
+    /// What every provider's `expose` requires of a region: one of this
+    /// protection domain's (`table`), with remote read or write access.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidRegistration`] naming the rule broken.
+    pub(crate) fn check_exposable(&self, table: &Arc<MrTable>) -> Result<(), VerbsError> {
+        if !self.belongs_to(table) {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region of another PD",
+            ));
+        }
+        if !(self.info.access.contains(Access::REMOTE_READ)
+            || self.info.access.contains(Access::REMOTE_WRITE))
+        {
+            return Err(VerbsError::InvalidRegistration(
+                "memory region has no remote access",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl<P> MemoryRegion for SoftMr<P> {

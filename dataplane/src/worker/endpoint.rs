@@ -212,7 +212,7 @@ impl EndpointConfig {
     /// Receive-queue depth: every receive the engine may post.
     fn max_recv_wr(&self) -> u32 {
         let c = &self.engine;
-        c.credits + c.max_outstanding_calls + c.max_reply_read_chunks + 1
+        c.credits + c.max_outstanding_calls + c.replies_exposed_at_most() + 1
     }
 
     /// Our RFC 8797 private data: inline sizes, no remote invalidation

@@ -18,7 +18,9 @@ use super::rc::{RcQp, Timers};
 use super::ready::ReadyList;
 use super::Roce;
 use crate::mem::Arena;
-use crate::verbs::{lock, Access, Context, ProtectionDomain, QpCaps, VerbsError};
+use crate::verbs::{
+    check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, VerbsError,
+};
 use crate::wire::roce::Psn;
 
 /// An opened roce context (devices are bound lazily by `listen` and
@@ -102,13 +104,7 @@ impl ProtectionDomain<Roce> for RocePd {
         recv_cq: &RoceCq,
         caps: QpCaps,
     ) -> Result<RocePreparedQp, VerbsError> {
-        if caps.max_send_wr == 0
-            || caps.max_recv_wr == 0
-            || caps.max_send_wr > 16384
-            || caps.max_recv_wr > 16384
-        {
-            return Err(VerbsError::Limit("queue depth must be 1..=16384"));
-        }
+        check_queue_depths(&caps, 16384, "queue depth must be 1..=16384")?;
         let timers = Timers {
             ack_timeout: self.cfg.ack_timeout,
             retry_count: self.cfg.retry_count,

@@ -102,20 +102,7 @@ impl Drop for RoceIncoming {
     fn drop(&mut self) {
         // Neither accepted nor rejected: refuse, so the peer stops waiting.
         if let Some(r) = self.req.take() {
-            let mut eng = lock(&self.dev.eng);
-            eng.cm.release_held(r.peer_ip, r.remote_comm_id);
-            let Engine { tx, gsi_psn, .. } = &mut *eng;
-            send_rej(
-                tx,
-                gsi_psn,
-                r.peer_ip,
-                r.tid,
-                0,
-                r.remote_comm_id,
-                ibcm::rej_reason::CONSUMER_DEFINED,
-                &[],
-            );
-            tx.flush();
+            refuse(&self.dev, &r, &[]);
         }
     }
 }
@@ -226,20 +213,26 @@ impl Incoming<Roce> for RoceIncoming {
             return Err(VerbsError::Limit("REJ private data is at most 148 bytes"));
         }
         let r = self.req.take().expect("not yet answered");
-        let mut eng = lock(&self.dev.eng);
-        eng.cm.release_held(r.peer_ip, r.remote_comm_id);
-        let Engine { tx, gsi_psn, .. } = &mut *eng;
-        send_rej(
-            tx,
-            gsi_psn,
-            r.peer_ip,
-            r.tid,
-            0,
-            r.remote_comm_id,
-            ibcm::rej_reason::CONSUMER_DEFINED,
-            private_data,
-        );
-        tx.flush();
+        refuse(&self.dev, &r, private_data);
         Ok(())
     }
+}
+
+/// Refuses connection request `r` (the consumer's REJ, with its private
+/// data) and forgets it.
+fn refuse(dev: &Device, r: &PendingReq, private_data: &[u8]) {
+    let mut eng = lock(&dev.eng);
+    eng.cm.release_held(r.peer_ip, r.remote_comm_id);
+    let Engine { tx, gsi_psn, .. } = &mut *eng;
+    send_rej(
+        tx,
+        gsi_psn,
+        r.peer_ip,
+        r.tid,
+        0,
+        r.remote_comm_id,
+        ibcm::rej_reason::CONSUMER_DEFINED,
+        private_data,
+    );
+    tx.flush();
 }

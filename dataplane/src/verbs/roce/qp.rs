@@ -19,7 +19,7 @@ use super::rc::{RcQp, Timers, MAX_RD};
 use super::ready::Announce;
 use super::Roce;
 use crate::verbs::{
-    lock, Access, PostError, PostFailed, PreparedQp, QpState, QueuePair, RecvWr, RemoteKey, SendWr,
+    lock, PostError, PostFailed, PreparedQp, QpState, QueuePair, RecvWr, RemoteKey, SendWr,
     VerbsError, Window,
 };
 use crate::wire::ibcm::{self, CmMad, CmMessage, CmPath, RdmaCmHeader, Req, RDMA_CM_HEADER_LEN};
@@ -457,18 +457,7 @@ impl QueuePair<Roce> for RoceQp {
     }
 
     fn expose(&mut self, mr: &RoceMr) -> Result<RemoteKey, VerbsError> {
-        if !mr.belongs_to(&self.pd.mrs) {
-            return Err(VerbsError::InvalidRegistration(
-                "memory region of another PD",
-            ));
-        }
-        if !(mr.info.access.contains(Access::REMOTE_READ)
-            || mr.info.access.contains(Access::REMOTE_WRITE))
-        {
-            return Err(VerbsError::InvalidRegistration(
-                "memory region has no remote access",
-            ));
-        }
+        mr.check_exposable(&self.pd.mrs)?;
         let mut eng = lock(&self.dev.eng);
         let qp = eng.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
         qp.expose(mr.info.addr, mr.info.len, mr.info.access, &mr.info.arena)

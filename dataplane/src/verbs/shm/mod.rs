@@ -288,13 +288,7 @@ impl ProtectionDomain<Shm> for ShmPd {
         recv_cq: &ShmCq,
         caps: QpCaps,
     ) -> Result<ShmPreparedQp, VerbsError> {
-        if caps.max_send_wr == 0
-            || caps.max_recv_wr == 0
-            || caps.max_send_wr > MAX_RING
-            || caps.max_recv_wr > MAX_RING
-        {
-            return Err(VerbsError::Limit("queue depth must be 1..=65536"));
-        }
+        check_queue_depths(&caps, MAX_RING, "queue depth must be 1..=65536")?;
         let layout = Layout::new(caps.max_send_wr, caps.max_recv_wr);
         let qpn = self.inner.ctx.next_qpn.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(QpShared {
@@ -1643,19 +1637,8 @@ impl QueuePair<Shm> for ShmQp {
     }
 
     fn expose(&mut self, mr: &ShmMr) -> Result<RemoteKey, VerbsError> {
-        if !mr.belongs_to(&lock(&self.shared.inner).pd.mrs) {
-            return Err(VerbsError::InvalidRegistration(
-                "memory region of another PD",
-            ));
-        }
-        if !(mr.info.access.contains(Access::REMOTE_READ)
-            || mr.info.access.contains(Access::REMOTE_WRITE))
-        {
-            return Err(VerbsError::InvalidRegistration(
-                "memory region has no remote access",
-            ));
-        }
         let mut inner = lock(&self.shared.inner);
+        mr.check_exposable(&inner.pd.mrs)?;
         let conn = inner.conn.as_mut().ok_or(VerbsError::NotConnected)?;
         conn.expose(&mr.info)
     }
