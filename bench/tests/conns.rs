@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
+mod support;
+
+use support::{run_bench, BIN};
+
 const COUNT: u64 = 32;
 /// The default series for 32 connections.
 const SERIES: [u64; 5] = [0, 1, 4, 16, 31];
@@ -36,22 +39,11 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs `rpcrdma-bench ARGS conns --count 32 --json FILE`, checks it
 /// succeeded and returns the `conns` part of the document.
 fn run_conns(args: &[&str], json: &Path) -> Value {
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--no-pin", "--duration", "0.05", "--json"])
-        .arg(json)
-        .args(["conns", "--count", &COUNT.to_string()])
-        .output()
-        .expect("run rpcrdma-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
+    let count = COUNT.to_string();
+    let mut argv = args.to_vec();
+    argv.extend(["--no-pin", "--duration", "0.05", "conns", "--count", &count]);
+    let (stdout, doc) = run_bench(&argv, json);
     assert!(stdout.contains("p50(31 idle) / p50(0 idle)"), "{stdout}");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     assert_eq!(doc["command"], "conns");
     doc["conns"].clone()
 }

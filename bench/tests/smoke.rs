@@ -13,7 +13,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
+mod support;
+
+use support::{run_bench, BIN};
 
 /// `--connect` URLs of the transports to smoke-test.
 fn transports() -> Vec<&'static str> {
@@ -37,26 +39,14 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs the bench with `args` plus `--json FILE`, checks it succeeded and
 /// returns the document.
 fn run(args: &[&str], json: &Path) -> Value {
-    let out = Command::new(BIN)
-        .args(args)
-        .arg("--json")
-        .arg(json)
-        .arg("--no-pin")
-        .output()
-        .expect("run rpcrdma-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
+    let mut argv = args.to_vec();
+    argv.push("--no-pin");
+    let (stdout, doc) = run_bench(&argv, json);
     assert!(
         stdout.contains("transp") || stdout.contains("floor"),
         "{stdout}"
     );
-    let text = std::fs::read_to_string(json).expect("the --json file");
-    serde_json::from_str(&text).expect("valid JSON")
+    doc
 }
 
 fn positive(v: &Value, field: &str) -> f64 {
