@@ -103,11 +103,10 @@ pub(super) fn failures(p: &Pair) -> Vec<(u32, CallFailure)> {
 /// The full echo payload the client got back: from the write chunk if the
 /// responder used it, else from the inline/reply-chunk message.
 pub(super) fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
-    let c = &p.peers[CLIENT].conn;
-    match c.reply_ddp(h).map(|b| b.to_vec()) {
+    match p.peers[CLIENT].conn.reply_ddp(h) {
         Some(d) => d.to_vec(),
         None => {
-            let m = c.reply_message(h).map(|b| b.to_vec()).expect("reply");
+            let m = reply_of(p, h).expect("reply");
             let (_, hl) = crate::wire::rpc::ReplyHeader::parse(&m).expect("reply header");
             crate::wire::xdr::Decoder::new(&m[hl..])
                 .get_opaque(usize::MAX)
@@ -115,6 +114,12 @@ pub(super) fn returned_payload(p: &Pair, h: CallHandle) -> Vec<u8> {
                 .to_vec()
         }
     }
+}
+
+/// A copy of the reply to `h` at the client (the engine hands out a view
+/// of memory the peer wrote), if it arrived.
+pub(super) fn reply_of(p: &Pair, h: CallHandle) -> Option<Vec<u8>> {
+    p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec())
 }
 
 pub(super) fn release_all(p: &mut Pair) {
@@ -169,10 +174,7 @@ fn rfc5666_s3_1_inline_call_and_reply_round_trip() {
     assert_eq!((xid, rh, ddp), (7, h, None));
     let want = echo_reply(7, b"hello, rdma").0;
     assert_eq!(len as usize, want.len());
-    assert_eq!(
-        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
-        Some(want.to_vec())
-    );
+    assert_eq!(reply_of(&p, h), Some(want.to_vec()));
     // Two Sends, both RDMA_MSG with three empty lists; no RDMA at all.
     assert_eq!(p.ops, [2, 0, 0]);
     for (_, bytes) in &p.sends {
@@ -572,10 +574,7 @@ fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
     let full = echo_reply(3, &data).0;
     let (_, _, len, ddp) = replies(&p)[0];
     assert_eq!((len as usize, ddp), (full.len(), None));
-    assert_eq!(
-        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
-        Some(full.to_vec())
-    );
+    assert_eq!(reply_of(&p, h), Some(full.to_vec()));
     let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
     let hd = header(&reply_send);
     assert_eq!(hd.body, MessageBody::NoMsg);
@@ -1243,14 +1242,7 @@ fn rfc5666_s6_2_conf_rdma_answered_in_band_and_applied_both_ways() {
         .iter()
         .any(|e| matches!(e, Event::CallArrived { .. })));
     assert_eq!(p.peers[SERVER].conn.stats().conf_rdma_answered, 1);
-    let reply = decode_conf_rdma_reply(
-        &p.peers[CLIENT]
-            .conn
-            .reply_message(h)
-            .map(|b| b.to_vec())
-            .unwrap(),
-    )
-    .unwrap();
+    let reply = decode_conf_rdma_reply(&reply_of(&p, h).unwrap()).unwrap();
     assert_eq!(
         reply,
         crate::wire::conf::ConfigRdmaReply {
@@ -1305,11 +1297,7 @@ fn rfc5666_s6_1_conf_rdma_accepted_only_as_the_first_call() {
     let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
     let h = conf_call(&mut p, &buf[..n]);
     p.drive();
-    let msg = p.peers[CLIENT]
-        .conn
-        .reply_message(h)
-        .map(|b| b.to_vec())
-        .unwrap();
+    let msg = reply_of(&p, h).unwrap();
     assert_eq!(
         decode_conf_rdma_reply(&msg),
         Err(ConfRdmaError::NotSuccessful(AcceptStatus::ProcUnavail))
@@ -1353,14 +1341,7 @@ fn rfc5666_s6_2_conf_rdma_maxrdmaread_zero_is_clamped_to_one() {
     let n = encode_conf_rdma_call(&mut buf, 0x600d, &req).unwrap();
     let h = conf_call(&mut p, &buf[..n]);
     p.drive();
-    let reply = decode_conf_rdma_reply(
-        &p.peers[CLIENT]
-            .conn
-            .reply_message(h)
-            .map(|b| b.to_vec())
-            .unwrap(),
-    )
-    .unwrap();
+    let reply = decode_conf_rdma_reply(&reply_of(&p, h).unwrap()).unwrap();
     assert_eq!(p.peers[SERVER].conn.config().max_rdma_read, 1);
     // The client side clamps a server's 0 the same way.
     p.conn(CLIENT)
@@ -1414,11 +1395,7 @@ fn rfc5666_s6_2_conf_rdma_null_mismatch_unavail_and_garbage() {
     let hs: Vec<_> = cases.iter().map(|(m, _)| conf_call(&mut p, m)).collect();
     p.drive();
     for ((_, want), h) in cases.iter().zip(hs) {
-        let msg = p.peers[CLIENT]
-            .conn
-            .reply_message(h)
-            .map(|b| b.to_vec())
-            .unwrap();
+        let msg = reply_of(&p, h).unwrap();
         match want {
             None => {
                 // NULL: success with no results.
@@ -1872,10 +1849,7 @@ fn rfc5666_s3_8_reply_read_chunk_pulled_then_done_releases_it() {
     let h = send(&mut p, 21, &data, true, expect(512, None));
     p.drive();
     let full = echo_reply(21, &data).0;
-    assert_eq!(
-        p.peers[CLIENT].conn.reply_message(h).map(|b| b.to_vec()),
-        Some(full.to_vec())
-    );
+    assert_eq!(reply_of(&p, h), Some(full.to_vec()));
     let reply_send = p.sends_from(SERVER).next().unwrap().to_vec();
     let hd = header(&reply_send);
     assert_eq!(hd.body, MessageBody::NoMsg);
@@ -2341,13 +2315,7 @@ fn conf_v2_exchange(p: &mut Pair) -> Result<crate::wire::conf2::ConfigRdmaReplyV
     let n = encode_conf_rdma_call_v2(&mut buf, 0x0c01, &req).unwrap();
     let h = conf_call(p, &buf[..n]);
     p.drive();
-    let r = decode_conf_rdma_reply_v2(
-        &p.peers[CLIENT]
-            .conn
-            .reply_message(h)
-            .map(|b| b.to_vec())
-            .unwrap(),
-    );
+    let r = decode_conf_rdma_reply_v2(&reply_of(p, h).unwrap());
     p.conn(CLIENT).release_reply(h);
     r
 }
@@ -2421,13 +2389,7 @@ fn extensions_conf_rdma_unknown_version_is_prog_mismatch_1_to_2() {
     h.emit(&mut crate::wire::xdr::Encoder::new(&mut v)).unwrap();
     let handle = conf_call(&mut p, &v);
     p.drive();
-    let r = decode_conf_rdma_reply_v2(
-        &p.peers[CLIENT]
-            .conn
-            .reply_message(handle)
-            .map(|b| b.to_vec())
-            .unwrap(),
-    );
+    let r = decode_conf_rdma_reply_v2(&reply_of(&p, handle).unwrap());
     let Err(ConfRdmaError::NotSuccessful(st)) = r else {
         panic!("{r:?}");
     };
