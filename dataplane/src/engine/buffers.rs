@@ -31,6 +31,10 @@
 
 use std::hash::{BuildHasher, RandomState};
 
+use std::sync::Arc;
+
+use super::bulk::BulkPool;
+pub use super::heap::HeapPeerMemory;
 use crate::mem::{copy_in, copy_out, PeerBytes};
 use crate::verbs::Window;
 use crate::wire::rpcrdma::Segment;
@@ -86,53 +90,13 @@ pub unsafe trait PeerMemory: core::fmt::Debug + Send {
     }
 }
 
-/// [`PeerMemory`] on the heap, for an engine without a provider (tests,
-/// the fuzzer): zeroed, and held only as a raw pointer.
-pub struct HeapPeerMemory {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: plain memory reached through raw pointers by its one owner.
-unsafe impl Send for HeapPeerMemory {}
-
-impl HeapPeerMemory {
-    /// `len` zeroed bytes, or `None` if they cannot be had.
-    pub fn new(len: usize) -> Option<HeapPeerMemory> {
-        let mut v: Vec<u8> = Vec::new();
-        v.try_reserve_exact(len).ok()?;
-        v.resize(len, 0);
-        let b = v.into_boxed_slice();
-        let len = b.len();
-        Some(HeapPeerMemory {
-            ptr: Box::into_raw(b).cast::<u8>(),
-            len,
-        })
-    }
-}
-
-impl core::fmt::Debug for HeapPeerMemory {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("HeapPeerMemory")
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl Drop for HeapPeerMemory {
-    fn drop(&mut self) {
-        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
-    }
-}
-
 // SAFETY: the allocation lives until drop and is never referenced.
 unsafe impl PeerMemory for HeapPeerMemory {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.raw_ptr()
     }
     fn len(&self) -> usize {
-        self.len
+        self.byte_len()
     }
 }
 
@@ -143,6 +107,9 @@ pub enum Memory {
     Private,
     /// A peer may write it at any moment; reached only by copies.
     Peer,
+    /// A buffer leased from the worker's [`BulkPool`] for one exchange:
+    /// private memory (only this process writes it), never exposed.
+    Bulk,
 }
 
 /// Bytes each region needs (what [`super::Connection::with_memory`]
@@ -225,10 +192,15 @@ pub enum Access {
 
 #[derive(Debug, Clone, Copy)]
 struct Desc {
-    /// Offset in the buffer's region.
+    /// Offset in the buffer's region (in the bulk pool while leased).
     start: usize,
     len: u32,
     class: BufClass,
+    /// The buffer's own place (`start`, `len`), kept while a bulk lease
+    /// stands in for it.
+    own: (usize, u32),
+    /// The bulk pool buffer leased for the current exchange.
+    lease: Option<u32>,
     rkey: u32,
     addr: u64,
     access: Access,
@@ -244,7 +216,11 @@ struct Desc {
 
 impl Desc {
     fn memory(&self) -> Memory {
-        self.class.memory()
+        if self.lease.is_some() {
+            Memory::Bulk
+        } else {
+            self.class.memory()
+        }
     }
 }
 
@@ -286,6 +262,19 @@ pub struct BufferTable {
     recv_reads: core::cell::Cell<u64>,
     /// Per-exchange keys, when the provider has windows.
     keys: Option<KeyWindows>,
+    /// The worker's pool large messages lease from, when given.
+    bulk: Option<Arc<BulkPool>>,
+}
+
+/// Bulk leases go back to the pool with the table. The owner drops a
+/// connection only once no work request names its buffers (the worker
+/// destroys the queue pair first), so nothing writes them any more.
+impl Drop for BufferTable {
+    fn drop(&mut self) {
+        for i in 0..self.descs.len() {
+            self.release_bulk(BufId(i as u32));
+        }
+    }
 }
 
 impl core::fmt::Debug for BufferTable {
@@ -315,8 +304,8 @@ impl BufferTableBuilder {
     pub(crate) fn add(&mut self, class: BufClass, len: u32) -> BufId {
         let id = BufId(self.descs.len() as u32);
         let total = match class.memory() {
-            Memory::Private => &mut self.total.private,
             Memory::Peer => &mut self.total.peer,
+            Memory::Private | Memory::Bulk => &mut self.total.private,
         };
         let start = total.next_multiple_of(64);
         *total = start + len as usize;
@@ -324,6 +313,8 @@ impl BufferTableBuilder {
             start,
             len,
             class,
+            own: (start, len),
+            lease: None,
             // Default keys for callers that do not register (tests): the
             // worker replaces them with real rkeys and addresses.
             rkey: 0x100 + id.0,
@@ -365,6 +356,7 @@ impl BufferTableBuilder {
             descs: self.descs,
             recv_reads: core::cell::Cell::new(0),
             keys: None,
+            bulk: None,
         }
     }
 }
@@ -380,6 +372,7 @@ impl BufferTable {
         match memory {
             Memory::Private => self.private.bytes().len(),
             Memory::Peer => self.peer.len(),
+            Memory::Bulk => self.bulk.as_ref().map_or(0, |p| p.memory_bytes()),
         }
     }
 
@@ -417,6 +410,13 @@ impl BufferTable {
                 .bytes()
                 .get(d.start..d.start + d.len as usize)
                 .unwrap_or(&[]),
+            Some(d) if d.memory() == Memory::Bulk => match self.raw(id, 0, d.len as usize) {
+                // SAFETY: inside the pool (`locate`), leased to this table
+                // alone, and written by nobody else (`BulkMemory`); the
+                // slice borrows the table, which holds the lease.
+                Some(p) => unsafe { std::slice::from_raw_parts(p, d.len as usize) },
+                None => &[],
+            },
             Some(_) => {
                 debug_assert!(false, "a slice of peer memory was asked for");
                 &[]
@@ -428,12 +428,17 @@ impl BufferTable {
     /// The bytes of private buffer `id`, writable. Empty as for
     /// [`BufferTable::bytes`].
     pub fn bytes_mut(&mut self, id: BufId) -> &mut [u8] {
-        match self.descs.get(id.0 as usize) {
+        match self.descs.get(id.0 as usize).copied() {
             Some(d) if d.memory() == Memory::Private => self
                 .private
                 .bytes_mut()
                 .get_mut(d.start..d.start + d.len as usize)
                 .unwrap_or(&mut []),
+            Some(d) if d.memory() == Memory::Bulk => match self.raw_mut(id, 0, d.len as usize) {
+                // SAFETY: as in `bytes`, with the table borrowed exclusively.
+                Some(p) => unsafe { std::slice::from_raw_parts_mut(p, d.len as usize) },
+                None => &mut [],
+            },
             Some(_) => {
                 debug_assert!(false, "a slice of peer memory was asked for");
                 &mut []
@@ -487,6 +492,7 @@ impl BufferTable {
         let base = match memory {
             Memory::Private => self.private.bytes().as_ptr(),
             Memory::Peer => self.peer.as_ptr().cast_const(),
+            Memory::Bulk => self.bulk_base().cast_const(),
         };
         // SAFETY: `at + len` is inside the region (`locate`).
         Some(unsafe { base.add(at) })
@@ -498,7 +504,68 @@ impl BufferTable {
         match memory {
             Memory::Private => self.private.bytes_mut().as_mut_ptr(),
             Memory::Peer => self.peer.as_ptr(),
+            Memory::Bulk => self.bulk_base(),
         }
+    }
+
+    /// The bulk pool's first byte (null without a pool: `locate` then
+    /// finds no room, so it is never offset).
+    fn bulk_base(&self) -> *mut u8 {
+        self.bulk
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |p| p.base())
+    }
+
+    /// Gives the table the pool its [`BufferTable::lease_bulk`] takes from.
+    pub(crate) fn set_bulk_pool(&mut self, pool: Arc<BulkPool>) {
+        self.bulk = Some(pool);
+    }
+
+    /// The bulk pool, if the table has one.
+    pub fn bulk_pool(&self) -> Option<&Arc<BulkPool>> {
+        self.bulk.as_ref()
+    }
+
+    /// Makes buffer `id` a bulk pool buffer until
+    /// [`BufferTable::release_bulk`]: same id, a pool buffer's place and
+    /// length. True if it now is one (also if it already was); false if
+    /// the table has no pool, the pool is empty, or `id` is unknown.
+    pub(crate) fn lease_bulk(&mut self, id: BufId) -> bool {
+        let Some(pool) = self.bulk.as_ref() else {
+            return false;
+        };
+        let Some(d) = self.descs.get_mut(id.0 as usize) else {
+            return false;
+        };
+        if d.lease.is_some() {
+            return true;
+        }
+        // Pool buffers are never exposed (module docs of `bulk`).
+        debug_assert_eq!(d.access, Access::None, "leasing for an exposed buffer");
+        let Some(index) = pool.take() else {
+            return false;
+        };
+        d.lease = Some(index);
+        d.start = pool.offset(index);
+        d.len = pool.buf_len();
+        true
+    }
+
+    /// Gives buffer `id`'s bulk lease back, if it has one: the buffer is
+    /// its own small self again.
+    pub(crate) fn release_bulk(&mut self, id: BufId) {
+        let Some(d) = self.descs.get_mut(id.0 as usize) else {
+            return;
+        };
+        if let (Some(index), Some(pool)) = (d.lease.take(), self.bulk.as_ref()) {
+            (d.start, d.len) = d.own;
+            pool.give_back(index);
+        }
+    }
+
+    /// Buffers holding a bulk lease now.
+    pub fn bulk_leased(&self) -> usize {
+        self.descs.iter().filter(|d| d.lease.is_some()).count()
     }
 
     /// A pointer for writing `len` bytes at `offset` of buffer `id`, if
@@ -658,6 +725,12 @@ impl BufferTable {
         let Some(d) = self.descs.get_mut(id.0 as usize) else {
             return Ok(None);
         };
+        // A pool buffer is never exposed (module docs of `bulk`): its key
+        // would reach the whole pool.
+        if d.lease.is_some() && access != Access::None {
+            debug_assert!(false, "exposing a bulk pool buffer");
+            return Err(());
+        }
         let bind = match self.keys.as_mut() {
             Some(k) if access != Access::None => {
                 debug_assert!(d.bound.is_none(), "exposed twice without unexpose");

@@ -3,11 +3,13 @@
 //! responder halves live in `requester.rs` and `responder.rs`.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::buffers::{
     Access, BufClass, BufId, BufferTable, BufferTableBuilder, LocalSlice, MemoryLen, PeerMemory,
     SlabMemory,
 };
+use super::bulk::BulkPool;
 use super::requester::{CallSlot, CallState};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
@@ -79,6 +81,9 @@ pub struct Stats {
     pub conf_rdma_refused: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
+    /// Times a call found the bulk pool empty and waited (its receive
+    /// held; counted again at each retry).
+    pub bulk_pool_empty: u64,
     /// Messages shorter than the four fixed header words: dropped (there
     /// is no XID to answer).
     pub runts_dropped: u64,
@@ -113,6 +118,8 @@ pub struct Resources {
     pub buffers_exposed: u32,
     /// Key binds and invalidations queued or posted, not yet completed.
     pub key_ops_in_flight: u32,
+    /// Bulk pool buffers leased (`engine::bulk`).
+    pub bulk_leased: u32,
 }
 
 impl Resources {
@@ -249,7 +256,7 @@ impl Connection {
     /// # Errors
     /// [`ConfigError`] for a configuration outside the documented ranges.
     pub fn new(config: Config) -> Result<Connection, ConfigError> {
-        Self::build(config, None)
+        Self::build(config, None, None)
     }
 
     /// [`Connection::new`] over caller-provided memory (for example
@@ -265,7 +272,36 @@ impl Connection {
         private: Box<dyn SlabMemory>,
         peer: Box<dyn PeerMemory>,
     ) -> Result<Connection, ConfigError> {
-        Self::build(config, Some((private, peer)))
+        Self::build(config, Some((private, peer)), None)
+    }
+
+    /// [`Connection::with_memory`] for a connection whose responder slots
+    /// own inline-size message buffers only and lease `pool`'s for a call
+    /// or reply that needs more, one exchange at a time (`engine::bulk`;
+    /// the worker's pool, shared by its connections). The regions need
+    /// [`Connection::memory_len_pooled`] bytes. `private` and `peer` may
+    /// be `None` for fresh heap regions.
+    ///
+    /// # Errors
+    /// As [`Connection::with_memory`];
+    /// [`ConfigError::BulkPoolWithExposedReplies`] if the configuration
+    /// may expose replies in read chunks,
+    /// [`ConfigError::BulkPoolTooSmall`] if a pool buffer cannot hold
+    /// `max_call_size` or `max_reply_size`.
+    pub fn with_bulk_pool(
+        config: Config,
+        memory: Option<(Box<dyn SlabMemory>, Box<dyn PeerMemory>)>,
+        pool: Arc<BulkPool>,
+    ) -> Result<Connection, ConfigError> {
+        if config.replies_exposed_at_most() > 0 {
+            return Err(ConfigError::BulkPoolWithExposedReplies);
+        }
+        if pool.buf_len() < config.max_call_size.max(config.max_reply_size) {
+            return Err(ConfigError::BulkPoolTooSmall {
+                buf_len: pool.buf_len(),
+            });
+        }
+        Self::build(config, memory, Some(pool))
     }
 
     /// Bytes of each region a connection with `config` cuts its buffers
@@ -275,12 +311,25 @@ impl Connection {
     /// [`ConfigError`] for a configuration `new` would refuse.
     pub fn memory_len(config: &Config) -> Result<MemoryLen, ConfigError> {
         let mut b = BufferTableBuilder::default();
-        Self::layout(config, &mut b)?;
+        Self::layout(config, &mut b, false)?;
         Ok(b.total())
     }
 
-    /// Checks `c` and adds every buffer to `b`, in the one fixed order.
-    fn layout(c: &Config, b: &mut BufferTableBuilder) -> Result<Layout, ConfigError> {
+    /// [`Connection::memory_len`] of a connection built
+    /// [`with_bulk_pool`](Connection::with_bulk_pool): its responder
+    /// slots own inline-size buffers only.
+    ///
+    /// # Errors
+    /// As [`Connection::memory_len`].
+    pub fn memory_len_pooled(config: &Config) -> Result<MemoryLen, ConfigError> {
+        let mut b = BufferTableBuilder::default();
+        Self::layout(config, &mut b, true)?;
+        Ok(b.total())
+    }
+
+    /// Checks `c` and adds every buffer to `b`, in the one fixed order;
+    /// `pooled`: responder slots own inline-size message buffers.
+    fn layout(c: &Config, b: &mut BufferTableBuilder, pooled: bool) -> Result<Layout, ConfigError> {
         if [
             c.inline_recv_size,
             c.inline_send_size,
@@ -310,6 +359,7 @@ impl Connection {
         // have exposed in a read chunk.
         let n_recv = c.credits + c.max_outstanding_calls + c.replies_exposed_at_most();
         let n_serve = 2 * c.credits;
+        let serve_sizes = ServeSlot::message_sizes(c, pooled);
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)
             + w(c.error_buffers) * 64
@@ -318,7 +368,7 @@ impl Connection {
                     + w(c.max_call_size)
                     + w(c.max_reply_size)
                     + w(c.max_ddp_size))
-            + w(n_serve) * (w(c.inline_send_size) + w(c.max_call_size) + w(c.max_reply_size))
+            + w(n_serve) * (w(c.inline_send_size) + w(serve_sizes.0) + w(serve_sizes.1))
             + w(c.app_memory);
         if total > (isize::MAX as u128) / 2 {
             return Err(ConfigError::TooMuchMemory);
@@ -343,7 +393,9 @@ impl Connection {
         let calls: Vec<CallSlot> = (0..c.max_outstanding_calls)
             .map(|_| CallSlot::new(b, c))
             .collect();
-        let serves: Vec<ServeSlot> = (0..n_serve).map(|_| ServeSlot::new(b, c)).collect();
+        let serves: Vec<ServeSlot> = (0..n_serve)
+            .map(|_| ServeSlot::new(b, c, serve_sizes))
+            .collect();
         // Last, so that the other buffers keep their offsets.
         let app = (c.app_memory > 0).then(|| b.add(BufClass::App, c.app_memory));
         Ok(Layout {
@@ -359,6 +411,7 @@ impl Connection {
     fn build(
         config: Config,
         memory: Option<(Box<dyn SlabMemory>, Box<dyn PeerMemory>)>,
+        bulk: Option<Arc<BulkPool>>,
     ) -> Result<Connection, ConfigError> {
         let c = &config;
         let mut b = BufferTableBuilder::default();
@@ -369,7 +422,7 @@ impl Connection {
             calls,
             serves,
             app: app_buf,
-        } = Self::layout(c, &mut b)?;
+        } = Self::layout(c, &mut b, bulk.is_some())?;
         let n_serve = serves.len() as u32;
         let n_recv = recvs.len();
         let n_calls = calls.len();
@@ -382,6 +435,10 @@ impl Connection {
             }
             Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
         };
+        let mut bufs = bufs;
+        if let Some(pool) = bulk {
+            bufs.set_bulk_pool(pool);
+        }
 
         // Per call slot: its Send, and with key windows up to three binds
         // and three invalidations; per responder slot: its Reads, Writes
@@ -549,6 +606,7 @@ impl Connection {
                 match t {
                     Timer::CallTimeout => self.expire_calls(now),
                     Timer::Idle => self.check_idle(now),
+                    Timer::BulkRetry => self.unpark(now),
                     Timer::DoneReclaim => self.reclaim_exposed_replies(now),
                 }
             }
@@ -699,6 +757,7 @@ impl Connection {
             reads_in_flight: self.reads_in_flight,
             buffers_exposed: self.bufs.exposed_count() as u32,
             key_ops_in_flight: self.key_ops_posted as u32,
+            bulk_leased: self.bufs.bulk_leased() as u32,
         }
     }
 

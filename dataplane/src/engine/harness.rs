@@ -22,6 +22,7 @@
 //! pair in the error state does.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use super::*;
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyHeader};
@@ -173,8 +174,22 @@ pub const SERVER: usize = 1;
 
 impl Pair {
     pub fn new(client: Config, server: Config) -> Pair {
-        let mk = |c| Peer {
-            conn: Connection::new(c).expect("config"),
+        let server = Connection::new(server).expect("config");
+        Pair::with_server(client, server)
+    }
+
+    /// [`Pair::new`] whose server leases its large messages from `pool`
+    /// (`engine::bulk`; several pairs may share one, as a worker's
+    /// connections do).
+    pub fn with_server_pool(client: Config, server: Config, pool: Arc<BulkPool>) -> Pair {
+        let server = Connection::with_bulk_pool(server, None, pool).expect("config");
+        Pair::with_server(client, server)
+    }
+
+    fn with_server(client: Config, server: Connection) -> Pair {
+        let client = Connection::new(client).expect("config");
+        let mk = |conn| Peer {
+            conn,
             rq: VecDeque::new(),
             events: Vec::new(),
             max_recvs_posted: 0,
@@ -706,6 +721,21 @@ impl Pair {
     /// (after recording it). Advances virtual time to the next operation,
     /// completion or engine timer when idle.
     pub fn drive_with(&mut self, app: &mut dyn FnMut(usize, &mut Connection, Instant, Event)) {
+        self.drive_with_until(app, None);
+    }
+
+    /// [`Pair::drive`] that also stops once virtual time reaches `until`
+    /// (for a connection that waits on something outside the pair, such
+    /// as a bulk pool another pair holds).
+    pub fn drive_until(&mut self, until: Instant) {
+        self.drive_with_until(&mut echo_service, Some(until));
+    }
+
+    fn drive_with_until(
+        &mut self,
+        app: &mut dyn FnMut(usize, &mut Connection, Instant, Event),
+        until: Option<Instant>,
+    ) {
         for _ in 0..1_000_000 {
             let mut progressed = self.pump();
             progressed |= self.deliver_one();
@@ -734,6 +764,9 @@ impl Pair {
             let Some(t) = next else {
                 return;
             };
+            if until.is_some_and(|u| t > u) {
+                return;
+            }
             self.now = self.now.max(t);
             for side in 0..2 {
                 if self.peers[side]

@@ -39,9 +39,11 @@
 //! checked or done in `u64`.
 
 mod buffers;
+mod bulk;
 mod conf;
 mod connection;
 mod fuzz;
+mod heap;
 mod inval;
 mod msgp;
 mod requester;
@@ -60,6 +62,7 @@ pub use buffers::{
     Access, BufClass, BufId, BufferTable, HeapPeerMemory, LocalSlice, Memory, MemoryLen,
     PeerMemory, SlabMemory,
 };
+pub use bulk::{BulkMemory, BulkPool};
 pub use conf::{
     decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
     encode_conf_rdma_call_v2, ConfRdmaError,
@@ -248,6 +251,19 @@ pub enum ConfigError {
     /// The slab would exceed the address space.
     #[error("buffer memory for this configuration exceeds the address space")]
     TooMuchMemory,
+    /// [`Connection::with_bulk_pool`] for a configuration that may expose
+    /// its replies in read chunks (pool buffers are never exposed).
+    #[error("a connection that may expose its replies (reply_read_chunks, RESPONDER_READ_CHUNKS) cannot lease from a bulk pool")]
+    BulkPoolWithExposedReplies,
+    /// The bulk pool's buffers are smaller than `max_call_size` or
+    /// `max_reply_size`.
+    #[error(
+        "bulk pool buffers of {buf_len} bytes are smaller than max_call_size or max_reply_size"
+    )]
+    BulkPoolTooSmall {
+        /// The pool's buffer length.
+        buf_len: u32,
+    },
 }
 
 /// Handle of one of our outgoing calls (requester side). Stale once the

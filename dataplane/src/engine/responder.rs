@@ -19,6 +19,8 @@
 //! requester-provided resource is exposed in a position-zero read chunk
 //! instead, until RDMA_DONE or the reclaim timer (s3.8, draft-lever s4.1).
 
+use core::time::Duration;
+
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{Disposition, PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
@@ -105,15 +107,34 @@ const SLOT_CHUNKS: Limits = Limits {
     max_reply_segments: 4,
 };
 
+/// How long a call that found the bulk pool empty waits before it is
+/// tried again (`Timer::BulkRetry`). Short against any call timeout; the
+/// worker checks the timers of its shared endpoints every millisecond.
+const BULK_RETRY: Duration = Duration::from_micros(100);
+
 impl ServeSlot {
-    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config) -> ServeSlot {
+    /// The lengths of a slot's own call and reply buffers: the largest
+    /// messages, or with a bulk pool (`pooled`) what fits inline (a call
+    /// received inline, a reply sent inline); larger ones lease a pool
+    /// buffer for their exchange.
+    pub(super) fn message_sizes(c: &Config, pooled: bool) -> (u32, u32) {
+        if pooled {
+            (c.inline_recv_size, c.inline_send_size)
+        } else {
+            (c.max_call_size, c.max_reply_size)
+        }
+    }
+
+    /// A free slot with its buffers added to `b`; `sizes` from
+    /// [`ServeSlot::message_sizes`].
+    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config, sizes: (u32, u32)) -> ServeSlot {
         ServeSlot {
             state: ServeState::Free,
             generation: 0,
             xid: 0,
             send_buf: b.add(BufClass::Send, c.inline_send_size),
-            call_buf: b.add(BufClass::Message, c.max_call_size),
-            reply_buf: b.add(BufClass::Message, c.max_reply_size),
+            call_buf: b.add(BufClass::Message, sizes.0),
+            reply_buf: b.add(BufClass::Message, sizes.1),
             call_len: 0,
             // A slot's lists start small and grow (within `c.limits`) to
             // the largest call it has served, then keep that capacity: no
@@ -197,6 +218,16 @@ impl Connection {
         let Some(idx) = self.serve_free.pop() else {
             return Disposition::Park;
         };
+        if !self.lease_bulk_for(idx as usize, total) {
+            // The worker's pool is empty: other connections' exchanges
+            // hold it. Wait like a call that found no slot, and try again
+            // soon (their completions free buffers, not ours).
+            self.serve_free.push(idx);
+            self.stats.bulk_pool_empty += 1;
+            self.timers
+                .set(Timer::BulkRetry, now.saturating_add(BULK_RETRY));
+            return Disposition::Park;
+        }
         let maybe_reply = reply_to.is_some();
         if !maybe_reply {
             self.active_calls += 1;
@@ -275,6 +306,34 @@ impl Connection {
             return None;
         }
         Some(total as u32)
+    }
+
+    /// Leases bulk pool buffers for free slot `idx` where its own are too
+    /// small for the call just received (`total` bytes reassembled) or
+    /// for the largest reply its chunks can carry (RFC 8166 s3.4: inline,
+    /// in the reply chunk, plus a DDP item in the first write chunk,
+    /// RFC 8267). Both or neither: false, leasing nothing, when the pool
+    /// cannot give them. True at once without a pool.
+    fn lease_bulk_for(&mut self, idx: usize, total: u32) -> bool {
+        if self.bufs.bulk_pool().is_none() {
+            return true;
+        }
+        let (call_buf, reply_buf) = (self.serves[idx].call_buf, self.serves[idx].reply_buf);
+        let chunks = &self.rx_hdr.chunks;
+        let reply_room = u64::from(self.config.inline_send_size)
+            .max(chunks.reply().map_or(0, |r| r.len_bytes()))
+            + chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+        let reply_need = reply_room.min(u64::from(self.config.max_reply_size));
+        let call_big = total > self.bufs.buf_len(call_buf);
+        let reply_big = reply_need > u64::from(self.bufs.buf_len(reply_buf));
+        if call_big && !self.bufs.lease_bulk(call_buf) {
+            return false;
+        }
+        if reply_big && !self.bufs.lease_bulk(reply_buf) {
+            self.bufs.release_bulk(call_buf);
+            return false;
+        }
+        true
     }
 
     /// Copies the inline parts of the call to their XDR positions in the
@@ -488,6 +547,9 @@ impl Connection {
         }
         // Freed first: nothing reuses the call buffer before the copy in
         // `on_pulled_reply`, and a close on that path finds the slot free.
+        // (Pulled replies need responder read chunks, which a connection
+        // with a bulk pool never has: the call buffer is its own.)
+        debug_assert!(self.bufs.bulk_pool().is_none());
         self.free_serve(idx);
         self.note_pulled_reply_rkey(xid, rkey);
         self.on_pulled_reply(xid, call_buf, call_len, credits, written);
@@ -940,6 +1002,11 @@ impl Connection {
     }
 
     fn free_serve(&mut self, idx: usize) {
+        let s = &mut self.serves[idx];
+        // The exchange is over: no work request names its buffers.
+        let (call_buf, reply_buf) = (s.call_buf, s.reply_buf);
+        self.bufs.release_bulk(call_buf);
+        self.bufs.release_bulk(reply_buf);
         let s = &mut self.serves[idx];
         s.state = ServeState::Free;
         s.generation = s.generation.wrapping_add(1);

@@ -10,6 +10,7 @@ use crate::wire::conf::{CONFIG_RDMA_PROG, CONF_RDMA_PROC};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth};
 use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHeader};
 
+mod bulk;
 mod miri;
 mod msgp_inv;
 

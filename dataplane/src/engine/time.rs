@@ -44,13 +44,23 @@ pub enum Timer {
     /// long is closed ([`super::CloseReason::Idle`]), otherwise the timer
     /// is armed again for the new deadline.
     Idle = 2,
+    /// A call waits for a buffer of the worker's bulk pool
+    /// (`engine::bulk`): on expiry the waiting calls are tried again.
+    /// Another connection gives the buffer back, so there is no event on
+    /// this one to wait for.
+    BulkRetry = 3,
 }
 
 impl Timer {
     /// Number of timers.
-    pub const COUNT: usize = 3;
+    pub const COUNT: usize = 4;
     /// Every timer, in index order.
-    pub const ALL: [Timer; Timer::COUNT] = [Timer::CallTimeout, Timer::DoneReclaim, Timer::Idle];
+    pub const ALL: [Timer; Timer::COUNT] = [
+        Timer::CallTimeout,
+        Timer::DoneReclaim,
+        Timer::Idle,
+        Timer::BulkRetry,
+    ];
 }
 
 /// One optional deadline per [`Timer`].

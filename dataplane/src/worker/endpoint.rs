@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{
-    self, BufferTable, CloseReason, Connection, Event, PeerLimits, PeerMemory, Resources,
-    SlabMemory, Stats, WorkRequest,
+    self, BufferTable, BulkMemory, BulkPool, CloseReason, ConfigError, Connection, Event,
+    PeerLimits, PeerMemory, Resources, SlabMemory, Stats, WorkRequest,
 };
 use crate::mem::{self, Arena, Backing, Slab};
 use crate::verbs::{
@@ -312,10 +312,94 @@ fn alloc_key_windows<P: Provider>(qp: &mut P::Qp, want: usize) -> Option<Vec<Win
 /// queue pair, shared with whole-region exposures).
 pub const MAX_KEY_WINDOWS: usize = 254;
 
-/// Registered memory of one endpoint: the engine's two regions.
+/// A worker's bulk buffer pool for one provider (docs/WORKER.md, "Bulk
+/// buffers"): one arena registered once in the provider's protection
+/// domain, cut into the buffers of an [`engine::BulkPool`] that the
+/// worker's connections lease large messages from, plus the work-request
+/// leases over it. Local access only: pool buffers are never exposed.
+pub struct BulkBuffers<P: Provider> {
+    region: Arc<Region<P>>,
+    pool: Arc<BulkPool>,
+}
+
+impl<P: Provider> core::fmt::Debug for BulkBuffers<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BulkBuffers")
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+impl<P: Provider> BulkBuffers<P> {
+    /// `count` buffers of `buf_len` bytes in a fresh arena of `backing`
+    /// registered in `pd`, with `max_leases` work-request leases over it
+    /// (every posted work request naming a pool buffer holds one; when
+    /// they run out, work waits in its endpoint's backlog). Pages are
+    /// faulted in at first use, once: the pool is reused, not refilled.
+    ///
+    /// # Errors
+    /// [`EndpointError::Verbs`] for memory or registration;
+    /// [`EndpointError::Config`] for fewer than two buffers.
+    pub fn new(
+        pd: &P::Pd,
+        count: u32,
+        buf_len: u32,
+        backing: Backing,
+        max_leases: u32,
+    ) -> Result<BulkBuffers<P>, EndpointError> {
+        let len = BulkPool::memory_len(count, buf_len);
+        if len > u32::MAX as usize {
+            return Err(EndpointError::TooLarge(len));
+        }
+        let region = Region::new(pd, len, Access::LOCAL_WRITE, max_leases, backing)?;
+        let memory = ArenaBulkMemory(region.arena.clone(), len);
+        let pool = BulkPool::new(Box::new(memory), buf_len)
+            .ok_or(EndpointError::Config(ConfigError::BadCount))?;
+        Ok(BulkBuffers {
+            region: Arc::new(region),
+            pool: Arc::new(pool),
+        })
+    }
+
+    /// The engine's view of the pool.
+    pub fn pool(&self) -> &Arc<BulkPool> {
+        &self.pool
+    }
+
+    /// Whether every buffer and every work-request lease is back (the
+    /// leak check once the worker's connections are gone).
+    pub fn is_idle(&self) -> bool {
+        self.pool.available() == self.pool.count() && self.region.leases_idle()
+    }
+
+    /// Whether the pool's pages are 2 MiB hugepages.
+    pub fn is_hugepage_backed(&self) -> bool {
+        self.region.arena.is_hugepage_backed()
+    }
+}
+
+/// A bulk pool's arena as the engine sees it: a pointer and a length.
+#[derive(Debug)]
+struct ArenaBulkMemory(Arc<Arena>, usize);
+
+// SAFETY: the arena stays mapped while the Arc lives; it is registered for
+// local access only and never shared with a peer, so only this process
+// writes it, and only through the pool's leases.
+unsafe impl BulkMemory for ArenaBulkMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.1.min(self.0.len())
+    }
+}
+
+/// Registered memory of one endpoint: the engine's two regions, and the
+/// worker's bulk pool when the connection leases from one.
 struct Registered<P: Provider> {
     private: Region<P>,
     peer: Region<P>,
+    bulk: Option<Arc<Region<P>>>,
 }
 
 impl<P: Provider> Registered<P> {
@@ -323,6 +407,10 @@ impl<P: Provider> Registered<P> {
         match memory {
             engine::Memory::Private => &self.private,
             engine::Memory::Peer => &self.peer,
+            // The engine leases only from the pool it was given, which is
+            // this one; without it the SGE would fall outside the region
+            // and the post be refused.
+            engine::Memory::Bulk => self.bulk.as_deref().unwrap_or(&self.private),
         }
     }
 }
@@ -393,7 +481,7 @@ impl<P: Provider> PreparedEndpoint<P> {
         pd: &P::Pd,
         config: &EndpointConfig,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
-        Self::with_cq(ctx, pd, config, None)
+        Self::with_cq(ctx, pd, config, None, None)
     }
 
     /// [`new`](Self::new), with the queue pair on `shared`, a completion
@@ -402,6 +490,12 @@ impl<P: Provider> PreparedEndpoint<P> {
     /// completion by queue-pair number to
     /// [`Endpoint::handle_completion`].
     ///
+    /// With `bulk` (the worker's pool, in `pd`), a connection that never
+    /// exposes its replies leases large messages from the pool and owns
+    /// inline-size buffers only (docs/WORKER.md, "Bulk buffers"); its
+    /// small arenas then use 4 KiB pages unless `config.backing` demands
+    /// hugepages.
+    ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn with_cq(
@@ -409,8 +503,19 @@ impl<P: Provider> PreparedEndpoint<P> {
         pd: &P::Pd,
         config: &EndpointConfig,
         shared: Option<Arc<P::Cq>>,
+        bulk: Option<&BulkBuffers<P>>,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
-        let len = Connection::memory_len(&config.engine)?;
+        let bulk = bulk.filter(|_| config.engine.replies_exposed_at_most() == 0);
+        let len = match bulk {
+            Some(_) => Connection::memory_len_pooled(&config.engine)?,
+            None => Connection::memory_len(&config.engine)?,
+        };
+        // A pooled connection's arenas are a few hundred KiB: on 2 MiB
+        // pages an idle connection would commit a whole page per region.
+        let backing = match (bulk, config.backing) {
+            (Some(_), Backing::Auto) => Backing::Small,
+            (_, b) => b,
+        };
         for l in [len.private, len.peer] {
             if l > u32::MAX as usize {
                 return Err(EndpointError::TooLarge(l));
@@ -426,21 +531,27 @@ impl<P: Provider> PreparedEndpoint<P> {
                 len.private,
                 Access::LOCAL_WRITE | Access::REMOTE_READ,
                 max_leases,
-                config.backing,
+                backing,
             )?,
             peer: Region::new(
                 pd,
                 len.peer,
                 Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
                 max_leases,
-                config.backing,
+                backing,
             )?,
+            bulk: bulk.map(|b| b.region.clone()),
         };
-        let mut conn = Connection::with_memory(
-            config.engine,
-            Box::new(ArenaSlab::new(mem.private.arena.clone(), len.private)),
-            Box::new(ArenaPeerMemory::new(mem.peer.arena.clone(), len.peer)),
-        )?;
+        let private: Box<dyn SlabMemory> =
+            Box::new(ArenaSlab::new(mem.private.arena.clone(), len.private));
+        let peer: Box<dyn PeerMemory> =
+            Box::new(ArenaPeerMemory::new(mem.peer.arena.clone(), len.peer));
+        let mut conn = match bulk {
+            Some(b) => {
+                Connection::with_bulk_pool(config.engine, Some((private, peer)), b.pool.clone())?
+            }
+            None => Connection::with_memory(config.engine, private, peer)?,
+        };
         let cq = match shared {
             Some(cq) => CqHandle::Shared(cq),
             None => {
@@ -634,6 +745,8 @@ impl<P: Provider> Endpoint<P> {
                 let rkey = region_keys.map_or(0, |(private, peer)| match bufs.memory(id) {
                     engine::Memory::Private => private.rkey,
                     engine::Memory::Peer => peer.rkey,
+                    // Never exposed (`engine::bulk`).
+                    engine::Memory::Bulk => 0,
                 });
                 bufs.set_remote_key(id, rkey, addr);
             }

@@ -114,6 +114,10 @@ impl Idler {
 /// Default of [`WorkerConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// Default of [`WorkerConfig::bulk_buffers`]: as many large messages at
+/// once as one connection's responder slots at the default 32 credits.
+pub const DEFAULT_BULK_BUFFERS: u32 = 64;
+
 /// Worker configuration.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -137,6 +141,13 @@ pub struct WorkerConfig {
     /// that opens connections in a loop cannot exhaust the node's
     /// registered memory (each connection holds its buffers for life).
     pub max_connections: usize,
+    /// Buffers of each worker's bulk pool, per provider (docs/WORKER.md,
+    /// "Bulk buffers"), each as large as the largest call or reply: the
+    /// large messages of every connection the worker serves lease from
+    /// it. 0: no pool, every responder slot owns buffers of the largest
+    /// message (the address space of a connection is then about
+    /// `4 x credits x max message`). Otherwise at least 2.
+    pub bulk_buffers: u32,
 }
 
 impl Default for WorkerConfig {
@@ -154,6 +165,7 @@ impl Default for WorkerConfig {
             drain_timeout: Duration::from_secs(5),
             tcp: TcpConfig::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            bulk_buffers: DEFAULT_BULK_BUFFERS,
         }
     }
 }
@@ -406,12 +418,17 @@ pub struct ShutdownReport {
     pub workers: Vec<WorkerReport>,
     /// Workers whose thread panicked.
     pub panicked: Vec<usize>,
+    /// Bulk pools (provider scheme, worker) not back to full once every
+    /// worker stopped: leaked buffers or work-request leases.
+    pub bulk_short: Vec<(&'static str, usize)>,
 }
 
 impl ShutdownReport {
     /// True when every pool came back full and no worker panicked.
     pub fn is_clean(&self) -> bool {
-        self.panicked.is_empty() && self.workers.iter().all(|w| w.leaks.is_empty())
+        self.panicked.is_empty()
+            && self.bulk_short.is_empty()
+            && self.workers.iter().all(|w| w.leaks.is_empty())
     }
 }
 

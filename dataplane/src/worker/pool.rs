@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::endpoint::{Endpoint, EndpointError, PreparedEndpoint};
+use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint};
 use super::run::Worker;
 use super::{
     Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
@@ -46,6 +46,21 @@ pub(crate) mod sealed {
         /// One completion queue per worker, by worker index, when the
         /// provider shares them ([`PoolProvider::SHARED_CQ`]).
         pub cqs: Vec<Arc<P::Cq>>,
+        /// One bulk buffer pool per worker, by worker index, unless
+        /// `WorkerConfig::bulk_buffers` is 0.
+        pub bulk: Vec<Arc<BulkBuffers<P>>>,
+    }
+
+    impl<P: Provider> Attached<P> {
+        /// Workers whose bulk pool is not back to full (after they
+        /// stopped, a leak).
+        pub fn bulk_short(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+            self.bulk
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| !b.is_idle())
+                .map(|(i, _)| (P::SCHEME, i))
+        }
     }
 
     impl<P: Provider> core::fmt::Debug for Attached<P> {
@@ -63,6 +78,18 @@ pub(crate) mod sealed {
         pub roce: Option<Attached<Roce>>,
         #[cfg(feature = "ibverbs")]
         pub ibverbs: Option<Attached<Ibverbs>>,
+    }
+
+    impl Providers {
+        /// (scheme, worker) of every bulk pool not back to full.
+        pub fn bulk_short(&self) -> Vec<(&'static str, usize)> {
+            let mut short: Vec<(&'static str, usize)> = Vec::new();
+            short.extend(self.shm.iter().flat_map(Attached::bulk_short));
+            short.extend(self.roce.iter().flat_map(Attached::bulk_short));
+            #[cfg(feature = "ibverbs")]
+            short.extend(self.ibverbs.iter().flat_map(Attached::bulk_short));
+            short
+        }
     }
 
     /// Where a provider's connections go: its ring command and its slot.
@@ -291,7 +318,21 @@ impl WorkerSet {
                 cqs.push(Arc::new(ctx.create_cq(SHARED_CQ_DEPTH)?));
             }
         }
-        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs });
+        let mut bulk = Vec::new();
+        let count = self.config.bulk_buffers;
+        if count > 0 {
+            let e = &self.config.endpoint;
+            let buf_len = e.engine.max_call_size.max(e.engine.max_reply_size);
+            // Every posted work request naming a pool buffer holds a lease
+            // (a reply's Writes and Send, a call's Reads): plenty per buffer.
+            let leases = count.saturating_mul(64).min(1 << 20);
+            for _ in &self.workers {
+                bulk.push(Arc::new(BulkBuffers::new(
+                    &*pd, count, buf_len, e.backing, leases,
+                )?));
+            }
+        }
+        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs, bulk });
         Ok(())
     }
 
@@ -349,6 +390,7 @@ impl WorkerSet {
             &*a.pd,
             &self.config.endpoint,
             a.cqs.get(worker).cloned(),
+            a.bulk.get(worker).map(|b| &**b),
         )?)
     }
 
@@ -558,6 +600,9 @@ impl WorkerSet {
                 }
             }
         }
+        // The workers dropped their connections: every bulk buffer and
+        // every lease over the pools is back, or it leaked.
+        report.bulk_short = self.providers.bulk_short();
         report
     }
 }

@@ -1,0 +1,191 @@
+//! The bulk buffer pool: large message buffers a worker's connections
+//! lease one exchange at a time.
+//!
+//! Why: a responder slot must be able to hold the largest call and reply
+//! the configuration allows (a megabyte each by default), yet most calls
+//! and replies fit the inline size. Giving every slot of every connection
+//! its own megabyte buffers cost 2 x credits x 2 MiB of address space per
+//! connection (131 MiB at the defaults), most of it never touched. With a
+//! pool, a responder slot owns inline-size buffers only and leases a pool
+//! buffer for a call or reply that needs more, for that exchange, giving
+//! it back when the exchange's last completion arrives (SPDK's nvmf poll
+//! group buffer cache, Linux svcrdma's page pool). The pool is bounded:
+//! a call that finds it empty waits, holding its receive, and is retried
+//! ([`super::Timer::BulkRetry`]); memory never grows past the pool.
+//!
+//! Pool buffers are private memory (only this process writes them; the
+//! provider does while a work request owns one). They are never exposed
+//! to a peer: one registration covers the whole pool, so exposing a
+//! buffer under its key (or, with `shm`, its mapping) would expose every
+//! connection's. A connection that may expose its replies (responder-
+//! provided read chunks) keeps per-connection message buffers instead
+//! ([`super::ConfigError::BulkPoolWithExposedReplies`]).
+//!
+//! The free list is a lock-free queue of indices: a pool is shared by the
+//! connections of one worker thread (and moves with them across the
+//! control ring), and leasing allocates nothing.
+
+use crossbeam_queue::ArrayQueue;
+
+use super::heap::HeapPeerMemory;
+
+/// Memory a [`BulkPool`] cuts its buffers from: a base pointer and a
+/// length, shared by every connection that leases from the pool.
+///
+/// # Safety
+/// `as_ptr()..as_ptr() + len()` must stay mapped and writable for as long
+/// as the value lives; no peer may write it (it is never exposed), and no
+/// Rust reference to those bytes may exist outside the leases the pool
+/// hands out.
+pub unsafe trait BulkMemory: core::fmt::Debug + Send + Sync {
+    /// First byte.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the length is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A bounded pool of equal buffers over one [`BulkMemory`] (module docs).
+pub struct BulkPool {
+    memory: Box<dyn BulkMemory>,
+    buf_len: u32,
+    count: u32,
+    free: ArrayQueue<u32>,
+}
+
+impl core::fmt::Debug for BulkPool {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BulkPool")
+            .field("buf_len", &self.buf_len)
+            .field("count", &self.count)
+            .field("available", &self.free.len())
+            .finish()
+    }
+}
+
+/// Buffers start at multiples of this (cache lines, as engine buffers).
+const BULK_ALIGN: u32 = 64;
+
+impl BulkPool {
+    /// A pool of as many `buf_len`-byte buffers (rounded up to 64) as
+    /// `memory` holds, or `None` if that is fewer than two (a call and its
+    /// reply may both need one: a single buffer could never serve them)
+    /// or `buf_len` is zero.
+    pub fn new(memory: Box<dyn BulkMemory>, buf_len: u32) -> Option<BulkPool> {
+        let buf_len = buf_len.checked_next_multiple_of(BULK_ALIGN)?;
+        if buf_len == 0 {
+            return None;
+        }
+        let count = u32::try_from(memory.len() / buf_len as usize).unwrap_or(u32::MAX);
+        if count < 2 {
+            return None;
+        }
+        let free = ArrayQueue::new(count as usize);
+        for i in 0..count {
+            let _ = free.push(i);
+        }
+        Some(BulkPool {
+            memory,
+            buf_len,
+            count,
+            free,
+        })
+    }
+
+    /// Bytes a pool of `count` buffers of `buf_len` needs.
+    pub fn memory_len(count: u32, buf_len: u32) -> usize {
+        count as usize * buf_len.next_multiple_of(BULK_ALIGN) as usize
+    }
+
+    /// A pool of `count` buffers of `buf_len` bytes on the heap (tests,
+    /// an engine without a provider).
+    pub fn on_heap(count: u32, buf_len: u32) -> Option<BulkPool> {
+        let memory = HeapPeerMemory::new(Self::memory_len(count, buf_len))?;
+        Self::new(Box::new(memory), buf_len)
+    }
+
+    /// Length of each buffer.
+    pub fn buf_len(&self) -> u32 {
+        self.buf_len
+    }
+
+    /// Number of buffers.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Buffers not leased (equal to [`BulkPool::count`] once every
+    /// connection using the pool is gone: the leak check).
+    pub fn available(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// Length of the whole pool memory.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// Leases a buffer: its index.
+    pub(super) fn take(&self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Returns buffer `index`.
+    pub(super) fn give_back(&self, index: u32) {
+        debug_assert!(index < self.count);
+        // Cannot fail: the queue holds every index at most once.
+        let _ = self.free.push(index);
+    }
+
+    /// Offset of buffer `index` in the pool memory.
+    pub(super) fn offset(&self, index: u32) -> usize {
+        index as usize * self.buf_len as usize
+    }
+
+    /// The pool memory's first byte.
+    pub(super) fn base(&self) -> *mut u8 {
+        self.memory.as_ptr()
+    }
+}
+
+// SAFETY: the allocation lives until drop; nobody but the leases' holders
+// reaches it.
+unsafe impl BulkMemory for HeapPeerMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.raw_ptr()
+    }
+    fn len(&self) -> usize {
+        self.byte_len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_leases_each_buffer_once_and_takes_it_back() {
+        let pool = BulkPool::on_heap(3, 1000).unwrap();
+        assert_eq!(pool.buf_len(), 1024);
+        assert_eq!((pool.count(), pool.available()), (3, 3));
+        let mut got: Vec<u32> = (0..3).map_while(|_| pool.take()).collect();
+        assert_eq!(pool.take(), None, "a fourth lease from three buffers");
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2]);
+        assert_eq!(pool.offset(2), 2048);
+        for i in got {
+            pool.give_back(i);
+        }
+        assert_eq!(pool.available(), 3);
+    }
+
+    #[test]
+    fn a_pool_needs_two_buffers() {
+        assert!(BulkPool::on_heap(1, 4096).is_none());
+        assert!(BulkPool::on_heap(2, 0).is_none());
+        assert!(BulkPool::on_heap(2, 4096).is_some());
+    }
+}

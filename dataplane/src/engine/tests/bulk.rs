@@ -1,0 +1,153 @@
+//! The bulk buffer pool (`engine::bulk`): a responder owns inline-size
+//! message buffers and leases the pool's for large calls and replies, one
+//! exchange at a time; an empty pool makes calls wait, never fail.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::*;
+
+/// A pool of `count` buffers for [`cfg`]'s largest message.
+fn pool(count: u32) -> Arc<BulkPool> {
+    Arc::new(BulkPool::on_heap(count, cfg().max_call_size).expect("pool"))
+}
+
+#[test]
+fn a_pooled_responder_owns_inline_buffers_only() {
+    let c = cfg();
+    let own = Connection::memory_len(&c).unwrap();
+    let pooled = Connection::memory_len_pooled(&c).unwrap();
+    // 2 x credits responder slots, each without its two largest-message
+    // buffers (what the pool holds instead), now inline-size ones.
+    let saved = 2
+        * c.credits as usize
+        * ((c.max_call_size - c.inline_recv_size) as usize
+            + (c.max_reply_size - c.inline_send_size) as usize);
+    assert!(pooled.private + saved <= own.private + 64 * 4 * c.credits as usize);
+    assert_eq!(
+        pooled.peer, own.peer,
+        "the peer-writable region is the same"
+    );
+}
+
+#[test]
+fn large_calls_and_replies_lease_pool_buffers_for_their_exchange_only() {
+    let pool = pool(4);
+    let mut p = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    // What each call held while the server executed it.
+    let leased = Rc::new(RefCell::new(Vec::new()));
+    let seen = leased.clone();
+    let small = payload(100, 1);
+    let ddp = payload(100_000, 2);
+    let long = payload(60_000, 3);
+    let h1 = send(&mut p, 1, &small, false, expect(4 * KIB, None));
+    let h2 = send(&mut p, 2, &ddp, true, expect(200 * KIB, Some(128 * KIB)));
+    let h3 = send(&mut p, 3, &long, false, expect(64 * KIB, None));
+    p.drive_with(&mut |side, conn, now, ev| {
+        if let (SERVER, Event::CallArrived { xid, .. }) = (side, ev) {
+            seen.borrow_mut().push((xid, conn.resources().bulk_leased));
+        }
+        echo_service(side, conn, now, ev);
+    });
+    assert_eq!(returned_payload(&p, h1), small);
+    assert_eq!(returned_payload(&p, h2), ddp);
+    assert_eq!(returned_payload(&p, h3), long);
+    let mut held = leased.borrow().clone();
+    held.sort_unstable();
+    // An inline call without chunks needs nothing; a call offering a
+    // write chunk leases a reply buffer (its DDP item is placed there);
+    // a long call leases its call buffer and, with a reply chunk, a reply
+    // buffer. Cumulative counts: calls are served one after another.
+    assert_eq!(held.len(), 3);
+    assert_eq!(held[0], (1, 0), "inline call, inline reply: no lease");
+    assert!(
+        held[1].1 >= 1,
+        "write chunk offered: a reply buffer {held:?}"
+    );
+    assert!(held[2].1 >= 2, "long call with reply chunk: two {held:?}");
+    assert_eq!(p.peers[SERVER].conn.stats().bulk_pool_empty, 0);
+    assert_eq!(pool.available(), 4, "every lease back after its exchange");
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn a_call_that_finds_the_pool_empty_waits_and_is_served_once_another_connection_gives_back() {
+    // Two connections of one worker share a pool of two buffers. The
+    // first holds both (a long call with a reply chunk, still executing);
+    // the second's long call must wait, not fail, and is served after
+    // the first replies.
+    let pool = pool(2);
+    let mut a = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let mut b = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let long = payload(60_000, 4);
+    let ha = send(&mut a, 10, &long, false, expect(64 * KIB, None));
+    let held: Rc<RefCell<Option<(IncomingCall, u32)>>> = Rc::new(RefCell::new(None));
+    let keep = held.clone();
+    a.drive_with(&mut |side, _, _, ev| {
+        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+            *keep.borrow_mut() = Some((call, xid));
+        }
+    });
+    assert_eq!(pool.available(), 0, "the executing call holds both buffers");
+
+    let hb = send(&mut b, 20, &long, false, expect(64 * KIB, None));
+    let until = b.now.saturating_add(core::time::Duration::from_millis(5));
+    b.drive_until(until);
+    let waits = b.peers[SERVER].conn.stats().bulk_pool_empty;
+    assert!(waits >= 2, "tried again while the pool was empty: {waits}");
+    assert!(reply_of(&b, hb).is_none(), "no reply without a buffer");
+    assert!(failures(&b).is_empty(), "waiting is not failing");
+
+    // The first connection answers; its exchange ends and gives back.
+    let (call, xid) = held.borrow_mut().take().expect("call arrived");
+    let now = a.now;
+    let echoed = echo_payload(a.conn(SERVER).call_message(call).expect("call")).unwrap();
+    reply_echo(a.conn(SERVER), now, call, xid, &echoed);
+    a.drive();
+    assert_eq!(returned_payload(&a, ha), long);
+    assert_eq!(pool.available(), 2);
+
+    b.drive();
+    assert_eq!(returned_payload(&b, hb), long);
+    assert_eq!(pool.available(), 2);
+    close_and_check_leaks(&mut a);
+    close_and_check_leaks(&mut b);
+}
+
+#[test]
+fn a_connection_closed_mid_exchange_gives_its_leases_back() {
+    let pool = pool(2);
+    let mut p = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let long = payload(60_000, 5);
+    send(&mut p, 30, &long, false, expect(64 * KIB, None));
+    // The server never answers; the client gives up on the connection.
+    p.drive_with(&mut |_, _, _, _| {});
+    assert_eq!(pool.available(), 0);
+    close_and_check_leaks(&mut p);
+    assert_eq!(pool.available(), 2, "the close's flush returned them");
+    // And a dropped connection returns whatever it still held.
+    let mut q = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    send(&mut q, 31, &long, false, expect(64 * KIB, None));
+    q.drive_with(&mut |_, _, _, _| {});
+    assert_eq!(pool.available(), 0);
+    drop(q);
+    assert_eq!(pool.available(), 2);
+}
+
+#[test]
+fn a_pool_is_refused_where_replies_may_be_exposed_or_messages_do_not_fit() {
+    let exposing = Config {
+        reply_read_chunks: true,
+        ..cfg()
+    };
+    assert_eq!(
+        Connection::with_bulk_pool(exposing, None, pool(2)).err(),
+        Some(ConfigError::BulkPoolWithExposedReplies)
+    );
+    let small = Arc::new(BulkPool::on_heap(2, 64 * KIB).unwrap());
+    assert_eq!(
+        Connection::with_bulk_pool(cfg(), None, small).err(),
+        Some(ConfigError::BulkPoolTooSmall { buf_len: 64 * KIB })
+    );
+}
