@@ -121,9 +121,9 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
         inline_recv_size: t.inline_receive,
         inline_send_size: t.inline_send,
         credits: t.credits,
-        // The daemon answers calls; it sends none of its own. The
-        // engine wants at least one requester slot.
-        max_outstanding_calls: 1,
+        // The daemon answers calls; it sends none of its own, so its
+        // connections carry no requester buffers.
+        max_outstanding_calls: 0,
         max_call_size: t.max_message,
         max_reply_size: t.max_message,
         max_ddp_size: 4096,

@@ -342,8 +342,7 @@ impl Connection {
             return Err(ConfigError::InlineTooSmall);
         }
         let count_ok = |n: u32| (1..=4096).contains(&n);
-        if !count_ok(c.credits) || !count_ok(c.max_outstanding_calls) || !count_ok(c.error_buffers)
-        {
+        if !count_ok(c.credits) || c.max_outstanding_calls > 4096 || !count_ok(c.error_buffers) {
             return Err(ConfigError::BadCount);
         }
         if c.max_call_size % 4 != 0

@@ -106,7 +106,9 @@ pub struct Config {
     /// (RFC 5666 s3.3). Never zero.
     pub credits: u32,
     /// Calls we keep outstanding at most (requester slots); also the credit
-    /// value we request in every call.
+    /// value we request in every call. 0 for a pure server: it answers
+    /// calls and makes none (`send_call` then finds no slot), and its
+    /// connections carry no requester buffers.
     pub max_outstanding_calls: u32,
     /// Largest RPC call message (after reassembly of its chunks).
     pub max_call_size: u32,
@@ -227,9 +229,9 @@ pub enum ConfigError {
     /// Inline sizes must be at least 1024 bytes (RFC 5666 s6.1, RFC 8797).
     #[error("inline sizes must be at least 1024 bytes (inline_recv_size, inline_send_size, peer_inline_*_size)")]
     InlineTooSmall,
-    /// `credits`, `max_outstanding_calls`, `error_buffers` must be at least
-    /// 1 and at most 4096.
-    #[error("credits, max_outstanding_calls and error_buffers must be between 1 and 4096")]
+    /// `credits` and `error_buffers` must be at least 1 and at most 4096,
+    /// `max_outstanding_calls` at most 4096.
+    #[error("credits and error_buffers must be between 1 and 4096, max_outstanding_calls at most 4096")]
     BadCount,
     /// Message sizes must be multiples of 4 (XDR) and at least 32 bytes.
     #[error("max_call_size, max_reply_size must be multiples of 4 and at least 32; max_ddp_size a multiple of 4")]

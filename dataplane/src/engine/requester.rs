@@ -562,7 +562,7 @@ impl Connection {
     fn take_answer(&mut self, idx: usize, grant: Option<u32>) -> bool {
         self.outstanding = self.outstanding.saturating_sub(1);
         if let Some(g) = grant {
-            self.granted = g.clamp(1, self.config.max_outstanding_calls);
+            self.granted = g.clamp(1, self.config.max_outstanding_calls.max(1));
         }
         self.unexpose_call(idx);
         if self.calls[idx].state == CallState::Abandoned {

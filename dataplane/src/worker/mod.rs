@@ -151,12 +151,12 @@ pub struct WorkerConfig {
 }
 
 impl Default for WorkerConfig {
-    /// The engine's defaults, except one requester slot: a server
-    /// connection never calls (the slot only satisfies the engine), so its
-    /// memory is the responder's (docs/WORKER.md, "Memory").
+    /// The engine's defaults, except no requester slot: a server
+    /// connection never calls, so its memory is the responder's
+    /// (docs/WORKER.md, "Memory per connection").
     fn default() -> Self {
         let mut endpoint = EndpointConfig::default();
-        endpoint.engine.max_outstanding_calls = 1;
+        endpoint.engine.max_outstanding_calls = 0;
         WorkerConfig {
             endpoint,
             idle: IdleStrategy::default(),

@@ -151,3 +151,37 @@ fn a_pool_is_refused_where_replies_may_be_exposed_or_messages_do_not_fit() {
         Some(ConfigError::BulkPoolTooSmall { buf_len: 64 * KIB })
     );
 }
+
+#[test]
+fn a_pure_server_has_no_requester_slots_and_still_serves() {
+    // A server that never calls (max_outstanding_calls 0) carries no
+    // requester buffers: with a pool its memory is receives and
+    // inline-size slots.
+    let server = Config {
+        max_outstanding_calls: 0,
+        ..cfg()
+    };
+    let with = Connection::memory_len_pooled(&cfg()).unwrap();
+    let without = Connection::memory_len_pooled(&server).unwrap();
+    let requester = cfg().max_outstanding_calls as usize
+        * (cfg().max_call_size + cfg().max_reply_size + cfg().max_ddp_size) as usize;
+    assert!(with.private + with.peer >= without.private + without.peer + requester);
+    let mut p = Pair::with_server_pool(cfg(), server, pool(4));
+    let data = payload(100_000, 6);
+    let h = send(&mut p, 40, &data, true, expect(200 * KIB, Some(128 * KIB)));
+    p.drive();
+    assert_eq!(returned_payload(&p, h), data);
+    let (msg, _) = echo_call(41, b"back");
+    let now = p.now;
+    let refused = p.conn(SERVER).send_call(
+        now,
+        &OutgoingCall {
+            message: &msg,
+            ddp: None,
+            reply: expect(4 * KIB, None),
+            app: AppChunks::NONE,
+        },
+    );
+    assert_eq!(refused.err(), Some(SendCallError::NoSlot));
+    close_and_check_leaks(&mut p);
+}
