@@ -85,6 +85,10 @@ pub struct Workers {
     /// Connections (every listener, every transport) served at once;
     /// requests beyond it are refused.
     pub max_connections: u32,
+    /// Buffers of `transport.max_message` in each worker's bulk pool, per
+    /// RDMA provider: large calls and replies of every connection lease
+    /// them one exchange at a time. 0: no pool.
+    pub bulk_buffers: u32,
 }
 
 impl Default for Workers {
@@ -94,6 +98,7 @@ impl Default for Workers {
             idle: IdleStrategy::Adaptive,
             park_max_us: 1000,
             max_connections: 1024,
+            bulk_buffers: 64,
         }
     }
 }
@@ -694,6 +699,28 @@ impl Config {
                 format!(
                     "transport.max_message = {} is not a multiple of 4 (XDR units)",
                     t.max_message
+                ),
+            ));
+        }
+        // A call and its reply may each need a pool buffer: one alone
+        // could never serve them. The pool is one registration (4 GiB at
+        // most, as any region: SGE offsets are 32-bit).
+        let bulk = [Key("workers"), Key("bulk_buffers")];
+        if w.bulk_buffers == 1 {
+            return Err(sem(
+                &bulk,
+                "workers.bulk_buffers = 1: use 0 (no pool) or at least 2 (a call and its reply may each need one)",
+            ));
+        }
+        let pool = u64::from(w.bulk_buffers) * u64::from(t.max_message.next_multiple_of(64));
+        if pool > u64::from(u32::MAX) {
+            return Err(sem(
+                &bulk,
+                format!(
+                    "workers.bulk_buffers = {} of transport.max_message = {} bytes is {} MiB per worker and provider, over the 4 GiB a registration holds; lower either",
+                    w.bulk_buffers,
+                    t.max_message,
+                    pool >> 20
                 ),
             ));
         }

@@ -93,18 +93,22 @@ impl ErrorKind {
 pub enum PoolKind {
     /// Region leases held by posted work requests.
     Leases,
+    /// Buffers of the worker's bulk pools (every RDMA provider's), leased
+    /// by large calls and replies.
+    Bulk,
 }
 
 impl PoolKind {
     /// How many pools a worker has.
-    pub const COUNT: usize = 1;
+    pub const COUNT: usize = 2;
     /// Every pool, in label order.
-    pub const ALL: [PoolKind; Self::COUNT] = [PoolKind::Leases];
+    pub const ALL: [PoolKind; Self::COUNT] = [PoolKind::Leases, PoolKind::Bulk];
 
     /// The `pool` label value.
     pub const fn label(self) -> &'static str {
         match self {
             PoolKind::Leases => "leases",
+            PoolKind::Bulk => "bulk",
         }
     }
 }
@@ -126,6 +130,8 @@ pub struct WorkerCounters {
     pub bytes_sent: AtomicU64,
     /// Gauge: credits granted and not yet used by the peers.
     pub credits_in_use: AtomicU64,
+    /// Times a call found the worker's bulk pool empty (each retry counts).
+    pub bulk_pool_empty: AtomicU64,
     /// Gauge: buffers taken from each pool, indexed by [`PoolKind`].
     pub pool_in_use: [AtomicU64; PoolKind::COUNT],
     /// Gauge: buffers in each pool, indexed by [`PoolKind`].
@@ -234,7 +240,7 @@ impl Registry {
             .collect();
 
         type Field = fn(&WorkerCounters) -> &AtomicU64;
-        let simple: [(&str, &str, &str, Field); 5] = [
+        let simple: [(&str, &str, &str, Field); 6] = [
             (
                 "rpcrdma_worker_polls_total",
                 "counter",
@@ -264,6 +270,12 @@ impl Registry {
                 "gauge",
                 "Credits granted to peers and not yet used.",
                 |w| &w.credits_in_use,
+            ),
+            (
+                "rpcrdma_bulk_pool_empty_total",
+                "counter",
+                "Times a call found the worker's bulk pool empty and waited.",
+                |w| &w.bulk_pool_empty,
             ),
         ];
         for (name, kind, help, field) in simple {

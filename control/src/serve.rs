@@ -175,6 +175,7 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
             },
         },
         max_connections: c.workers.max_connections as usize,
+        bulk_buffers: c.workers.bulk_buffers,
         ..WorkerConfig::default()
     }
 }
@@ -477,6 +478,7 @@ fn spawn_tcp_acceptor(
 /// registry is the exporter's view).
 fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
     let counters = set.counters();
+    let bulk = set.bulk_pools();
     // Per transport, its listeners: a transport with one listener (the
     // usual case) gets an exact per-listener connection gauge.
     let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
@@ -504,6 +506,19 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             metrics::set(&w.bytes_sent, sum.bytes_out);
             metrics::set(&w.credits_in_use, sum.credits_in_use);
             metrics::set(&w.pool_in_use[PoolKind::Leases as usize], sum.pool_in_use);
+            let mine = bulk
+                .iter()
+                .filter(|(worker, _)| *worker == i)
+                .map(|(_, p)| p);
+            let (mut total, mut free, mut empty) = (0u64, 0u64, 0u64);
+            for p in mine {
+                total += u64::from(p.count());
+                free += u64::from(p.available());
+                empty += p.times_empty();
+            }
+            metrics::set(&w.pool_capacity[PoolKind::Bulk as usize], total);
+            metrics::set(&w.pool_in_use[PoolKind::Bulk as usize], total - free);
+            metrics::set(&w.bulk_pool_empty, empty);
             let errors = [
                 (ErrorKind::CompletionError, sum.errors_completion),
                 (ErrorKind::ReplyRefused, sum.errors_reply),

@@ -124,6 +124,18 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
                 .into(),
         ),
         (
+            "bulk-buffers-one",
+            "[workers]\ncores = [0]\nbulk_buffers = 1\n".into(),
+            3,
+            "workers.bulk_buffers = 1: use 0 (no pool) or at least 2 (a call and its reply may each need one)".into(),
+        ),
+        (
+            "bulk-pool-over-4-gib",
+            "[workers]\nbulk_buffers = 8192\n\n[transport]\nmax_message = 1052672\n".into(),
+            2,
+            "workers.bulk_buffers = 8192 of transport.max_message = 1052672 bytes is 8224 MiB per worker and provider, over the 4 GiB a registration holds; lower either".into(),
+        ),
+        (
             "credits-zero",
             "[transport]\ninline_send = 4096\ncredits = 0\n".into(),
             3,

@@ -25,6 +25,8 @@
 //! connections of one worker thread (and moves with them across the
 //! control ring), and leasing allocates nothing.
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 use crossbeam_queue::ArrayQueue;
 
 use super::heap::HeapPeerMemory;
@@ -54,6 +56,8 @@ pub struct BulkPool {
     buf_len: u32,
     count: u32,
     free: ArrayQueue<u32>,
+    /// Leases refused because the pool was empty.
+    empty: AtomicU64,
 }
 
 impl core::fmt::Debug for BulkPool {
@@ -92,6 +96,7 @@ impl BulkPool {
             buf_len,
             count,
             free,
+            empty: AtomicU64::new(0),
         })
     }
 
@@ -128,9 +133,19 @@ impl BulkPool {
         self.memory.len()
     }
 
+    /// Leases refused so far because every buffer was leased (each
+    /// wait of a call, and each of its retries, counts).
+    pub fn times_empty(&self) -> u64 {
+        self.empty.load(Ordering::Relaxed)
+    }
+
     /// Leases a buffer: its index.
     pub(super) fn take(&self) -> Option<u32> {
-        self.free.pop()
+        let got = self.free.pop();
+        if got.is_none() {
+            self.empty.fetch_add(1, Ordering::Relaxed);
+        }
+        got
     }
 
     /// Returns buffer `index`.

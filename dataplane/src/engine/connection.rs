@@ -17,7 +17,7 @@ use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
 use super::{CloseReason, Config, ConfigError, Event, Extensions, PeerLimits};
 use crate::wire::rpc::{peek_direction, MessageType};
 use crate::wire::rpcrdma::{
-    Decoded, ErrorBody, HeaderView, MessageBody, TransportHeader, RPCRDMA_VERSION,
+    Decoded, ErrorBody, HeaderView, Limits, MessageBody, TransportHeader, RPCRDMA_VERSION,
 };
 
 /// Counters of everything the engine dropped, refused or noticed. Data-path
@@ -234,6 +234,19 @@ pub struct Connection {
     pub(super) inval: super::inval::DoneInvalidate,
 }
 
+/// The chunk lists the scratch headers have room for before they grow:
+/// what NFS calls carry (a few reads, a write chunk or two, a reply
+/// chunk), not the worst case `Config::limits` allows (about 18 KiB per
+/// header at the defaults, twice per idle connection). A header grows
+/// within the limits to the largest it has parsed or built, then keeps
+/// that capacity: steady state allocates nothing.
+const HEADER_START: Limits = Limits {
+    max_read_segments: 4,
+    max_write_chunks: 2,
+    max_segments_per_chunk: 4,
+    max_reply_segments: 4,
+};
+
 /// A connection's buffers and slots, as [`Connection::layout`] cut them.
 struct Layout {
     recvs: Vec<RecvBuf>,
@@ -443,14 +456,13 @@ impl Connection {
         // and three invalidations; per responder slot: its Reads, Writes
         // and Send; per reply exposed in a read chunk, a bind and an
         // invalidation.
-        let mut tx = VecDeque::with_capacity(
-            recvs.len()
-                + err_bufs.len()
-                + calls.len() * 7
-                + serves.len() * 4
-                + 2 * c.replies_exposed_at_most() as usize
-                + 64,
-        );
+        // Room for the initial receives and a few exchanges' requests.
+        // The worst case (per call slot its Send and up to three binds
+        // and three invalidations; per responder slot its Reads, Writes
+        // and Send; ...) is hundreds of entries at 48 bytes, on every
+        // idle connection: the queue grows to it once, under the load
+        // that needs it, and keeps that capacity.
+        let mut tx = VecDeque::with_capacity(recvs.len() + err_bufs.len() + 64);
         let mut conn_recvs = recvs;
         for (i, r) in conn_recvs.iter_mut().enumerate() {
             r.posted = true;
@@ -475,10 +487,10 @@ impl Connection {
             bufs,
             app_buf,
             last_activity: Instant::ZERO,
-            rx_hdr: TransportHeader::with_capacity(&c.limits),
+            rx_hdr: TransportHeader::with_capacity(&HEADER_START),
             rx_copy,
             key_ops_posted: 0,
-            tx_hdr: TransportHeader::with_capacity(&c.limits),
+            tx_hdr: TransportHeader::with_capacity(&HEADER_START),
             recvs: conn_recvs,
             err_bufs,
             err_free,

@@ -231,7 +231,9 @@ pub enum ConfigError {
     InlineTooSmall,
     /// `credits` and `error_buffers` must be at least 1 and at most 4096,
     /// `max_outstanding_calls` at most 4096.
-    #[error("credits and error_buffers must be between 1 and 4096, max_outstanding_calls at most 4096")]
+    #[error(
+        "credits and error_buffers must be between 1 and 4096, max_outstanding_calls at most 4096"
+    )]
     BadCount,
     /// Message sizes must be multiples of 4 (XDR) and at least 32 bytes.
     #[error("max_call_size, max_reply_size must be multiples of 4 and at least 32; max_ddp_size a multiple of 4")]

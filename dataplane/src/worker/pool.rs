@@ -81,6 +81,21 @@ pub(crate) mod sealed {
     }
 
     impl Providers {
+        /// (worker, pool) of every bulk pool, every provider.
+        pub fn bulk_pools(&self) -> Vec<(usize, Arc<crate::engine::BulkPool>)> {
+            fn of<P: Provider>(
+                a: &Option<Attached<P>>,
+            ) -> impl Iterator<Item = (usize, Arc<crate::engine::BulkPool>)> + '_ {
+                a.iter()
+                    .flat_map(|a| a.bulk.iter().enumerate())
+                    .map(|(i, b)| (i, b.pool().clone()))
+            }
+            let pools = of(&self.shm).chain(of(&self.roce));
+            #[cfg(feature = "ibverbs")]
+            let pools = pools.chain(of(&self.ibverbs));
+            pools.collect()
+        }
+
         /// (scheme, worker) of every bulk pool not back to full.
         pub fn bulk_short(&self) -> Vec<(&'static str, usize)> {
             let mut short: Vec<(&'static str, usize)> = Vec::new();
@@ -334,6 +349,12 @@ impl WorkerSet {
         }
         *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs, bulk });
         Ok(())
+    }
+
+    /// Every worker's bulk pools (one per attached provider), with the
+    /// index of the worker that owns each: for gauges.
+    pub fn bulk_pools(&self) -> Vec<(usize, Arc<crate::engine::BulkPool>)> {
+        self.providers.bulk_pools()
     }
 
     /// The context of provider `P`, if attached.
