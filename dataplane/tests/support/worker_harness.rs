@@ -262,8 +262,8 @@ pub fn assert_clean(report: &ShutdownReport) {
 }
 
 /// Echoes `payload` and returns (reply payload, ddp_len).
-pub fn echo(
-    client: &mut Client,
+pub fn echo<P: PoolProvider>(
+    client: &mut Client<P>,
     payload: &[u8],
     ddp_arg: bool,
     target: ReplyTarget,

@@ -1,0 +1,122 @@
+//! The worker's bulk buffer pool (docs/WORKER.md, "Bulk buffers"), end to
+//! end over `shm` and `roce`: connections of one worker lease their large
+//! calls and replies from one pool; a pool smaller than the load makes
+//! calls wait, never fail; every buffer comes back; and a connection's
+//! own memory is inline-size buffers, not the largest message per slot.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::engine::{BulkPool, Connection};
+use dataplane::verbs::roce::Roce;
+use dataplane::verbs::shm::Shm;
+use dataplane::worker::PoolProvider;
+use support::roce_pair::loopback_url;
+use support::worker_harness::*;
+
+const MAX: u32 = 256 << 10;
+const CLIENTS: usize = 3;
+const DEPTH: usize = 4;
+
+/// `CLIENTS` clients each pipeline `DEPTH` long echoes with a reply chunk
+/// (a call buffer and a reply buffer each) against one worker whose pool
+/// holds two buffers: one exchange at a time fits.
+fn calls_wait_for_a_small_pool_and_all_are_served<P: PoolProvider>(url: String) {
+    let engine = engine_config(MAX, DEPTH as u32);
+    let server = Server::<P>::at(url.clone(), 1, engine, bench_service(), |c| {
+        c.bulk_buffers = 2;
+    });
+    let pools: Vec<Arc<BulkPool>> = server
+        .pool()
+        .set()
+        .bulk_pools()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(pools.len(), 1, "one pool: one worker, one provider");
+    let pool = pools[0].clone();
+    assert_eq!(pool.count(), 2);
+    assert!(pool.buf_len() >= engine.max_call_size.max(engine.max_reply_size));
+
+    let mut clients: Vec<Client<P>> = (0..CLIENTS)
+        .map(|_| Client::<P>::connect(&url, client_config(engine)).expect("connect"))
+        .collect();
+    let payloads: Vec<Vec<u8>> = (0..CLIENTS * DEPTH)
+        .map(|i| pattern(100_000 + 4 * i, i as u8))
+        .collect();
+    // One round trip each first: the server's grant is then known and
+    // the pipelined calls all go out at once (RFC 5666 s3.3).
+    for (c, p) in clients.iter_mut().zip(&payloads) {
+        assert!(echo(c, p, false, ReplyTarget::ReplyChunk).0 == *p);
+    }
+    let mut calls = Vec::new();
+    for (i, c) in clients.iter_mut().enumerate() {
+        for k in 0..DEPTH {
+            let p = &payloads[i * DEPTH + k];
+            calls.push(
+                c.call(ReplyTarget::ReplyChunk, |xid, buf| {
+                    encode_call(xid, ECHO, Arg::Opaque(p, false), buf)
+                })
+                .expect("call"),
+            );
+        }
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        for k in 0..DEPTH {
+            let call = calls[i * DEPTH + k];
+            let outcome = c.wait(call).expect("reply");
+            assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
+            let back = decode_opaque_reply(&c.reply(call).map(|b| b.to_vec()).unwrap());
+            assert!(back == payloads[i * DEPTH + k], "client {i} call {k}");
+            assert!(c.release(call));
+        }
+    }
+    assert!(
+        pool.times_empty() > 0,
+        "{} calls in flight needing two buffers each against a pool of two: some waited",
+        CLIENTS * DEPTH
+    );
+    for c in clients {
+        c.close().expect("close");
+    }
+    let report = server.stop(Duration::from_secs(5));
+    assert_clean(&report);
+    assert!(report.bulk_short.is_empty(), "{:?}", report.bulk_short);
+    assert_eq!(pool.available(), pool.count(), "every buffer back");
+    let rpcs: u64 = report.workers.iter().map(|w| w.counters.rpcs).sum();
+    assert_eq!(rpcs, (CLIENTS * (DEPTH + 1)) as u64);
+}
+
+#[test]
+fn shm_calls_wait_for_a_small_pool_and_all_are_served() {
+    calls_wait_for_a_small_pool_and_all_are_served::<Shm>(sock_url());
+}
+
+#[test]
+fn roce_calls_wait_for_a_small_pool_and_all_are_served() {
+    calls_wait_for_a_small_pool_and_all_are_served::<Roce>(loopback_url(""));
+}
+
+#[test]
+fn a_server_connection_with_a_pool_owns_about_a_megabyte_not_hundreds() {
+    // rpcrdmad's defaults: 64 credits, 1 MiB messages (plus headers), no
+    // requester slot. Every responder slot owning buffers of the largest
+    // call and reply was 64 x 2 slots x 2 MiB; with the pool a slot owns
+    // inline-size buffers.
+    let c = dataplane::engine::Config {
+        credits: 64,
+        max_outstanding_calls: 0,
+        max_call_size: (1 << 20) + 4096,
+        max_reply_size: (1 << 20) + 4096,
+        max_ddp_size: 4096,
+        ..dataplane::engine::Config::default()
+    };
+    let own = Connection::memory_len(&c).unwrap();
+    let pooled = Connection::memory_len_pooled(&c).unwrap();
+    let (own, pooled) = (own.private + own.peer, pooled.private + pooled.peer);
+    assert!(own > 256 << 20, "{own} bytes without a pool");
+    assert!(pooled < 2 << 20, "{pooled} bytes with a pool");
+}
