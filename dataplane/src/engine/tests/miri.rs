@@ -87,3 +87,33 @@ fn miri_receive_buffers_are_read_once_and_garbage_is_refused() {
     release_all(&mut p);
     close_and_check_leaks(&mut p);
 }
+
+#[test]
+fn miri_every_chunk_path_through_a_bulk_pool() {
+    // The server's large calls and replies live in pool buffers reached
+    // through raw pointers of a memory two connections share: Miri checks
+    // the leased slices and the copies in and out of them.
+    let pool = std::sync::Arc::new(BulkPool::on_heap(2, 8 * KIB).unwrap());
+    let server = Config {
+        max_outstanding_calls: 0,
+        ..small()
+    };
+    let mut p = Pair::with_server_pool(small(), server, pool.clone());
+    let mut q = Pair::with_server_pool(small(), server, pool.clone());
+    let bulk = payload(3000, 3);
+    for (xid, ddp, reply) in [
+        (1, true, expect(8 * KIB, Some(4 * KIB))),
+        (2, true, expect(8 * KIB, None)),
+        (3, false, expect(8 * KIB, None)),
+    ] {
+        for pair in [&mut p, &mut q] {
+            let h = send(pair, xid, &bulk, ddp, reply);
+            pair.drive();
+            assert_eq!(returned_payload(pair, h), bulk);
+            release_all(pair);
+        }
+    }
+    assert_eq!(pool.available(), 2);
+    close_and_check_leaks(&mut p);
+    close_and_check_leaks(&mut q);
+}
