@@ -702,16 +702,16 @@ impl Config {
                 ),
             ));
         }
-        // A call and its reply may each need a pool buffer: one alone
-        // could never serve them. The pool is one registration (4 GiB at
-        // most, as any region: SGE offsets are 32-bit).
+        // The pool is one registration: 4 GiB at most, as any region
+        // (SGE offsets are 32-bit).
         let bulk = [Key("workers"), Key("bulk_buffers")];
-        if w.bulk_buffers == 1 {
-            return Err(sem(
-                &bulk,
-                "workers.bulk_buffers = 1: use 0 (no pool) or at least 2 (a call and its reply may each need one)",
-            ));
-        }
+        range(
+            &bulk,
+            "workers.bulk_buffers",
+            w.bulk_buffers.into(),
+            0,
+            65536,
+        )?;
         let pool = u64::from(w.bulk_buffers) * u64::from(t.max_message.next_multiple_of(64));
         if pool > u64::from(u32::MAX) {
             return Err(sem(

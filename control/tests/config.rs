@@ -124,10 +124,10 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
                 .into(),
         ),
         (
-            "bulk-buffers-one",
-            "[workers]\ncores = [0]\nbulk_buffers = 1\n".into(),
+            "bulk-buffers-too-many",
+            "[workers]\ncores = [0]\nbulk_buffers = 65537\n".into(),
             3,
-            "workers.bulk_buffers = 1: use 0 (no pool) or at least 2 (a call and its reply may each need one)".into(),
+            "workers.bulk_buffers = 65537 is out of range 0..=65536".into(),
         ),
         (
             "bulk-pool-over-4-gib",

@@ -81,16 +81,15 @@ const BULK_ALIGN: u32 = 64;
 
 impl BulkPool {
     /// A pool of as many `buf_len`-byte buffers (rounded up to 64) as
-    /// `memory` holds, or `None` if that is fewer than two (a call and its
-    /// reply may both need one: a single buffer could never serve them)
-    /// or `buf_len` is zero.
+    /// `memory` holds, or `None` if that is none or `buf_len` is zero. An
+    /// exchange needs one buffer at most (its call, then its reply).
     pub fn new(memory: Box<dyn BulkMemory>, buf_len: u32) -> Option<BulkPool> {
         let buf_len = buf_len.checked_next_multiple_of(BULK_ALIGN)?;
         if buf_len == 0 {
             return None;
         }
         let count = u32::try_from(memory.len() / buf_len as usize).unwrap_or(u32::MAX);
-        if count < 2 {
+        if count == 0 {
             return None;
         }
         // Reversed, so that leases start at buffer 0.
@@ -227,9 +226,9 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_needs_two_buffers() {
-        assert!(BulkPool::on_heap(1, 4096).is_none());
-        assert!(BulkPool::on_heap(2, 0).is_none());
-        assert!(BulkPool::on_heap(2, 4096).is_some());
+    fn a_pool_needs_a_buffer() {
+        assert!(BulkPool::on_heap(0, 4096).is_none());
+        assert!(BulkPool::on_heap(1, 0).is_none());
+        assert!(BulkPool::on_heap(1, 4096).is_some());
     }
 }

@@ -371,7 +371,7 @@ impl Connection {
         // have exposed in a read chunk.
         let n_recv = c.credits + c.max_outstanding_calls + c.replies_exposed_at_most();
         let n_serve = 2 * c.credits;
-        let serve_sizes = ServeSlot::message_sizes(c, pooled);
+        let serve_message = ServeSlot::message_size(c, pooled);
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)
             + w(c.error_buffers) * 64
@@ -380,7 +380,7 @@ impl Connection {
                     + w(c.max_call_size)
                     + w(c.max_reply_size)
                     + w(c.max_ddp_size))
-            + w(n_serve) * (w(c.inline_send_size) + w(serve_sizes.0) + w(serve_sizes.1))
+            + w(n_serve) * (w(c.inline_send_size) + w(serve_message))
             + w(c.app_memory);
         if total > (isize::MAX as u128) / 2 {
             return Err(ConfigError::TooMuchMemory);
@@ -406,7 +406,7 @@ impl Connection {
             .map(|_| CallSlot::new(b, c))
             .collect();
         let serves: Vec<ServeSlot> = (0..n_serve)
-            .map(|_| ServeSlot::new(b, c, serve_sizes))
+            .map(|_| ServeSlot::new(b, c, serve_message))
             .collect();
         // Last, so that the other buffers keep their offsets.
         let app = (c.app_memory > 0).then(|| b.add(BufClass::App, c.app_memory));

@@ -62,7 +62,8 @@ pub(super) enum ServeState {
     Draining,
 }
 
-/// A responder slot: state plus the three buffers it owns.
+/// A responder slot: state plus the two buffers it owns (its Send buffer,
+/// and one message buffer that holds the call, then the reply).
 #[derive(Debug)]
 pub(super) struct ServeSlot {
     pub(super) state: ServeState,
@@ -72,6 +73,11 @@ pub(super) struct ServeSlot {
     /// The reassembled call.
     call_buf: BufId,
     /// The reply: inline part first, then the DDP item (Writes' source).
+    /// The same buffer as `call_buf`: the reply is placed only once the
+    /// call is no longer read (`send_reply` ends `Executing`, after which
+    /// `call_message` is `None`; the engine's own CONF_RDMA answer parses
+    /// its arguments before it encodes), so one buffer serves both and a
+    /// slot needs the larger of the two sizes, not their sum.
     reply_buf: BufId,
     call_len: u32,
     /// Capacity `limits.max_read_segments`, reserved at construction.
@@ -113,28 +119,29 @@ const SLOT_CHUNKS: Limits = Limits {
 const BULK_RETRY: Duration = Duration::from_micros(100);
 
 impl ServeSlot {
-    /// The lengths of a slot's own call and reply buffers: the largest
-    /// messages, or with a bulk pool (`pooled`) what fits inline (a call
-    /// received inline, a reply sent inline); larger ones lease a pool
-    /// buffer for their exchange.
-    pub(super) fn message_sizes(c: &Config, pooled: bool) -> (u32, u32) {
+    /// The length of a slot's own message buffer (the call, then the
+    /// reply): the largest call or reply, or with a bulk pool (`pooled`)
+    /// what fits inline (a call received inline, a reply sent inline);
+    /// a larger message leases a pool buffer for its exchange.
+    pub(super) fn message_size(c: &Config, pooled: bool) -> u32 {
         if pooled {
-            (c.inline_recv_size, c.inline_send_size)
+            c.inline_recv_size.max(c.inline_send_size)
         } else {
-            (c.max_call_size, c.max_reply_size)
+            c.max_call_size.max(c.max_reply_size)
         }
     }
 
-    /// A free slot with its buffers added to `b`; `sizes` from
-    /// [`ServeSlot::message_sizes`].
-    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config, sizes: (u32, u32)) -> ServeSlot {
+    /// A free slot with its buffers added to `b`; `message_len` from
+    /// [`ServeSlot::message_size`].
+    pub(super) fn new(b: &mut BufferTableBuilder, c: &Config, message_len: u32) -> ServeSlot {
+        let message = b.add(BufClass::Message, message_len);
         ServeSlot {
             state: ServeState::Free,
             generation: 0,
             xid: 0,
             send_buf: b.add(BufClass::Send, c.inline_send_size),
-            call_buf: b.add(BufClass::Message, sizes.0),
-            reply_buf: b.add(BufClass::Message, sizes.1),
+            call_buf: message,
+            reply_buf: message,
             call_len: 0,
             // A slot's lists start small and grow (within `c.limits`) to
             // the largest call it has served, then keep that capacity: no
@@ -312,28 +319,21 @@ impl Connection {
     /// small for the call just received (`total` bytes reassembled) or
     /// for the largest reply its chunks can carry (RFC 8166 s3.4: inline,
     /// in the reply chunk, plus a DDP item in the first write chunk,
-    /// RFC 8267). Both or neither: false, leasing nothing, when the pool
-    /// cannot give them. True at once without a pool.
+    /// RFC 8267): one pool buffer holds both, as the slot's own buffer
+    /// does. False, leasing nothing, when the pool is empty. True at once
+    /// without a pool.
     fn lease_bulk_for(&mut self, idx: usize, total: u32) -> bool {
         if self.bufs.bulk_pool().is_none() {
             return true;
         }
-        let (call_buf, reply_buf) = (self.serves[idx].call_buf, self.serves[idx].reply_buf);
+        let message = self.serves[idx].call_buf;
         let chunks = &self.rx_hdr.chunks;
         let reply_room = u64::from(self.config.inline_send_size)
             .max(chunks.reply().map_or(0, |r| r.len_bytes()))
             + chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
         let reply_need = reply_room.min(u64::from(self.config.max_reply_size));
-        let call_big = total > self.bufs.buf_len(call_buf);
-        let reply_big = reply_need > u64::from(self.bufs.buf_len(reply_buf));
-        if call_big && !self.bufs.lease_bulk(call_buf) {
-            return false;
-        }
-        if reply_big && !self.bufs.lease_bulk(reply_buf) {
-            self.bufs.release_bulk(call_buf);
-            return false;
-        }
-        true
+        let need = u64::from(total).max(reply_need);
+        need <= u64::from(self.bufs.buf_len(message)) || self.bufs.lease_bulk(message)
     }
 
     /// Copies the inline parts of the call to their XDR positions in the
@@ -1004,9 +1004,8 @@ impl Connection {
     fn free_serve(&mut self, idx: usize) {
         let s = &mut self.serves[idx];
         // The exchange is over: no work request names its buffers.
-        let (call_buf, reply_buf) = (s.call_buf, s.reply_buf);
-        self.bufs.release_bulk(call_buf);
-        self.bufs.release_bulk(reply_buf);
+        let message = s.call_buf;
+        self.bufs.release_bulk(message);
         let s = &mut self.serves[idx];
         s.state = ServeState::Free;
         s.generation = s.generation.wrapping_add(1);

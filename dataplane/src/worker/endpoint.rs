@@ -339,7 +339,7 @@ impl<P: Provider> BulkBuffers<P> {
     ///
     /// # Errors
     /// [`EndpointError::Verbs`] for memory or registration;
-    /// [`EndpointError::Config`] for fewer than two buffers.
+    /// [`EndpointError::Config`] for no buffer at all.
     pub fn new(
         pd: &P::Pd,
         count: u32,

@@ -144,9 +144,10 @@ pub struct WorkerConfig {
     /// Buffers of each worker's bulk pool, per provider (docs/WORKER.md,
     /// "Bulk buffers"), each as large as the largest call or reply: the
     /// large messages of every connection the worker serves lease from
-    /// it. 0: no pool, every responder slot owns buffers of the largest
+    /// it. 0: no pool, every responder slot owns a buffer of the largest
     /// message (the address space of a connection is then about
-    /// `4 x credits x max message`). Otherwise at least 2.
+    /// `2 x credits x max message`). An exchange leases one buffer at
+    /// most (its call, then its reply, share it).
     pub bulk_buffers: u32,
 }
 

@@ -18,13 +18,12 @@ fn a_pooled_responder_owns_inline_buffers_only() {
     let c = cfg();
     let own = Connection::memory_len(&c).unwrap();
     let pooled = Connection::memory_len_pooled(&c).unwrap();
-    // 2 x credits responder slots, each without its two largest-message
-    // buffers (what the pool holds instead), now inline-size ones.
-    let saved = 2
-        * c.credits as usize
-        * ((c.max_call_size - c.inline_recv_size) as usize
-            + (c.max_reply_size - c.inline_send_size) as usize);
-    assert!(pooled.private + saved <= own.private + 64 * 4 * c.credits as usize);
+    // 2 x credits responder slots, each without its largest-message
+    // buffer (what the pool holds instead), now an inline-size one.
+    let largest = c.max_call_size.max(c.max_reply_size);
+    let inline = c.inline_recv_size.max(c.inline_send_size);
+    let saved = 2 * c.credits as usize * (largest - inline) as usize;
+    assert_eq!(pooled.private + saved, own.private);
     assert_eq!(
         pooled.peer, own.peer,
         "the peer-writable region is the same"
@@ -73,11 +72,10 @@ fn large_calls_and_replies_lease_pool_buffers_for_their_exchange_only() {
 
 #[test]
 fn a_call_that_finds_the_pool_empty_waits_and_is_served_once_another_connection_gives_back() {
-    // Two connections of one worker share a pool of two buffers. The
-    // first holds both (a long call with a reply chunk, still executing);
-    // the second's long call must wait, not fail, and is served after
-    // the first replies.
-    let pool = pool(2);
+    // Two connections of one worker share a pool of one buffer. The
+    // first holds it (a long call, still executing); the second's long
+    // call must wait, not fail, and is served after the first replies.
+    let pool = pool(1);
     let mut a = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     let mut b = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     let long = payload(60_000, 4);
@@ -89,7 +87,7 @@ fn a_call_that_finds_the_pool_empty_waits_and_is_served_once_another_connection_
             *keep.borrow_mut() = Some((call, xid));
         }
     });
-    assert_eq!(pool.available(), 0, "the executing call holds both buffers");
+    assert_eq!(pool.available(), 0, "the executing call holds the buffer");
 
     let hb = send(&mut b, 20, &long, false, expect(64 * KIB, None));
     let until = b.now.saturating_add(core::time::Duration::from_millis(5));
@@ -106,18 +104,18 @@ fn a_call_that_finds_the_pool_empty_waits_and_is_served_once_another_connection_
     reply_echo(a.conn(SERVER), now, call, xid, &echoed);
     a.drive();
     assert_eq!(returned_payload(&a, ha), long);
-    assert_eq!(pool.available(), 2);
+    assert_eq!(pool.available(), 1);
 
     b.drive();
     assert_eq!(returned_payload(&b, hb), long);
-    assert_eq!(pool.available(), 2);
+    assert_eq!(pool.available(), 1);
     close_and_check_leaks(&mut a);
     close_and_check_leaks(&mut b);
 }
 
 #[test]
 fn a_connection_closed_mid_exchange_gives_its_leases_back() {
-    let pool = pool(2);
+    let pool = pool(1);
     let mut p = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     let long = payload(60_000, 5);
     send(&mut p, 30, &long, false, expect(64 * KIB, None));
@@ -125,14 +123,14 @@ fn a_connection_closed_mid_exchange_gives_its_leases_back() {
     p.drive_with(&mut |_, _, _, _| {});
     assert_eq!(pool.available(), 0);
     close_and_check_leaks(&mut p);
-    assert_eq!(pool.available(), 2, "the close's flush returned them");
+    assert_eq!(pool.available(), 1, "the close's flush returned it");
     // And a dropped connection returns whatever it still held.
     let mut q = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     send(&mut q, 31, &long, false, expect(64 * KIB, None));
     q.drive_with(&mut |_, _, _, _| {});
     assert_eq!(pool.available(), 0);
     drop(q);
-    assert_eq!(pool.available(), 2);
+    assert_eq!(pool.available(), 1);
 }
 
 #[test]
