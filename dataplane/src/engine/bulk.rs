@@ -4,11 +4,12 @@
 //! Why: a responder slot must be able to hold the largest call and reply
 //! the configuration allows (a megabyte each by default), yet most calls
 //! and replies fit the inline size. Giving every slot of every connection
-//! its own megabyte buffers cost 2 x credits x 2 MiB of address space per
-//! connection (131 MiB at the defaults), most of it never touched. With a
-//! pool, a responder slot owns inline-size buffers only and leases a pool
-//! buffer for a call or reply that needs more, for that exchange, giving
-//! it back when the exchange's last completion arrives (SPDK's nvmf poll
+//! buffers of that size cost 2 MiB per slot and 2 x credits slots, 131 MiB
+//! of address space per connection at the defaults, almost none of it
+//! touched. With a pool, a responder slot owns an inline-size message
+//! buffer only and leases a pool buffer for a call or reply that needs
+//! more, for that exchange, giving it back when the exchange's last
+//! completion arrives (SPDK's nvmf poll
 //! group buffer cache, Linux svcrdma's page pool). The pool is bounded:
 //! a call that finds it empty waits, holding its receive, and is retried
 //! ([`super::Timer::BulkRetry`]); memory never grows past the pool.

@@ -370,7 +370,7 @@ impl Connection {
         // to each of our calls, and an RDMA_DONE for each reply we may
         // have exposed in a read chunk.
         let n_recv = c.credits + c.max_outstanding_calls + c.replies_exposed_at_most();
-        let n_serve = 2 * c.credits;
+        let n_serve = c.responder_slots();
         let serve_message = ServeSlot::message_size(c, pooled);
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)

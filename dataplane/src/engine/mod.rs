@@ -21,7 +21,7 @@
 //! buffers, per-slot Send buffers, per-slot message buffers and a few
 //! control buffers (RDMA_ERROR, RDMA_DONE). Request slots are preallocated
 //! too (requester slots: `max_outstanding_calls`; responder slots:
-//! `2 * credits`), as are the scratch transport headers and queues, so an
+//! [`Config::responder_slots`]), as are the scratch transport headers and queues, so an
 //! RPC in steady state allocates nothing. A buffer named in a posted work
 //! request is not reused before the completion for its [`WrId`] arrives.
 //! See `docs/ENGINE.md` for how the worker maps [`BufId`]s to registered
@@ -178,6 +178,17 @@ impl Config {
         } else {
             0
         }
+    }
+
+    /// Responder slots a connection keeps: the grant, room for replies
+    /// whose completions are still due while the peer already sent the
+    /// calls their credits allow (a quarter of the grant, at least 2),
+    /// and the replies that may be exposed waiting for RDMA_DONE. A call
+    /// within the grant that finds every slot busy waits for one
+    /// (parked), it is not refused; each slot costs a Send buffer and a
+    /// message buffer, so slots are memory on every idle connection.
+    pub fn responder_slots(&self) -> u32 {
+        self.credits + (self.credits / 4).max(2) + self.replies_exposed_at_most()
     }
 
     /// Takes the peer's inline sizes and its remote-invalidation flag from

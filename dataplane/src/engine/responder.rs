@@ -146,7 +146,7 @@ impl ServeSlot {
             // A slot's lists start small and grow (within `c.limits`) to
             // the largest call it has served, then keep that capacity: no
             // allocation in steady state, and an idle connection does not
-            // carry 2 x credits worst-case chunk lists (about 20 KiB each
+            // carry a worst-case chunk list per slot (about 20 KiB each
             // at the default limits; docs/ENGINE.md, "Memory").
             reads: Vec::with_capacity(SLOT_READS),
             reads_issued: 0,

@@ -1602,9 +1602,9 @@ fn engine_runs_over_caller_memory_and_refuses_too_little() {
         max_outstanding_calls: 4096,
         ..cfg()
     };
-    // About 160 TB: refused with an error value, not an abort.
+    // About 100 TiB: refused with an error value, not an abort.
     let huge_len = Connection::memory_len(&huge).unwrap();
-    assert!(huge_len.private + huge_len.peer > 1 << 47);
+    assert!(huge_len.private + huge_len.peer > 1 << 46);
     assert_eq!(Connection::new(huge).err(), Some(ConfigError::OutOfMemory));
 }
 

@@ -146,7 +146,7 @@ pub struct WorkerConfig {
     /// large messages of every connection the worker serves lease from
     /// it. 0: no pool, every responder slot owns a buffer of the largest
     /// message (the address space of a connection is then about
-    /// `2 x credits x max message`). An exchange leases one buffer at
+    /// `1.25 x credits x max message`). An exchange leases one buffer at
     /// most (its call, then its reply, share it).
     pub bulk_buffers: u32,
 }

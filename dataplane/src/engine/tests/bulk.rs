@@ -18,11 +18,11 @@ fn a_pooled_responder_owns_inline_buffers_only() {
     let c = cfg();
     let own = Connection::memory_len(&c).unwrap();
     let pooled = Connection::memory_len_pooled(&c).unwrap();
-    // 2 x credits responder slots, each without its largest-message
-    // buffer (what the pool holds instead), now an inline-size one.
+    // Every responder slot without its largest-message buffer (what the
+    // pool holds instead), now an inline-size one.
     let largest = c.max_call_size.max(c.max_reply_size);
     let inline = c.inline_recv_size.max(c.inline_send_size);
-    let saved = 2 * c.credits as usize * (largest - inline) as usize;
+    let saved = c.responder_slots() as usize * (largest - inline) as usize;
     assert_eq!(pooled.private + saved, own.private);
     assert_eq!(
         pooled.peer, own.peer,
