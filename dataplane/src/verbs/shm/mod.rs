@@ -716,9 +716,12 @@ impl Conn {
     }
 }
 
-/// Builds our outbox.
+/// Builds our outbox. Its pages are faulted in where they are first
+/// written or read, not at setup: the key table (16 KiB) stays untouched
+/// on a connection that never exposes memory (a server's), and an idle
+/// connection touches a page or two of its rings.
 fn new_outbox(layout: Layout) -> Result<Arena, VerbsError> {
-    let arena = Arena::with_backing(layout.bytes(), Backing::Small)?;
+    let arena = Arena::with_backing_lazy(layout.bytes(), Backing::Small)?;
     let arena = Arc::try_unwrap(arena).map_err(|_| VerbsError::Limit("outbox shared"))?;
     // SAFETY: fresh private arena of at least `layout.bytes()` bytes.
     let w =
