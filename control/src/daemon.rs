@@ -185,6 +185,21 @@ pub enum StartupError {
         /// What /proc/meminfo says.
         found: String,
     },
+    /// `memory.hugepages = "required"` and fewer are free than the bulk
+    /// pools take.
+    #[error(
+        "the workers' bulk pools need {needed} free 2 MiB hugepages ({pools}) but {free} are free; \
+         lower workers.bulk_buffers or transport.max_message, reserve more with \
+         `sysctl -w vm.nr_hugepages=N`, or set memory.hugepages = \"prefer\""
+    )]
+    BulkPoolHugepages {
+        /// Hugepages the pools take.
+        needed: u64,
+        /// What they are: workers x providers x buffers x size.
+        pools: String,
+        /// HugePages_Free.
+        free: u64,
+    },
     /// The metrics thread could not be spawned.
     #[error("cannot start the metrics thread: {0}")]
     Thread(std::io::Error),
@@ -212,6 +227,7 @@ impl Daemon {
     /// A [`StartupError`] for the first problem found.
     pub fn start(config: Config) -> Result<Daemon, StartupError> {
         check_hugepages(config.memory.hugepages)?;
+        check_bulk_hugepages(&config)?;
         for (index, l) in config.listeners.iter().enumerate() {
             check_listener(&l.url).map_err(|reason| StartupError::Listener {
                 url: l.url.clone(),
@@ -354,6 +370,50 @@ fn check_hugepages(policy: Hugepages) -> Result<(), StartupError> {
     let (free, total) = hugepages_free().unwrap_or((0, 0));
     if let Some(warning) = hugepage_verdict(policy, free, total)? {
         tracing::warn!("{warning}");
+    }
+    Ok(())
+}
+
+/// The 2 MiB hugepages the workers' bulk pools take, and how that adds
+/// up: one pool per worker and RDMA provider listened on, each of
+/// `workers.bulk_buffers` buffers of `transport.max_message` (rounded to
+/// 64 bytes), rounded up to whole hugepages.
+fn bulk_hugepages(config: &Config) -> (u64, String) {
+    let mut schemes: Vec<&str> = config
+        .listeners
+        .iter()
+        .filter(|l| !matches!(l.url, ProviderUrl::Tcp(_)))
+        .map(|l| l.url.scheme())
+        .collect();
+    schemes.sort_unstable();
+    schemes.dedup();
+    let workers = config.workers.cores.len() as u64;
+    let buffers = u64::from(config.workers.bulk_buffers);
+    let size = u64::from(config.transport.max_message.next_multiple_of(64));
+    let per_pool = (buffers * size).div_ceil(2 << 20);
+    let needed = workers * schemes.len() as u64 * per_pool;
+    let pools = format!(
+        "{workers} worker(s) x {} RDMA provider(s) x {buffers} buffers of {size} bytes",
+        schemes.len()
+    );
+    (needed, pools)
+}
+
+/// With `memory.hugepages = "required"`, the bulk pools must find their
+/// hugepages free (else the workers fail to start with a less precise
+/// error).
+fn check_bulk_hugepages(config: &Config) -> Result<(), StartupError> {
+    if config.memory.hugepages != Hugepages::Required {
+        return Ok(());
+    }
+    let (needed, pools) = bulk_hugepages(config);
+    let (free, _) = hugepages_free().unwrap_or((0, 0));
+    if needed > free {
+        return Err(StartupError::BulkPoolHugepages {
+            needed,
+            pools,
+            free,
+        });
     }
     Ok(())
 }
@@ -559,6 +619,12 @@ pub fn preflight(config: &Config) -> Vec<Problem> {
             out.push(Problem {
                 key: "memory.hugepages".to_owned(),
                 needle: Some("hugepages".to_owned()),
+                message: e.to_string(),
+            });
+        } else if let Err(e) = check_bulk_hugepages(config) {
+            out.push(Problem {
+                key: "workers.bulk_buffers".to_owned(),
+                needle: Some("bulk_buffers".to_owned()),
                 message: e.to_string(),
             });
         }

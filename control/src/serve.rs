@@ -58,6 +58,9 @@ pub enum ServeError {
     /// The worker pool could not start (core not in the mask, ...).
     #[error("cannot start the workers (workers.cores): {0}")]
     Workers(#[from] WorkerError),
+    /// A worker's bulk pool could not be set up.
+    #[error("{0} (workers.bulk_buffers x transport.max_message per worker and RDMA provider)")]
+    BulkPool(WorkerError),
     /// A listener could not be opened.
     #[error("cannot listen on {url} (listeners[{index}].url): {source}")]
     Listen {
@@ -344,6 +347,7 @@ fn attach<P: PoolProvider>(config: &Config, set: &mut WorkerSet) -> Result<(), S
     match set.attach::<P>(Arc::new(ctx)) {
         Ok(()) => Ok(()),
         Err(WorkerError::Verbs(e)) => Err(listen_error(e)),
+        Err(e @ WorkerError::BulkPool { .. }) => Err(ServeError::BulkPool(e)),
         Err(e) => Err(ServeError::Workers(e)),
     }
 }

@@ -363,5 +363,40 @@ fn check_config_finds_what_start_would_refuse_on_this_host() {
         err.contains(&format!("in use by process {}", std::process::id())),
         "{err}"
     );
+
+    // Hugepages required, and fewer free than the bulk pools take: one
+    // worker, one RDMA provider (two roce listeners share its pool; tcp
+    // has none), 4000 buffers of 1 MiB + 4 KiB: 2,008 pages.
+    let path = write_file(
+        &dir,
+        "bulk.toml",
+        "[workers]\ncores = [0]\nbulk_buffers = 4000\n\n\
+         [[listeners]]\nurl = \"roce://127.0.0.1:20049\"\n\n\
+         [[listeners]]\nurl = \"tcp://127.0.0.1:20050\"\n\n\
+         [[listeners]]\nurl = \"roce://127.0.0.2:20049\"\n\n\
+         [memory]\nhugepages = \"required\"\n",
+    );
+    let path = path.to_str().unwrap();
+    let free = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let (code, _, err) = run(&["--check-config", path]);
+    if free == 0 {
+        // Refused for the hugepages themselves first.
+        assert!(err.contains("memory.hugepages"), "{err}");
+    } else if free < 2008 {
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.starts_with(&format!("{path}:3: workers.bulk_buffers: "))
+                && err.contains("need 2008 free 2 MiB hugepages")
+                && err.contains(&format!("but {free} are free")),
+            "{err}"
+        );
+    } else {
+        assert!(!err.contains("bulk_buffers"), "{err}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

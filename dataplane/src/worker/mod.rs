@@ -474,6 +474,19 @@ pub enum WorkerError {
         /// The configured limit.
         limit: usize,
     },
+    /// A worker's bulk pool could not be allocated or registered
+    /// (`WorkerSet::attach`).
+    #[error("cannot set up worker {worker}'s {scheme} bulk pool of {bytes} bytes ({source}): lower WorkerConfig::bulk_buffers or the message sizes, or free memory")]
+    BulkPool {
+        /// The provider.
+        scheme: &'static str,
+        /// The worker.
+        worker: usize,
+        /// Bytes the pool needs.
+        bytes: usize,
+        /// The memory or registration error.
+        source: EndpointError,
+    },
     /// No context of this provider was attached to the worker set.
     #[error("no {scheme} provider attached to the workers")]
     NotAttached {

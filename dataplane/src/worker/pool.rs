@@ -341,10 +341,16 @@ impl WorkerSet {
             // Every posted work request naming a pool buffer holds a lease
             // (a reply's Writes and Send, a call's Reads): plenty per buffer.
             let leases = count.saturating_mul(64).min(1 << 20);
-            for _ in &self.workers {
-                bulk.push(Arc::new(BulkBuffers::new(
-                    &*pd, count, buf_len, e.backing, leases,
-                )?));
+            for worker in 0..self.workers.len() {
+                let pool = BulkBuffers::new(&*pd, count, buf_len, e.backing, leases).map_err(
+                    |source| WorkerError::BulkPool {
+                        scheme: P::SCHEME,
+                        worker,
+                        bytes: crate::engine::BulkPool::memory_len(count, buf_len),
+                        source,
+                    },
+                )?;
+                bulk.push(Arc::new(pool));
             }
         }
         *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs, bulk });
