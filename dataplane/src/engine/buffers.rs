@@ -264,6 +264,9 @@ pub struct BufferTable {
     keys: Option<KeyWindows>,
     /// The worker's pool large messages lease from, when given.
     bulk: Option<Arc<BulkPool>>,
+    /// Counted among the pool's waiters: a lease failed, and none has
+    /// succeeded since.
+    bulk_waiting: bool,
 }
 
 /// Bulk leases go back to the pool with the table. The owner drops a
@@ -274,6 +277,7 @@ impl Drop for BufferTable {
         for i in 0..self.descs.len() {
             self.release_bulk(BufId(i as u32));
         }
+        self.stop_waiting_for_bulk();
     }
 }
 
@@ -357,6 +361,7 @@ impl BufferTableBuilder {
             recv_reads: core::cell::Cell::new(0),
             keys: None,
             bulk: None,
+            bulk_waiting: false,
         }
     }
 }
@@ -542,9 +547,16 @@ impl BufferTable {
         }
         // Pool buffers are never exposed (module docs of `bulk`).
         debug_assert_eq!(d.access, Access::None, "leasing for an exposed buffer");
-        let Some(index) = pool.take() else {
+        let Some(index) = pool.take(self.bulk_waiting) else {
+            if !self.bulk_waiting {
+                pool.add_waiter();
+                self.bulk_waiting = true;
+            }
             return false;
         };
+        if std::mem::take(&mut self.bulk_waiting) {
+            pool.remove_waiter();
+        }
         d.lease = Some(index);
         d.start = pool.offset(index);
         d.len = pool.buf_len();
@@ -560,6 +572,14 @@ impl BufferTable {
         if let (Some(index), Some(pool)) = (d.lease.take(), self.bulk.as_ref()) {
             (d.start, d.len) = d.own;
             pool.give_back(index);
+        }
+    }
+
+    /// Stops counting among the bulk pool's waiters (the connection
+    /// closed: its waiting calls are gone).
+    pub(crate) fn stop_waiting_for_bulk(&mut self) {
+        if let (true, Some(pool)) = (std::mem::take(&mut self.bulk_waiting), self.bulk.as_ref()) {
+            pool.remove_waiter();
         }
     }
 

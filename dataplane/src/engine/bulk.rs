@@ -32,7 +32,7 @@
 //! across the control ring, hence `Sync`): uncontended, one atomic
 //! exchange each way. Leasing allocates nothing.
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::heap::HeapPeerMemory;
@@ -63,8 +63,12 @@ pub struct BulkPool {
     count: u32,
     /// Indices not leased, the most recently returned last.
     free: Mutex<Vec<u32>>,
-    /// Leases refused because the pool was empty.
+    /// Leases refused because the pool was empty (or its last buffers
+    /// were kept for waiting connections).
     empty: AtomicU64,
+    /// Connections with a call waiting for a buffer: that many free
+    /// buffers are kept for them (`take`).
+    waiters: AtomicU32,
 }
 
 impl core::fmt::Debug for BulkPool {
@@ -101,6 +105,7 @@ impl BulkPool {
             count,
             free,
             empty: AtomicU64::new(0),
+            waiters: AtomicU32::new(0),
         })
     }
 
@@ -150,13 +155,39 @@ impl BulkPool {
         self.empty.load(Ordering::Relaxed)
     }
 
-    /// Leases a buffer: its index.
-    pub(super) fn take(&self) -> Option<u32> {
-        let got = self.free_list().pop();
+    /// Leases a buffer: its index. For a connection not `waiting`, only
+    /// while more buffers are free than connections wait: a call that
+    /// waited is served before calls that arrived after it, rather than
+    /// losing every freed buffer to the next new call until its retry.
+    pub(super) fn take(&self, waiting: bool) -> Option<u32> {
+        let mut free = self.free_list();
+        let kept = if waiting {
+            0
+        } else {
+            self.waiters.load(Ordering::Relaxed) as usize
+        };
+        let got = if free.len() > kept { free.pop() } else { None };
         if got.is_none() {
             self.empty.fetch_add(1, Ordering::Relaxed);
         }
         got
+    }
+
+    /// A connection starts waiting for a buffer.
+    pub(super) fn add_waiter(&self) {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection stops waiting (it got a buffer, closed or dropped).
+    pub(super) fn remove_waiter(&self) {
+        let _ = self
+            .waiters
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| w.checked_sub(1));
+    }
+
+    /// Connections waiting for a buffer now.
+    pub fn waiters(&self) -> u32 {
+        self.waiters.load(Ordering::Relaxed)
     }
 
     /// Returns buffer `index`.
@@ -197,8 +228,8 @@ mod tests {
         let pool = BulkPool::on_heap(3, 1000).unwrap();
         assert_eq!(pool.buf_len(), 1024);
         assert_eq!((pool.count(), pool.available()), (3, 3));
-        let mut got: Vec<u32> = (0..3).map_while(|_| pool.take()).collect();
-        assert_eq!(pool.take(), None, "a fourth lease from three buffers");
+        let mut got: Vec<u32> = (0..3).map_while(|_| pool.take(false)).collect();
+        assert_eq!(pool.take(false), None, "a fourth lease from three buffers");
         got.sort_unstable();
         assert_eq!(got, [0, 1, 2]);
         assert_eq!(pool.offset(2), 2048);
@@ -213,17 +244,36 @@ mod tests {
     fn the_buffer_given_back_last_is_leased_next() {
         // Cache-warm reuse: one exchange at a time keeps using one buffer.
         let pool = BulkPool::on_heap(4, 1024).unwrap();
-        let first = pool.take().unwrap();
+        let first = pool.take(false).unwrap();
         pool.give_back(first);
         for _ in 0..10 {
-            let again = pool.take().unwrap();
+            let again = pool.take(false).unwrap();
             assert_eq!(again, first);
             pool.give_back(again);
         }
-        let (a, b) = (pool.take().unwrap(), pool.take().unwrap());
+        let (a, b) = (pool.take(false).unwrap(), pool.take(false).unwrap());
         pool.give_back(a);
-        assert_eq!(pool.take(), Some(a));
+        assert_eq!(pool.take(false), Some(a));
         pool.give_back(b);
+    }
+
+    #[test]
+    fn free_buffers_are_kept_for_waiting_connections() {
+        let pool = BulkPool::on_heap(2, 1024).unwrap();
+        pool.add_waiter();
+        let a = pool.take(false).unwrap();
+        assert_eq!(
+            pool.take(false),
+            None,
+            "the last one is kept for the waiter"
+        );
+        let b = pool.take(true).unwrap();
+        pool.remove_waiter();
+        pool.give_back(a);
+        pool.give_back(b);
+        assert_eq!(pool.waiters(), 0);
+        pool.remove_waiter();
+        assert_eq!(pool.waiters(), 0, "never below zero");
     }
 
     #[test]

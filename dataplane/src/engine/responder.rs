@@ -1020,6 +1020,7 @@ impl Connection {
         self.read_fifo.clear();
         // Parked receives are simply not reposted: the queue pair is gone.
         self.parked.clear();
+        self.bufs.stop_waiting_for_bulk();
         self.active_calls = 0;
         self.dones_pending = 0;
         for idx in 0..self.serves.len() {

@@ -129,6 +129,15 @@ fn a_connection_closed_mid_exchange_gives_its_leases_back() {
     send(&mut q, 31, &long, false, expect(64 * KIB, None));
     q.drive_with(&mut |_, _, _, _| {});
     assert_eq!(pool.available(), 0);
+    // A connection waiting for the buffer stops counting as a waiter
+    // when it closes.
+    let mut r = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    send(&mut r, 32, &long, false, expect(64 * KIB, None));
+    let until = r.now.saturating_add(core::time::Duration::from_millis(1));
+    r.drive_until(until);
+    assert_eq!(pool.waiters(), 1);
+    close_and_check_leaks(&mut r);
+    assert_eq!(pool.waiters(), 0);
     drop(q);
     assert_eq!(pool.available(), 1);
 }
@@ -182,4 +191,56 @@ fn a_pure_server_has_no_requester_slots_and_still_serves() {
     );
     assert_eq!(refused.err(), Some(SendCallError::NoSlot));
     close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn a_freed_buffer_is_kept_for_a_waiting_connection_not_taken_by_a_new_call() {
+    // A holds the only buffer and B waits for it. When A gives it back, a
+    // call that arrives on C in the meantime must not take it: it waits
+    // too, and B, which waited first, is served.
+    let pool = pool(1);
+    let mut a = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let mut b = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let mut c = Pair::with_server_pool(cfg(), cfg(), pool.clone());
+    let long = payload(60_000, 7);
+    let ha = send(&mut a, 1, &long, false, expect(64 * KIB, None));
+    let held: Rc<RefCell<Option<(IncomingCall, u32)>>> = Rc::new(RefCell::new(None));
+    let keep = held.clone();
+    a.drive_with(&mut |side, _, _, ev| {
+        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+            *keep.borrow_mut() = Some((call, xid));
+        }
+    });
+    let hb = send(&mut b, 2, &long, false, expect(64 * KIB, None));
+    let until = b.now.saturating_add(core::time::Duration::from_millis(1));
+    b.drive_until(until);
+    assert_eq!(pool.waiters(), 1, "B waits");
+
+    let (call, xid) = held.borrow_mut().take().expect("call arrived");
+    let now = a.now;
+    let echoed = echo_payload(a.conn(SERVER).call_message(call).expect("call")).unwrap();
+    reply_echo(a.conn(SERVER), now, call, xid, &echoed);
+    a.drive();
+    assert_eq!(returned_payload(&a, ha), long);
+    assert_eq!(pool.available(), 1, "A gave it back");
+
+    // C's call arrives before B's next retry (100 µs): it must not win.
+    let hc = send(&mut c, 3, &long, false, expect(64 * KIB, None));
+    let until = c.now.saturating_add(core::time::Duration::from_micros(50));
+    c.drive_until(until);
+    assert!(
+        c.peers[SERVER].conn.stats().bulk_pool_empty >= 1,
+        "C waited"
+    );
+    assert_eq!(pool.available(), 1, "the buffer was kept for B");
+    assert_eq!(pool.waiters(), 2);
+
+    b.drive();
+    assert_eq!(returned_payload(&b, hb), long);
+    c.drive();
+    assert_eq!(returned_payload(&c, hc), long);
+    assert_eq!((pool.available(), pool.waiters()), (1, 0));
+    for p in [&mut a, &mut b, &mut c] {
+        close_and_check_leaks(p);
+    }
 }
