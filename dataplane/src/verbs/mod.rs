@@ -704,16 +704,6 @@ pub(crate) fn check_queue_depths(
     }
 }
 
-/// Entries a software provider's queue (posted sends and receives, their
-/// completions) holds before it grows, up to the depth the consumer asked
-/// for: a work request with its scatter/gather leases is a few hundred
-/// bytes, and an idle connection should not carry a full queue of them
-/// (a 256-deep send queue is about 56 KiB). A queue grows once, to the
-/// deepest it has been, and keeps that capacity.
-pub(crate) fn soft_queue_start(depth: u32) -> usize {
-    depth.min(16) as usize
-}
-
 /// A verbs provider: the family of types one implementation supplies.
 pub trait Provider: Sized + 'static {
     /// An opened device.

@@ -313,8 +313,8 @@ impl RcQp {
             dreq_due: false,
             awaiting_rtu: false,
             faults: Faults::default(),
-            sq: VecDeque::with_capacity(soft_queue_start(caps.max_send_wr)),
-            send_done: VecDeque::with_capacity(soft_queue_start(caps.max_send_wr)),
+            sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            send_done: VecDeque::with_capacity(caps.max_send_wr as usize),
             // Set by `bind` from the peer's announcement.
             next_psn: Psn::default(),
             sent_end: Psn::default(),
@@ -325,8 +325,8 @@ impl RcQp {
             timer: None,
             rnr_until: None,
             reread_at: None,
-            rq: VecDeque::with_capacity(soft_queue_start(caps.max_recv_wr)),
-            recv_done: VecDeque::with_capacity(soft_queue_start(caps.max_recv_wr)),
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
             // What we announce in our REQ or REP: the peer sends from it.
             epsn: initial_psn,
             msn: 0,
