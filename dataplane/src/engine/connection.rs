@@ -455,14 +455,19 @@ impl Connection {
         // Per call slot: its Send, and with key windows up to three binds
         // and three invalidations; per responder slot: its Reads, Writes
         // and Send; per reply exposed in a read chunk, a bind and an
-        // invalidation.
-        // Room for the initial receives and a few exchanges' requests.
-        // The worst case (per call slot its Send and up to three binds
-        // and three invalidations; per responder slot its Reads, Writes
-        // and Send; ...) is hundreds of entries at 48 bytes, on every
-        // idle connection: the queue grows to it once, under the load
-        // that needs it, and keeps that capacity.
-        let mut tx = VecDeque::with_capacity(recvs.len() + err_bufs.len() + 64);
+        // invalidation. Sized for the worst case, not grown: how full the
+        // queue gets depends on timing (how many completions one poll
+        // returns), so growing it on demand would allocate on the data
+        // path at a moment no warm-up can fix. An idle connection only
+        // touches the entries it uses.
+        let mut tx = VecDeque::with_capacity(
+            recvs.len()
+                + err_bufs.len()
+                + calls.len() * 7
+                + serves.len() * 4
+                + 2 * c.replies_exposed_at_most() as usize
+                + 64,
+        );
         let mut conn_recvs = recvs;
         for (i, r) in conn_recvs.iter_mut().enumerate() {
             r.posted = true;

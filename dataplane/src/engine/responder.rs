@@ -315,13 +315,13 @@ impl Connection {
         Some(total as u32)
     }
 
-    /// Leases bulk pool buffers for free slot `idx` where its own are too
-    /// small for the call just received (`total` bytes reassembled) or
-    /// for the largest reply its chunks can carry (RFC 8166 s3.4: inline,
-    /// in the reply chunk, plus a DDP item in the first write chunk,
-    /// RFC 8267): one pool buffer holds both, as the slot's own buffer
-    /// does. False, leasing nothing, when the pool is empty. True at once
-    /// without a pool.
+    /// Leases a bulk pool buffer for free slot `idx` when its own message
+    /// buffer is too small for the call just received (`total` bytes
+    /// reassembled) or for the largest reply its chunks can carry
+    /// (RFC 8166 s3.4: inline, in the reply chunk, plus a DDP item in the
+    /// first write chunk, RFC 8267): one pool buffer holds both, as the
+    /// slot's own buffer does. False, leasing nothing, when the pool has
+    /// none for this connection. True at once without a pool.
     fn lease_bulk_for(&mut self, idx: usize, total: u32) -> bool {
         if self.bufs.bulk_pool().is_none() {
             return true;
@@ -1002,9 +1002,8 @@ impl Connection {
     }
 
     fn free_serve(&mut self, idx: usize) {
-        let s = &mut self.serves[idx];
         // The exchange is over: no work request names its buffers.
-        let message = s.call_buf;
+        let message = self.serves[idx].call_buf;
         self.bufs.release_bulk(message);
         let s = &mut self.serves[idx];
         s.state = ServeState::Free;

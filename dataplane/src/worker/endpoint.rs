@@ -198,7 +198,7 @@ impl Default for EndpointConfig {
         EndpointConfig {
             engine: engine::Config::default(),
             max_send_wr: 256,
-            backlog: 64,
+            backlog: 512,
             connect_timeout: Duration::from_secs(10),
             backing: Backing::Auto,
             expose_memory: true,
