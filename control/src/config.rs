@@ -712,7 +712,7 @@ impl Config {
             0,
             65536,
         )?;
-        let pool = u64::from(w.bulk_buffers) * u64::from(t.max_message.next_multiple_of(64));
+        let pool = dataplane::engine::BulkPool::memory_len(w.bulk_buffers, t.max_message) as u64;
         if pool > u64::from(u32::MAX) {
             return Err(sem(
                 &bulk,

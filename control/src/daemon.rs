@@ -388,9 +388,10 @@ fn bulk_hugepages(config: &Config) -> (u64, String) {
     schemes.sort_unstable();
     schemes.dedup();
     let workers = config.workers.cores.len() as u64;
-    let buffers = u64::from(config.workers.bulk_buffers);
-    let size = u64::from(config.transport.max_message.next_multiple_of(64));
-    let per_pool = (buffers * size).div_ceil(2 << 20);
+    let buffers = config.workers.bulk_buffers;
+    let size = config.transport.max_message.next_multiple_of(64);
+    let pool = dataplane::engine::BulkPool::memory_len(buffers, config.transport.max_message);
+    let per_pool = (pool as u64).div_ceil(2 << 20);
     let needed = workers * schemes.len() as u64 * per_pool;
     let pools = format!(
         "{workers} worker(s) x {} RDMA provider(s) x {buffers} buffers of {size} bytes",

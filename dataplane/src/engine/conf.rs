@@ -151,10 +151,10 @@ impl Connection {
         hl: usize,
         first: bool,
     ) -> bool {
-        let (xid, call_buf, call_len, reply_buf) = self.responder_slot_buffers(idx);
+        let (xid, message, call_len) = self.responder_slot_message(idx);
         let args = self
             .bufs
-            .bytes(call_buf)
+            .bytes(message)
             .get(hl..call_len as usize)
             .unwrap_or(&[]);
         let (status, result) = match (version, procedure) {
@@ -207,7 +207,8 @@ impl Connection {
                 ConfResult::None,
             ),
         };
-        let mut e = Encoder::new(self.bufs.bytes_mut(reply_buf));
+        // The arguments were parsed above: the reply may overwrite them.
+        let mut e = Encoder::new(self.bufs.bytes_mut(message));
         let encoded = ReplyHeader::accepted(xid, OpaqueAuth::None, status)
             .emit(&mut e)
             .and_then(|()| match &result {

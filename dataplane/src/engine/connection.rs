@@ -306,7 +306,7 @@ impl Connection {
         memory: Option<(Box<dyn SlabMemory>, Box<dyn PeerMemory>)>,
         pool: Arc<BulkPool>,
     ) -> Result<Connection, ConfigError> {
-        if config.replies_exposed_at_most() > 0 {
+        if !config.may_lease_bulk() {
             return Err(ConfigError::BulkPoolWithExposedReplies);
         }
         if pool.buf_len() < config.max_call_size.max(config.max_reply_size) {
@@ -438,7 +438,7 @@ impl Connection {
         let n_serve = serves.len() as u32;
         let n_recv = recvs.len();
         let n_calls = calls.len();
-        let bufs = match memory {
+        let mut bufs = match memory {
             None => b.build().ok_or(ConfigError::OutOfMemory)?,
             Some((private, peer))
                 if private.bytes().len() >= b.total().private && peer.len() >= b.total().peer =>
@@ -447,7 +447,6 @@ impl Connection {
             }
             Some(_) => return Err(ConfigError::MemoryTooSmall { needed: b.total() }),
         };
-        let mut bufs = bufs;
         if let Some(pool) = bulk {
             bufs.set_bulk_pool(pool);
         }

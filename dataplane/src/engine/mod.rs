@@ -180,6 +180,14 @@ impl Config {
         }
     }
 
+    /// Whether a connection with this configuration may lease from a bulk
+    /// pool: only if it never exposes its replies (responder-provided
+    /// read chunks), since pool buffers are never exposed
+    /// (`engine::bulk`).
+    pub fn may_lease_bulk(&self) -> bool {
+        self.replies_exposed_at_most() == 0
+    }
+
     /// Responder slots a connection keeps: the grant, room for replies
     /// whose completions are still due while the peer already sent the
     /// calls their credits allow (a quarter of the grant, at least 2),

@@ -70,15 +70,13 @@ pub(super) struct ServeSlot {
     pub(super) generation: u32,
     xid: u32,
     send_buf: BufId,
-    /// The reassembled call.
-    call_buf: BufId,
-    /// The reply: inline part first, then the DDP item (Writes' source).
-    /// The same buffer as `call_buf`: the reply is placed only once the
-    /// call is no longer read (`send_reply` ends `Executing`, after which
-    /// `call_message` is `None`; the engine's own CONF_RDMA answer parses
-    /// its arguments before it encodes), so one buffer serves both and a
+    /// The reassembled call, then the reply (inline part first, then the
+    /// DDP item: the Writes' source). One buffer serves both: the reply
+    /// is placed only once the call is no longer read (`send_reply` ends
+    /// `Executing`, after which `call_message` is `None`; the engine's
+    /// own CONF_RDMA answer parses its arguments before it encodes), so a
     /// slot needs the larger of the two sizes, not their sum.
-    reply_buf: BufId,
+    message: BufId,
     call_len: u32,
     /// Capacity `limits.max_read_segments`, reserved at construction.
     reads: Vec<PendingRead>,
@@ -140,8 +138,7 @@ impl ServeSlot {
             generation: 0,
             xid: 0,
             send_buf: b.add(BufClass::Send, c.inline_send_size),
-            call_buf: message,
-            reply_buf: message,
+            message,
             call_len: 0,
             // A slot's lists start small and grow (within `c.limits`) to
             // the largest call it has served, then keep that capacity: no
@@ -326,7 +323,7 @@ impl Connection {
         if self.bufs.bulk_pool().is_none() {
             return true;
         }
-        let message = self.serves[idx].call_buf;
+        let message = self.serves[idx].message;
         let chunks = &self.rx_hdr.chunks;
         let reply_room = u64::from(self.config.inline_send_size)
             .max(chunks.reply().map_or(0, |r| r.len_bytes()))
@@ -355,7 +352,7 @@ impl Connection {
         if let Some(r) = self.rx_hdr.chunks.reply() {
             s.peer_chunks.set_reply(r.segments);
         }
-        let call_buf = s.call_buf;
+        let call_buf = s.message;
         let mut src = hlen as u64; // next inline byte in the receive buffer
         let mut dst = 0u64; // position in the reassembled XDR stream
         for chunk in self.rx_hdr.chunks.read_chunks() {
@@ -436,7 +433,7 @@ impl Connection {
                     index: idx,
                     generation: s.generation,
                 };
-                Some((r, s.call_buf, id, s.reads_issued == s.reads.len()))
+                Some((r, s.message, id, s.reads_issued == s.reads.len()))
             }
             ReadOwner::Call(idx) => self.next_reply_read(idx),
         }
@@ -474,7 +471,7 @@ impl Connection {
         let s = &self.serves[idx];
         let msg = self
             .bufs
-            .bytes(s.call_buf)
+            .bytes(s.message)
             .get(..s.call_len as usize)
             .unwrap_or(&[]);
         if peek_direction(msg) == Some(MessageType::Reply) {
@@ -494,7 +491,7 @@ impl Connection {
         let s = &self.serves[idx];
         let msg = self
             .bufs
-            .bytes(s.call_buf)
+            .bytes(s.message)
             .get(..s.call_len as usize)
             .unwrap_or(&[]);
         let parsed = match CallHeader::parse(msg) {
@@ -540,7 +537,7 @@ impl Connection {
             chunks.write_chunk_count(),
             chunks.write_chunks().next().map_or(0, |c| c.len_bytes()),
         );
-        let (xid, call_buf, call_len, credits) = (s.xid, s.call_buf, s.call_len, s.hdr_credits);
+        let (xid, call_buf, call_len, credits) = (s.xid, s.message, s.call_len, s.hdr_credits);
         let rkey = super::inval::single_handle(s.reads.iter().map(|r| r.seg.handle));
         if !s.maybe_reply {
             self.active_calls = self.active_calls.saturating_sub(1);
@@ -563,10 +560,12 @@ impl Connection {
         self.free_serve(idx);
     }
 
-    /// (xid, call buffer, call length, reply buffer) of responder slot `idx`.
-    pub(super) fn responder_slot_buffers(&self, idx: usize) -> (u32, BufId, u32, BufId) {
+    /// (xid, message buffer, call length) of responder slot `idx`: the
+    /// call is at the start of the buffer, and the reply goes there once
+    /// the call has been read.
+    pub(super) fn responder_slot_message(&self, idx: usize) -> (u32, BufId, u32) {
         let s = &self.serves[idx];
-        (s.xid, s.call_buf, s.call_len, s.reply_buf)
+        (s.xid, s.message, s.call_len)
     }
 
     /// Sends the reply the engine itself encoded at the start of slot
@@ -585,7 +584,7 @@ impl Connection {
     /// reply).
     pub fn call_message(&self, call: IncomingCall) -> Option<&[u8]> {
         let s = self.executing(call)?;
-        self.bufs.bytes(s.call_buf).get(..s.call_len as usize)
+        self.bufs.bytes(s.message).get(..s.call_len as usize)
     }
 
     fn executing(&self, call: IncomingCall) -> Option<&ServeSlot> {
@@ -624,7 +623,7 @@ impl Connection {
         if peek_xid(msg) != Some(s.xid) || peek_direction(msg) != Some(MessageType::Reply) {
             return Err(ReplyError::NotTheReply);
         }
-        if msg.len() > self.bufs.buf_len(s.reply_buf) as usize {
+        if msg.len() > self.bufs.buf_len(s.message) as usize {
             return Err(ReplyError::TooLarge);
         }
         if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
@@ -634,7 +633,7 @@ impl Connection {
         let plan = self.plan_reply(idx, msg.len(), reply.ddp)?;
         let (ddp, inline_len) = (plan.ddp, plan.inline_len);
         let elided = msg.len() - inline_len;
-        let reply_buf = self.serves[idx].reply_buf;
+        let reply_buf = self.serves[idx].message;
         // Place the reply: inline part (message without the DDP data and
         // its padding) at 0, the DDP data right after it.
         let out = self.bufs.bytes_mut(reply_buf);
@@ -675,7 +674,7 @@ impl Connection {
             use_read_chunk,
         } = plan;
         let s = &self.serves[idx];
-        let (reply_buf, send_buf, generation) = (s.reply_buf, s.send_buf, s.generation);
+        let (reply_buf, send_buf, generation) = (s.message, s.send_buf, s.generation);
         // Expose a reply read chunk first: with key windows its key is
         // taken here, and its bind queued ahead of the Send.
         if use_read_chunk && !self.expose(reply_buf, Access::RemoteRead, 0, inline_len as u32) {
@@ -968,7 +967,7 @@ impl Connection {
     fn withdraw_exposed_reply(&mut self, i: usize) {
         let s = &mut self.serves[i];
         s.done_pending = false;
-        let buf = s.reply_buf;
+        let buf = s.message;
         self.dones_pending = self.dones_pending.saturating_sub(1);
         self.unexpose(buf);
         self.settle_serve(i);
@@ -1003,7 +1002,7 @@ impl Connection {
 
     fn free_serve(&mut self, idx: usize) {
         // The exchange is over: no work request names its buffers.
-        let message = self.serves[idx].call_buf;
+        let message = self.serves[idx].message;
         self.bufs.release_bulk(message);
         let s = &mut self.serves[idx];
         s.state = ServeState::Free;
@@ -1026,7 +1025,7 @@ impl Connection {
             let s = &mut self.serves[idx];
             if s.done_pending {
                 s.done_pending = false;
-                let buf = s.reply_buf;
+                let buf = s.message;
                 self.unexpose(buf);
             }
             let s = &mut self.serves[idx];

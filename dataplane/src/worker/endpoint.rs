@@ -371,11 +371,6 @@ impl<P: Provider> BulkBuffers<P> {
     pub fn is_idle(&self) -> bool {
         self.pool.available() == self.pool.count() && self.region.leases_idle()
     }
-
-    /// Whether the pool's pages are 2 MiB hugepages.
-    pub fn is_hugepage_backed(&self) -> bool {
-        self.region.arena.is_hugepage_backed()
-    }
 }
 
 /// A bulk pool's arena as the engine sees it: a pointer and a length.
@@ -505,7 +500,7 @@ impl<P: Provider> PreparedEndpoint<P> {
         shared: Option<Arc<P::Cq>>,
         bulk: Option<&BulkBuffers<P>>,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
-        let bulk = bulk.filter(|_| config.engine.replies_exposed_at_most() == 0);
+        let bulk = bulk.filter(|_| config.engine.may_lease_bulk());
         let len = match bulk {
             Some(_) => Connection::memory_len_pooled(&config.engine)?,
             None => Connection::memory_len(&config.engine)?,

@@ -13,6 +13,35 @@ fn pool(count: u32) -> Arc<BulkPool> {
     Arc::new(BulkPool::on_heap(count, cfg().max_call_size).expect("pool"))
 }
 
+/// Drives `p` with a server that keeps the first call it gets and does
+/// not answer it (its exchange, and any pool buffer, stay held): the
+/// call and its XID.
+fn hold_first_call(p: &mut Pair) -> (IncomingCall, u32) {
+    let mut held = None;
+    p.drive_with(&mut |side, _, _, ev| {
+        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+            held.get_or_insert((call, xid));
+        }
+    });
+    held.expect("call arrived")
+}
+
+/// Answers a call [`hold_first_call`] kept with its echo, and drives `p`
+/// until the exchange is over.
+fn answer_held_call(p: &mut Pair, (call, xid): (IncomingCall, u32)) {
+    let now = p.now;
+    let echoed = echo_payload(p.conn(SERVER).call_message(call).expect("call")).unwrap();
+    reply_echo(p.conn(SERVER), now, call, xid, &echoed);
+    p.drive();
+}
+
+/// Drives `p` (echo server) for `d` of virtual time, not until it
+/// settles: a call waiting for the pool retries for as long as it waits.
+fn drive_for(p: &mut Pair, d: core::time::Duration) {
+    let until = p.now.saturating_add(d);
+    p.drive_until(until);
+}
+
 #[test]
 fn a_pooled_responder_owns_inline_buffers_only() {
     let c = cfg();
@@ -55,16 +84,17 @@ fn large_calls_and_replies_lease_pool_buffers_for_their_exchange_only() {
     let mut held = leased.borrow().clone();
     held.sort_unstable();
     // An inline call without chunks needs nothing; a call offering a
-    // write chunk leases a reply buffer (its DDP item is placed there);
-    // a long call leases its call buffer and, with a reply chunk, a reply
-    // buffer. Cumulative counts: calls are served one after another.
+    // write chunk leases a buffer (its DDP item is placed there); a long
+    // call leases one for the call, which then holds its reply too. The
+    // counts include exchanges still finishing when the next call
+    // arrived: the long call finds the DDP call's buffer still leased.
     assert_eq!(held.len(), 3);
     assert_eq!(held[0], (1, 0), "inline call, inline reply: no lease");
+    assert!(held[1].1 >= 1, "write chunk offered: a buffer {held:?}");
     assert!(
-        held[1].1 >= 1,
-        "write chunk offered: a reply buffer {held:?}"
+        held[2].1 >= 2,
+        "long call: its buffer and the one still finishing {held:?}"
     );
-    assert!(held[2].1 >= 2, "long call with reply chunk: two {held:?}");
     assert_eq!(p.peers[SERVER].conn.stats().bulk_pool_empty, 0);
     assert_eq!(pool.available(), 4, "every lease back after its exchange");
     close_and_check_leaks(&mut p);
@@ -80,29 +110,18 @@ fn a_call_that_finds_the_pool_empty_waits_and_is_served_once_another_connection_
     let mut b = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     let long = payload(60_000, 4);
     let ha = send(&mut a, 10, &long, false, expect(64 * KIB, None));
-    let held: Rc<RefCell<Option<(IncomingCall, u32)>>> = Rc::new(RefCell::new(None));
-    let keep = held.clone();
-    a.drive_with(&mut |side, _, _, ev| {
-        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
-            *keep.borrow_mut() = Some((call, xid));
-        }
-    });
+    let held = hold_first_call(&mut a);
     assert_eq!(pool.available(), 0, "the executing call holds the buffer");
 
     let hb = send(&mut b, 20, &long, false, expect(64 * KIB, None));
-    let until = b.now.saturating_add(core::time::Duration::from_millis(5));
-    b.drive_until(until);
+    drive_for(&mut b, core::time::Duration::from_millis(5));
     let waits = b.peers[SERVER].conn.stats().bulk_pool_empty;
     assert!(waits >= 2, "tried again while the pool was empty: {waits}");
     assert!(reply_of(&b, hb).is_none(), "no reply without a buffer");
     assert!(failures(&b).is_empty(), "waiting is not failing");
 
     // The first connection answers; its exchange ends and gives back.
-    let (call, xid) = held.borrow_mut().take().expect("call arrived");
-    let now = a.now;
-    let echoed = echo_payload(a.conn(SERVER).call_message(call).expect("call")).unwrap();
-    reply_echo(a.conn(SERVER), now, call, xid, &echoed);
-    a.drive();
+    answer_held_call(&mut a, held);
     assert_eq!(returned_payload(&a, ha), long);
     assert_eq!(pool.available(), 1);
 
@@ -133,8 +152,7 @@ fn a_connection_closed_mid_exchange_gives_its_leases_back() {
     // when it closes.
     let mut r = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     send(&mut r, 32, &long, false, expect(64 * KIB, None));
-    let until = r.now.saturating_add(core::time::Duration::from_millis(1));
-    r.drive_until(until);
+    drive_for(&mut r, core::time::Duration::from_millis(1));
     assert_eq!(pool.waiters(), 1);
     close_and_check_leaks(&mut r);
     assert_eq!(pool.waiters(), 0);
@@ -204,30 +222,18 @@ fn a_freed_buffer_is_kept_for_a_waiting_connection_not_taken_by_a_new_call() {
     let mut c = Pair::with_server_pool(cfg(), cfg(), pool.clone());
     let long = payload(60_000, 7);
     let ha = send(&mut a, 1, &long, false, expect(64 * KIB, None));
-    let held: Rc<RefCell<Option<(IncomingCall, u32)>>> = Rc::new(RefCell::new(None));
-    let keep = held.clone();
-    a.drive_with(&mut |side, _, _, ev| {
-        if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
-            *keep.borrow_mut() = Some((call, xid));
-        }
-    });
+    let held = hold_first_call(&mut a);
     let hb = send(&mut b, 2, &long, false, expect(64 * KIB, None));
-    let until = b.now.saturating_add(core::time::Duration::from_millis(1));
-    b.drive_until(until);
+    drive_for(&mut b, core::time::Duration::from_millis(1));
     assert_eq!(pool.waiters(), 1, "B waits");
 
-    let (call, xid) = held.borrow_mut().take().expect("call arrived");
-    let now = a.now;
-    let echoed = echo_payload(a.conn(SERVER).call_message(call).expect("call")).unwrap();
-    reply_echo(a.conn(SERVER), now, call, xid, &echoed);
-    a.drive();
+    answer_held_call(&mut a, held);
     assert_eq!(returned_payload(&a, ha), long);
     assert_eq!(pool.available(), 1, "A gave it back");
 
     // C's call arrives before B's next retry (100 µs): it must not win.
     let hc = send(&mut c, 3, &long, false, expect(64 * KIB, None));
-    let until = c.now.saturating_add(core::time::Duration::from_micros(50));
-    c.drive_until(until);
+    drive_for(&mut c, core::time::Duration::from_micros(50));
     assert!(
         c.peers[SERVER].conn.stats().bulk_pool_empty >= 1,
         "C waited"
