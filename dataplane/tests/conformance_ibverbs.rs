@@ -60,6 +60,14 @@ fn child_peer() {
 
 provider_suite!(Ibverbs, have_device);
 
+/// Two queue pairs on one shared receive queue (see the scenario).
+#[test]
+fn shared_receive_queue() {
+    if have_device() {
+        conformance::srq::two_connections_share_one_queue::<Ibverbs>();
+    }
+}
+
 /// How long the whole suite may take in the guest before it counts as
 /// hung (it takes a few minutes under TCG; see docs/TESTING.md).
 const GUEST_RUN_DEADLINE: Duration = Duration::from_secs(900);

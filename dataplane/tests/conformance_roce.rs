@@ -17,3 +17,9 @@ fn child_peer() {
 }
 
 provider_suite!(Roce);
+
+/// Two queue pairs on one shared receive queue (see the scenario).
+#[test]
+fn shared_receive_queue() {
+    conformance::srq::two_connections_share_one_queue::<Roce>();
+}

@@ -14,3 +14,9 @@ fn child_peer() {
 }
 
 provider_suite!(Shm);
+
+/// Two queue pairs on one shared receive queue (see the scenario).
+#[test]
+fn shared_receive_queue() {
+    conformance::srq::two_connections_share_one_queue::<Shm>();
+}

@@ -722,6 +722,8 @@ pub trait Provider: Sized + 'static {
     type Listener: Listener<Self>;
     /// A connection request waiting for accept/reject.
     type Incoming: Incoming<Self>;
+    /// A shared receive queue.
+    type Srq: SharedReceiveQueue<Self>;
 
     /// URL scheme this provider serves (`"shm"`, ...).
     const SCHEME: &'static str;
@@ -782,6 +784,59 @@ pub trait ProtectionDomain<P: Provider>: Send + Sync {
         recv_cq: &P::Cq,
         caps: QpCaps,
     ) -> Result<P::PreparedQp, VerbsError>;
+    /// Creates a shared receive queue: receives posted to it serve every
+    /// queue pair created on it ([`ProtectionDomain::create_qp_on_srq`]),
+    /// as `ibv_create_srq`.
+    ///
+    /// # Errors
+    /// [`VerbsError::Limit`] for unsupported sizes.
+    fn create_srq(&self, caps: SrqCaps) -> Result<P::Srq, VerbsError>;
+    /// Creates an RC queue pair whose receives come from `srq` (its own
+    /// receive queue is unused: [`QueuePair::post_recv`] is refused).
+    /// `caps.max_recv_wr` is the provider's per-connection staging depth
+    /// where it has one (see [`SrqCaps`]), and is otherwise ignored.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::create_qp`].
+    fn create_qp_on_srq(
+        &self,
+        send_cq: &P::Cq,
+        recv_cq: &P::Cq,
+        srq: &P::Srq,
+        caps: QpCaps,
+    ) -> Result<P::PreparedQp, VerbsError>;
+}
+
+/// Shared-receive-queue sizing.
+#[derive(Debug, Clone, Copy)]
+pub struct SrqCaps {
+    /// Receives the queue holds at once.
+    pub max_wr: u32,
+    /// The largest message a queue pair on it receives. A provider whose
+    /// peers write into receive buffers directly (`shm`) cannot let every
+    /// peer of the queue reach every buffer; it stages each connection's
+    /// messages in `QpCaps::max_recv_wr` slots of this size that only that
+    /// peer can write, and copies each into a shared receive when it is
+    /// polled.
+    pub max_message: u32,
+}
+
+/// A shared receive queue (as `ibv_srq`): one pool of posted receives
+/// for many queue pairs. A message takes the oldest posted receive, and
+/// its completion goes to the receive CQ of the queue pair it arrived on,
+/// with that queue pair's number. When the queue is empty, a sender sees
+/// receiver-not-ready, as with an empty receive queue. A queue pair's
+/// error or destruction flushes nothing from it: its receives stay posted
+/// for the other queue pairs.
+pub trait SharedReceiveQueue<P: Provider>: Send + Sync {
+    /// Posts one receive.
+    ///
+    /// # Errors
+    /// The work request is handed back if the queue is full or it is
+    /// malformed (an SGE outside its registration or without local write).
+    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>>;
+    /// Receives posted and not yet consumed.
+    fn posted(&self) -> usize;
 }
 
 /// A registered memory region. Deregistered on drop.

@@ -12,6 +12,8 @@
 //! and checks that every slab is back to its configured total.
 #![allow(dead_code)]
 
+pub mod srq;
+
 /// Instantiates the whole suite for one provider: `provider_suite!(Shm)`,
 /// or with a guard run before each case (`provider_suite!(Ibverbs,
 /// have_device)`: the case runs only when it returns true). Each case runs

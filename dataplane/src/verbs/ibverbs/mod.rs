@@ -37,7 +37,8 @@ use crate::verbs::lock;
 use crate::verbs::{
     bind_ok, Access, Completion, CompletionQueue, Context, Incoming, Listener, MemoryRegion,
     PostError, PostFailed, PreparedQp, ProtectionDomain, Provider, QpCaps, QpState, QueuePair,
-    RecvWr, RemoteKey, SendOp, SendWr, SgeList, VerbsError, WcOpcode, WcStatus, Window, MAX_SGE,
+    RecvWr, RemoteKey, SendOp, SendWr, SgeList, SharedReceiveQueue, SrqCaps, VerbsError, WcOpcode,
+    WcStatus, Window, MAX_SGE,
 };
 
 /// Send-queue slots beyond the user's depth: one window bind, one drain
@@ -55,6 +56,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 const CM_CHECK_EVERY: u32 = 32;
 /// Hardware `wr_id` bit marking a receive.
 const RECV_BIT: u64 = 1 << 62;
+/// Hardware `wr_id` bits marking a shared receive (the rest is its slot).
+const SRQ_BIT: u64 = 1 << 61;
 const SEQ_MASK: u64 = (1 << 62) - 1;
 
 /// Checks whether an `ibverbs://` address can be served here: the URL
@@ -82,6 +85,7 @@ impl Provider for Ibverbs {
     type Qp = IbvQp;
     type Listener = IbvListener;
     type Incoming = IbvIncoming;
+    type Srq = IbvSrq;
 
     const SCHEME: &'static str = SCHEME;
 
@@ -375,6 +379,62 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
         recv_cq: &IbvCq,
         caps: QpCaps,
     ) -> Result<IbvPreparedQp, VerbsError> {
+        self.new_qp(send_cq, recv_cq, None, caps)
+    }
+
+    fn create_srq(&self, caps: SrqCaps) -> Result<IbvSrq, VerbsError> {
+        let dev = &self.inner.dev;
+        if caps.max_wr == 0 || caps.max_wr > dev.max_qp_wr {
+            return Err(VerbsError::Limit(
+                "shared receive queue depth must be 1..=max_qp_wr",
+            ));
+        }
+        // SAFETY: all-zero is a valid ibv_srq_init_attr.
+        let mut init: ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        init.attr.max_wr = caps.max_wr;
+        init.attr.max_sge = MAX_SGE as u32;
+        // SAFETY: valid PD; `init` is read and updated with what the
+        // device granted.
+        let srq = unsafe { ibv_create_srq(self.inner.pd, &mut init) };
+        if srq.is_null() {
+            return Err(os_error("ibv_create_srq"));
+        }
+        Ok(IbvSrq {
+            inner: Arc::new(SrqInner {
+                srq,
+                slots: Mutex::new(SrqSlots {
+                    wrs: (0..caps.max_wr).map(|_| None).collect(),
+                    free: (0..caps.max_wr).rev().collect(),
+                }),
+                pd: Arc::clone(&self.inner),
+            }),
+        })
+    }
+
+    fn create_qp_on_srq(
+        &self,
+        send_cq: &IbvCq,
+        recv_cq: &IbvCq,
+        srq: &IbvSrq,
+        caps: QpCaps,
+    ) -> Result<IbvPreparedQp, VerbsError> {
+        if !Arc::ptr_eq(&srq.inner.pd, &self.inner) {
+            return Err(VerbsError::InvalidRegistration(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        self.new_qp(send_cq, recv_cq, Some(&srq.inner), caps)
+    }
+}
+
+impl IbvPd {
+    fn new_qp(
+        &self,
+        send_cq: &IbvCq,
+        recv_cq: &IbvCq,
+        srq: Option<&Arc<SrqInner>>,
+        caps: QpCaps,
+    ) -> Result<IbvPreparedQp, VerbsError> {
         let dev = &self.inner.dev;
         if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
             return Err(VerbsError::Limit("queue depths must be at least 1"));
@@ -390,7 +450,7 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.inner.hw.cq,
             recv_cq: recv_cq.inner.hw.cq,
-            srq: std::ptr::null_mut(),
+            srq: srq.map_or(std::ptr::null_mut(), |s| s.srq),
             cap: ibv_qp_cap {
                 max_send_wr: sq_cap,
                 max_recv_wr: rq_cap,
@@ -427,6 +487,7 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
             cm: Mutex::new(None),
             caps,
             pd: Arc::clone(&self.inner),
+            srq: srq.cloned(),
             _send_cq: Arc::clone(&send_cq.inner.hw),
             _recv_cq: Arc::clone(&recv_cq.inner.hw),
         });
@@ -798,6 +859,8 @@ struct QpShared {
     cm: Mutex<Option<CmConn>>,
     caps: QpCaps,
     pd: Arc<PdInner>,
+    /// The shared receive queue its receives come from.
+    srq: Option<Arc<SrqInner>>,
     _send_cq: Arc<CqHw>,
     _recv_cq: Arc<CqHw>,
 }
@@ -902,6 +965,10 @@ impl QpShared {
         }
         if wc.wr_id & RECV_BIT != 0 {
             self.complete_recv(wc, status)
+        } else if wc.wr_id & SRQ_BIT != 0 {
+            let srq = self.srq.as_ref()?;
+            let (wr_id, sgl) = srq.take(wc.wr_id & !SRQ_BIT)?;
+            Some(self.recv_completion(wc, status, wr_id, sgl))
         } else {
             self.complete_send(wc, status)
         }
@@ -986,13 +1053,24 @@ impl QpShared {
         rq.tail = seq + 1;
         let s = rq.slot(seq);
         let marker = std::mem::take(&mut s.marker);
-        let mut sgl = std::mem::take(&mut s.sgl);
+        let sgl = std::mem::take(&mut s.sgl);
         let wr_id = s.wr_id;
         if marker {
             rq.drained = true;
             return None;
         }
         drop(rq);
+        Some(self.recv_completion(wc, status, wr_id, sgl))
+    }
+
+    /// The completion of receive `wr_id` (its buffers `sgl`).
+    fn recv_completion(
+        &self,
+        wc: &ibv_wc,
+        status: WcStatus,
+        wr_id: WrId,
+        mut sgl: SgeList,
+    ) -> Completion {
         let mut c = Completion {
             wr_id,
             status,
@@ -1023,7 +1101,7 @@ impl QpShared {
             scatter_lengths(&mut sgl, 0);
         }
         c.sgl = sgl;
-        Some(c)
+        c
     }
 
     /// Allocates a type 2 window for `expose` or, `user`, for the
@@ -1153,6 +1231,96 @@ impl QpShared {
         s.marker = false;
         rq.head += 1;
         Ok(())
+    }
+}
+
+/// A shared receive queue (`ibv_srq`). Its receives complete on the
+/// receive CQ of whichever queue pair took them, in any order across
+/// queue pairs, so each is found again by its slot, not by a sequence.
+#[derive(Debug)]
+pub struct IbvSrq {
+    inner: Arc<SrqInner>,
+}
+
+#[derive(Debug)]
+struct SrqInner {
+    srq: *mut ibv_srq,
+    slots: Mutex<SrqSlots>,
+    pd: Arc<PdInner>,
+}
+
+/// The posted receives' buffers by slot, and the free slots.
+#[derive(Debug)]
+struct SrqSlots {
+    wrs: Box<[Option<(WrId, SgeList)>]>,
+    free: Vec<u32>,
+}
+
+// SAFETY: the SRQ pointer is used for posting (serialised by the slots
+// mutex) and destroy (once, in drop); all bookkeeping is behind the mutex.
+unsafe impl Send for SrqInner {}
+// SAFETY: see `Send`.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // Last reference: every queue pair on it is destroyed (each holds
+        // an Arc), so the device no longer writes its buffers, which go
+        // back to their slabs as the slots drop. Before the PD (we hold
+        // its Arc).
+        // SAFETY: valid SRQ, destroyed once.
+        unsafe {
+            ibv_destroy_srq(self.srq);
+        }
+    }
+}
+
+impl SrqInner {
+    /// The receive in `slot`, which just completed.
+    fn take(&self, slot: u64) -> Option<(WrId, SgeList)> {
+        let mut st = lock(&self.slots);
+        let i = u32::try_from(slot).ok()?;
+        let wr = st.wrs.get_mut(i as usize)?.take()?;
+        st.free.push(i);
+        Some(wr)
+    }
+}
+
+impl SharedReceiveQueue<Ibverbs> for IbvSrq {
+    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        if let Err(error) = check_recv(&wr) {
+            return Err(PostFailed { error, wr });
+        }
+        let mut st = lock(&self.inner.slots);
+        let Some(slot) = st.free.pop() else {
+            return Err(PostFailed {
+                error: PostError::QueueFull,
+                wr,
+            });
+        };
+        let mut sges = NO_SGES;
+        let mut hw = zeroed_recv_wr();
+        fill_recv_wr(&wr, SRQ_BIT | u64::from(slot), &mut sges, &mut hw);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid SRQ; `hw` points at `sges`, both live for the call;
+        // the buffers stay owned by the slot until the completion.
+        let rc = unsafe { ibv_post_srq_recv(self.inner.srq, &mut hw, &mut bad) };
+        if rc != 0 {
+            st.free.push(slot);
+            let error = if rc == libc::ENOMEM {
+                PostError::QueueFull
+            } else {
+                PostError::Invalid
+            };
+            return Err(PostFailed { error, wr });
+        }
+        st.wrs[slot as usize] = Some((wr.wr_id, wr.sgl));
+        Ok(())
+    }
+
+    fn posted(&self) -> usize {
+        let st = lock(&self.inner.slots);
+        st.wrs.len() - st.free.len()
     }
 }
 

@@ -16,10 +16,11 @@ use super::qp::RocePreparedQp;
 use super::random::random_u32;
 use super::rc::{RcQp, Timers};
 use super::ready::ReadyList;
+use super::srq::{RoceSrq, SrqShared};
 use super::Roce;
 use crate::mem::Arena;
 use crate::verbs::{
-    check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, VerbsError,
+    check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, SrqCaps, VerbsError,
 };
 use crate::wire::roce::Psn;
 
@@ -96,6 +97,42 @@ impl ProtectionDomain<Roce> for RocePd {
         access: Access,
     ) -> Result<RoceMr, VerbsError> {
         self.inner.mrs.register(arena, offset, len, access)
+    }
+
+    fn create_srq(&self, caps: SrqCaps) -> Result<RoceSrq, VerbsError> {
+        if !(1..=16384).contains(&caps.max_wr) {
+            return Err(VerbsError::Limit(
+                "shared receive queue depth must be 1..=16384",
+            ));
+        }
+        Ok(RoceSrq {
+            inner: Arc::new(SrqShared::new(self.inner.clone(), caps)),
+        })
+    }
+
+    fn create_qp_on_srq(
+        &self,
+        send_cq: &RoceCq,
+        recv_cq: &RoceCq,
+        srq: &RoceSrq,
+        caps: QpCaps,
+    ) -> Result<RocePreparedQp, VerbsError> {
+        if !Arc::ptr_eq(&srq.inner.pd, &self.inner) {
+            return Err(VerbsError::InvalidRegistration(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        // The queue pair holds at most the receive of the message in
+        // progress; its completions wait for the poll beside it.
+        let caps = QpCaps {
+            max_recv_wr: caps.max_recv_wr.clamp(1, 16384),
+            ..caps
+        };
+        let mut pqp = self.create_qp(send_cq, recv_cq, caps)?;
+        if let Some(qp) = pqp.qp.as_mut() {
+            qp.srq = Some(srq.inner.clone());
+        }
+        Ok(pqp)
     }
 
     fn create_qp(

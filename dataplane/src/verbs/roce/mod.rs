@@ -43,6 +43,7 @@ pub use self::io::FaultPolicy;
 pub use self::listener::{RoceIncoming, RoceListener};
 pub use self::pd::{RoceMr, RocePd};
 pub use self::qp::{RocePreparedQp, RoceQp};
+pub use self::srq::RoceSrq;
 use super::{Provider, VerbsError};
 
 mod cm;
@@ -57,6 +58,7 @@ mod qp;
 mod random;
 mod rc;
 mod ready;
+mod srq;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +75,7 @@ impl Provider for Roce {
     type Qp = RoceQp;
     type Listener = RoceListener;
     type Incoming = RoceIncoming;
+    type Srq = RoceSrq;
     const SCHEME: &'static str = "roce";
     const WINDOWS_ALWAYS: bool = true;
 

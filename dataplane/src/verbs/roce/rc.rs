@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::io::{Faults, Tx};
 use super::pd::PdInner;
 use super::ready::{Announce, Ready};
+use super::srq::SrqShared;
 use crate::mem::Arena;
 use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
 use crate::verbs::*;
@@ -169,7 +170,11 @@ pub(super) struct RcQp {
     /// A read re-request already issued for this PSN (one per gap).
     reread_at: Option<Psn>,
     // responder
+    /// Our receives; on a shared receive queue, at most the one taken for
+    /// the message in progress.
     rq: VecDeque<RecvWr>,
+    /// The shared receive queue this queue pair takes its receives from.
+    pub srq: Option<Arc<SrqShared>>,
     pub recv_done: VecDeque<Completion>,
     epsn: Psn,
     msn: u32,
@@ -326,6 +331,7 @@ impl RcQp {
             rnr_until: None,
             reread_at: None,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            srq: None,
             recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
             // What we announce in our REQ or REP: the peer sends from it.
             epsn: initial_psn,
@@ -433,6 +439,17 @@ impl RcQp {
         });
     }
 
+    /// Whether a receive is there for a message that starts now: our own
+    /// oldest, or one taken from the shared receive queue.
+    fn recv_ready(&mut self) -> bool {
+        if self.rq.is_empty() {
+            if let Some(wr) = self.srq.as_ref().and_then(|s| s.take()) {
+                self.rq.push_back(wr);
+            }
+        }
+        !self.rq.is_empty()
+    }
+
     fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus) {
         self.push_recv_done(Completion {
             wr_id: wr.wr_id,
@@ -465,7 +482,11 @@ impl RcQp {
             self.complete_send(e.wr, WcStatus::WrFlushErr, 0);
         }
         while let Some(wr) = self.rq.pop_front() {
-            self.flush_recv(wr, WcStatus::WrFlushErr);
+            match &self.srq {
+                // A shared receive is not this queue pair's to flush.
+                Some(srq) => srq.give_back(wr),
+                None => self.flush_recv(wr, WcStatus::WrFlushErr),
+            }
         }
         self.read_jobs.clear();
         self.read_res.clear();
@@ -550,6 +571,13 @@ impl RcQp {
     }
 
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        if self.srq.is_some() {
+            // Its receives come from the shared receive queue.
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
         if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize
             || !wr.sgl.iter().all(Sge::in_bounds)
         {
@@ -1215,7 +1243,7 @@ impl RcQp {
                     _ => return self.responder_error(tx, peer, NakCode::InvalidRequest),
                 }
                 if starts {
-                    if self.rq.is_empty() {
+                    if !self.recv_ready() {
                         // Receiver not ready (IBTA 9.7.5.2.8).
                         let code = rnr_code(self.caps.rnr_timer);
                         self.send_ack(tx, peer, Syndrome::RnrNak { timer: code }, psn);
@@ -1280,7 +1308,7 @@ impl RcQp {
                     _ if !starts && matches!(self.cur, Cur::Write { .. }) => {}
                     _ => return self.responder_error(tx, peer, NakCode::InvalidRequest),
                 }
-                if ends && p.immdt.is_some() && self.rq.is_empty() {
+                if ends && p.immdt.is_some() && !self.recv_ready() {
                     let code = rnr_code(self.caps.rnr_timer);
                     self.send_ack(tx, peer, Syndrome::RnrNak { timer: code }, psn);
                     return;

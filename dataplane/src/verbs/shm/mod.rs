@@ -73,6 +73,7 @@ impl Provider for Shm {
     type Qp = ShmQp;
     type Listener = ShmListener;
     type Incoming = ShmIncoming;
+    type Srq = ShmSrq;
     const SCHEME: &'static str = "shm";
     const WINDOWS_ALWAYS: bool = true;
 
@@ -288,6 +289,56 @@ impl ProtectionDomain<Shm> for ShmPd {
         recv_cq: &ShmCq,
         caps: QpCaps,
     ) -> Result<ShmPreparedQp, VerbsError> {
+        self.new_qp(send_cq, recv_cq, caps, None)
+    }
+
+    fn create_srq(&self, caps: SrqCaps) -> Result<ShmSrq, VerbsError> {
+        if !(1..=MAX_RING).contains(&caps.max_wr) || caps.max_message == 0 {
+            return Err(VerbsError::Limit(
+                "shared receive queue depth must be 1..=65536, messages at least 1 byte",
+            ));
+        }
+        Ok(ShmSrq {
+            inner: Arc::new(SrqInner {
+                pd: self.inner.clone(),
+                caps,
+                wrs: Mutex::new(VecDeque::with_capacity(caps.max_wr as usize)),
+            }),
+        })
+    }
+
+    fn create_qp_on_srq(
+        &self,
+        send_cq: &ShmCq,
+        recv_cq: &ShmCq,
+        srq: &ShmSrq,
+        caps: QpCaps,
+    ) -> Result<ShmPreparedQp, VerbsError> {
+        if !Arc::ptr_eq(&srq.inner.pd, &self.inner) {
+            return Err(VerbsError::InvalidRegistration(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        let slots = caps.max_recv_wr.clamp(1, MAX_RING);
+        let size = srq.inner.caps.max_message;
+        let arena = Arena::with_backing_lazy(slots as usize * size as usize, Backing::Small)?;
+        let slab = crate::mem::Slab::new(arena, 0, size, slots, 0, crate::mem::WrKind::Recv)?;
+        let staging = Staging {
+            srq: srq.inner.clone(),
+            slab,
+        };
+        self.new_qp(send_cq, recv_cq, caps, Some(staging))
+    }
+}
+
+impl ShmPd {
+    fn new_qp(
+        &self,
+        send_cq: &ShmCq,
+        recv_cq: &ShmCq,
+        caps: QpCaps,
+        staging: Option<Staging>,
+    ) -> Result<ShmPreparedQp, VerbsError> {
         check_queue_depths(&caps, MAX_RING, "queue depth must be 1..=65536")?;
         let layout = Layout::new(caps.max_send_wr, caps.max_recv_wr);
         let qpn = self.inner.ctx.next_qpn.fetch_add(1, Ordering::Relaxed);
@@ -310,8 +361,21 @@ impl ProtectionDomain<Shm> for ShmPd {
                 conn: None,
                 rnr_since: None,
                 polls: 0,
+                staging: None,
             }),
         });
+        if let Some(st) = staging {
+            // Every staging slot is a receive of this connection's own,
+            // published to the peer at connect like a pre-posted one.
+            let mut inner = lock(&shared.inner);
+            while let Some(buf) = st.slab.alloc() {
+                inner.rq.push_back(RecvWr {
+                    wr_id: buf.wr_id(),
+                    sgl: SgeList::one(Sge::whole(buf)),
+                });
+            }
+            inner.staging = Some(st);
+        }
         send_cq.inner.bind(&shared);
         if recv_cq.inner.id != send_cq.inner.id {
             recv_cq.inner.bind(&shared);
@@ -780,6 +844,65 @@ struct QpInner {
     conn: Option<Conn>,
     rnr_since: Option<Instant>,
     polls: u32,
+    /// On a shared receive queue: `rq` holds this connection's staging
+    /// slots instead of the application's receives.
+    staging: Option<Staging>,
+}
+
+/// A shared receive queue's state.
+#[derive(Debug)]
+struct SrqInner {
+    pd: Arc<PdInner>,
+    caps: SrqCaps,
+    /// Posted receives, oldest first.
+    wrs: Mutex<VecDeque<RecvWr>>,
+}
+
+/// A shared receive queue. A peer writes a Send into one of its
+/// connection's staging slots (memory shared with that peer alone); the
+/// queue pair's progress copies it into the oldest posted shared receive
+/// and republishes the slot. No peer ever maps a shared receive, so one
+/// connection cannot touch another's messages, and an idle connection
+/// holds only its few staging slots.
+#[derive(Debug)]
+pub struct ShmSrq {
+    inner: Arc<SrqInner>,
+}
+
+impl SharedReceiveQueue<Shm> for ShmSrq {
+    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        let s = &self.inner;
+        if !wr
+            .sgl
+            .iter()
+            .all(|sge| s.pd.check_local(sge, Access::LOCAL_WRITE))
+        {
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
+        let mut wrs = lock(&s.wrs);
+        if wrs.len() >= s.caps.max_wr as usize {
+            return Err(PostFailed {
+                error: PostError::QueueFull,
+                wr,
+            });
+        }
+        wrs.push_back(wr);
+        Ok(())
+    }
+
+    fn posted(&self) -> usize {
+        lock(&self.inner.wrs).len()
+    }
+}
+
+/// A queue pair's side of a shared receive queue: its staging slots.
+#[derive(Debug)]
+struct Staging {
+    srq: Arc<SrqInner>,
+    slab: crate::mem::Slab,
 }
 
 /// Outcome of trying the head of the send queue.
@@ -844,6 +967,11 @@ impl QpInner {
         }
         while let Some(wr) = self.sq.pop_front() {
             self.complete_send(wr, WcStatus::WrFlushErr, 0, qpn);
+        }
+        if self.staging.is_some() {
+            // Staging slots are the provider's, not the application's:
+            // nothing to complete. The shared queue's receives stay posted.
+            self.rq.clear();
         }
         while let Some(wr) = self.rq.pop_front() {
             self.flush_recv(wr, WcStatus::WrFlushErr, qpn);
@@ -912,6 +1040,29 @@ fn as_src(r: &[(*mut u8, usize)]) -> [(*const u8, usize); MAX_SGE] {
         *o = (i.0 as *const u8, i.1);
     }
     out
+}
+
+/// Returns a shared receive taken for a message that turned out invalid
+/// to the front of its queue.
+fn give_back(staging: &Option<Staging>, wr: Option<RecvWr>) {
+    if let (Some(st), Some(wr)) = (staging, wr) {
+        lock(&st.srq.wrs).push_front(wr);
+    }
+}
+
+/// Completes shared receive `wr` with a local length error: the peer
+/// claimed more bytes than its staging slot holds.
+fn complete_len_err(done: &mut VecDeque<Completion>, mut wr: RecvWr, qpn: u32) {
+    done.push_back(Completion {
+        wr_id: wr.wr_id,
+        status: WcStatus::LocLenErr,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+        imm: None,
+        invalidated_rkey: None,
+        qp_num: qpn,
+        sgl: std::mem::take(&mut wr.sgl),
+    });
 }
 
 /// Sets each buffer's length to what `placed` bytes fill, in order.
@@ -1117,18 +1268,61 @@ impl QpInner {
                     w[base + 2].load(Ordering::Relaxed),
                 )
             };
-            conn.peer_desc_tail = tail + 1;
-            conn.my_words()[W_PEER_DESC_TAIL].store(tail + 1, Ordering::Release);
             let kind = w0 & 0xffff_ffff;
             let byte_len = (w0 >> 32) as u32;
             let imm = w1 as u32;
-            if seq != conn.rq_front_seq {
-                return Err(E);
+            // On a shared receive queue a message stays in its staging slot
+            // (and the descriptor unconsumed) until a shared receive is
+            // posted; once every slot is full, the peer's next Send waits
+            // as for receiver-not-ready.
+            let mut shared = None;
+            if let Some(st) = &self.staging {
+                match lock(&st.srq.wrs).pop_front() {
+                    Some(w) => shared = Some(w),
+                    None if matches!(kind, D_SEND | D_SEND_IMM | D_SEND_INV | D_WRITE_IMM) => {
+                        return Ok(())
+                    }
+                    None => {}
+                }
             }
-            let Some(mut wr) = self.rq.pop_front() else {
+            conn.peer_desc_tail = tail + 1;
+            conn.my_words()[W_PEER_DESC_TAIL].store(tail + 1, Ordering::Release);
+            let slot = if seq == conn.rq_front_seq {
+                self.rq.pop_front()
+            } else {
+                None
+            };
+            let Some(mut wr) = slot else {
+                give_back(&self.staging, shared);
                 return Err(E);
             };
             conn.rq_front_seq += 1;
+            if let Some(target) = shared {
+                // `wr` is the staging slot the peer wrote; copy what it
+                // says it wrote into the shared receive, then offer the
+                // slot to the peer again.
+                let staged = std::mem::replace(&mut wr, target);
+                let in_slot = byte_len as u64 <= staged.sgl.total_len();
+                if matches!(kind, D_SEND | D_SEND_IMM | D_SEND_INV)
+                    && in_slot
+                    && byte_len as u64 <= wr.sgl.total_len()
+                {
+                    let (src, sn) = local_ranges(&staged.sgl);
+                    let (dst, dn) = local_ranges(&wr.sgl);
+                    let src = [(src[0].0 as *const u8, byte_len as usize)];
+                    // SAFETY: the slot's range is inside its live staging
+                    // arena (`in_slot`, one SGE); the shared receive's
+                    // SGEs were checked against their registration when
+                    // posted, and it is ours until it completes.
+                    unsafe { copy_sg(&src[..sn.min(1)], &dst[..dn]) };
+                }
+                if !in_slot || conn.publish_recv(&staged).is_err() {
+                    self.rq.push_back(staged);
+                    complete_len_err(&mut self.recv_done, wr, qpn);
+                    return Err(E);
+                }
+                self.rq.push_back(staged);
+            }
             let mut c = Completion {
                 wr_id: wr.wr_id,
                 status: WcStatus::Success,
@@ -1237,6 +1431,13 @@ impl QpInner {
     }
 
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        if self.staging.is_some() {
+            // Its receives come from the shared receive queue.
+            return Err(PostFailed {
+                error: PostError::Invalid,
+                wr,
+            });
+        }
         if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize {
             return Err(PostFailed {
                 error: PostError::QueueFull,
