@@ -89,6 +89,10 @@ pub struct Workers {
     /// RDMA provider: large calls and replies of every connection lease
     /// them one exchange at a time. 0: no pool.
     pub bulk_buffers: u32,
+    /// Receives of the inline receive size in each worker's shared receive
+    /// queue, per RDMA provider: every connection of the worker receives
+    /// from it. 0: every connection posts its own.
+    pub shared_receives: u32,
 }
 
 impl Default for Workers {
@@ -99,6 +103,7 @@ impl Default for Workers {
             park_max_us: 1000,
             max_connections: 1024,
             bulk_buffers: 64,
+            shared_receives: 256,
         }
     }
 }
@@ -711,6 +716,13 @@ impl Config {
             w.bulk_buffers.into(),
             0,
             65536,
+        )?;
+        range(
+            &[Key("workers"), Key("shared_receives")],
+            "workers.shared_receives",
+            w.shared_receives.into(),
+            0,
+            16384,
         )?;
         let pool = dataplane::engine::BulkPool::memory_len(w.bulk_buffers, t.max_message) as u64;
         if pool > u64::from(u32::MAX) {

@@ -179,6 +179,7 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
         },
         max_connections: c.workers.max_connections as usize,
         bulk_buffers: c.workers.bulk_buffers,
+        shared_receives: c.workers.shared_receives,
         ..WorkerConfig::default()
     }
 }

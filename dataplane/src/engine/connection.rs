@@ -15,6 +15,7 @@ use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
 use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
 use super::{CloseReason, Config, ConfigError, Event, Extensions, PeerLimits};
+use crate::mem::Buf;
 use crate::wire::rpc::{peek_direction, MessageType};
 use crate::wire::rpcrdma::{
     Decoded, ErrorBody, HeaderView, Limits, MessageBody, TransportHeader, RPCRDMA_VERSION,
@@ -120,6 +121,25 @@ pub struct Resources {
     pub key_ops_in_flight: u32,
     /// Bulk pool buffers leased (`engine::bulk`).
     pub bulk_leased: u32,
+    /// Shared receives lent to the connection and not yet given back.
+    pub shared_recvs_held: u32,
+}
+
+/// A call kept for a free responder slot (or a bulk buffer), with its
+/// receive: one of the connection's own (by index), or a shared one.
+#[derive(Debug)]
+pub(super) enum Parked {
+    Own { index: u32, len: u32 },
+    Shared { buf: Buf, len: u32 },
+}
+
+/// Where a received message is.
+#[derive(Clone, Copy)]
+enum Received<'a> {
+    /// In one of the connection's own receive buffers.
+    Own(BufId),
+    /// In a shared receive lent by the connection's owner.
+    Shared(&'a Buf),
 }
 
 impl Resources {
@@ -222,7 +242,9 @@ pub struct Connection {
     pub(super) active_calls: u32,
     /// Receives holding calls that wait for a responder slot, oldest first:
     /// (receive index, length).
-    pub(super) parked: VecDeque<(u32, u32)>,
+    pub(super) parked: VecDeque<Parked>,
+    /// Shared receives done with, for the owner to post again.
+    released: VecDeque<Buf>,
     // Outputs.
     pub(super) tx: VecDeque<WorkRequest>,
     pub(super) events: VecDeque<Event>,
@@ -369,7 +391,11 @@ impl Connection {
         // Receives: every call the peer may send within its grant, a reply
         // to each of our calls, and an RDMA_DONE for each reply we may
         // have exposed in a read chunk.
-        let n_recv = c.credits + c.max_outstanding_calls + c.replies_exposed_at_most();
+        let n_recv = if c.shared_receives {
+            0
+        } else {
+            c.max_receives()
+        };
         let n_serve = c.responder_slots();
         let serve_message = ServeSlot::message_size(c, pooled);
         let w = u128::from;
@@ -436,7 +462,9 @@ impl Connection {
             app: app_buf,
         } = Self::layout(c, &mut b, bulk.is_some())?;
         let n_serve = serves.len() as u32;
-        let n_recv = recvs.len();
+        // Calls waiting for a slot never outnumber the receives that back
+        // the grant, own or shared.
+        let n_recv = c.max_receives() as usize;
         let n_calls = calls.len();
         let mut bufs = match memory {
             None => b.build().ok_or(ConfigError::OutOfMemory)?,
@@ -517,6 +545,7 @@ impl Connection {
             reads_in_flight: 0,
             active_calls: 0,
             parked: VecDeque::with_capacity(n_recv),
+            released: VecDeque::with_capacity(if c.shared_receives { n_recv + 1 } else { 0 }),
             tx,
             events: VecDeque::with_capacity(
                 2 * (c.max_outstanding_calls as usize + n_serve as usize) + 4,
@@ -662,11 +691,16 @@ impl Connection {
         let buf = self.recvs[i].buf;
         if byte_len > self.bufs.buf_len(buf) {
             self.stats.bad_recv_len += 1;
-        } else if self.process_message(now, buf, byte_len as usize) == Disposition::Park {
+        } else if self.process_message(now, Received::Own(buf), byte_len as usize)
+            == Disposition::Park
+        {
             // A call within the grant but no free slot: keep its receive
             // buffer (the grant still counts it) until a slot frees.
             self.stats.calls_parked += 1;
-            self.parked.push_back((i as u32, byte_len));
+            self.parked.push_back(Parked::Own {
+                index: i as u32,
+                len: byte_len,
+            });
             return;
         }
         // Every byte we need was copied out: repost at once, ahead of any
@@ -682,18 +716,81 @@ impl Connection {
     /// handler, so the scratch header is not reused under a caller).
     fn unpark(&mut self, now: Instant) {
         while self.closed.is_none() && !self.serve_free.is_empty() {
-            let Some((i, len)) = self.parked.pop_front() else {
+            let Some(parked) = self.parked.pop_front() else {
                 break;
             };
-            let (i, buf) = (i as usize, self.recvs[i as usize].buf);
-            if self.process_message(now, buf, len as usize) == Disposition::Park {
-                self.parked.push_front((i as u32, len));
+            let (recv, len) = match &parked {
+                Parked::Own { index, len } => {
+                    (Received::Own(self.recvs[*index as usize].buf), *len)
+                }
+                Parked::Shared { buf, len } => (Received::Shared(buf), *len),
+            };
+            if self.process_message(now, recv, len as usize) == Disposition::Park {
+                self.parked.push_front(parked);
                 break;
             }
-            if self.closed.is_none() {
-                self.post_recv(i);
+            match parked {
+                Parked::Own { index, .. } => {
+                    if self.closed.is_none() {
+                        self.post_recv(index as usize);
+                    }
+                }
+                Parked::Shared { buf, .. } => self.released.push_back(buf),
             }
         }
+    }
+
+    /// A message of `byte_len` bytes arrived in `buf`, a shared receive
+    /// ([`Config::shared_receives`]); `invalidated` as for
+    /// [`Connection::handle_recv_invalidating`]. The buffer is lent: it
+    /// comes back through [`Connection::poll_released_recv`], at once
+    /// unless the call waits for a responder slot or a bulk buffer.
+    pub fn handle_shared_recv(
+        &mut self,
+        now: Instant,
+        buf: Buf,
+        byte_len: u32,
+        invalidated: Option<u32>,
+    ) {
+        if let Some(rkey) = invalidated {
+            if !self.bufs.note_remote_invalidation(rkey) {
+                self.stats.unknown_remote_invalidations += 1;
+            }
+        }
+        self.last_activity = now;
+        if self.closed.is_some() {
+            self.released.push_back(buf);
+            return;
+        }
+        if byte_len > buf.len() || byte_len > self.config.inline_recv_size {
+            self.stats.bad_recv_len += 1;
+        } else if self.process_message(now, Received::Shared(&buf), byte_len as usize)
+            == Disposition::Park
+        {
+            self.stats.calls_parked += 1;
+            self.parked.push_back(Parked::Shared { buf, len: byte_len });
+            return;
+        }
+        self.released.push_back(buf);
+        self.unpark(now);
+    }
+
+    /// Drops the parked calls (the connection closed): receives of our own
+    /// are simply not reposted, as the queue pair is gone; shared ones go
+    /// back to their owner's queue.
+    pub(super) fn drop_parked(&mut self) {
+        while let Some(p) = self.parked.pop_front() {
+            if let Parked::Shared { buf, .. } = p {
+                self.released.push_back(buf);
+            }
+        }
+    }
+
+    /// The next shared receive the connection is done with, to post
+    /// again ([`Connection::handle_shared_recv`]). A closed connection
+    /// gives back every one it held.
+    pub fn poll_released_recv(&mut self) -> Option<Buf> {
+        self.released.pop_front()
     }
 
     /// A work request other than a successful receive completed. A status
@@ -744,6 +841,14 @@ impl Connection {
         self.unpark(now);
     }
 
+    /// The queue pair failed with no work request of ours to report it
+    /// (with [`Config::shared_receives`] nothing of the connection's own
+    /// sits in its receive queue to flush): the connection closes as on a
+    /// flushed completion.
+    pub fn handle_queue_pair_failure(&mut self) {
+        self.close_with(CloseReason::TransportError(WcStatus::Flushed));
+    }
+
     /// Closes the connection: outstanding calls fail, calls being served
     /// are dropped, and no new work is generated. Work requests already
     /// queued or posted still complete (the provider flushes them) and
@@ -773,6 +878,12 @@ impl Connection {
             buffers_exposed: self.bufs.exposed_count() as u32,
             key_ops_in_flight: self.key_ops_posted as u32,
             bulk_leased: self.bufs.bulk_leased() as u32,
+            shared_recvs_held: (self.released.len()
+                + self
+                    .parked
+                    .iter()
+                    .filter(|p| matches!(p, Parked::Shared { .. }))
+                    .count()) as u32,
         }
     }
 
@@ -860,15 +971,25 @@ impl Connection {
     /// Classifies a received message and hands it to the requester or the
     /// responder half. Header errors are answered before anything is
     /// allocated or read (RFC 5666 s4.2).
-    fn process_message(&mut self, now: Instant, recv: BufId, len: usize) -> Disposition {
+    fn process_message(&mut self, now: Instant, recv: Received<'_>, len: usize) -> Disposition {
         // The one read of the receive buffer (see `rx_copy`).
         let buf = self.rx_copy;
-        let whole = LocalSlice {
-            buf: recv,
-            offset: 0,
-            len: len as u32,
+        let copied = match recv {
+            Received::Own(recv) => {
+                let whole = LocalSlice {
+                    buf: recv,
+                    offset: 0,
+                    len: len as u32,
+                };
+                self.bufs.copy(whole, buf, 0)
+            }
+            Received::Shared(src) => self
+                .bufs
+                .bytes_mut(buf)
+                .get_mut(..len)
+                .is_some_and(|dst| src.read(0, dst)),
         };
-        if !self.bufs.copy(whole, buf, 0) {
+        if !copied {
             self.stats.bad_recv_len += 1;
             return Disposition::Done;
         }

@@ -164,9 +164,23 @@ pub struct Config {
     /// sends no disconnect, and a server that only answers never notices)
     /// do not hold their connection's memory forever.
     pub idle_timeout: Option<Duration>,
+    /// Receives come from a shared receive queue that the connection's
+    /// owner keeps posted (docs/WORKER.md, "Shared receives"): the
+    /// connection posts none of its own and gets each message's buffer
+    /// lent through [`Connection::handle_shared_recv`], to give back
+    /// through [`Connection::poll_released_recv`]. The grant is still
+    /// `credits`; the owner's queue, not the connection, backs it.
+    pub shared_receives: bool,
 }
 
 impl Config {
+    /// Receives that back the connection: every call the peer may send
+    /// within its grant, a reply to each of our calls, and an RDMA_DONE
+    /// for each reply we may have exposed in a read chunk.
+    pub fn max_receives(&self) -> u32 {
+        self.credits + self.max_outstanding_calls + self.replies_exposed_at_most()
+    }
+
     /// Replies this side may have exposed in read chunks at once:
     /// `max_reply_read_chunks` when responder-provided read chunks may be
     /// used (configured, or offered for CONF_RDMA v2 negotiation), else 0.
@@ -238,6 +252,7 @@ impl Default for Config {
             limits: Limits::DEFAULT,
             app_memory: 0,
             idle_timeout: None,
+            shared_receives: false,
         }
     }
 }

@@ -1016,8 +1016,7 @@ impl Connection {
     /// still posted wait for its flush.
     pub(super) fn close_responder(&mut self) {
         self.read_fifo.clear();
-        // Parked receives are simply not reposted: the queue pair is gone.
-        self.parked.clear();
+        self.drop_parked();
         self.bufs.stop_waiting_for_bulk();
         self.active_calls = 0;
         self.dones_pending = 0;

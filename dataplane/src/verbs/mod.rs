@@ -793,8 +793,8 @@ pub trait ProtectionDomain<P: Provider>: Send + Sync {
     fn create_srq(&self, caps: SrqCaps) -> Result<P::Srq, VerbsError>;
     /// Creates an RC queue pair whose receives come from `srq` (its own
     /// receive queue is unused: [`QueuePair::post_recv`] is refused).
-    /// `caps.max_recv_wr` is the provider's per-connection staging depth
-    /// where it has one (see [`SrqCaps`]), and is otherwise ignored.
+    /// `caps.max_recv_wr` is how many receive completions it may hold
+    /// between two polls of its CQ without growing.
     ///
     /// # Errors
     /// As [`ProtectionDomain::create_qp`].
@@ -807,18 +807,30 @@ pub trait ProtectionDomain<P: Provider>: Send + Sync {
     ) -> Result<P::PreparedQp, VerbsError>;
 }
 
+/// The completion that tells the receive side that queue pair `qp_num`,
+/// on a shared receive queue, failed (see [`SharedReceiveQueue`]).
+pub fn srq_qp_failed(qp_num: u32) -> Completion {
+    Completion {
+        status: WcStatus::WrFlushErr,
+        opcode: WcOpcode::Recv,
+        qp_num,
+        ..Completion::default()
+    }
+}
+
 /// Shared-receive-queue sizing.
 #[derive(Debug, Clone, Copy)]
 pub struct SrqCaps {
     /// Receives the queue holds at once.
     pub max_wr: u32,
-    /// The largest message a queue pair on it receives. A provider whose
-    /// peers write into receive buffers directly (`shm`) cannot let every
-    /// peer of the queue reach every buffer; it stages each connection's
-    /// messages in `QpCaps::max_recv_wr` slots of this size that only that
-    /// peer can write, and copies each into a shared receive when it is
-    /// polled.
+    /// The largest message a queue pair on it receives.
     pub max_message: u32,
+    /// A provider whose peers write into receive buffers directly (`shm`)
+    /// cannot let every peer of the queue reach every buffer: it stages
+    /// each connection's messages in this many slots of `max_message`
+    /// bytes that only that peer can write, and copies each into a shared
+    /// receive when it is polled. Others ignore it.
+    pub staging_slots: u32,
 }
 
 /// A shared receive queue (as `ibv_srq`): one pool of posted receives
@@ -827,7 +839,12 @@ pub struct SrqCaps {
 /// with that queue pair's number. When the queue is empty, a sender sees
 /// receiver-not-ready, as with an empty receive queue. A queue pair's
 /// error or destruction flushes nothing from it: its receives stay posted
-/// for the other queue pairs.
+/// for the other queue pairs. So that a consumer still learns on the
+/// receive side that a queue pair failed, `shm` and `roce` then deliver one
+/// completion to its receive CQ with status [`WcStatus::WrFlushErr`], the
+/// default `wr_id` and no buffers ([`srq_qp_failed`]; IB reports this as
+/// the last-WQE-reached async event); with `ibverbs` watch
+/// [`QueuePair::state`].
 pub trait SharedReceiveQueue<P: Provider>: Send + Sync {
     /// Posts one receive.
     ///

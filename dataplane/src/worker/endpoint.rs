@@ -31,11 +31,11 @@ use crate::engine::{
     self, BufferTable, BulkMemory, BulkPool, CloseReason, ConfigError, Connection, Event,
     PeerLimits, PeerMemory, Resources, SlabMemory, Stats, WorkRequest,
 };
-use crate::mem::{self, Arena, Backing, Slab};
+use crate::mem::{self, Arena, Backing, Buf, Slab};
 use crate::verbs::{
     Access, BindWindow, Completion, CompletionQueue, Context, Incoming, MemoryRegion, PostError,
-    PreparedQp, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr,
-    Sge, SgeList, VerbsError, WcOpcode, WcStatus, Window,
+    PreparedQp, ProtectionDomain, Provider, QpCaps, QpState, QueuePair, RecvWr, RemoteAddr, SendOp,
+    SendWr, Sge, SgeList, SharedReceiveQueue, SrqCaps, VerbsError, WcOpcode, WcStatus, Window,
 };
 use crate::wire::rpcrdma::{PrivateData, PRIVATE_DATA_LEN};
 
@@ -373,6 +373,112 @@ impl<P: Provider> BulkBuffers<P> {
     }
 }
 
+/// Staging slots per connection on a shared receive queue, where the
+/// provider has them (`shm`: each peer writes its Sends into slots of its
+/// own connection, copied into shared receives when polled). Four keep a
+/// busy connection's pipeline full without waiting on the worker
+/// (measured with `rpcrdma-bench rate --depth 32`) at 16 KiB of address
+/// space each with 4 KiB messages, of which an idle connection touches a
+/// page.
+pub const STAGING_SLOTS: u32 = 4;
+
+/// A worker's shared receive queue for one provider (docs/WORKER.md,
+/// "Shared receives"): `count` inline-size buffers in one arena
+/// registered once with local access only, posted to one queue that
+/// every connection of the worker on that provider receives from. A
+/// connection copies each message out and gives the buffer back at
+/// once (or when its call leaves the wait for a slot); the endpoint
+/// posts it again, so the queue stays full.
+pub struct SharedRecvs<P: Provider> {
+    srq: P::Srq,
+    slab: Slab,
+    _mr: P::Mr,
+}
+
+impl<P: Provider> core::fmt::Debug for SharedRecvs<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SharedRecvs")
+            .field("count", &self.slab.total())
+            .field("buf_size", &self.slab.buf_size())
+            .finish()
+    }
+}
+
+impl<P: Provider> SharedRecvs<P> {
+    /// A shared receive queue in `pd` with `count` posted receives of
+    /// `buf_size` bytes, in a fresh arena of `backing`.
+    ///
+    /// # Errors
+    /// [`EndpointError::Verbs`] for memory, registration or the queue;
+    /// [`EndpointError::PrePost`] if the queue refuses the receives.
+    pub fn new(
+        pd: &P::Pd,
+        count: u32,
+        buf_size: u32,
+        backing: Backing,
+    ) -> Result<SharedRecvs<P>, EndpointError> {
+        let len = (count as usize)
+            .checked_mul(buf_size as usize)
+            .filter(|&l| l > 0 && l <= u32::MAX as usize)
+            .ok_or(EndpointError::TooLarge(count as usize * buf_size as usize))?;
+        let arena = Arena::with_backing_lazy(len, backing).map_err(VerbsError::from)?;
+        let mr = pd.register(&arena, 0, len, Access::LOCAL_WRITE)?;
+        let slab = Slab::new(arena, 0, buf_size, count, mr.lkey(), mem::WrKind::Recv)
+            .map_err(VerbsError::from)?;
+        let srq = pd.create_srq(SrqCaps {
+            max_wr: count,
+            max_message: buf_size,
+            staging_slots: STAGING_SLOTS,
+        })?;
+        let shared = SharedRecvs { srq, slab, _mr: mr };
+        if shared.refill() < count as usize {
+            return Err(EndpointError::PrePost(PostError::QueueFull));
+        }
+        Ok(shared)
+    }
+
+    /// Posts every buffer not posted (those a closed connection dropped
+    /// instead of giving back); returns how many are posted now.
+    pub fn refill(&self) -> usize {
+        while let Some(buf) = self.slab.alloc() {
+            self.repost(buf);
+        }
+        self.srq.posted()
+    }
+
+    /// Posts `buf` again. A refusal drops it back into the slab, for the
+    /// next [`SharedRecvs::refill`].
+    pub fn repost(&self, buf: Buf) {
+        let wr = RecvWr {
+            wr_id: buf.wr_id(),
+            sgl: SgeList::one(Sge::whole(buf)),
+        };
+        drop(self.srq.post_recv(wr));
+    }
+
+    /// Receives posted now.
+    pub fn posted(&self) -> usize {
+        self.srq.posted()
+    }
+
+    /// Buffers in all.
+    pub fn count(&self) -> usize {
+        self.slab.total()
+    }
+
+    /// Whether every buffer is posted or free (the leak check once the
+    /// worker's connections are gone).
+    pub fn is_full(&self) -> bool {
+        self.srq.posted() + self.slab.available() == self.slab.total()
+    }
+
+    /// Whether a dropped buffer waits for [`SharedRecvs::refill`]
+    /// (one atomic load: checked on every flush).
+    fn needs_refill(&self) -> bool {
+        self.slab.available() > 0
+    }
+}
+
 /// A bulk pool's arena as the engine sees it: a pointer and a length.
 #[derive(Debug)]
 struct ArenaBulkMemory(Arc<Arena>, usize);
@@ -452,6 +558,7 @@ pub struct PreparedEndpoint<P: Provider> {
     conn: Connection,
     mem: Registered<P>,
     config: EndpointConfig,
+    srq: Option<Arc<SharedRecvs<P>>>,
 }
 
 impl<P: Provider> core::fmt::Debug for PreparedEndpoint<P> {
@@ -476,7 +583,7 @@ impl<P: Provider> PreparedEndpoint<P> {
         pd: &P::Pd,
         config: &EndpointConfig,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
-        Self::with_cq(ctx, pd, config, None, None)
+        Self::with_cq(ctx, pd, config, None, None, None)
     }
 
     /// [`new`](Self::new), with the queue pair on `shared`, a completion
@@ -491,6 +598,11 @@ impl<P: Provider> PreparedEndpoint<P> {
     /// small arenas then use 4 KiB pages unless `config.backing` demands
     /// hugepages.
     ///
+    /// With `srq` (the worker's shared receive queue, in `pd`), the
+    /// connection posts no receives of its own: its messages arrive in
+    /// the queue's buffers, which it gives back as soon as it has copied
+    /// them (docs/WORKER.md, "Shared receives").
+    ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn with_cq(
@@ -499,7 +611,11 @@ impl<P: Provider> PreparedEndpoint<P> {
         config: &EndpointConfig,
         shared: Option<Arc<P::Cq>>,
         bulk: Option<&BulkBuffers<P>>,
+        srq: Option<&Arc<SharedRecvs<P>>>,
     ) -> Result<PreparedEndpoint<P>, EndpointError> {
+        let mut config = *config;
+        config.engine.shared_receives = srq.is_some();
+        let config = &config;
         let bulk = bulk.filter(|_| config.engine.may_lease_bulk());
         let len = match bulk {
             Some(_) => Connection::memory_len_pooled(&config.engine)?,
@@ -554,17 +670,17 @@ impl<P: Provider> PreparedEndpoint<P> {
                 CqHandle::Own(ctx.create_cq(depth)?)
             }
         };
-        let mut qp = pd.create_qp(
-            cq.get(),
-            cq.get(),
-            QpCaps {
-                max_send_wr: config.max_send_wr,
-                max_recv_wr,
-                rnr_retry: config.rnr_retry,
-                rnr_timer: config.rnr_timer,
-                ..QpCaps::default()
-            },
-        )?;
+        let caps = QpCaps {
+            max_send_wr: config.max_send_wr,
+            max_recv_wr,
+            rnr_retry: config.rnr_retry,
+            rnr_timer: config.rnr_timer,
+            ..QpCaps::default()
+        };
+        let mut qp = match srq {
+            Some(s) => pd.create_qp_on_srq(cq.get(), cq.get(), &s.srq, caps)?,
+            None => pd.create_qp(cq.get(), cq.get(), caps)?,
+        };
         // Drain the engine's initial output: its receives, nothing else
         // (it has no call to send yet).
         while let Some(wr) = conn.poll_transmit() {
@@ -585,6 +701,7 @@ impl<P: Provider> PreparedEndpoint<P> {
             conn,
             mem,
             config: *config,
+            srq: srq.cloned(),
         })
     }
 
@@ -618,10 +735,11 @@ impl<P: Provider> PreparedEndpoint<P> {
             mut conn,
             mem,
             config,
+            srq,
         } = self;
         let (qp, theirs) = qp.connect(url, &ours, config.connect_timeout)?;
         apply_private_data(&mut conn, &theirs);
-        Endpoint::build(qp, cq, conn, mem, config)
+        Endpoint::build(qp, cq, conn, mem, config, srq)
     }
 
     /// Accepts `incoming` (passive side), applying its private data.
@@ -636,10 +754,11 @@ impl<P: Provider> PreparedEndpoint<P> {
             mut conn,
             mem,
             config,
+            srq,
         } = self;
         apply_private_data(&mut conn, incoming.private_data());
         let qp = incoming.accept(qp, &ours)?;
-        Endpoint::build(qp, cq, conn, mem, config)
+        Endpoint::build(qp, cq, conn, mem, config, srq)
     }
 }
 
@@ -699,6 +818,8 @@ pub struct Endpoint<P: Provider> {
     counters: EndpointCounters,
     /// `counters` as of the last [`Endpoint::take_counter_delta`].
     reported: EndpointCounters,
+    /// The worker's shared receive queue the connection receives from.
+    srq: Option<Arc<SharedRecvs<P>>>,
 }
 
 impl<P: Provider> core::fmt::Debug for Endpoint<P> {
@@ -718,6 +839,7 @@ impl<P: Provider> Endpoint<P> {
         mut conn: Connection,
         mem: Registered<P>,
         config: EndpointConfig,
+        srq: Option<Arc<SharedRecvs<P>>>,
     ) -> Result<Endpoint<P>, EndpointError> {
         // Keys per exchange: memory windows the engine binds over exactly
         // one exchange's bytes under a fresh key, and invalidates when the
@@ -758,6 +880,7 @@ impl<P: Provider> Endpoint<P> {
             lost: None,
             counters: EndpointCounters::default(),
             reported: EndpointCounters::default(),
+            srq,
         })
     }
 
@@ -841,7 +964,19 @@ impl<P: Provider> Endpoint<P> {
         for wc in wcs[..n].iter_mut() {
             self.handle_completion(now, wc);
         }
+        if n == 0 && self.srq.is_some() && self.lost.is_none() {
+            // No receive of its own flushes when the queue pair fails:
+            // its state says so (`SharedReceiveQueue`).
+            self.notice_failed_qp();
+        }
         n
+    }
+
+    /// Closes the engine if the queue pair failed under it.
+    fn notice_failed_qp(&mut self) {
+        if self.conn.close_reason().is_none() && self.qp.state() == QpState::Error {
+            self.conn.handle_queue_pair_failure();
+        }
     }
 
     /// The shared completion queue this endpoint's queue pair is on, if it
@@ -858,6 +993,30 @@ impl<P: Provider> Endpoint<P> {
     /// `qp_num`). Its scatter/gather leases go back first.
     pub fn handle_completion(&mut self, now: engine::Instant, wc: &mut Completion) {
         self.counters.completions += 1;
+        if let Some(srq) = &self.srq {
+            if wc.wr_id.kind() == Some(mem::WrKind::Recv) {
+                // A shared receive: lent to the engine, or straight back.
+                let Some(buf) = wc.sgl.take_first() else {
+                    return;
+                };
+                if wc.status != WcStatus::Success {
+                    self.counters.error_completions += 1;
+                    srq.repost(buf);
+                    self.notice_failed_qp();
+                    return;
+                }
+                self.counters.recvs += 1;
+                self.counters.bytes_in += u64::from(wc.byte_len);
+                self.conn
+                    .handle_shared_recv(now, buf, wc.byte_len, wc.invalidated_rkey);
+                return;
+            }
+            if wc.wr_id.kind().is_none() && wc.status != WcStatus::Success {
+                // The queue pair failed (`verbs::srq_qp_failed`).
+                self.notice_failed_qp();
+                return;
+            }
+        }
         // Give the leases back first: the engine's slot state, not the
         // lease, says when bytes may be reused.
         for lease in wc.sgl.take_all() {
@@ -941,6 +1100,11 @@ impl<P: Provider> Endpoint<P> {
             && self.pending.is_empty()
             && self.mem.private.leases_idle()
             && self.mem.peer.leases_idle()
+            // Work on bulk buffers holds leases of the worker's pool, not
+            // of this endpoint's regions; and with shared receives no
+            // receive of its own flushes last: the engine's count of its
+            // work in flight says when the flushes are all back.
+            && (self.mem.bulk.is_none() && self.srq.is_none() || self.conn.resources().is_idle())
     }
 
     /// Moves the engine's output to the provider: receives one by one,
@@ -948,6 +1112,14 @@ impl<P: Provider> Endpoint<P> {
     /// provider cannot take yet (queue full) waits, in order, for the next
     /// call. Returns the number of work requests posted.
     pub fn flush(&mut self) -> usize {
+        if let Some(srq) = &self.srq {
+            while let Some(buf) = self.conn.poll_released_recv() {
+                srq.repost(buf);
+            }
+            if srq.needs_refill() {
+                srq.refill();
+            }
+        }
         while let Some(wr) = self.conn.poll_transmit() {
             self.pending.push_back(wr);
         }

@@ -118,6 +118,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// once as one connection's responder slots at the default 32 credits.
 pub const DEFAULT_BULK_BUFFERS: u32 = 64;
 
+/// Default of [`WorkerConfig::shared_receives`]: a burst of 256 inline
+/// messages between two polls of a worker before a sender waits.
+pub const DEFAULT_SHARED_RECEIVES: u32 = 256;
+
 /// Worker configuration.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -149,6 +153,12 @@ pub struct WorkerConfig {
     /// `1.25 x credits x max message`). An exchange leases one buffer at
     /// most (its call, then its reply, share it).
     pub bulk_buffers: u32,
+    /// Receives of each worker's shared receive queue, per provider
+    /// (docs/WORKER.md, "Shared receives"), each of the inline receive
+    /// size: every connection of the worker receives from it, and gives
+    /// each buffer back as soon as it has copied the message out. 0: no
+    /// shared queue, every connection posts `credits` receives of its own.
+    pub shared_receives: u32,
 }
 
 impl Default for WorkerConfig {
@@ -167,6 +177,7 @@ impl Default for WorkerConfig {
             tcp: TcpConfig::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             bulk_buffers: DEFAULT_BULK_BUFFERS,
+            shared_receives: DEFAULT_SHARED_RECEIVES,
         }
     }
 }
@@ -422,6 +433,9 @@ pub struct ShutdownReport {
     /// Bulk pools (provider scheme, worker) not back to full once every
     /// worker stopped: leaked buffers or work-request leases.
     pub bulk_short: Vec<(&'static str, usize)>,
+    /// Shared receive queues (provider scheme, worker) missing buffers
+    /// once every worker stopped: a buffer neither posted nor free.
+    pub shared_recv_short: Vec<(&'static str, usize)>,
 }
 
 impl ShutdownReport {
@@ -429,6 +443,7 @@ impl ShutdownReport {
     pub fn is_clean(&self) -> bool {
         self.panicked.is_empty()
             && self.bulk_short.is_empty()
+            && self.shared_recv_short.is_empty()
             && self.workers.iter().all(|w| w.leaks.is_empty())
     }
 }
@@ -485,6 +500,19 @@ pub enum WorkerError {
         /// Bytes the pool needs.
         bytes: usize,
         /// The memory or registration error.
+        source: EndpointError,
+    },
+    /// A worker's shared receive queue could not be set up
+    /// (`WorkerSet::attach`).
+    #[error("cannot set up worker {worker}'s {scheme} shared receive queue of {count} buffers ({source}): lower WorkerConfig::shared_receives, or free memory")]
+    SharedReceives {
+        /// The provider.
+        scheme: &'static str,
+        /// The worker.
+        worker: usize,
+        /// Buffers asked for.
+        count: u32,
+        /// The memory, registration or queue error.
         source: EndpointError,
     },
     /// No context of this provider was attached to the worker set.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint};
+use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint, SharedRecvs};
 use super::run::Worker;
 use super::{
     Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
@@ -49,6 +49,9 @@ pub(crate) mod sealed {
         /// One bulk buffer pool per worker, by worker index, unless
         /// `WorkerConfig::bulk_buffers` is 0.
         pub bulk: Vec<Arc<BulkBuffers<P>>>,
+        /// One shared receive queue per worker, by worker index, unless
+        /// `WorkerConfig::shared_receives` is 0.
+        pub srqs: Vec<Arc<SharedRecvs<P>>>,
     }
 
     impl<P: Provider> Attached<P> {
@@ -59,6 +62,15 @@ pub(crate) mod sealed {
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| !b.is_idle())
+                .map(|(i, _)| (P::SCHEME, i))
+        }
+
+        /// Workers whose shared receive queue misses buffers.
+        pub fn shared_recv_short(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+            self.srqs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_full())
                 .map(|(i, _)| (P::SCHEME, i))
         }
     }
@@ -103,6 +115,16 @@ pub(crate) mod sealed {
             short.extend(self.roce.iter().flat_map(Attached::bulk_short));
             #[cfg(feature = "ibverbs")]
             short.extend(self.ibverbs.iter().flat_map(Attached::bulk_short));
+            short
+        }
+
+        /// (scheme, worker) of every shared receive queue missing buffers.
+        pub fn shared_recv_short(&self) -> Vec<(&'static str, usize)> {
+            let mut short: Vec<(&'static str, usize)> = Vec::new();
+            short.extend(self.shm.iter().flat_map(Attached::shared_recv_short));
+            short.extend(self.roce.iter().flat_map(Attached::shared_recv_short));
+            #[cfg(feature = "ibverbs")]
+            short.extend(self.ibverbs.iter().flat_map(Attached::shared_recv_short));
             short
         }
     }
@@ -353,7 +375,28 @@ impl WorkerSet {
                 bulk.push(Arc::new(pool));
             }
         }
-        *P::slot_mut(&mut self.providers) = Some(sealed::Attached { ctx, pd, cqs, bulk });
+        let mut srqs = Vec::new();
+        let count = self.config.shared_receives;
+        if count > 0 {
+            let e = &self.config.endpoint;
+            for worker in 0..self.workers.len() {
+                let srq = SharedRecvs::new(&*pd, count, e.engine.inline_recv_size, e.backing)
+                    .map_err(|source| WorkerError::SharedReceives {
+                        scheme: P::SCHEME,
+                        worker,
+                        count,
+                        source,
+                    })?;
+                srqs.push(Arc::new(srq));
+            }
+        }
+        *P::slot_mut(&mut self.providers) = Some(sealed::Attached {
+            ctx,
+            pd,
+            cqs,
+            bulk,
+            srqs,
+        });
         Ok(())
     }
 
@@ -418,6 +461,7 @@ impl WorkerSet {
             &self.config.endpoint,
             a.cqs.get(worker).cloned(),
             a.bulk.get(worker).map(|b| &**b),
+            a.srqs.get(worker),
         )?)
     }
 
@@ -630,6 +674,7 @@ impl WorkerSet {
         // The workers dropped their connections: every bulk buffer and
         // every lease over the pools is back, or it leaked.
         report.bulk_short = self.providers.bulk_short();
+        report.shared_recv_short = self.providers.shared_recv_short();
         report
     }
 }

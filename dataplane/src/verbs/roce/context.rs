@@ -123,11 +123,7 @@ impl ProtectionDomain<Roce> for RocePd {
             ));
         }
         // The queue pair holds at most the receive of the message in
-        // progress; its completions wait for the poll beside it.
-        let caps = QpCaps {
-            max_recv_wr: caps.max_recv_wr.clamp(1, 16384),
-            ..caps
-        };
+        // progress; room for `max_recv_wr` completions waits beside it.
         let mut pqp = self.create_qp(send_cq, recv_cq, caps)?;
         if let Some(qp) = pqp.qp.as_mut() {
             qp.srq = Some(srq.inner.clone());

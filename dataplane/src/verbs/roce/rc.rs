@@ -477,6 +477,11 @@ impl RcQp {
         if self.state != QpState::Error && tell_peer && self.conn.is_some() {
             self.dreq_due = true;
         }
+        if self.srq.is_some() && self.state != QpState::Error {
+            // One bufferless flush tells the receive side (see
+            // `SharedReceiveQueue`).
+            self.push_recv_done(srq_qp_failed(self.qpn));
+        }
         self.state = QpState::Error;
         while let Some(e) = self.sq.pop_front() {
             self.complete_send(e.wr, WcStatus::WrFlushErr, 0);

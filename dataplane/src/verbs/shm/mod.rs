@@ -319,7 +319,7 @@ impl ProtectionDomain<Shm> for ShmPd {
                 "the shared receive queue belongs to another protection domain",
             ));
         }
-        let slots = caps.max_recv_wr.clamp(1, MAX_RING);
+        let slots = srq.inner.caps.staging_slots.clamp(1, MAX_RING);
         let size = srq.inner.caps.max_message;
         let arena = Arena::with_backing_lazy(slots as usize * size as usize, Backing::Small)?;
         let slab = crate::mem::Slab::new(arena, 0, size, slots, 0, crate::mem::WrKind::Recv)?;
@@ -327,7 +327,18 @@ impl ProtectionDomain<Shm> for ShmPd {
             srq: srq.inner.clone(),
             slab,
         };
-        self.new_qp(send_cq, recv_cq, caps, Some(staging))
+        let completions = caps.max_recv_wr as usize;
+        let qp = self.new_qp(
+            send_cq,
+            recv_cq,
+            QpCaps {
+                max_recv_wr: slots,
+                ..caps
+            },
+            Some(staging),
+        )?;
+        lock(&qp.shared.inner).recv_done.reserve(completions);
+        Ok(qp)
     }
 }
 
@@ -955,6 +966,7 @@ impl QpInner {
     /// the connection (unmaps, closes the socket).
     fn enter_error(&mut self, head_status: Option<WcStatus>) {
         let qpn = self.qpn();
+        let was = self.state;
         if let Some(status) = head_status {
             if let Some(wr) = self.sq.pop_front() {
                 self.complete_send(wr, status, 0, qpn);
@@ -970,8 +982,13 @@ impl QpInner {
         }
         if self.staging.is_some() {
             // Staging slots are the provider's, not the application's:
-            // nothing to complete. The shared queue's receives stay posted.
+            // nothing to complete. The shared queue's receives stay posted;
+            // one bufferless flush tells the receive side (see
+            // `SharedReceiveQueue`).
             self.rq.clear();
+            if was != QpState::Error {
+                self.recv_done.push_back(srq_qp_failed(qpn));
+            }
         }
         while let Some(wr) = self.rq.pop_front() {
             self.flush_recv(wr, WcStatus::WrFlushErr, qpn);
@@ -1254,6 +1271,11 @@ impl QpInner {
             let head = conn.peer_word(W_DESC_HEAD);
             let tail = conn.peer_desc_tail;
             if head == tail {
+                return Ok(());
+            }
+            if self.staging.is_some() && self.recv_done.len() == self.recv_done.capacity() {
+                // The rest waits in its staging slots for the next poll,
+                // so the completion queue never grows on the data path.
                 return Ok(());
             }
             if head.wrapping_sub(tail) > pl.desc_cap as u64 {
