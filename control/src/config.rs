@@ -103,7 +103,7 @@ impl Default for Workers {
             park_max_us: 1000,
             max_connections: 1024,
             bulk_buffers: 64,
-            shared_receives: 256,
+            shared_receives: 4096,
         }
     }
 }
@@ -717,13 +717,30 @@ impl Config {
             0,
             65536,
         )?;
+        let srq = [Key("workers"), Key("shared_receives")];
         range(
-            &[Key("workers"), Key("shared_receives")],
+            &srq,
             "workers.shared_receives",
             w.shared_receives.into(),
             0,
             16384,
         )?;
+        // Every connection reserves one receive of its worker's queue at
+        // least; connections spread over the workers.
+        let per_worker = w.max_connections.div_ceil(w.cores.len().max(1) as u32);
+        if w.shared_receives > 0 && w.shared_receives < per_worker {
+            return Err(sem(
+                &srq,
+                format!(
+                    "workers.shared_receives = {} cannot back the {} connections a worker may hold (workers.max_connections = {} over {} cores; each needs one receive at least); raise it to {} or more, or set 0 for receives per connection",
+                    w.shared_receives,
+                    per_worker,
+                    w.max_connections,
+                    w.cores.len().max(1),
+                    2 * per_worker
+                ),
+            ));
+        }
         let pool = dataplane::engine::BulkPool::memory_len(w.bulk_buffers, t.max_message) as u64;
         if pool > u64::from(u32::MAX) {
             return Err(sem(

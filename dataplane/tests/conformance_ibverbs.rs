@@ -89,9 +89,9 @@ fn on_linux_rxe() {
         return;
     };
     let exe = std::env::current_exe().unwrap();
-    // Every case in process and cross process, child_peer and
-    // every_case_is_listed.
-    let expected = 2 * conformance::cases::<Ibverbs>().len() + 2;
+    // Every case in process and cross process, child_peer,
+    // every_case_is_listed and shared_receive_queue.
+    let expected = 2 * conformance::cases::<Ibverbs>().len() + 3;
     let cmd = format!(
         "cd /tmp && RPCRDMA_REQUIRE_RDMA_DEVICE=1 {}={GUEST_IP} {} \
          --test-threads=1 --skip on_linux_rxe 2>&1",

@@ -82,6 +82,9 @@ pub struct Stats {
     pub conf_rdma_refused: u64,
     /// Calls that waited for a responder slot (their receive held).
     pub calls_parked: u64,
+    /// Messages that arrived in shared receives beyond every grant the
+    /// peer was given (their receives were not backed).
+    pub beyond_grant: u64,
     /// Times a call found the bulk pool empty and waited (its receive
     /// held; counted again at each retry).
     pub bulk_pool_empty: u64,
@@ -245,6 +248,9 @@ pub struct Connection {
     pub(super) parked: VecDeque<Parked>,
     /// Shared receives done with, for the owner to post again.
     released: VecDeque<Buf>,
+    /// The shared receives reserved for our grants
+    /// ([`Connection::use_credit_pool`]).
+    backing: Option<super::credits::Backing>,
     // Outputs.
     pub(super) tx: VecDeque<WorkRequest>,
     pub(super) events: VecDeque<Event>,
@@ -546,6 +552,7 @@ impl Connection {
             active_calls: 0,
             parked: VecDeque::with_capacity(n_recv),
             released: VecDeque::with_capacity(if c.shared_receives { n_recv + 1 } else { 0 }),
+            backing: None,
             tx,
             events: VecDeque::with_capacity(
                 2 * (c.max_outstanding_calls as usize + n_serve as usize) + 4,
@@ -606,6 +613,29 @@ impl Connection {
         self.negotiated.contains(Extensions::RESPONDER_READ_CHUNKS)
     }
 
+    /// Backs this connection's grants with receives of `pool`, the shared
+    /// receive queue's ([`Config::shared_receives`]; docs/WORKER.md,
+    /// "Shared receives"). Call once, before the peer can send.
+    ///
+    /// # Errors
+    /// [`ConfigError::CreditPoolWithoutSharedReceives`] without shared
+    /// receives; [`ConfigError::NoReceiveCredit`] when the pool cannot
+    /// back one more connection.
+    pub fn use_credit_pool(&mut self, pool: Arc<super::CreditPool>) -> Result<(), ConfigError> {
+        if !self.config.shared_receives {
+            return Err(ConfigError::CreditPoolWithoutSharedReceives);
+        }
+        self.backing =
+            Some(super::credits::Backing::new(pool).ok_or(ConfigError::NoReceiveCredit)?);
+        Ok(())
+    }
+
+    /// Shared receives reserved for this connection's grants (0 without
+    /// a credit pool).
+    pub fn credits_reserved(&self) -> u32 {
+        self.backing.as_ref().map_or(0, |b| b.reserved())
+    }
+
     /// Credits the peer granted us (RFC 5666 s3.3).
     pub fn granted_credits(&self) -> u32 {
         self.granted
@@ -616,11 +646,28 @@ impl Connection {
         self.outstanding
     }
 
-    /// The credit value we put in every reply: our configured grant, which
-    /// `new` backs with as many receive buffers (RFC 5666 s3.3: never zero,
-    /// never more than the receives we keep posted for calls).
+    /// The calls the peer may have in progress at us (RFC 5666 s3.3):
+    /// our configured grant, which `new` backs with as many receive
+    /// buffers; on a credit pool, the most that any grant we sent may
+    /// still allow.
     pub(super) fn grant(&self) -> u32 {
-        self.config.credits
+        match &self.backing {
+            None => self.config.credits,
+            Some(b) => b.calls_allowed(),
+        }
+    }
+
+    /// The credit value for the next reply or RDMA_ERROR we send: our
+    /// configured grant; on a credit pool, what the load calls for (twice
+    /// the calls in progress, at least 2, at most `credits`) cut to what
+    /// the pool can back (never zero: RFC 5666 s3.3).
+    pub(super) fn grant_to_send(&mut self) -> u32 {
+        let busy = self.active_calls + self.parked.len() as u32;
+        let want = busy.saturating_mul(2).clamp(2, self.config.credits.max(2));
+        match &mut self.backing {
+            None => self.config.credits,
+            Some(b) => b.grant(want.min(self.config.credits)),
+        }
     }
 
     /// The next work request to post, in order. Writes of a reply come
@@ -735,7 +782,7 @@ impl Connection {
                         self.post_recv(index as usize);
                     }
                 }
-                Parked::Shared { buf, .. } => self.released.push_back(buf),
+                Parked::Shared { buf, .. } => self.release_held(buf),
             }
         }
     }
@@ -758,6 +805,13 @@ impl Connection {
             }
         }
         self.last_activity = now;
+        // Counted before anything answers it: a reply's grant reckons
+        // with every message received so far.
+        if let Some(b) = &mut self.backing {
+            if !b.received(false) {
+                self.stats.beyond_grant += 1;
+            }
+        }
         if self.closed.is_some() {
             self.released.push_back(buf);
             return;
@@ -768,6 +822,9 @@ impl Connection {
             == Disposition::Park
         {
             self.stats.calls_parked += 1;
+            if let Some(b) = &mut self.backing {
+                b.hold();
+            }
             self.parked.push_back(Parked::Shared { buf, len: byte_len });
             return;
         }
@@ -781,9 +838,25 @@ impl Connection {
     pub(super) fn drop_parked(&mut self) {
         while let Some(p) = self.parked.pop_front() {
             if let Parked::Shared { buf, .. } = p {
-                self.released.push_back(buf);
+                self.release_held(buf);
             }
         }
+    }
+
+    /// One of our calls went out: on a credit pool, a receive is reserved
+    /// for its reply (the peer's grants cover only its own calls).
+    pub(super) fn expect_reply(&mut self) {
+        if let Some(b) = &mut self.backing {
+            b.expect_one_more();
+        }
+    }
+
+    /// Gives back a shared receive that a parked call held.
+    fn release_held(&mut self, buf: Buf) {
+        if let Some(b) = &mut self.backing {
+            b.released();
+        }
+        self.released.push_back(buf);
     }
 
     /// The next shared receive the connection is done with, to post
@@ -1095,7 +1168,7 @@ impl Connection {
         self.tx_hdr.chunks.clear();
         self.tx_hdr.xid = xid;
         self.tx_hdr.vers = RPCRDMA_VERSION;
-        self.tx_hdr.credits = self.config.credits;
+        self.tx_hdr.credits = self.grant_to_send();
         self.tx_hdr.body = MessageBody::Error(body);
         let Ok(n) = self.tx_hdr.emit(self.bufs.bytes_mut(buf)) else {
             // Cannot happen (the buffer holds the largest error header);

@@ -42,6 +42,7 @@ mod buffers;
 mod bulk;
 mod conf;
 mod connection;
+mod credits;
 mod fuzz;
 mod heap;
 mod inval;
@@ -68,6 +69,7 @@ pub use conf::{
     encode_conf_rdma_call_v2, ConfRdmaError,
 };
 pub use connection::{Connection, Resources, Stats};
+pub use credits::{CreditPool, CREDIT_FLOOR};
 pub use fuzz::fuzz_recv;
 pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
@@ -302,6 +304,14 @@ pub enum ConfigError {
         /// The pool's buffer length.
         buf_len: u32,
     },
+    /// A credit pool was given to a connection without
+    /// [`Config::shared_receives`].
+    #[error("a credit pool backs shared receives only (Config::shared_receives)")]
+    CreditPoolWithoutSharedReceives,
+    /// The shared receive queue has no receive left to back one more
+    /// connection's minimum grant.
+    #[error("no shared receive left to back one more connection (raise the shared receive queue)")]
+    NoReceiveCredit,
 }
 
 /// Handle of one of our outgoing calls (requester side). Stale once the

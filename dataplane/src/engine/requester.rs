@@ -526,6 +526,7 @@ impl Connection {
         s.send_pending = true;
         self.outstanding += 1;
         self.stats.calls_sent += 1;
+        self.expect_reply();
         self.stats.max_outstanding_calls = self.stats.max_outstanding_calls.max(self.outstanding);
         self.tx.push_back(WorkRequest::Send {
             wr_id: WrId {

@@ -680,6 +680,7 @@ impl Connection {
         if use_read_chunk && !self.expose(reply_buf, Access::RemoteRead, 0, inline_len as u32) {
             return Err(ReplyError::NoKeyWindow);
         }
+        let credits = self.grant_to_send();
         // Header chunk lists, lengths rewritten to what is written.
         let h = &mut self.tx_hdr;
         h.chunks.clear();
@@ -715,7 +716,7 @@ impl Connection {
         }
         h.xid = self.serves[idx].xid;
         h.vers = RPCRDMA_VERSION;
-        h.credits = self.config.credits;
+        h.credits = credits;
         h.body = if use_reply_chunk || use_read_chunk {
             MessageBody::NoMsg
         } else {

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{
-    self, BufferTable, BulkMemory, BulkPool, CloseReason, ConfigError, Connection, Event,
-    PeerLimits, PeerMemory, Resources, SlabMemory, Stats, WorkRequest,
+    self, BufferTable, BulkMemory, BulkPool, CloseReason, ConfigError, Connection, CreditPool,
+    Event, PeerLimits, PeerMemory, Resources, SlabMemory, Stats, WorkRequest,
 };
 use crate::mem::{self, Arena, Backing, Buf, Slab};
 use crate::verbs::{
@@ -393,6 +393,10 @@ pub struct SharedRecvs<P: Provider> {
     srq: P::Srq,
     slab: Slab,
     _mr: P::Mr,
+    /// The receives as credits that back the grants of the connections.
+    credits: Arc<CreditPool>,
+    /// Messages that arrived in the queue's buffers.
+    messages: std::sync::atomic::AtomicU64,
 }
 
 impl<P: Provider> core::fmt::Debug for SharedRecvs<P> {
@@ -430,7 +434,13 @@ impl<P: Provider> SharedRecvs<P> {
             max_message: buf_size,
             staging_slots: STAGING_SLOTS,
         })?;
-        let shared = SharedRecvs { srq, slab, _mr: mr };
+        let shared = SharedRecvs {
+            srq,
+            slab,
+            _mr: mr,
+            credits: Arc::new(CreditPool::new(count)),
+            messages: std::sync::atomic::AtomicU64::new(0),
+        };
         if shared.refill() < count as usize {
             return Err(EndpointError::PrePost(PostError::QueueFull));
         }
@@ -464,6 +474,16 @@ impl<P: Provider> SharedRecvs<P> {
     /// Buffers in all.
     pub fn count(&self) -> usize {
         self.slab.total()
+    }
+
+    /// The receives as credits: what the connections' grants reserve.
+    pub fn credits(&self) -> &Arc<CreditPool> {
+        &self.credits
+    }
+
+    /// Messages that arrived in the queue's buffers so far.
+    pub fn messages(&self) -> u64 {
+        self.messages.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether every buffer is posted or free (the leak check once the
@@ -663,6 +683,10 @@ impl<P: Provider> PreparedEndpoint<P> {
             }
             None => Connection::with_memory(config.engine, private, peer)?,
         };
+        if let Some(s) = srq {
+            // Admission: the queue must back this connection's floor.
+            conn.use_credit_pool(s.credits.clone())?;
+        }
         let cq = match shared {
             Some(cq) => CqHandle::Shared(cq),
             None => {
@@ -1007,6 +1031,8 @@ impl<P: Provider> Endpoint<P> {
                 }
                 self.counters.recvs += 1;
                 self.counters.bytes_in += u64::from(wc.byte_len);
+                srq.messages
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.conn
                     .handle_shared_recv(now, buf, wc.byte_len, wc.invalidated_rkey);
                 return;

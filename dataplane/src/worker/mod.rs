@@ -33,7 +33,9 @@ pub mod endpoint;
 mod pool;
 mod run;
 
-pub use endpoint::{Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, POLL_BURST};
+pub use endpoint::{
+    Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
+};
 pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
@@ -118,9 +120,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// once as one connection's responder slots at the default 32 credits.
 pub const DEFAULT_BULK_BUFFERS: u32 = 64;
 
-/// Default of [`WorkerConfig::shared_receives`]: a burst of 256 inline
-/// messages between two polls of a worker before a sender waits.
-pub const DEFAULT_SHARED_RECEIVES: u32 = 256;
+/// Default of [`WorkerConfig::shared_receives`]: the floor of every
+/// connection [`DEFAULT_MAX_CONNECTIONS`] allows on one worker, three
+/// times over (16 MiB per worker and provider at 4 KiB inline receives).
+pub const DEFAULT_SHARED_RECEIVES: u32 = 4096;
 
 /// Worker configuration.
 #[derive(Debug, Clone)]
@@ -156,8 +159,11 @@ pub struct WorkerConfig {
     /// Receives of each worker's shared receive queue, per provider
     /// (docs/WORKER.md, "Shared receives"), each of the inline receive
     /// size: every connection of the worker receives from it, and gives
-    /// each buffer back as soon as it has copied the message out. 0: no
-    /// shared queue, every connection posts `credits` receives of its own.
+    /// each buffer back as soon as it has copied the message out. They
+    /// back the grants of all those connections: each reserves one at
+    /// least, so a worker takes no more connections than this, and grants
+    /// are cut to what is free. 0: no shared queue, every connection posts
+    /// `credits` receives of its own.
     pub shared_receives: u32,
 }
 

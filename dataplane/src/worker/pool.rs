@@ -406,6 +406,14 @@ impl WorkerSet {
         self.providers.bulk_pools()
     }
 
+    /// Every worker's shared receive queue of provider `P`, by worker
+    /// index (empty without them).
+    pub fn shared_recvs<P: PoolProvider>(&self) -> Vec<Arc<SharedRecvs<P>>> {
+        P::slot(&self.providers)
+            .as_ref()
+            .map_or_else(Vec::new, |a| a.srqs.clone())
+    }
+
     /// The context of provider `P`, if attached.
     pub fn context<P: PoolProvider>(&self) -> Option<&Arc<P::Context>> {
         P::slot(&self.providers).as_ref().map(|a| &a.ctx)
