@@ -325,10 +325,7 @@ fn client_killed_mid_call_loses_only_its_connection() {
 #[test]
 fn stop_with_grace_returns_every_pool() {
     const MAX: u32 = 256 << 10;
-    // Receives of their own: the connections grant the configured credits
-    // from the first reply (on shared receives a grant follows the load,
-    // docs/WORKER.md), so all twelve calls are in progress at the stop.
-    let server = Server::start_with(2, engine_config(MAX, 4), |c| c.shared_receives = 0);
+    let server = Server::start(2, engine_config(MAX, 4));
     let mut clients: Vec<Client<Shm>> = (0..3)
         .map(|_| Client::<Shm>::connect(&server.url, client_config(engine_config(MAX, 4))).unwrap())
         .collect();

@@ -657,16 +657,16 @@ impl Connection {
         }
     }
 
-    /// The credit value for the next reply or RDMA_ERROR we send: our
-    /// configured grant; on a credit pool, what the load calls for (twice
-    /// the calls in progress, at least 2, at most `credits`) cut to what
-    /// the pool can back (never zero: RFC 5666 s3.3).
-    pub(super) fn grant_to_send(&mut self) -> u32 {
-        let busy = self.active_calls + self.parked.len() as u32;
-        let want = busy.saturating_mul(2).clamp(2, self.config.credits.max(2));
+    /// The credit value for the next reply or RDMA_ERROR we send, the
+    /// call having asked for `requested` (RFC 5666 s3.3): our configured
+    /// grant; on a credit pool, what the peer asked for up to `credits`,
+    /// cut to the connection's fair share of the pool and to what the
+    /// pool can back (never zero).
+    pub(super) fn grant_to_send(&mut self, requested: u32) -> u32 {
+        let credits = self.config.credits;
         match &mut self.backing {
-            None => self.config.credits,
-            Some(b) => b.grant(want.min(self.config.credits)),
+            None => credits,
+            Some(b) => b.grant(requested.clamp(1, credits)),
         }
     }
 
@@ -1168,7 +1168,9 @@ impl Connection {
         self.tx_hdr.chunks.clear();
         self.tx_hdr.xid = xid;
         self.tx_hdr.vers = RPCRDMA_VERSION;
-        self.tx_hdr.credits = self.grant_to_send();
+        // The request's own ask is not at hand here (its header may not
+        // even parse): the configured grant, cut like any other.
+        self.tx_hdr.credits = self.grant_to_send(self.config.credits);
         self.tx_hdr.body = MessageBody::Error(body);
         let Ok(n) = self.tx_hdr.emit(self.bufs.bytes_mut(buf)) else {
             // Cannot happen (the buffer holds the largest error header);

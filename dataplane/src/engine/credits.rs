@@ -23,11 +23,16 @@
 //! be granted the credit RFC 5666 requires. A message that has arrived is
 //! copied out and its buffer posted again at once, unless its call waits
 //! for a responder slot: then its receive stays reserved until it is
-//! given back. The grant of a reply is what the connection's load calls
-//! for (twice the calls it still serves, plus two, up to `credits`: it
-//! doubles as a client deepens its pipeline and falls back to two when
-//! the client goes quiet), cut to what the pool can back.
-use std::sync::atomic::{AtomicI64, Ordering};
+//! given back. The grant of a reply is what the requester asked for in
+//! its call (up to `credits`), cut to the connection's fair share of the
+//! pool (its receives over the connections on it, at least 2) and to
+//! what the pool can still back.
+//!
+//! A grant that falls frees receives only as the messages the earlier,
+//! larger grants allowed arrive, so a connection that goes quiet keeps
+//! its last grant reserved: the fair share bounds what that costs the
+//! others.
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Receives reserved for every connection on the queue, even with
@@ -43,6 +48,8 @@ pub struct CreditPool {
     /// `total` minus every reservation; negative only while a peer that
     /// sent beyond its grant holds more than it was backed for.
     free: AtomicI64,
+    /// Connections reserving from it.
+    members: AtomicU32,
 }
 
 impl CreditPool {
@@ -51,7 +58,15 @@ impl CreditPool {
         CreditPool {
             total,
             free: AtomicI64::new(i64::from(total)),
+            members: AtomicU32::new(0),
         }
+    }
+
+    /// What one connection's grant may reach: the receives over the
+    /// connections on the pool, at least 2.
+    pub fn fair_share(&self) -> u32 {
+        let n = self.members.load(Ordering::Relaxed).max(1);
+        (self.total / n).max(2)
     }
 
     /// Receives in all.
@@ -115,6 +130,7 @@ impl Backing {
         if !pool.try_take(CREDIT_FLOOR) {
             return None;
         }
+        pool.members.fetch_add(1, Ordering::Relaxed);
         Some(Backing {
             pool,
             sent: 0,
@@ -176,14 +192,15 @@ impl Backing {
     }
 
     /// The grant for the next message that carries one: `want`, cut to
-    /// what the pool can back, and at least 1. Records it as sent.
+    /// the fair share and to what the pool can back, and at least 1.
+    /// Records it as sent.
     ///
     /// A grant of 1 needs nothing beyond the floor: every message carrying
     /// a grant answers one received, so `received >= sent + 1` and the
     /// horizon `sent + 2` is at most one ahead.
     pub(super) fn grant(&mut self, want: u32) -> u32 {
         let n = self.sent + 1;
-        let want = u64::from(want.max(1));
+        let want = u64::from(want.min(self.pool.fair_share()).max(1));
         let extra = self
             .needed_with(self.horizon.max(n + want))
             .saturating_sub(self.reserved);
@@ -219,6 +236,7 @@ impl Backing {
 impl Drop for Backing {
     fn drop(&mut self) {
         self.pool.give(self.reserved);
+        self.pool.members.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -255,15 +273,28 @@ mod tests {
             assert!(a.received(false));
         }
         assert_eq!(a.reserved(), 1, "all granted messages arrived");
-        // Three calls are still unanswered and 4 receives free: the peer,
-        // once it sees this reply, may have 3 + 4 in progress.
-        assert_eq!(a.grant(64), 7, "the receives came back");
-        assert_eq!((a.reserved(), p.available()), (4, 0));
+        // Three calls are still unanswered; the grant counts them: the
+        // fair share (4, one connection) lets the peer send one more.
+        assert_eq!(a.grant(64), 4, "the receives came back");
+        assert_eq!((a.reserved(), p.available()), (1, 3));
         let mut b = Backing::new(pool(1)).unwrap();
         assert!(b.received(false));
         assert_eq!(b.grant(8), 1, "nothing free beyond the floor");
         assert!(b.received(false));
         assert!(!b.received(false), "a third message was never granted");
+    }
+
+    #[test]
+    fn a_grant_is_cut_to_the_fair_share() {
+        let p = pool(64);
+        let mut conns: Vec<Backing> = (0..8).map(|_| Backing::new(p.clone()).unwrap()).collect();
+        assert_eq!(p.fair_share(), 8);
+        assert!(conns[0].received(false));
+        assert_eq!(conns[0].grant(32), 8, "64 receives over 8 connections");
+        conns.truncate(1);
+        assert_eq!(p.fair_share(), 64);
+        assert!(conns[0].received(false));
+        assert_eq!(conns[0].grant(32), 32, "alone on the pool: what it asked");
     }
 
     #[test]

@@ -680,7 +680,7 @@ impl Connection {
         if use_read_chunk && !self.expose(reply_buf, Access::RemoteRead, 0, inline_len as u32) {
             return Err(ReplyError::NoKeyWindow);
         }
-        let credits = self.grant_to_send();
+        let credits = self.grant_to_send(self.serves[idx].hdr_credits);
         // Header chunk lists, lengths rewritten to what is written.
         let h = &mut self.tx_hdr;
         h.chunks.clear();

@@ -375,12 +375,12 @@ impl<P: Provider> BulkBuffers<P> {
 
 /// Staging slots per connection on a shared receive queue, where the
 /// provider has them (`shm`: each peer writes its Sends into slots of its
-/// own connection, copied into shared receives when polled). Four keep a
-/// busy connection's pipeline full without waiting on the worker
-/// (measured with `rpcrdma-bench rate --depth 32`) at 16 KiB of address
-/// space each with 4 KiB messages, of which an idle connection touches a
-/// page.
-pub const STAGING_SLOTS: u32 = 4;
+/// own connection, copied into shared receives when polled). A peer can
+/// have this many messages delivered between two polls of its queue
+/// pair: with 4, a depth-32 client was held to 4 calls per worker
+/// iteration. 16 cost 64 KiB of address space per connection with 4 KiB
+/// messages, of which an idle connection touches a page.
+pub const STAGING_SLOTS: u32 = 16;
 
 /// A worker's shared receive queue for one provider (docs/WORKER.md,
 /// "Shared receives"): `count` inline-size buffers in one arena
