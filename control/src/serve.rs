@@ -150,6 +150,7 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
             || engine
                 .extensions
                 .contains(engine::Extensions::RESPONDER_READ_CHUNKS),
+        max_send_wr: dataplane::worker::SERVER_MAX_SEND_WR,
         ..EndpointConfig::default()
     }
 }

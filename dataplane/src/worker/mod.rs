@@ -116,6 +116,13 @@ impl Idler {
 /// Default of [`WorkerConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// Send-queue depth of a server connection: a reply's Writes and Send
+/// for half the credits at once at rpcrdmad's defaults; more waits in
+/// the endpoint's backlog. The software providers keep a queue of work
+/// requests and one of completions this deep per connection (about
+/// 47 KiB at 128), so it weighs on an idle connection's memory.
+pub const SERVER_MAX_SEND_WR: u32 = 128;
+
 /// Default of [`WorkerConfig::bulk_buffers`]: as many large messages at
 /// once as one connection's responder slots at the default 32 credits.
 pub const DEFAULT_BULK_BUFFERS: u32 = 64;
@@ -174,6 +181,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         let mut endpoint = EndpointConfig::default();
         endpoint.engine.max_outstanding_calls = 0;
+        endpoint.max_send_wr = SERVER_MAX_SEND_WR;
         WorkerConfig {
             endpoint,
             idle: IdleStrategy::default(),

@@ -327,7 +327,10 @@ impl ProtectionDomain<Shm> for ShmPd {
             srq: srq.inner.clone(),
             slab,
         };
-        let completions = caps.max_recv_wr as usize;
+        // A poll moves at most what the completion queue holds, and a
+        // connection can have no more messages waiting than its slots:
+        // room for more would never be used.
+        let completions = caps.max_recv_wr.min(slots) as usize;
         let qp = self.new_qp(
             send_cq,
             recv_cq,
