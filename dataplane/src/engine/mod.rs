@@ -206,13 +206,21 @@ impl Config {
 
     /// Responder slots a connection keeps: the grant, room for replies
     /// whose completions are still due while the peer already sent the
-    /// calls their credits allow (a quarter of the grant, at least 2),
-    /// and the replies that may be exposed waiting for RDMA_DONE. A call
-    /// within the grant that finds every slot busy waits for one
-    /// (parked), it is not refused; each slot costs a Send buffer and a
-    /// message buffer, so slots are memory on every idle connection.
+    /// calls their credits allow, and the replies that may be exposed
+    /// waiting for RDMA_DONE. A call within the grant that finds every
+    /// slot busy waits for one (parked), it is not refused; each slot
+    /// costs a Send buffer, a message buffer and about 1 KiB of heap, so
+    /// slots are memory on every idle connection. The room is a quarter
+    /// of the grant (at least 2) with receives of its own; 2 on shared
+    /// receives, where a grant is also cut to the connection's share of
+    /// the worker's queue and a waiting call keeps its receive reserved.
     pub fn responder_slots(&self) -> u32 {
-        self.credits + (self.credits / 4).max(2) + self.replies_exposed_at_most()
+        let room = if self.shared_receives {
+            2
+        } else {
+            (self.credits / 4).max(2)
+        };
+        self.credits + room + self.replies_exposed_at_most()
     }
 
     /// Takes the peer's inline sizes and its remote-invalidation flag from

@@ -834,8 +834,11 @@ pub struct SrqCaps {
 }
 
 /// A shared receive queue (as `ibv_srq`): one pool of posted receives
-/// for many queue pairs. A message takes the oldest posted receive, and
-/// its completion goes to the receive CQ of the queue pair it arrived on,
+/// for many queue pairs. A message takes one of the posted receives (a
+/// hardware queue the oldest; `shm` and `roce` the newest, so that a
+/// receive posted again at once is the next one used and stays in cache,
+/// and a queue much larger than the load touches only the buffers the
+/// load needs), and its completion goes to the receive CQ of the queue pair it arrived on,
 /// with that queue pair's number. When the queue is empty, a sender sees
 /// receiver-not-ready, as with an empty receive queue. A queue pair's
 /// error or destruction flushes nothing from it: its receives stay posted

@@ -78,7 +78,7 @@ fn requester<P: Provider>(url: String, orders: mpsc::Receiver<Order>, done: mpsc
 /// * a message that arrives while the queue is empty waits (the sender
 ///   sees receiver-not-ready and retries), and is delivered once
 ///   receives are posted;
-/// * each message takes the oldest shared receive and completes with the
+/// * each message takes a posted shared receive and completes with the
 ///   number of the queue pair it arrived on, its bytes intact, in order
 ///   per queue pair;
 /// * a queue pair on it refuses receives of its own;

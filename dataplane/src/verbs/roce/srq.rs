@@ -27,15 +27,16 @@ impl SrqShared {
         }
     }
 
-    /// The oldest posted receive, for a message that starts now.
+    /// The newest posted receive, for a message that starts now (see
+    /// `SharedReceiveQueue`).
     pub(super) fn take(&self) -> Option<RecvWr> {
-        lock(&self.wrs).pop_front()
+        lock(&self.wrs).pop_back()
     }
 
     /// Puts back a receive that a queue pair took and did not complete
     /// (the queue pair failed mid-message): it serves the others.
     pub(super) fn give_back(&self, wr: RecvWr) {
-        lock(&self.wrs).push_front(wr);
+        lock(&self.wrs).push_back(wr);
     }
 }
 

@@ -868,13 +868,13 @@ struct QpInner {
 struct SrqInner {
     pd: Arc<PdInner>,
     caps: SrqCaps,
-    /// Posted receives, oldest first.
+    /// Posted receives, in the order posted.
     wrs: Mutex<VecDeque<RecvWr>>,
 }
 
 /// A shared receive queue. A peer writes a Send into one of its
 /// connection's staging slots (memory shared with that peer alone); the
-/// queue pair's progress copies it into the oldest posted shared receive
+/// queue pair's progress copies it into a posted shared receive
 /// and republishes the slot. No peer ever maps a shared receive, so one
 /// connection cannot touch another's messages, and an idle connection
 /// holds only its few staging slots.
@@ -1066,7 +1066,7 @@ fn as_src(r: &[(*mut u8, usize)]) -> [(*const u8, usize); MAX_SGE] {
 /// to the front of its queue.
 fn give_back(staging: &Option<Staging>, wr: Option<RecvWr>) {
     if let (Some(st), Some(wr)) = (staging, wr) {
-        lock(&st.srq.wrs).push_front(wr);
+        lock(&st.srq.wrs).push_back(wr);
     }
 }
 
@@ -1302,7 +1302,8 @@ impl QpInner {
             // as for receiver-not-ready.
             let mut shared = None;
             if let Some(st) = &self.staging {
-                match lock(&st.srq.wrs).pop_front() {
+                // The newest posted receive (see `SharedReceiveQueue`).
+                match lock(&st.srq.wrs).pop_back() {
                     Some(w) => shared = Some(w),
                     None if matches!(kind, D_SEND | D_SEND_IMM | D_SEND_INV | D_WRITE_IMM) => {
                         return Ok(())
