@@ -96,19 +96,24 @@ pub enum PoolKind {
     /// Buffers of the worker's bulk pools (every RDMA provider's), leased
     /// by large calls and replies.
     Bulk,
+    /// Receives of the worker's shared receive queues (every RDMA
+    /// provider's); in use: reserved for the grants of its connections.
+    SharedReceives,
 }
 
 impl PoolKind {
     /// How many pools a worker has.
-    pub const COUNT: usize = 2;
+    pub const COUNT: usize = 3;
     /// Every pool, in label order.
-    pub const ALL: [PoolKind; Self::COUNT] = [PoolKind::Leases, PoolKind::Bulk];
+    pub const ALL: [PoolKind; Self::COUNT] =
+        [PoolKind::Leases, PoolKind::Bulk, PoolKind::SharedReceives];
 
     /// The `pool` label value.
     pub const fn label(self) -> &'static str {
         match self {
             PoolKind::Leases => "leases",
             PoolKind::Bulk => "bulk",
+            PoolKind::SharedReceives => "shared_receives",
         }
     }
 }

@@ -485,6 +485,7 @@ fn spawn_tcp_acceptor(
 fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
     let counters = set.counters();
     let bulk = set.bulk_pools();
+    let credits = set.credit_pools();
     // Per transport, its listeners: a transport with one listener (the
     // usual case) gets an exact per-listener connection gauge.
     let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
@@ -525,6 +526,14 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             metrics::set(&w.pool_capacity[PoolKind::Bulk as usize], total);
             metrics::set(&w.pool_in_use[PoolKind::Bulk as usize], total - free);
             metrics::set(&w.bulk_pool_empty, empty);
+            let (mut total, mut reserved) = (0u64, 0u64);
+            for (_, p) in credits.iter().filter(|(worker, _)| *worker == i) {
+                total += u64::from(p.total());
+                reserved += u64::from(p.reserved());
+            }
+            let k = PoolKind::SharedReceives as usize;
+            metrics::set(&w.pool_capacity[k], total);
+            metrics::set(&w.pool_in_use[k], reserved);
             let errors = [
                 (ErrorKind::CompletionError, sum.errors_completion),
                 (ErrorKind::ReplyRefused, sum.errors_reply),

@@ -136,6 +136,12 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
             "workers.bulk_buffers = 8192 of transport.max_message = 1052672 bytes is 8224 MiB per worker and provider, over the 4 GiB a registration holds; lower either".into(),
         ),
         (
+            "shared-receives-below-connections",
+            "[workers]\ncores = [0, 1]\nmax_connections = 1024\nshared_receives = 100\n".into(),
+            4,
+            "workers.shared_receives = 100 cannot back the 512 connections a worker may hold (workers.max_connections = 1024 over 2 cores; each needs one receive at least); raise it to 1024 or more, or set 0 for receives per connection".into(),
+        ),
+        (
             "credits-zero",
             "[transport]\ninline_send = 4096\ncredits = 0\n".into(),
             3,

@@ -217,6 +217,8 @@ fn metrics_pass_promtool_check_metrics() {
         "rpcrdma_worker_errors_total",
         "rpcrdma_worker_credits_in_use",
         "rpcrdma_pool_buffers_in_use",
+        // Two RDMA providers, a shared receive queue of 4096 each.
+        "rpcrdma_pool_buffers{worker=\"0\",core=\"0\",pool=\"shared_receives\"} 8192",
         "rpcrdma_listener_connections{listener=\"roce://127.0.0.23:20151\"} 0",
         "rpcrdma_listener_serving",
     ] {

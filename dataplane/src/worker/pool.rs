@@ -108,6 +108,21 @@ pub(crate) mod sealed {
             pools.collect()
         }
 
+        /// (worker, credits) of every shared receive queue, every provider.
+        pub fn credit_pools(&self) -> Vec<(usize, Arc<crate::engine::CreditPool>)> {
+            fn of<P: Provider>(
+                a: &Option<Attached<P>>,
+            ) -> impl Iterator<Item = (usize, Arc<crate::engine::CreditPool>)> + '_ {
+                a.iter()
+                    .flat_map(|a| a.srqs.iter().enumerate())
+                    .map(|(i, s)| (i, s.credits().clone()))
+            }
+            let pools = of(&self.shm).chain(of(&self.roce));
+            #[cfg(feature = "ibverbs")]
+            let pools = pools.chain(of(&self.ibverbs));
+            pools.collect()
+        }
+
         /// (scheme, worker) of every bulk pool not back to full.
         pub fn bulk_short(&self) -> Vec<(&'static str, usize)> {
             let mut short: Vec<(&'static str, usize)> = Vec::new();
@@ -404,6 +419,12 @@ impl WorkerSet {
     /// index of the worker that owns each: for gauges.
     pub fn bulk_pools(&self) -> Vec<(usize, Arc<crate::engine::BulkPool>)> {
         self.providers.bulk_pools()
+    }
+
+    /// Every worker's shared receive queues as credits (one per attached
+    /// provider), with the index of the worker that owns each: for gauges.
+    pub fn credit_pools(&self) -> Vec<(usize, Arc<crate::engine::CreditPool>)> {
+        self.providers.credit_pools()
     }
 
     /// Every worker's shared receive queue of provider `P`, by worker
