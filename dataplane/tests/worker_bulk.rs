@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::client::{Client, ReplyTarget};
 use dataplane::engine::{BulkPool, Connection};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
@@ -47,33 +47,7 @@ fn calls_wait_for_a_small_pool_and_all_are_served<P: PoolProvider>(url: String) 
     let payloads: Vec<Vec<u8>> = (0..CLIENTS * DEPTH)
         .map(|i| pattern(100_000 + 4 * i, i as u8))
         .collect();
-    // One round trip each first: the server's grant is then known and
-    // the pipelined calls all go out at once (RFC 5666 s3.3).
-    for (c, p) in clients.iter_mut().zip(&payloads) {
-        assert!(echo(c, p, false, ReplyTarget::ReplyChunk).0 == *p);
-    }
-    let mut calls = Vec::new();
-    for (i, c) in clients.iter_mut().enumerate() {
-        for k in 0..DEPTH {
-            let p = &payloads[i * DEPTH + k];
-            calls.push(
-                c.call(ReplyTarget::ReplyChunk, |xid, buf| {
-                    encode_call(xid, ECHO, Arg::Opaque(p, false), buf)
-                })
-                .expect("call"),
-            );
-        }
-    }
-    for (i, c) in clients.iter_mut().enumerate() {
-        for k in 0..DEPTH {
-            let call = calls[i * DEPTH + k];
-            let outcome = c.wait(call).expect("reply");
-            assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
-            let back = decode_opaque_reply(&c.reply(call).map(|b| b.to_vec()).unwrap());
-            assert!(back == payloads[i * DEPTH + k], "client {i} call {k}");
-            assert!(c.release(call));
-        }
-    }
+    pipelined_echoes(&mut clients, &payloads, DEPTH, ReplyTarget::ReplyChunk);
     assert!(
         pool.times_empty() > 0,
         "{} calls in flight needing a buffer each against a pool of one: some waited",

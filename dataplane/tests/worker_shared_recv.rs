@@ -13,7 +13,7 @@ mod support;
 
 use std::time::Duration;
 
-use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::client::{Client, ReplyTarget};
 use dataplane::engine::Connection;
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
@@ -47,33 +47,7 @@ fn many_clients_share_a_few_receives<P: PoolProvider>(url: String) {
     let payloads: Vec<Vec<u8>> = (0..CLIENTS * DEPTH)
         .map(|i| pattern(200 + 8 * i, i as u8))
         .collect();
-    // One round trip each first: the grant is then known (RFC 5666 s3.3);
-    // calls beyond it wait in the client for the next grants.
-    for (c, p) in clients.iter_mut().zip(&payloads) {
-        assert!(echo(c, p, false, ReplyTarget::Inline).0 == *p);
-    }
-    let mut calls = Vec::new();
-    for (i, c) in clients.iter_mut().enumerate() {
-        for k in 0..DEPTH {
-            let p = &payloads[i * DEPTH + k];
-            calls.push(
-                c.call(ReplyTarget::Inline, |xid, buf| {
-                    encode_call(xid, ECHO, Arg::Opaque(p, false), buf)
-                })
-                .expect("call"),
-            );
-        }
-    }
-    for (i, c) in clients.iter_mut().enumerate() {
-        for k in 0..DEPTH {
-            let call = calls[i * DEPTH + k];
-            let outcome = c.wait(call).expect("reply");
-            assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
-            let back = decode_opaque_reply(&c.reply(call).map(|b| b.to_vec()).unwrap());
-            assert!(back == payloads[i * DEPTH + k], "client {i} call {k}");
-            assert!(c.release(call));
-        }
-    }
+    pipelined_echoes(&mut clients, &payloads, DEPTH, ReplyTarget::Inline);
     let calls_made = (CLIENTS * (DEPTH + 1)) as u64;
     // Idle again: each connection keeps what the grants it sent may
     // still let its peer send (at least its floor), never more than the

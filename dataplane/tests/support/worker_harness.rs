@@ -296,6 +296,42 @@ pub fn echo<P: PoolProvider>(
     }
 }
 
+/// Each client warms up with one echo (the server's grant is then known,
+/// RFC 5666 s3.3), then pipelines `depth` echoes of `payloads` (client
+/// `i` sends `payloads[i * depth..][..depth]`) and checks every reply
+/// byte for byte, in order.
+pub fn pipelined_echoes<P: PoolProvider>(
+    clients: &mut [Client<P>],
+    payloads: &[Vec<u8>],
+    depth: usize,
+    target: ReplyTarget,
+) {
+    for (c, p) in clients.iter_mut().zip(payloads) {
+        assert!(echo(c, p, false, target).0 == *p);
+    }
+    let mut calls = Vec::new();
+    for (i, c) in clients.iter_mut().enumerate() {
+        for p in &payloads[i * depth..(i + 1) * depth] {
+            calls.push(
+                c.call(target, |xid, buf| {
+                    encode_call(xid, ECHO, Arg::Opaque(p, false), buf)
+                })
+                .expect("call"),
+            );
+        }
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        for k in 0..depth {
+            let call = calls[i * depth + k];
+            let outcome = c.wait(call).expect("reply");
+            assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
+            let back = decode_opaque_reply(&c.reply(call).map(|b| b.to_vec()).unwrap());
+            assert!(back == payloads[i * depth + k], "client {i} call {k}");
+            assert!(c.release(call));
+        }
+    }
+}
+
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
