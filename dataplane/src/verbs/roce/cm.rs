@@ -3,6 +3,7 @@
 //! does over RoCEv2, and their retransmission timers.
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::io::Tx;
@@ -14,6 +15,15 @@ use crate::wire::ibcm::{
 };
 use crate::wire::roce::seg::Mtu;
 use crate::wire::roce::Psn;
+
+/// The device's queue pairs as the connection manager reaches them
+/// (they live in shards it does not know).
+pub(super) trait QueuePairs {
+    /// Runs `f` on queue pair `qpn`, if it exists.
+    fn with<R>(&self, qpn: u32, f: impl FnOnce(&mut RcQp) -> R) -> Option<R>;
+    /// Calls `f` with every queue pair's number.
+    fn for_each_qpn(&self, f: impl FnMut(u32));
+}
 
 /// User private data that fits a REQ after the 36-byte rdma_cm header.
 pub const MAX_REQ_PRIVATE_DATA: usize = ibcm::private_len::REQ - RDMA_CM_HEADER_LEN;
@@ -182,11 +192,11 @@ impl Cm {
         &mut self,
         payload: &[u8],
         src: SocketAddrV4,
-        qps: &mut HashMap<u32, RcQp>,
+        qps: &impl QueuePairs,
         tx: &mut Tx,
         gsi_psn: &mut Psn,
         now: Instant,
-        spoofed: &mut u64,
+        spoofed: &AtomicU64,
     ) {
         let Ok(mad) = CmMad::parse(payload) else {
             return;
@@ -198,7 +208,7 @@ impl Cm {
                 // the sender's, or anyone could aim our REPs (and bind a
                 // connection) at a third party.
                 if ibcm::gid_to_ip(r.primary_path.local_gid) != IpAddr::V4(*src.ip()) {
-                    *spoofed += 1;
+                    spoofed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
                 self.on_req(&r, mad.tid, src, tx, gsi_psn)
@@ -229,10 +239,11 @@ impl Cm {
                         rec.remote_comm_id = r.local_comm_id;
                         rec.remote_qpn = r.local_qpn;
                         rec.peer_private = trim_private(r.private_data);
-                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                        qps.with(rec.qpn, |qp| {
                             // We send from the PSN the REP announced (the
                             // first the peer expects); the peer sends from
                             // the one our REQ announced.
+                            let mtu = qp.mtu;
                             qp.bind(
                                 PeerPath {
                                     addr: SocketAddrV4::new(rec.peer_ip, port),
@@ -242,10 +253,10 @@ impl Cm {
                                 ConnRef {
                                     local_comm_id: rec.local_comm_id,
                                 },
-                                qp.mtu,
+                                mtu,
                                 r.responder_resources,
                             );
-                        }
+                        });
                         rec.state = ConnState::Established;
                         send_rtu(tx, gsi_psn, rec, mad.tid);
                     }
@@ -262,9 +273,7 @@ impl Cm {
                         && matches!(rec.state, ConnState::RepSent { .. })
                     {
                         rec.state = ConnState::Established;
-                        if let Some(qp) = qps.get_mut(&rec.qpn) {
-                            qp.awaiting_rtu = false;
-                        }
+                        qps.with(rec.qpn, |qp| qp.awaiting_rtu = false);
                     }
                 }
             }
@@ -280,9 +289,7 @@ impl Cm {
                         rec.state = ConnState::Rejected(trim_private(j.private_data))
                     }
                     _ => {
-                        if let Some(qp) = qps.get_mut(&rec.qpn) {
-                            qp.enter_error(None, false);
-                        }
+                        qps.with(rec.qpn, |qp| qp.enter_error(None, false));
                         if rec.active && !rec.claimed {
                             rec.state = ConnState::Closed;
                         } else {
@@ -305,9 +312,7 @@ impl Cm {
                 let mut drep_ids = (0, d.local_comm_id);
                 if let Some(rec) = self.conns.get_mut(&d.remote_comm_id) {
                     if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
-                        if let Some(qp) = qps.get_mut(&rec.qpn) {
-                            qp.enter_error(None, false);
-                        }
+                        qps.with(rec.qpn, |qp| qp.enter_error(None, false));
                         drep_ids = (rec.local_comm_id, rec.remote_comm_id);
                         if rec.active && !rec.claimed {
                             rec.state = ConnState::Closed;
@@ -445,21 +450,30 @@ pub(super) fn cm_path(local: Ipv4Addr, remote: Ipv4Addr, ack_code: u8) -> CmPath
 }
 
 impl Cm {
-    /// CM timers: DREQs for QPs that entered the error state, DREQ
-    /// retries, and REP retries while a passive connection awaits its RTU.
+    /// CM timers: DREQs for QPs that entered the error state (looked for
+    /// only with `scan_dreqs`: a shard says when one of its queue pairs
+    /// owes one), DREQ retries, and REP retries while a passive connection
+    /// awaits its RTU.
     pub(super) fn timers(
         &mut self,
         now: Instant,
-        qps: &mut HashMap<u32, RcQp>,
+        qps: &impl QueuePairs,
+        scan_dreqs: bool,
         tx: &mut Tx,
         gsi_psn: &mut Psn,
     ) {
-        for qp in qps.values_mut() {
-            if !qp.dreq_due {
-                continue;
-            }
-            qp.dreq_due = false;
-            let Some(c) = qp.conn else { continue };
+        // Collected first: the records are changed below.
+        let mut owing = Vec::new();
+        if scan_dreqs {
+            qps.for_each_qpn(|qpn| {
+                let conn = qps.with(qpn, |qp| {
+                    let due = std::mem::take(&mut qp.dreq_due);
+                    qp.conn.filter(|_| due)
+                });
+                owing.extend(conn.flatten());
+            });
+        }
+        for c in owing {
             if let Some(rec) = self.conns.get_mut(&c.local_comm_id) {
                 rec.state = ConnState::DreqSent {
                     next: now + CM_RETRY,
@@ -473,6 +487,11 @@ impl Cm {
         self.conns.retain(|_, rec| {
             if let ConnState::RepSent { next, left } = &mut rec.state {
                 if now >= *next {
+                    // A packet of the peer's QP stands for the RTU.
+                    if qps.with(rec.qpn, |qp| !qp.awaiting_rtu) == Some(true) {
+                        rec.state = ConnState::Established;
+                        return true;
+                    }
                     if *left == 0 {
                         // No RTU and no packet: the requester is gone or
                         // never meant to finish. Tell it and fail the QP
@@ -487,10 +506,10 @@ impl Cm {
                             ibcm::rej_reason::TIMEOUT,
                             &[],
                         );
-                        if let Some(qp) = qps.get_mut(&rec.qpn) {
+                        qps.with(rec.qpn, |qp| {
                             qp.awaiting_rtu = false;
                             qp.enter_error(None, false);
-                        }
+                        });
                         return false;
                     }
                     *left -= 1;

@@ -39,6 +39,10 @@ pub struct RoceConfig {
     /// tests' `initial_psn=` URL option sets it: PSNs must be
     /// unpredictable.
     pub initial_psn: Option<Psn>,
+    /// How long a shard may go undriven before the device's thread drives
+    /// it (a device option: the first context to bind the address sets
+    /// it).
+    pub idle_after: Duration,
 }
 
 impl Default for RoceConfig {
@@ -52,6 +56,7 @@ impl Default for RoceConfig {
             verify_icrc: false,
             faults: FaultPolicy::default(),
             initial_psn: None,
+            idle_after: Duration::from_millis(1),
         }
     }
 }
@@ -140,6 +145,13 @@ pub(super) fn parse_url(
                     .ok_or_else(|| bad("retry must be 0..=7"))?
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
+            "idle_ms" => {
+                let ms: u64 = v.parse().map_err(|_| bad("bad idle_ms"))?;
+                if ms == 0 {
+                    return Err(bad("idle_ms must be positive"));
+                }
+                cfg.idle_after = Duration::from_millis(ms);
+            }
             "faults" => cfg.faults = FaultPolicy::parse(v).ok_or_else(|| bad("bad faults"))?,
             // Unit tests only: a URL of a real deployment cannot make PSNs
             // predictable.

@@ -58,7 +58,7 @@ impl Context<Roce> for RoceContext {
             inner: Arc::new(CqInner {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
-                devices: Mutex::new(Vec::new()),
+                shards: Mutex::new(Vec::new()),
                 ready: Arc::new(ReadyList::default()),
                 orphans: Mutex::new(VecDeque::new()),
             }),
@@ -69,14 +69,14 @@ impl Context<Roce> for RoceContext {
         let (addr, cfg) = parse_url(url, self.config())?;
         let dev = Device::at(SocketAddrV4::new(*addr.ip(), cfg.udp_port), &cfg)?;
         {
-            let mut eng = lock(&dev.eng);
-            if eng.cm.listeners.contains_key(&addr.port()) {
+            let mut ctl = dev.control();
+            if ctl.cm.listeners.contains_key(&addr.port()) {
                 return Err(VerbsError::Os {
                     what: "listen",
                     source: nix::Error::EADDRINUSE,
                 });
             }
-            eng.cm.listeners.insert(addr.port(), VecDeque::new());
+            ctl.cm.listeners.insert(addr.port(), VecDeque::new());
         }
         Ok(RoceListener {
             dev,

@@ -1,29 +1,34 @@
-//! Completion queues: a poll drives the devices of the queue's queue
+//! Completion queues: a poll drives the shards of the queue's queue
 //! pairs and takes completions from those its ready list names.
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::device::Device;
+use super::device::{Control, DataPath, Device, Shard};
 use super::ready::ReadyList;
 use crate::verbs::{lock, Completion, CompletionQueue};
 
 pub(super) static CQ_IDS: AtomicUsize = AtomicUsize::new(1);
 
-/// A device with queue pairs on a completion queue, and how many.
+/// A shard with queue pairs on a completion queue, and how many.
 #[derive(Debug)]
-pub(super) struct CqDevice {
+pub(super) struct CqShard {
     dev: Arc<Device>,
+    shard: Arc<Shard>,
     qps: usize,
+    /// The shard is this queue's own (its queue pairs have this queue as
+    /// their receive queue); otherwise this queue is only the send queue
+    /// of some of them.
+    owner: bool,
 }
 
 #[derive(Debug)]
 pub(super) struct CqInner {
     pub(super) id: usize,
     pub(super) depth: usize,
-    /// The devices of its queue pairs: a poll drives each once.
-    pub(super) devices: Mutex<Vec<CqDevice>>,
+    /// The shards of its queue pairs: a poll drives each once.
+    pub(super) shards: Mutex<Vec<CqShard>>,
     /// Its queue pairs with completions waiting (ready.rs).
     pub(super) ready: Arc<ReadyList>,
     /// Completions of queue pairs that never reached a device (flushed
@@ -32,29 +37,56 @@ pub(super) struct CqInner {
 }
 
 impl CqInner {
-    pub(super) fn attach(&self, dev: &Arc<Device>) {
-        let mut devices = lock(&self.devices);
-        match devices.iter_mut().find(|d| Arc::ptr_eq(&d.dev, dev)) {
-            Some(d) => d.qps += 1,
-            None => devices.push(CqDevice {
+    /// This queue's shard on `dev`, created if it has none yet (the
+    /// control part is locked: shards are made at connection setup).
+    pub(super) fn shard_on(&self, dev: &Arc<Device>, ctl: &Control) -> Arc<Shard> {
+        let shards = lock(&self.shards);
+        match shards.iter().find(|s| s.owner && Arc::ptr_eq(&s.dev, dev)) {
+            Some(s) => s.shard.clone(),
+            None => dev.new_shard(ctl),
+        }
+    }
+
+    /// Counts a queue pair of `shard` on this queue.
+    pub(super) fn attach(&self, dev: &Arc<Device>, shard: &Arc<Shard>, owner: bool) {
+        let mut shards = lock(&self.shards);
+        match shards.iter_mut().find(|s| Arc::ptr_eq(&s.shard, shard)) {
+            Some(s) => s.qps += 1,
+            None => shards.push(CqShard {
                 dev: dev.clone(),
+                shard: shard.clone(),
                 qps: 1,
+                owner,
             }),
         }
         // A queue pair is on this CQ's list at most once: room for all of
         // them now, so announcing never allocates.
-        let qps: usize = devices.iter().map(|d| d.qps).sum();
+        let qps: usize = shards.iter().map(|s| s.qps).sum();
         self.ready.reserve(qps);
     }
 
-    pub(super) fn detach(&self, dev: &Arc<Device>) {
-        let mut devices = lock(&self.devices);
-        if let Some(i) = devices.iter().position(|d| Arc::ptr_eq(&d.dev, dev)) {
-            devices[i].qps -= 1;
-            if devices[i].qps == 0 {
-                devices.swap_remove(i);
+    /// Uncounts a queue pair of `shard`; the shard goes with its owner's
+    /// last queue pair.
+    pub(super) fn detach(&self, shard: &Arc<Shard>) {
+        let mut shards = lock(&self.shards);
+        if let Some(i) = shards.iter().position(|s| Arc::ptr_eq(&s.shard, shard)) {
+            shards[i].qps -= 1;
+            if shards[i].qps == 0 {
+                let s = shards.swap_remove(i);
+                if s.owner {
+                    s.dev.remove_shard(&s.shard);
+                }
             }
         }
+    }
+
+    /// Its own shards' counters (one per device it has queue pairs on).
+    pub(super) fn shard_stats(&self) -> Vec<super::RoceShardStats> {
+        lock(&self.shards)
+            .iter()
+            .filter(|s| s.owner)
+            .map(|s| s.shard.stats())
+            .collect()
     }
 }
 
@@ -71,10 +103,17 @@ impl RoceCq {
     pub fn depth(&self) -> usize {
         self.inner.depth
     }
+
+    /// The counters of this queue's shards, one per device it owns queue
+    /// pairs on (see docs/ROCE.md, "Who drives a device").
+    pub fn shard_stats(&self) -> Vec<super::RoceShardStats> {
+        self.inner.shard_stats()
+    }
 }
 
 impl CompletionQueue for RoceCq {
     fn poll(&self, out: &mut [Completion]) -> usize {
+        let _data_path = DataPath::enter();
         let mut got = 0;
         {
             let mut o = lock(&self.inner.orphans);
@@ -84,34 +123,35 @@ impl CompletionQueue for RoceCq {
                 got += 1;
             }
         }
-        let devices = lock(&self.inner.devices);
-        if devices.is_empty() {
+        let shards = lock(&self.inner.shards);
+        if shards.is_empty() {
             return got;
         }
         let now = Instant::now();
         let id = self.inner.id;
         let ready = &*self.inner.ready;
-        for d in devices.iter() {
-            let mut eng = lock(&d.dev.eng);
-            eng.progress(now);
-            d.dev.mark_progress(now);
-            let me = d.dev.id;
-            // Each announced queue pair once; another device's go back.
+        for s in shards.iter() {
+            let mut st = lock(&s.shard.state);
+            st.progress(&s.dev, &s.shard, now);
+            s.shard.mark_progress(&s.dev, now);
+            s.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
+            let me = s.shard.id;
+            // Each announced queue pair once; another shard's go back.
             for _ in 0..ready.len() {
                 if got == out.len() {
                     break;
                 }
                 let Some(r) = ready.pop() else { break };
-                if r.dev != me {
-                    // Another device's: back in line, unless that device
+                if r.shard != me {
+                    // Another shard's: back in line, unless that shard
                     // has no queue pair on this CQ any more.
-                    if devices.iter().any(|d| d.dev.id == r.dev) {
+                    if shards.iter().any(|s| s.shard.id == r.shard) {
                         ready.push(r);
                     }
                     continue;
                 }
                 // Gone since it announced: its completions are orphans.
-                let Some(qp) = eng.qps.get_mut(&r.qpn) else {
+                let Some(qp) = st.qps.get_mut(&r.qpn) else {
                     continue;
                 };
                 if qp.send_cq == id {

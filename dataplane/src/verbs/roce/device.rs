@@ -1,18 +1,43 @@
 //! Devices: one UDP socket at a local address, shared by the whole
-//! process (the `DEVICES` registry), and its engine, which receives,
-//! hands each packet to its queue pair or to the connection manager,
-//! ticks the queue pairs and sends; an idle-progress thread drives a
-//! device no application thread drives.
+//! process (the `DEVICES` registry), whose queue pairs live in shards,
+//! one per completion queue that owns queue pairs there.
+//!
+//! * A **shard** holds the queue pairs created on one completion queue
+//!   (their transport state, timers and transmit batch). Its lock is
+//!   taken by the thread polling that queue and by that thread's posts,
+//!   so it is uncontended; no lock of the device is taken on the data
+//!   path.
+//! * Every shard reads the shared socket, one at a time (the receive
+//!   batch is only ever `try_lock`ed: nobody waits). A packet for a queue
+//!   pair of another shard is copied into that shard's inbox (a bounded
+//!   lock-free queue, buffers from the device's pool) and processed at
+//!   its owner's next progress, before anything the owner reads later;
+//!   with no free buffer the packet is dropped (the RC transport
+//!   retransmits) and counted.
+//! * The **control** part (connection manager, QP1 MADs, the map of
+//!   which shard owns which QPN) has a lock of its own. Shards pass the
+//!   MADs they receive to it through another bounded queue; it is run by
+//!   `connect`, `Listener::accept`, teardown and the device's thread.
+//! * The device's thread runs the control part and drives only the shards
+//!   that no thread has progressed for `RoceConfig::idle_after`.
+//!
+//! Lock order: control, then a completion queue's shard list, then the
+//! device's shard list, then a shard, then a ready list (the receive
+//! batch is only tried). A shard's lock is never held while the control
+//! lock is taken.
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::cm::{Cm, ConnState};
+use crossbeam_queue::ArrayQueue;
+
+use super::cm::{Cm, QueuePairs};
 use super::config::RoceConfig;
-use super::io::{bind_udp, Rx, Tx, RX_BATCH};
+use super::io::{bind_udp, Rx, Tx, RX_BATCH, SLOT};
 use super::random::random_u32;
 use super::rc::RcQp;
 use crate::verbs::{lock, VerbsError};
@@ -22,16 +47,33 @@ use crate::wire::roce::{icrc, Opcode, Packet, Psn, RocePacket};
 /// `recvmmsg` batches per progress call (bounds the work of one poll).
 const RX_ROUNDS: usize = 8;
 
-/// How often a device ticks every queue pair, idle or not (see
-/// `Engine::active`).
+/// How often a shard ticks every queue pair, idle or not (see
+/// `ShardState::active`).
 const FULL_TICK_EVERY: Duration = Duration::from_millis(10);
 
-/// How often a progress runs the connection manager's timers (REP and
-/// DREQ resends, a QP's DREQ after an error); a local disconnect runs them
-/// at once.
+/// How often the control part runs the connection manager's timers (REP
+/// and DREQ resends, a QP's DREQ after an error); a local disconnect runs
+/// them at once.
 const CM_TIMERS_EVERY: Duration = Duration::from_millis(1);
 
-/// Puts `qp` on its device's list of queue pairs to tick.
+/// Packets a device's inboxes hold together: what one progress step can
+/// read for other shards (8 `recvmmsg` batches of 32). Their buffers
+/// (about 1 MiB) are the device's, allocated with it, so no handoff ever
+/// allocates and a shard costs only its queue of pointers.
+const HANDOFF_BUFFERS: usize = RX_ROUNDS * RX_BATCH;
+
+/// MADs the shards may queue for the control part: CM traffic is a few
+/// messages per connection, and a lost one is resent by its sender.
+const MAD_QUEUE_DEPTH: usize = 256;
+
+/// How long the device's thread sleeps when threads drive shards (and
+/// so read the socket): it looks again after that rather than spin on
+/// the socket's readiness. Also the default of how long a shard may go
+/// without a thread driving it before the device's thread steps in
+/// (`RoceConfig::idle_after`).
+const IDLE_AFTER: Duration = Duration::from_millis(1);
+
+/// Puts `qp` on its shard's list of queue pairs to tick.
 pub(super) fn mark_ticking(active: &mut Vec<u32>, qp: &mut RcQp) {
     if !qp.ticking {
         qp.ticking = true;
@@ -39,91 +81,223 @@ pub(super) fn mark_ticking(active: &mut Vec<u32>, qp: &mut RcQp) {
     }
 }
 
-pub(super) struct Engine {
-    pub(super) local: SocketAddrV4,
+thread_local! {
+    /// Whether this thread is inside a data-path call (a completion
+    /// queue's poll, a post): the control lock taken then is counted.
+    static ON_DATA_PATH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as on the data path until dropped.
+pub(super) struct DataPath {
+    was: bool,
+}
+
+impl DataPath {
+    pub(super) fn enter() -> DataPath {
+        DataPath {
+            was: ON_DATA_PATH.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for DataPath {
+    fn drop(&mut self) {
+        ON_DATA_PATH.with(|c| c.set(self.was));
+    }
+}
+
+/// A received packet copied for the shard that owns its queue pair.
+struct Handoff {
+    len: usize,
+    src: SocketAddrV4,
+    bytes: [u8; SLOT],
+}
+
+/// A shard's inbox: packets other shards (or the control part) received
+/// for its queue pairs, in buffers of the device's pool.
+pub(super) struct Inbox {
+    queue: ArrayQueue<Box<Handoff>>,
+    /// Packets dropped because the device had no free buffer.
+    dropped: AtomicU64,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            queue: ArrayQueue::new(HANDOFF_BUFFERS),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Copies a packet in, in a buffer from `spare`; false (and counted)
+    /// when none is free.
+    fn hand(&self, spare: &ArrayQueue<Box<Handoff>>, data: &[u8], src: SocketAddrV4) -> bool {
+        let Some(mut h) = spare.pop() else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        let len = data.len().min(SLOT);
+        h.bytes[..len].copy_from_slice(&data[..len]);
+        h.len = len;
+        h.src = src;
+        // The queue holds as many as the device has buffers: this push
+        // cannot fail.
+        let _ = self.queue.push(h);
+        true
+    }
+}
+
+/// The per-shard counters (relaxed atomics: written by the shard's
+/// thread, read by anyone).
+#[derive(Default)]
+pub(super) struct ShardCounters {
+    /// Progress runs by threads polling or posting on the shard.
+    pub polled: AtomicU64,
+    /// Progress runs by the device's thread (the shard was idle).
+    pub idle_runs: AtomicU64,
+    /// Packets this shard received for another shard and handed over.
+    pub handed_out: AtomicU64,
+    /// Handed-over packets this shard took from its inbox.
+    pub handed_in: AtomicU64,
+}
+
+/// The queue pairs of one completion queue on one device.
+pub(super) struct Shard {
+    /// Unique for the process's life: a ready list names a shard by it.
+    pub(super) id: usize,
+    pub(super) state: Mutex<ShardState>,
+    pub(super) inbox: Arc<Inbox>,
+    /// When a thread last ran `progress` on it (ns since the device's
+    /// epoch).
+    last_progress: AtomicU64,
+    pub(super) counters: ShardCounters,
+}
+
+/// Source of [`Shard::id`].
+static SHARD_IDS: AtomicUsize = AtomicUsize::new(1);
+
+pub(super) struct ShardState {
     pub(super) tx: Tx,
-    rx: Rx,
     pub(super) qps: HashMap<u32, RcQp>,
     /// Queue pairs to tick at the next progress: touched by a packet or a
     /// post, or with timers or output pending (`RcQp::needs_tick`). The
     /// others are idle and cost a progress nothing; every
-    /// [`FULL_TICK_EVERY`] all are ticked anyway (what the connection
-    /// manager changed).
+    /// [`FULL_TICK_EVERY`] all are ticked anyway.
     pub(super) active: Vec<u32>,
     next_full_tick: Instant,
-    /// When a progress next runs the connection manager's timers.
-    next_cm_timers: Instant,
-    pub(super) cm: Cm,
-    pub(super) gsi_psn: Psn,
-    verify_icrc: bool,
+    /// The inboxes of the queue pairs of the device's other shards, by
+    /// QPN: kept current by the control part at connection setup and
+    /// teardown, so a handoff needs no lock but this shard's.
+    routes: HashMap<u32, Arc<Inbox>>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("id", &self.id).finish()
+    }
+}
+
+impl Shard {
+    fn new(dev: &Device, routes: &HashMap<u32, Arc<Shard>>) -> Shard {
+        Shard {
+            id: SHARD_IDS.fetch_add(1, Ordering::Relaxed),
+            state: Mutex::new(ShardState {
+                tx: dev.tx(),
+                qps: HashMap::new(),
+                active: Vec::new(),
+                next_full_tick: Instant::now(),
+                routes: routes.iter().map(|(q, s)| (*q, s.inbox.clone())).collect(),
+            }),
+            inbox: Arc::new(Inbox::new()),
+            last_progress: AtomicU64::new(dev.ns(Instant::now())),
+            counters: ShardCounters::default(),
+        }
+    }
+
+    pub(super) fn mark_progress(&self, dev: &Device, now: Instant) {
+        self.last_progress.store(dev.ns(now), Ordering::Relaxed);
+    }
+
+    /// Whether no thread has driven this shard for the device's idle
+    /// threshold at `now`: the device's thread may then drive it.
+    pub(super) fn is_idle(&self, dev: &Device, now: Instant) -> bool {
+        let last = self.last_progress.load(Ordering::Relaxed);
+        dev.ns(now).saturating_sub(last) >= dev.idle_after.as_nanos() as u64
+    }
+
+    /// Its counters, for `RoceShardStats`.
+    pub(super) fn stats(&self) -> super::RoceShardStats {
+        let c = &self.counters;
+        super::RoceShardStats {
+            polled: c.polled.load(Ordering::Relaxed),
+            idle_runs: c.idle_runs.load(Ordering::Relaxed),
+            handed_out: c.handed_out.load(Ordering::Relaxed),
+            handed_in: c.handed_in.load(Ordering::Relaxed),
+            inbox_drops: self.inbox.dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The device-wide counters.
+#[derive(Default)]
+pub(super) struct DeviceCounters {
     /// Inbound packets dropped for a bad ICRC.
-    pub(super) bad_icrc: u64,
+    pub bad_icrc: AtomicU64,
     /// Packets dropped as spoofed: a REQ whose path GID is not its UDP
     /// source address, or a data packet from the peer's address but not
     /// from the UDP port its QP sends from.
-    pub(super) spoofed: u64,
+    pub spoofed: AtomicU64,
+    /// MADs dropped because the control part's queue was full.
+    pub mads_dropped: AtomicU64,
+    /// Times the control lock was taken, and of those, by a thread inside
+    /// a data-path call (a poll or a post): none by design.
+    pub control_locks: AtomicU64,
+    pub control_locks_on_data_path: AtomicU64,
+    /// Data packets the control part received and handed to a shard.
+    pub control_handed_out: AtomicU64,
+}
+
+/// A MAD received by a shard, for the control part.
+struct MadIn {
+    src: SocketAddrV4,
+    mad: [u8; ibcm::MAD_LEN],
+}
+
+/// The control part of a device: the connection manager and which shard
+/// owns which queue pair.
+pub(super) struct Control {
+    pub(super) tx: Tx,
+    pub(super) cm: Cm,
+    pub(super) gsi_psn: Psn,
+    /// Every queue pair of the device, by QPN, and its shard.
+    pub(super) routes: HashMap<u32, Arc<Shard>>,
+    /// When the connection manager's timers next run.
+    next_cm_timers: Instant,
 }
 
 /// One UDP socket at a local address, shared by the process.
 pub(super) struct Device {
-    /// Unique for the process's life (never reused, unlike an address),
-    /// so a completion queue's ready list names its device safely.
-    pub(super) id: usize,
     pub(super) local: SocketAddrV4,
-    /// The socket (owned by the engine's `Tx`), for the idle thread's poll.
-    raw_fd: i32,
-    pub(super) eng: Mutex<Engine>,
-    /// When some thread last ran `progress` (ns since `epoch`).
-    last_progress: AtomicU64,
+    socket: Arc<OwnedFd>,
+    verify_icrc: bool,
+    /// See `RoceConfig::idle_after`.
+    idle_after: Duration,
+    control: Mutex<Control>,
+    /// The shards, for the device's thread.
+    shards: Mutex<Vec<Arc<Shard>>>,
+    /// MADs shards received, waiting for the control part.
+    mads: ArrayQueue<MadIn>,
+    /// Set by a shard when one of its queue pairs owes the peer a DREQ
+    /// (it entered the error state): the control part then looks.
+    dreq_wake: AtomicBool,
+    /// The receive batch, held by whoever reads the socket (see
+    /// [`Device::try_read`]).
+    rx: Mutex<Rx>,
+    /// Free handoff buffers ([`HANDOFF_BUFFERS`]).
+    spare: ArrayQueue<Box<Handoff>>,
+    oversized: Arc<AtomicU64>,
+    pub(super) counters: DeviceCounters,
     epoch: Instant,
-}
-
-/// How long the device may go without an application thread driving it
-/// before its idle-progress thread steps in.
-const IDLE_AFTER: Duration = Duration::from_millis(1);
-
-impl Device {
-    pub(super) fn mark_progress(&self, now: Instant) {
-        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64;
-        self.last_progress.store(ns, Ordering::Relaxed);
-    }
-
-    fn idle_for(&self, now: Instant) -> Duration {
-        let last = Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
-        now.saturating_duration_since(self.epoch)
-            .saturating_sub(last)
-    }
-
-    /// The device's idle-progress thread (one per device, never per
-    /// connection): when no application thread has driven the device for
-    /// [`IDLE_AFTER`], it receives and runs the transport, so one-sided
-    /// operations, ACKs and timers proceed against a process that is not
-    /// polling (as an HCA would). It exits when the device is dropped.
-    fn spawn_idle_thread(dev: &Arc<Device>) {
-        let weak = Arc::downgrade(dev);
-        let _ = std::thread::Builder::new()
-            .name("roce-idle".into())
-            .spawn(move || loop {
-                // Holding the device keeps its socket open during poll(2).
-                let Some(dev) = weak.upgrade() else { break };
-                let mut pfd = libc::pollfd {
-                    fd: dev.raw_fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; the fd stays open (see above).
-                unsafe { libc::poll(&mut pfd, 1, 2) };
-                let now = Instant::now();
-                if dev.idle_for(now) < IDLE_AFTER {
-                    drop(dev);
-                    std::thread::sleep(IDLE_AFTER);
-                    continue;
-                }
-                if let Ok(mut eng) = dev.eng.try_lock() {
-                    eng.progress(now);
-                };
-            });
-    }
 }
 
 impl std::fmt::Debug for Device {
@@ -137,9 +311,6 @@ impl std::fmt::Debug for Device {
 /// Devices of this process by address (dead entries are kept: they say
 /// the address was ours).
 static DEVICES: Mutex<Vec<(SocketAddrV4, Weak<Device>)>> = Mutex::new(Vec::new());
-
-/// Source of [`Device::id`].
-static DEVICE_IDS: AtomicUsize = AtomicUsize::new(1);
 
 fn os_err(what: &'static str, e: std::io::Error) -> VerbsError {
     VerbsError::Os {
@@ -178,29 +349,41 @@ impl Device {
         };
         let gsi_psn = Psn::from_masked(random_u32()?);
         devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
+        let socket = Arc::new(fd);
+        let oversized = Arc::new(AtomicU64::new(0));
         let dev = Arc::new(Device {
-            id: DEVICE_IDS.fetch_add(1, Ordering::Relaxed),
             local,
-            raw_fd: fd.as_raw_fd(),
-            last_progress: AtomicU64::new(0),
-            epoch: Instant::now(),
-            eng: Mutex::new(Engine {
-                local,
-                tx: Tx::new(fd, local),
-                rx: Rx::new(),
-                qps: HashMap::new(),
-                active: Vec::new(),
-                next_full_tick: Instant::now(),
-                next_cm_timers: Instant::now(),
+            control: Mutex::new(Control {
+                tx: Tx::new(socket.clone(), local, oversized.clone()),
                 cm: Cm::default(),
                 gsi_psn,
-                verify_icrc: cfg.verify_icrc,
-                bad_icrc: 0,
-                spoofed: 0,
+                routes: HashMap::new(),
+                next_cm_timers: Instant::now(),
             }),
+            socket,
+            verify_icrc: cfg.verify_icrc,
+            idle_after: cfg.idle_after,
+            shards: Mutex::new(Vec::new()),
+            mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
+            dreq_wake: AtomicBool::new(false),
+            rx: Mutex::new(Rx::new()),
+            spare: {
+                let spare = ArrayQueue::new(HANDOFF_BUFFERS);
+                for _ in 0..HANDOFF_BUFFERS {
+                    let _ = spare.push(Box::new(Handoff {
+                        len: 0,
+                        src: local,
+                        bytes: [0; SLOT],
+                    }));
+                }
+                spare
+            },
+            oversized,
+            counters: DeviceCounters::default(),
+            epoch: Instant::now(),
         });
         devs.push((local, Arc::downgrade(&dev)));
-        Device::spawn_idle_thread(&dev);
+        Device::spawn_thread(&dev);
         Ok(dev)
     }
 
@@ -259,34 +442,420 @@ impl Device {
         }
         Err(VerbsError::Limit("no free loopback alias for RoCE"))
     }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    fn tx(&self) -> Tx {
+        Tx::new(self.socket.clone(), self.local, self.oversized.clone())
+    }
+
+    /// The control part, counted (see [`DeviceCounters`]).
+    pub(super) fn control(&self) -> MutexGuard<'_, Control> {
+        self.counters.control_locks.fetch_add(1, Ordering::Relaxed);
+        if ON_DATA_PATH.with(Cell::get) {
+            self.counters
+                .control_locks_on_data_path
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        lock(&self.control)
+    }
+
+    /// The right to read the socket, if nobody holds it. One reader at a
+    /// time, who hands over what is not its own before letting go, keeps
+    /// each queue pair's packets in order: a shard takes its inbox after
+    /// it gets the right, so everything read before is processed before
+    /// what it reads. Nobody waits for it: a shard without it takes its
+    /// inbox and runs its queue pairs. (Only ever `try_lock`ed: it is
+    /// the device's one receive batch.)
+    pub(super) fn try_read(&self) -> Option<MutexGuard<'_, Rx>> {
+        self.rx.try_lock().ok()
+    }
+
+    /// Has the control part look for queue pairs that owe a DREQ.
+    pub(super) fn wake_for_dreq(&self) {
+        self.dreq_wake.store(true, Ordering::Relaxed);
+    }
+
+    /// Packets the kernel refused as larger than the route's MTU.
+    pub(super) fn oversized(&self) -> u64 {
+        self.oversized.load(Ordering::Relaxed)
+    }
+
+    /// Its counters and its shards', for `RoceDeviceStats`.
+    pub(super) fn stats(&self) -> super::RoceDeviceStats {
+        let c = &self.counters;
+        let shards = lock(&self.shards).len();
+        super::RoceDeviceStats {
+            shards,
+            bad_icrc: c.bad_icrc.load(Ordering::Relaxed),
+            spoofed: c.spoofed.load(Ordering::Relaxed),
+            mads_dropped: c.mads_dropped.load(Ordering::Relaxed),
+            control_locks: c.control_locks.load(Ordering::Relaxed),
+            control_locks_on_data_path: c.control_locks_on_data_path.load(Ordering::Relaxed),
+            oversized: self.oversized(),
+        }
+    }
+
+    /// The device's thread (one per device, never per connection): it
+    /// runs the control part (MADs the shards queued, CM timers; the
+    /// socket itself when no shard reads it), and drives the shards no
+    /// thread has driven for `RoceConfig::idle_after`, so one-sided operations,
+    /// ACKs and timers proceed against a process that is not polling (as
+    /// an HCA would). A shard a thread polls is left alone. It exits when
+    /// the device is dropped.
+    fn spawn_thread(dev: &Arc<Device>) {
+        let weak = Arc::downgrade(dev);
+        let _ = std::thread::Builder::new()
+            .name("roce-idle".into())
+            .spawn(move || loop {
+                // Holding the device keeps its socket open during poll(2).
+                let Some(dev) = weak.upgrade() else { break };
+                let mut pfd = libc::pollfd {
+                    fd: dev.socket.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the fd stays open (see above).
+                unsafe { libc::poll(&mut pfd, 1, 2) };
+                let now = Instant::now();
+                let pass = dev.idle_pass(now);
+                dev.control_step(now, pass.nobody_reads);
+                if pass.polled > 0 {
+                    // Threads read the socket: do not spin on its
+                    // readiness, look again after the idle threshold.
+                    drop(dev);
+                    std::thread::sleep(IDLE_AFTER);
+                }
+            });
+    }
+
+    /// One pass of the device's thread over the shards: drives those that
+    /// are idle (see [`Shard::is_idle`]).
+    pub(super) fn idle_pass(&self, now: Instant) -> IdlePass {
+        let shards = lock(&self.shards);
+        let mut pass = IdlePass {
+            polled: 0,
+            nobody_reads: true,
+        };
+        for s in shards.iter() {
+            if !s.is_idle(self, now) {
+                pass.polled += 1;
+                pass.nobody_reads = false;
+                continue;
+            }
+            // Not marked as progress: that records threads driving it, and
+            // the shard stays idle until one does.
+            if let Ok(mut st) = s.state.try_lock() {
+                st.progress(self, s, now);
+                s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
+                pass.nobody_reads = false;
+            }
+        }
+        pass
+    }
+
+    /// Runs the control part: receives from the socket when asked (no
+    /// shard reads it), takes the MADs shards queued, runs the CM timers
+    /// when due, sends.
+    pub(super) fn control_step(&self, now: Instant, receive: bool) {
+        let due = receive || !self.mads.is_empty() || self.dreq_wake.load(Ordering::Relaxed);
+        let mut ctl = self.control();
+        if !due && now < ctl.next_cm_timers {
+            return;
+        }
+        let ctl = &mut *ctl;
+        let mut right = if receive { self.try_read() } else { None };
+        if let Some(rx) = right.as_deref_mut() {
+            let fd = self.socket.as_raw_fd();
+            for _ in 0..RX_ROUNDS {
+                let n = rx.recv(fd);
+                for i in 0..n {
+                    let (data, src) = (rx.packet(i), rx.srcs[i]);
+                    match self.classify(data, src) {
+                        Inbound::Mad(p) => {
+                            let mut mad = [0u8; ibcm::MAD_LEN];
+                            let len = p.payload.len().min(mad.len());
+                            mad[..len].copy_from_slice(&p.payload[..len]);
+                            ctl.on_mad(self, &mad[..len], src, now);
+                        }
+                        Inbound::Data(qpn) => {
+                            if let Some(s) = ctl.routes.get(&qpn) {
+                                if s.inbox.hand(&self.spare, data, src) {
+                                    self.counters
+                                        .control_handed_out
+                                        .fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Inbound::Drop => {}
+                    }
+                }
+                if n < RX_BATCH {
+                    break;
+                }
+            }
+        }
+        drop(right);
+        while let Some(m) = self.mads.pop() {
+            ctl.on_mad(self, &m.mad, m.src, now);
+        }
+        if now >= ctl.next_cm_timers || self.dreq_wake.load(Ordering::Relaxed) {
+            ctl.next_cm_timers = now + CM_TIMERS_EVERY;
+            ctl.cm_timers(self, now);
+        }
+        ctl.tx.flush();
+    }
+
+    /// What an inbound datagram is: checks its ICRC (with `verify_icrc`)
+    /// and parses it.
+    fn classify<'a>(&self, data: &'a [u8], src: SocketAddrV4) -> Inbound<'a> {
+        if self.verify_icrc {
+            let ip =
+                icrc::Ipv4Header::plain_udp_socket(src.ip().octets(), self.local.ip().octets());
+            let ports = icrc::UdpPorts {
+                src: src.port(),
+                dst: self.local.port(),
+            };
+            let want = Packet::new_checked(data).map(|p| p.icrc());
+            if icrc::compute_ipv4(&ip, ports, data).ok() != want.ok() {
+                self.counters.bad_icrc.fetch_add(1, Ordering::Relaxed);
+                return Inbound::Drop;
+            }
+        }
+        let Ok(p) = RocePacket::parse(data) else {
+            return Inbound::Drop;
+        };
+        if p.bth.dest_qpn == ibcm::GSI_QPN {
+            if p.bth.opcode == Opcode::UdSendOnly {
+                return Inbound::Mad(p);
+            }
+            return Inbound::Drop;
+        }
+        Inbound::Data(p.bth.dest_qpn)
+    }
+
+    /// Queues a MAD a shard received for the control part.
+    fn queue_mad(&self, payload: &[u8], src: SocketAddrV4) {
+        let mut m = MadIn {
+            src,
+            mad: [0; ibcm::MAD_LEN],
+        };
+        let len = payload.len().min(ibcm::MAD_LEN);
+        m.mad[..len].copy_from_slice(&payload[..len]);
+        if self.mads.push(m).is_err() {
+            self.counters.mads_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A new shard (for a completion queue that has none here yet); the
+    /// control part is locked, so its routes start complete.
+    pub(super) fn new_shard(&self, ctl: &Control) -> Arc<Shard> {
+        let shard = Arc::new(Shard::new(self, &ctl.routes));
+        lock(&self.shards).push(shard.clone());
+        shard
+    }
+
+    /// Forgets a shard with no queue pairs left.
+    pub(super) fn remove_shard(&self, shard: &Arc<Shard>) {
+        lock(&self.shards).retain(|s| !Arc::ptr_eq(s, shard));
+        // Packets still handed to it are for queue pairs that are gone:
+        // their buffers go back to the device.
+        while let Some(h) = shard.inbox.queue.pop() {
+            let _ = self.spare.push(h);
+        }
+    }
+
+    /// Number of queue pairs on the device.
+    #[cfg(test)]
+    pub(super) fn qp_count(&self) -> usize {
+        self.control().routes.len()
+    }
 }
 
-impl Engine {
+/// What [`Device::idle_pass`] found.
+pub(super) struct IdlePass {
+    /// Shards a thread drove within the idle threshold.
+    pub polled: usize,
+    /// Nobody read the socket in this pass or recently.
+    pub nobody_reads: bool,
+}
+
+enum Inbound<'a> {
+    Mad(RocePacket<'a>),
+    Data(u32),
+    Drop,
+}
+
+impl Control {
     /// A fresh random 24-bit QPN: an off-path sender cannot guess the
     /// QPN of a connection (it must also match address, port and PSN).
-    pub(super) fn alloc_qpn(&mut self) -> Result<u32, VerbsError> {
+    pub(super) fn alloc_qpn(&self) -> Result<u32, VerbsError> {
         loop {
             let q = random_u32()? & 0xFF_FFFF;
             // Never QPN 0 or 1 (QP0/QP1 are special, IBTA Vol. 1 ch. 12).
-            if q > 1 && !self.qps.contains_key(&q) {
+            if q > 1 && !self.routes.contains_key(&q) {
                 return Ok(q);
             }
         }
     }
 
-    /// Receives, runs every QP, sends.
-    pub(super) fn progress(&mut self, now: Instant) {
-        let fd = self.tx.raw_fd();
-        for _ in 0..RX_ROUNDS {
-            let n = self.rx.recv(fd);
+    /// Puts `qp` into `shard` and tells the device's other shards where
+    /// it lives.
+    pub(super) fn insert_qp(&mut self, dev: &Device, shard: &Arc<Shard>, qp: RcQp) {
+        let qpn = qp.qpn;
+        {
+            let mut st = lock(&shard.state);
+            st.qps.insert(qpn, qp);
+            // Room to tick every queue pair (a full tick marks them all),
+            // set aside here, at connection setup, not on the data path.
+            let n = st.qps.len();
+            let more = n.saturating_sub(st.active.len());
+            st.active.reserve(more);
+        }
+        for other in lock(&dev.shards).iter() {
+            if !Arc::ptr_eq(other, shard) {
+                lock(&other.state).routes.insert(qpn, shard.inbox.clone());
+            }
+        }
+        self.routes.insert(qpn, shard.clone());
+    }
+
+    /// Takes queue pair `qpn` out of its shard and out of every shard's
+    /// routes.
+    pub(super) fn remove_qp(&mut self, dev: &Device, qpn: u32) -> Option<RcQp> {
+        let shard = self.routes.remove(&qpn)?;
+        for other in lock(&dev.shards).iter() {
+            if !Arc::ptr_eq(other, &shard) {
+                lock(&other.state).routes.remove(&qpn);
+            }
+        }
+        let qp = lock(&shard.state).qps.remove(&qpn);
+        qp
+    }
+
+    /// Runs `f` on queue pair `qpn` in its shard and has the shard tick it
+    /// at its next progress (what the connection manager changed).
+    pub(super) fn with_qp<R>(
+        &self,
+        dev: &Device,
+        qpn: u32,
+        f: impl FnOnce(&mut RcQp) -> R,
+    ) -> Option<R> {
+        QpRoutes {
+            dev,
+            map: &self.routes,
+        }
+        .with(qpn, f)
+    }
+
+    fn on_mad(&mut self, dev: &Device, payload: &[u8], src: SocketAddrV4, now: Instant) {
+        let Control {
+            tx,
+            cm,
+            gsi_psn,
+            routes,
+            ..
+        } = self;
+        let qps = QpRoutes { dev, map: routes };
+        cm.on_mad(payload, src, &qps, tx, gsi_psn, now, &dev.counters.spoofed);
+    }
+
+    /// Runs the connection manager's timers ([`Cm::timers`]); with
+    /// `dreq_wake` set, first collects the DREQs queue pairs owe.
+    pub(super) fn cm_timers(&mut self, dev: &Device, now: Instant) {
+        let scan = dev.dreq_wake.swap(false, Ordering::Relaxed);
+        let Control {
+            tx,
+            cm,
+            gsi_psn,
+            routes,
+            ..
+        } = self;
+        let qps = QpRoutes { dev, map: routes };
+        cm.timers(now, &qps, scan, tx, gsi_psn);
+    }
+}
+
+/// The device's queue pairs, reached through the shards that own them
+/// (for the connection manager).
+pub(super) struct QpRoutes<'a> {
+    dev: &'a Device,
+    map: &'a HashMap<u32, Arc<Shard>>,
+}
+
+impl QueuePairs for QpRoutes<'_> {
+    /// Runs `f` on queue pair `qpn` in its shard, after the packets
+    /// handed to that shard: a DREQ read after a NAK must not fail the
+    /// queue pair before the NAK completes its work request. The shard
+    /// then ticks it at its next progress (what `f` changed).
+    fn with<R>(&self, qpn: u32, f: impl FnOnce(&mut RcQp) -> R) -> Option<R> {
+        let shard = self.map.get(&qpn)?;
+        let mut st = lock(&shard.state);
+        let now = Instant::now();
+        let mut dreq = st.take_inbox(self.dev, shard, now);
+        let ShardState {
+            qps, active, tx, ..
+        } = &mut *st;
+        let qp = qps.get_mut(&qpn)?;
+        let r = f(qp);
+        mark_ticking(active, qp);
+        dreq |= qp.dreq_due;
+        tx.flush();
+        if dreq {
+            self.dev.wake_for_dreq();
+        }
+        Some(r)
+    }
+
+    fn for_each_qpn(&self, f: impl FnMut(u32)) {
+        self.map.keys().copied().for_each(f);
+    }
+}
+
+impl ShardState {
+    /// Takes the packets handed over, receives, runs the queue pairs
+    /// that need it, sends.
+    pub(super) fn progress(&mut self, dev: &Device, shard: &Shard, now: Instant) {
+        let mut right = dev.try_read();
+        let mut dreq = self.take_inbox(dev, shard, now);
+        let fd = dev.socket.as_raw_fd();
+        let rounds = if right.is_some() { RX_ROUNDS } else { 0 };
+        for _ in 0..rounds {
+            let Some(rx) = right.as_deref_mut() else {
+                break;
+            };
+            let n = rx.recv(fd);
             for i in 0..n {
-                self.dispatch(i, now);
+                let ShardState {
+                    tx,
+                    qps,
+                    active,
+                    routes,
+                    ..
+                } = self;
+                let (data, src) = (rx.packet(i), rx.srcs[i]);
+                match dev.classify(data, src) {
+                    Inbound::Mad(p) => dev.queue_mad(p.payload, src),
+                    Inbound::Data(qpn) => {
+                        if qps.contains_key(&qpn) {
+                            dreq |= on_packet(dev, qps, active, tx, data, src, now);
+                        } else if let Some(inbox) = routes.get(&qpn) {
+                            if inbox.hand(&dev.spare, data, src) {
+                                shard.counters.handed_out.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    Inbound::Drop => {}
+                }
             }
             if n < RX_BATCH {
                 break;
             }
         }
-        let Engine {
+        drop(right);
+        let ShardState {
             tx,
             qps,
             active,
@@ -306,6 +875,7 @@ impl Engine {
                 continue;
             };
             qp.tick(now, tx);
+            dreq |= qp.dreq_due;
             if qp.needs_tick() {
                 i += 1;
             } else {
@@ -313,94 +883,70 @@ impl Engine {
                 active.swap_remove(i);
             }
         }
-        // The connection manager's timers walk every connection; their
-        // periods are hundreds of milliseconds.
-        if now >= self.next_cm_timers {
-            self.next_cm_timers = now + CM_TIMERS_EVERY;
-            self.cm_timers(now);
-        }
         self.tx.flush();
+        // After the flush: the DREQ must not overtake what the queue pair
+        // sent before it failed (a NAK).
+        if dreq {
+            dev.wake_for_dreq();
+        }
     }
 
-    fn dispatch(&mut self, i: usize, now: Instant) {
-        let Engine {
-            rx,
-            tx,
-            qps,
-            cm,
-            local,
-            gsi_psn,
-            verify_icrc,
-            bad_icrc,
-            spoofed,
-            active,
-            ..
+    /// Runs the packets other shards handed over (already checked, for a
+    /// queue pair of ours when they were sent); true if one of them made
+    /// a queue pair owe a DREQ.
+    fn take_inbox(&mut self, dev: &Device, shard: &Shard, now: Instant) -> bool {
+        let ShardState {
+            tx, qps, active, ..
         } = self;
-        let data = rx.packet(i);
-        let src = rx.srcs[i];
-        if *verify_icrc {
-            let ip = icrc::Ipv4Header::plain_udp_socket(src.ip().octets(), local.ip().octets());
-            let ports = icrc::UdpPorts {
-                src: src.port(),
-                dst: local.port(),
-            };
-            let want = Packet::new_checked(data).map(|p| p.icrc());
-            if icrc::compute_ipv4(&ip, ports, data).ok() != want.ok() {
-                *bad_icrc += 1;
-                return;
-            }
+        let mut dreq = false;
+        while let Some(h) = shard.inbox.queue.pop() {
+            dreq |= on_packet(dev, qps, active, tx, &h.bytes[..h.len], h.src, now);
+            shard.counters.handed_in.fetch_add(1, Ordering::Relaxed);
+            // Never full: it has room for all of them.
+            let _ = dev.spare.push(h);
         }
-        let Ok(p) = RocePacket::parse(data) else {
-            return;
-        };
-        if p.bth.dest_qpn == ibcm::GSI_QPN {
-            if p.bth.opcode == Opcode::UdSendOnly {
-                cm.on_mad(p.payload, src, qps, tx, gsi_psn, now, spoofed);
-            }
-            return;
-        }
-        let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
-            return;
-        };
-        mark_ticking(active, qp);
-        // Only the connected peer may talk to this QP: its address, and
-        // the UDP source port its QP sends from. rxe derives that port
-        // from its QPN (0xC000 + hash) and keeps it for the QP's life, as
-        // does this provider (its one socket), so the first packet from
-        // the peer's address pins it (the CM exchange does not carry it).
-        if qp.peer.is_none_or(|peer| peer.addr.ip() != src.ip()) {
-            return;
-        }
-        match qp.peer_src_port {
-            None => qp.peer_src_port = Some(src.port()),
-            Some(port) if port != src.port() => {
-                *spoofed += 1;
-                return;
-            }
-            Some(_) => {}
-        }
-        if qp.awaiting_rtu {
-            // The peer's QP talks to us: it has our REP, so this stands
-            // for an RTU that was lost or is still on its way.
-            qp.awaiting_rtu = false;
-            if let Some(rec) = qp.conn.and_then(|c| cm.conns.get_mut(&c.local_comm_id)) {
-                if matches!(rec.state, ConnState::RepSent { .. }) {
-                    rec.state = ConnState::Established;
-                }
-            }
-        }
-        qp.on_packet(&p, now, tx);
+        dreq
     }
+}
 
-    /// Runs the connection manager's timers ([`Cm::timers`]).
-    pub(super) fn cm_timers(&mut self, now: Instant) {
-        let Engine {
-            tx,
-            qps,
-            cm,
-            gsi_psn,
-            ..
-        } = self;
-        cm.timers(now, qps, tx, gsi_psn);
+/// Runs a data packet on its queue pair, if that is in `qps`; true if
+/// the queue pair now owes the peer a DREQ.
+fn on_packet(
+    dev: &Device,
+    qps: &mut HashMap<u32, RcQp>,
+    active: &mut Vec<u32>,
+    tx: &mut Tx,
+    data: &[u8],
+    src: SocketAddrV4,
+    now: Instant,
+) -> bool {
+    let Ok(p) = RocePacket::parse(data) else {
+        return false;
+    };
+    let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
+        return false;
+    };
+    mark_ticking(active, qp);
+    // Only the connected peer may talk to this QP: its address, and
+    // the UDP source port its QP sends from. rxe derives that port
+    // from its QPN (0xC000 + hash) and keeps it for the QP's life, as
+    // does this provider (its one socket), so the first packet from
+    // the peer's address pins it (the CM exchange does not carry it).
+    if qp.peer.is_none_or(|peer| peer.addr.ip() != src.ip()) {
+        return false;
     }
+    match qp.peer_src_port {
+        None => qp.peer_src_port = Some(src.port()),
+        Some(port) if port != src.port() => {
+            dev.counters.spoofed.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        Some(_) => {}
+    }
+    // The peer's QP talks to us: it has our REP, so this stands for an
+    // RTU that was lost or is still on its way (the connection manager
+    // sees it when the REP would be resent).
+    qp.awaiting_rtu = false;
+    qp.on_packet(&p, now, tx);
+    qp.dreq_due
 }

@@ -3,6 +3,8 @@
 //! fault hook. Nothing here allocates after creation.
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
 use crate::wire::roce::ICRC_LEN;
@@ -205,31 +207,31 @@ impl Faults {
 }
 
 /// The transmit side: a batch of sealed packets waiting for `sendmmsg`.
+/// A device has several (one per shard and one for the connection
+/// manager), all sending through the device's one socket.
 pub(super) struct Tx {
-    fd: OwnedFd,
+    /// Shared with the device and its other batches: the socket stays
+    /// open while any batch may still send.
+    fd: Arc<OwnedFd>,
     pub local: SocketAddrV4,
     buf: Box<[u8]>,
     meta: [(u16, SocketAddrV4); TX_BATCH],
     n: usize,
     /// Packets the kernel refused with EMSGSIZE (larger than the route's
-    /// MTU with DF set).
-    pub oversized: u64,
+    /// MTU with DF set), counted for the whole device.
+    oversized: Arc<AtomicU64>,
 }
 
 impl Tx {
-    pub fn new(fd: OwnedFd, local: SocketAddrV4) -> Tx {
+    pub fn new(fd: Arc<OwnedFd>, local: SocketAddrV4, oversized: Arc<AtomicU64>) -> Tx {
         Tx {
             fd,
             local,
             buf: vec![0u8; SLOT * TX_BATCH].into_boxed_slice(),
             meta: [(0, local); TX_BATCH],
             n: 0,
-            oversized: 0,
+            oversized,
         }
-    }
-
-    pub fn raw_fd(&self) -> i32 {
-        self.fd.as_raw_fd()
     }
 
     /// The next free slot (flushes a full batch first).
@@ -331,7 +333,7 @@ impl Tx {
                 // transport retransmits); count EMSGSIZE, which no retry
                 // can cure (MTU above the route's, see docs/ROCE.md).
                 if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                    self.oversized += 1;
+                    self.oversized.fetch_add(1, Ordering::Relaxed);
                 }
                 off += 1;
             } else {
@@ -342,7 +344,8 @@ impl Tx {
     }
 }
 
-/// The receive side: one `recvmmsg` batch.
+/// The receive side: one `recvmmsg` batch (one per shard and one for the
+/// connection manager, all reading the device's one socket).
 pub(super) struct Rx {
     buf: Box<[u8]>,
     pub lens: [usize; RX_BATCH],

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use super::cm::{
     ca_guid, emit_mad, send_mad, send_rej, ConnRec, ConnState, PendingReq, CM_RETRY, REP_RETRIES,
 };
-use super::device::{Device, Engine};
+use super::device::{Control, Device};
 use super::qp::{idle, RocePreparedQp, RoceQp};
 use super::random::random_u32;
 use super::rc::{ConnRef, PeerPath, MAX_RD};
 use super::Roce;
-use crate::verbs::{lock, Incoming, Listener, VerbsError};
+use crate::verbs::{Incoming, Listener, VerbsError};
 use crate::wire::ibcm::{self, CmMad, CmMessage, Rep};
 
 /// A service port listening on a device.
@@ -32,9 +32,9 @@ impl RoceListener {
 
 impl Drop for RoceListener {
     fn drop(&mut self) {
-        let mut eng = lock(&self.dev.eng);
-        if let Some(q) = eng.cm.listeners.remove(&self.port) {
-            let Engine { tx, gsi_psn, .. } = &mut *eng;
+        let mut ctl = self.dev.control();
+        if let Some(q) = ctl.cm.listeners.remove(&self.port) {
+            let Control { tx, gsi_psn, .. } = &mut *ctl;
             for p in q {
                 send_rej(
                     tx,
@@ -58,17 +58,16 @@ impl Listener<Roce> for RoceListener {
         let mut n = 0;
         loop {
             let now = Instant::now();
+            self.dev.control_step(now, true);
             {
-                let mut eng = lock(&self.dev.eng);
-                eng.progress(now);
-                self.dev.mark_progress(now);
-                if let Some(req) = eng
+                let mut ctl = self.dev.control();
+                if let Some(req) = ctl
                     .cm
                     .listeners
                     .get_mut(&self.port)
                     .and_then(VecDeque::pop_front)
                 {
-                    eng.cm.held.push((req.peer_ip, req.remote_comm_id));
+                    ctl.cm.held.push((req.peer_ip, req.remote_comm_id));
                     return Ok(RoceIncoming {
                         dev: self.dev.clone(),
                         req: Some(req),
@@ -118,39 +117,50 @@ impl Incoming<Roce> for RoceIncoming {
         }
         let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
         let dev = self.dev.clone();
-        let mut eng = lock(&dev.eng);
-        let port = eng.local.port();
-        let local_ip = *eng.local.ip();
+        let mut ctl = dev.control();
+        let port = dev.local.port();
+        let local_ip = *dev.local.ip();
         // Fallible steps first: on error the request is still ours to
         // refuse (Drop sends a REJ).
         let local_comm_id = loop {
             let c = random_u32()?;
-            if c != 0 && !eng.cm.conns.contains_key(&c) {
+            if c != 0 && !ctl.cm.conns.contains_key(&c) {
                 break c;
             }
         };
-        let qpn = qp.install(&mut eng, &dev)?;
-        let req = self.req.take().expect("not yet answered");
-        eng.cm.release_held(req.peer_ip, req.remote_comm_id);
-        let rc = eng.qps.get_mut(&qpn).expect("just installed");
-        rc.awaiting_rtu = true;
-        let my_psn = rc.initial_psn();
-        // We send from the PSN the REQ announced (the first the requester
-        // expects); the requester sends from the one in our REP.
-        rc.bind(
-            PeerPath {
-                addr: SocketAddrV4::new(req.peer_ip, port),
-                qpn: req.remote_qpn,
-            },
-            req.psn,
-            ConnRef { local_comm_id },
-            // The REQ's path MTU is the requester's; ours may be smaller
-            // (an oversized DF packet is refused with EMSGSIZE). The REP
-            // has no MTU field: each side sends within its own limit.
-            req.mtu.min(rc.mtu),
-            req.responder_resources,
+        let peer = self.req.as_ref().expect("not yet answered");
+        let (peer_ip, remote_qpn, peer_psn, peer_mtu, peer_rd) = (
+            peer.peer_ip,
+            peer.remote_qpn,
+            peer.psn,
+            peer.mtu,
+            peer.responder_resources,
         );
-        let rnr = rc.caps.rnr_retry.min(7);
+        let (qpn, shard, (my_psn, rnr)) = qp.install(&mut ctl, &dev, |rc| {
+            rc.awaiting_rtu = true;
+            let my_psn = rc.initial_psn();
+            // We send from the PSN the REQ announced (the first the
+            // requester expects); the requester sends from the one in our
+            // REP.
+            let mtu = rc.mtu;
+            rc.bind(
+                PeerPath {
+                    addr: SocketAddrV4::new(peer_ip, port),
+                    qpn: remote_qpn,
+                },
+                peer_psn,
+                ConnRef { local_comm_id },
+                // The REQ's path MTU is the requester's; ours may be
+                // smaller (an oversized DF packet is refused with
+                // EMSGSIZE). The REP has no MTU field: each side sends
+                // within its own limit.
+                peer_mtu.min(mtu),
+                peer_rd,
+            );
+            (my_psn, rc.caps.rnr_retry.min(7))
+        })?;
+        let req = self.req.take().expect("not yet answered");
+        ctl.cm.release_held(req.peer_ip, req.remote_comm_id);
         let rep = Rep {
             local_comm_id,
             remote_comm_id: req.remote_comm_id,
@@ -172,10 +182,10 @@ impl Incoming<Roce> for RoceIncoming {
         let Some(mad) = emit_mad(&CmMad::new(req.tid, CmMessage::Rep(rep))) else {
             // Not reachable with checked lengths; the queue pair is not
             // left in the device with nobody to remove it.
-            eng.qps.remove(&qpn);
+            qp.uninstall(&mut ctl, &dev, &shard, qpn);
             return Err(VerbsError::Protocol("REP encoding"));
         };
-        eng.cm.conns.insert(
+        ctl.cm.conns.insert(
             local_comm_id,
             ConnRec {
                 local_comm_id,
@@ -194,13 +204,13 @@ impl Incoming<Roce> for RoceIncoming {
                 claimed: true,
             },
         );
-        let Engine { tx, gsi_psn, .. } = &mut *eng;
+        let Control { tx, gsi_psn, .. } = &mut *ctl;
         send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
         tx.flush();
-        drop(eng);
-        qp.attach(&dev);
+        drop(ctl);
         Ok(RoceQp {
             dev,
+            shard,
             qpn,
             pd,
             send_cq: qp.send_cq.clone(),
@@ -221,9 +231,9 @@ impl Incoming<Roce> for RoceIncoming {
 /// Refuses connection request `r` (the consumer's REJ, with its private
 /// data) and forgets it.
 fn refuse(dev: &Device, r: &PendingReq, private_data: &[u8]) {
-    let mut eng = lock(&dev.eng);
-    eng.cm.release_held(r.peer_ip, r.remote_comm_id);
-    let Engine { tx, gsi_psn, .. } = &mut *eng;
+    let mut ctl = dev.control();
+    ctl.cm.release_held(r.peer_ip, r.remote_comm_id);
+    let Control { tx, gsi_psn, .. } = &mut *ctl;
     send_rej(
         tx,
         gsi_psn,

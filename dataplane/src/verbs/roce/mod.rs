@@ -8,9 +8,14 @@
 //!   (REQ/REP/RTU/REJ/DREQ/DREP/MRA) set connections up the way rdma_cm
 //!   does over RoCEv2.
 //! * Progress is driven by polling, like `shm`: [`CompletionQueue::poll`]
-//!   (and posts, `Listener::accept`, `connect`) receive a `recvmmsg`
-//!   batch, run every QP's transport (`rc`), and send what it produced with
-//!   one `sendmmsg`. No thread per connection, no allocation per packet.
+//!   (and posts) receive a `recvmmsg` batch, run the transport (`rc`) of
+//!   the queue pairs of the queue's **shard** of the device, and send what
+//!   it produced with one `sendmmsg`. A shard is locked only by the
+//!   thread polling its queue; packets for another shard's queue pairs
+//!   are handed over through its lock-free inbox; the connection manager
+//!   has a lock of its own, off the data path; the device's thread drives
+//!   only shards nobody polls. No thread per connection, no allocation
+//!   per packet (see `device.rs` and docs/ROCE.md).
 //! * URL: `roce://IPv4:PORT[?opt=value&...]`; PORT is the rdma_cm service
 //!   (TCP port space), carried in the REQ's service ID. Options (also from
 //!   the environment, URL wins): `udp_port` (`RPCRDMA_ROCE_UDP_PORT`,
@@ -65,6 +70,42 @@ mod tests;
 /// The roce provider (marker type).
 #[derive(Debug, Clone, Copy)]
 pub struct Roce;
+
+/// A device's counters (`RoceQp::device_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoceDeviceStats {
+    /// Shards: one per completion queue with queue pairs on the device.
+    pub shards: usize,
+    /// Inbound packets dropped for a bad ICRC (with `verify_icrc`).
+    pub bad_icrc: u64,
+    /// Packets dropped as spoofed (see the module docs).
+    pub spoofed: u64,
+    /// CM MADs dropped because the connection manager's queue was full.
+    pub mads_dropped: u64,
+    /// Times the control lock (connection manager, QPN map) was taken.
+    pub control_locks: u64,
+    /// Of those, by a thread inside a completion queue poll or a post:
+    /// zero by design (the data path takes only its shard's lock).
+    pub control_locks_on_data_path: u64,
+    /// Packets the kernel refused as larger than the route's MTU.
+    pub oversized: u64,
+}
+
+/// A shard's counters (`RoceQp::shard_stats`, `RoceCq::shard_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoceShardStats {
+    /// Progress runs by threads polling its completion queue or posting.
+    pub polled: u64,
+    /// Progress runs by the device's thread, because no thread had driven
+    /// the shard for a millisecond.
+    pub idle_runs: u64,
+    /// Packets it received for another shard's queue pair and handed over.
+    pub handed_out: u64,
+    /// Packets other shards handed to it, processed.
+    pub handed_in: u64,
+    /// Packets for it dropped because its inbox was full.
+    pub inbox_drops: u64,
+}
 
 impl Provider for Roce {
     type Context = RoceContext;

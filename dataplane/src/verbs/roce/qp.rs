@@ -2,6 +2,7 @@
 //! `connect`, the active side of connection setup; a connected queue
 //! pair's posts, keys and teardown.
 use std::net::{IpAddr, SocketAddrV4};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use super::cm::{
 };
 use super::config::{parse_url, RoceConfig};
 use super::cq::CqInner;
-use super::device::{mark_ticking, Device, Engine};
+use super::device::{mark_ticking, Control, DataPath, Device, Shard, ShardState};
 use super::io::{Faults, Tx};
 use super::pd::{PdInner, RoceMr};
 use super::random::{random_u32, random_u64};
@@ -49,40 +50,52 @@ impl Drop for RocePreparedQp {
 }
 
 impl RocePreparedQp {
-    /// Moves the QP into `dev`'s engine under a fresh QPN and attaches it
-    /// to its CQs.
+    /// Moves the QP into its receive queue's shard on `dev` under a fresh
+    /// QPN, after `prepare` (which sees the QPN), and counts it on its
+    /// completion queues.
     ///
     /// # Errors
     /// `VerbsError::Os` if no random QPN can be drawn (nothing installed).
-    pub(super) fn install(
+    pub(super) fn install<R>(
         &mut self,
-        eng: &mut Engine,
+        ctl: &mut Control,
         dev: &Arc<Device>,
-    ) -> Result<u32, VerbsError> {
-        let qpn = eng.alloc_qpn()?;
+        prepare: impl FnOnce(&mut RcQp) -> R,
+    ) -> Result<(u32, Arc<Shard>, R), VerbsError> {
+        let qpn = ctl.alloc_qpn()?;
+        let shard = self.recv_cq.shard_on(dev, ctl);
         let mut qp = self.qp.take().expect("prepared QP installed once");
         qp.qpn = qpn;
         qp.faults = Faults::new(self.cfg.faults, qpn);
         qp.announce = Some(Announce {
             send: self.send_cq.ready.clone(),
             recv: self.recv_cq.ready.clone(),
-            dev: dev.id,
+            shard: shard.id,
         });
-        eng.qps.insert(qpn, qp);
-        // Room to tick every queue pair (a full tick marks them all), set
-        // aside here, at connection setup, not on the data path.
-        let qps = eng.qps.len();
-        eng.active.reserve(qps.saturating_sub(eng.active.len()));
-        Ok(qpn)
+        let r = prepare(&mut qp);
+        // Counted on the queues first: a new shard is then the receive
+        // queue's before anything can announce on it.
+        self.recv_cq.attach(dev, &shard, true);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.send_cq.attach(dev, &shard, false);
+        }
+        ctl.insert_qp(dev, &shard, qp);
+        Ok((qpn, shard, r))
     }
 
-    /// Lists an installed QP's device with its CQs. Called without the
-    /// engine lock: `poll` takes a CQ's device list first, then engines.
-    pub(super) fn attach(&self, dev: &Arc<Device>) {
-        self.send_cq.attach(dev);
-        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            self.recv_cq.attach(dev);
-        }
+    /// Undoes [`install`](Self::install) for a connection that failed
+    /// before anyone saw it.
+    pub(super) fn uninstall(&self, ctl: &mut Control, dev: &Device, shard: &Arc<Shard>, qpn: u32) {
+        ctl.remove_qp(dev, qpn);
+        detach(&self.send_cq, &self.recv_cq, shard);
+    }
+}
+
+/// Uncounts a queue pair of `shard` on its completion queues.
+fn detach(send_cq: &Arc<CqInner>, recv_cq: &Arc<CqInner>, shard: &Arc<Shard>) {
+    recv_cq.detach(shard);
+    if !Arc::ptr_eq(send_cq, recv_cq) {
+        send_cq.detach(shard);
     }
 }
 
@@ -90,6 +103,8 @@ impl RocePreparedQp {
 #[derive(Debug)]
 pub struct RoceQp {
     pub(super) dev: Arc<Device>,
+    /// Where it lives: its receive queue's shard of the device.
+    pub(super) shard: Arc<Shard>,
     pub(super) qpn: u32,
     pub(super) pd: Arc<PdInner>,
     /// Where the flushed completions of a dropped QP go (see `Drop`).
@@ -101,7 +116,7 @@ impl RoceQp {
     /// Packets the test fault hook dropped, duplicated and reordered on
     /// this QP so far.
     pub fn fault_counts(&self) -> [u64; 3] {
-        lock(&self.dev.eng)
+        lock(&self.shard.state)
             .qps
             .get(&self.qpn)
             .map_or([0; 3], |q| q.faults.counts)
@@ -115,31 +130,45 @@ impl RoceQp {
     /// Inbound packets the device dropped for a bad ICRC (with
     /// `verify_icrc`).
     pub fn bad_icrc_count(&self) -> u64 {
-        lock(&self.dev.eng).bad_icrc
+        self.dev.stats().bad_icrc
     }
 
     /// Packets the device dropped as spoofed (see the module docs).
     pub fn spoofed_count(&self) -> u64 {
-        lock(&self.dev.eng).spoofed
+        self.dev.stats().spoofed
     }
 
     /// Packets the device could not send because they exceeded the path
     /// MTU of the route (EMSGSIZE).
     pub fn oversized_count(&self) -> u64 {
-        lock(&self.dev.eng).tx.oversized
+        self.dev.oversized()
     }
 
+    /// The counters of the device this QP runs on.
+    pub fn device_stats(&self) -> super::RoceDeviceStats {
+        self.dev.stats()
+    }
+
+    /// The counters of the shard this QP lives in (its receive queue's).
+    pub fn shard_stats(&self) -> super::RoceShardStats {
+        self.shard.stats()
+    }
+
+    /// Runs `f` on this queue pair in its shard, then a progress step of
+    /// the shard: the data path, under the shard's lock only.
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
-        let mut eng = lock(&self.dev.eng);
-        let Engine {
+        let _data_path = DataPath::enter();
+        let mut st = lock(&self.shard.state);
+        let ShardState {
             qps, tx, active, ..
-        } = &mut *eng;
+        } = &mut *st;
         let qp = qps.get_mut(&self.qpn)?;
         mark_ticking(active, qp);
         let r = f(qp, tx);
         let now = Instant::now();
-        eng.progress(now);
-        self.dev.mark_progress(now);
+        st.progress(&self.dev, &self.shard, now);
+        self.shard.mark_progress(&self.dev, now);
+        self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         Some(r)
     }
 }
@@ -153,31 +182,27 @@ impl Drop for RoceQp {
     fn drop(&mut self) {
         self.disconnect();
         let removed = {
-            let mut eng = lock(&self.dev.eng);
-            let qp = eng.qps.remove(&self.qpn);
+            let mut ctl = self.dev.control();
+            let qp = ctl.remove_qp(&self.dev, self.qpn);
             if let Some(c) = qp.as_ref().and_then(|q| q.conn) {
                 // A DREQ still being retried keeps its record (forgotten
                 // after DREQ_RETRIES); anything else goes now.
-                let keep = eng
+                let keep = ctl
                     .cm
                     .conns
                     .get(&c.local_comm_id)
                     .is_some_and(|r| matches!(r.state, ConnState::DreqSent { .. }));
                 if !keep {
-                    eng.cm.conns.remove(&c.local_comm_id);
+                    ctl.cm.conns.remove(&c.local_comm_id);
                 }
             }
+            detach(&self.send_cq, &self.recv_cq, &self.shard);
             qp
         };
         if let Some(mut qp) = removed {
             qp.enter_error(None, false);
             lock(&self.recv_cq.orphans).extend(qp.recv_done.drain(..));
             lock(&self.send_cq.orphans).extend(qp.send_done.drain(..));
-        }
-        // Not under the engine lock: `poll` takes devices, then engines.
-        self.send_cq.detach(&self.dev);
-        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            self.recv_cq.detach(&self.dev);
         }
     }
 }
@@ -213,14 +238,14 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .as_ref()
             .map(|q| q.pd.clone())
             .expect("not installed");
-        let (qpn, mad, local_comm_id) = {
-            let mut eng = lock(&dev.eng);
+        let (qpn, shard, mad, local_comm_id) = {
+            let mut ctl = dev.control();
             // Drawn under the lock, unique among this device's connection
             // records (as the passive side does), before anything is
             // installed.
             let local_comm_id = loop {
                 let c = random_u32()?;
-                if c != 0 && !eng.cm.conns.contains_key(&c) {
+                if c != 0 && !ctl.cm.conns.contains_key(&c) {
                     break c;
                 }
             };
@@ -236,17 +261,19 @@ impl PreparedQp<Roce> for RocePreparedQp {
             .map_err(|_| VerbsError::Protocol("rdma_cm header"))?;
             private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + private_data.len()]
                 .copy_from_slice(private_data);
-            let qpn = self.install(&mut eng, &dev)?;
-            let qp = eng.qps.get_mut(&qpn).expect("just installed");
-            // Options in the connect URL apply to this connection.
-            qp.configure(
-                cfg.mtu,
-                Timers {
-                    ack_timeout: cfg.ack_timeout,
-                    retry_count: cfg.retry_count,
-                },
-            );
-            qp.faults = Faults::new(cfg.faults, qpn);
+            let (qpn, shard, (starting_psn, path_mtu, rnr_retry)) =
+                self.install(&mut ctl, &dev, |qp| {
+                    // Options in the connect URL apply to this connection.
+                    qp.configure(
+                        cfg.mtu,
+                        Timers {
+                            ack_timeout: cfg.ack_timeout,
+                            retry_count: cfg.retry_count,
+                        },
+                    );
+                    qp.faults = Faults::new(cfg.faults, qp.qpn);
+                    (qp.initial_psn(), qp.mtu, qp.caps.rnr_retry.min(7))
+                })?;
             let req = Req {
                 local_comm_id,
                 service_id: ibcm::tcp_service_id(target.port()),
@@ -260,13 +287,13 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 remote_cm_response_timeout: 20,
                 transport_type: 0,
                 end_to_end_flow_control: false,
-                starting_psn: qp.initial_psn(),
+                starting_psn,
                 local_cm_response_timeout: 20,
                 retry_count: cfg.retry_count.min(7),
                 pkey: 0xFFFF,
-                path_mtu: qp.mtu,
+                path_mtu,
                 rdc_exists: false,
-                rnr_retry_count: qp.caps.rnr_retry.min(7),
+                rnr_retry_count: rnr_retry,
                 max_cm_retries: 15,
                 srq: false,
                 extended_transport: 0,
@@ -275,10 +302,10 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 private_data: &private,
             };
             let Some(mad) = emit_mad(&CmMad::new(tid, CmMessage::Req(req))) else {
-                eng.qps.remove(&qpn);
+                self.uninstall(&mut ctl, &dev, &shard, qpn);
                 return Err(VerbsError::Protocol("REQ encoding"));
             };
-            eng.cm.conns.insert(
+            ctl.cm.conns.insert(
                 local_comm_id,
                 ConnRec {
                     local_comm_id,
@@ -294,14 +321,14 @@ impl PreparedQp<Roce> for RocePreparedQp {
                     claimed: false,
                 },
             );
-            let Engine { tx, gsi_psn, .. } = &mut *eng;
+            let Control { tx, gsi_psn, .. } = &mut *ctl;
             send_mad(tx, gsi_psn, *target.ip(), cfg.udp_port, &mad);
             tx.flush();
-            (qpn, mad, local_comm_id)
+            (qpn, shard, mad, local_comm_id)
         };
-        self.attach(&dev);
         let qp = RoceQp {
             dev: dev.clone(),
+            shard,
             qpn,
             pd,
             send_cq: self.send_cq.clone(),
@@ -311,11 +338,11 @@ impl PreparedQp<Roce> for RocePreparedQp {
         let mut backoff = 0u32;
         loop {
             let now = Instant::now();
+            dev.control_step(now, true);
             {
-                let mut eng = lock(&dev.eng);
-                eng.progress(now);
-                dev.mark_progress(now);
-                let Some(rec) = eng.cm.conns.get_mut(&local_comm_id) else {
+                let mut ctl = dev.control();
+                let ctl = &mut *ctl;
+                let Some(rec) = ctl.cm.conns.get_mut(&local_comm_id) else {
                     // Gone: a DREQ for it crossed, or it was dropped.
                     return Err(VerbsError::NotConnected);
                 };
@@ -323,7 +350,6 @@ impl PreparedQp<Roce> for RocePreparedQp {
                     ConnState::Established => {
                         let pd = std::mem::take(&mut rec.peer_private);
                         rec.claimed = true;
-                        drop(eng);
                         return Ok((qp, pd));
                     }
                     // Established, then already disconnected by the peer:
@@ -331,17 +357,13 @@ impl PreparedQp<Roce> for RocePreparedQp {
                     // ESTABLISHED then DISCONNECTED.
                     ConnState::Closed => {
                         let pd = std::mem::take(&mut rec.peer_private);
-                        eng.cm.conns.remove(&local_comm_id);
-                        drop(eng);
+                        ctl.cm.conns.remove(&local_comm_id);
                         return Ok((qp, pd));
                     }
                     ConnState::Rejected(pd) => {
                         let pd = std::mem::take(pd);
-                        eng.cm.conns.remove(&local_comm_id);
-                        if let Some(q) = eng.qps.get_mut(&qpn) {
-                            q.enter_error(None, false);
-                        }
-                        drop(eng);
+                        ctl.cm.conns.remove(&local_comm_id);
+                        ctl.with_qp(&dev, qpn, |q| q.enter_error(None, false));
                         return Err(VerbsError::Rejected { private_data: pd });
                     }
                     _ => {}
@@ -349,16 +371,14 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 if now >= resend_at && rec.quiet_until.is_none_or(|t| now >= t) {
                     rec.quiet_until = None;
                     resend_at = now + CM_RETRY;
-                    let Engine { tx, gsi_psn, .. } = &mut *eng;
+                    let Control { tx, gsi_psn, .. } = ctl;
                     send_mad(tx, gsi_psn, *target.ip(), cfg.udp_port, &mad);
                     tx.flush();
                 }
                 if now >= deadline {
-                    eng.cm.conns.remove(&local_comm_id);
-                    if let Some(q) = eng.qps.get_mut(&qpn) {
-                        q.enter_error(None, false);
-                    }
-                    let Engine { tx, gsi_psn, .. } = &mut *eng;
+                    ctl.cm.conns.remove(&local_comm_id);
+                    ctl.with_qp(&dev, qpn, |q| q.enter_error(None, false));
+                    let Control { tx, gsi_psn, .. } = ctl;
                     // Tell the passive side we gave up (REJ "timeout" is
                     // reason 1..; consumer-defined keeps it simple).
                     send_rej(
@@ -398,7 +418,7 @@ impl QueuePair<Roce> for RoceQp {
     }
 
     fn state(&self) -> QpState {
-        lock(&self.dev.eng)
+        lock(&self.shard.state)
             .qps
             .get(&self.qpn)
             .map_or(QpState::Error, |q| q.state)
@@ -420,10 +440,11 @@ impl QueuePair<Roce> for RoceQp {
         &mut self,
         wrs: &mut I,
     ) -> Result<usize, PostFailed<SendWr>> {
-        let mut eng = lock(&self.dev.eng);
+        let _data_path = DataPath::enter();
+        let mut st = lock(&self.shard.state);
         let mut n = 0;
         let mut res = Ok(());
-        let Engine { qps, active, .. } = &mut *eng;
+        let ShardState { qps, active, .. } = &mut *st;
         if let Some(qp) = qps.get_mut(&self.qpn) {
             mark_ticking(active, qp);
             for wr in wrs.by_ref() {
@@ -440,14 +461,16 @@ impl QueuePair<Roce> for RoceQp {
             });
         }
         let now = Instant::now();
-        eng.progress(now);
-        self.dev.mark_progress(now);
+        st.progress(&self.dev, &self.shard, now);
+        self.shard.mark_progress(&self.dev, now);
+        self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         res.map(|()| n)
     }
 
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        let mut eng = lock(&self.dev.eng);
-        match eng.qps.get_mut(&self.qpn) {
+        let _data_path = DataPath::enter();
+        let mut st = lock(&self.shard.state);
+        match st.qps.get_mut(&self.qpn) {
             Some(qp) => qp.post_recv(wr),
             None => Err(PostFailed {
                 error: PostError::Invalid,
@@ -458,28 +481,36 @@ impl QueuePair<Roce> for RoceQp {
 
     fn expose(&mut self, mr: &RoceMr) -> Result<RemoteKey, VerbsError> {
         mr.check_exposable(&self.pd.mrs)?;
-        let mut eng = lock(&self.dev.eng);
-        let qp = eng.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
+        let mut st = lock(&self.shard.state);
+        let qp = st.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
         qp.expose(mr.info.addr, mr.info.len, mr.info.access, &mr.info.arena)
     }
 
     /// A slot of this connection's key table (256, shared with `expose`):
     /// the slot is the rkey's low byte, the upper 24 bits the consumer's.
     fn alloc_window(&mut self) -> Result<Window, VerbsError> {
-        let mut eng = lock(&self.dev.eng);
-        let qp = eng.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
+        let mut st = lock(&self.shard.state);
+        let qp = st.qps.get_mut(&self.qpn).ok_or(VerbsError::NotConnected)?;
         qp.alloc_window()
     }
 
     fn disconnect(&mut self) {
-        let mut eng = lock(&self.dev.eng);
-        let Engine { qps, active, .. } = &mut *eng;
-        if let Some(qp) = qps.get_mut(&self.qpn) {
-            mark_ticking(active, qp);
-            qp.enter_error(None, true);
+        let owes_dreq = {
+            let mut st = lock(&self.shard.state);
+            let ShardState { qps, active, .. } = &mut *st;
+            qps.get_mut(&self.qpn).is_some_and(|qp| {
+                mark_ticking(active, qp);
+                qp.enter_error(None, true);
+                qp.dreq_due
+            })
+        };
+        // The DREQ leaves now, from the connection manager (the shard's
+        // lock is released first: the control part locks shards).
+        let mut ctl = self.dev.control();
+        if owes_dreq {
+            self.dev.wake_for_dreq();
         }
-        let now = Instant::now();
-        eng.cm_timers(now);
-        eng.tx.flush();
+        ctl.cm_timers(&self.dev, Instant::now());
+        ctl.tx.flush();
     }
 }

@@ -406,7 +406,7 @@ impl RcQp {
         if !*flag {
             *flag = true;
             list.push(Ready {
-                dev: a.dev,
+                shard: a.shard,
                 qpn: self.qpn,
             });
         }

@@ -11,16 +11,16 @@ use std::sync::{Arc, Mutex};
 
 use crate::verbs::lock;
 
-/// A queue pair with completions waiting: its device (by `Device::id`)
-/// and its number there.
+/// A queue pair with completions waiting: the shard it lives in (by
+/// `Shard::id`) and its number there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Ready {
-    pub dev: usize,
+    pub shard: usize,
     pub qpn: u32,
 }
 
 /// The announced queue pairs of one completion queue, in order. Locked
-/// last: it is pushed under a device's engine lock and popped under it.
+/// last: it is pushed under a shard's lock and popped under it.
 #[derive(Debug, Default)]
 pub(super) struct ReadyList {
     q: Mutex<VecDeque<Ready>>,
@@ -54,10 +54,10 @@ impl ReadyList {
 }
 
 /// Where an installed queue pair announces completions: the lists of its
-/// send and receive completion queues, and its device.
+/// send and receive completion queues, and its shard.
 #[derive(Debug, Clone)]
 pub(super) struct Announce {
     pub send: Arc<ReadyList>,
     pub recv: Arc<ReadyList>,
-    pub dev: usize,
+    pub shard: usize,
 }

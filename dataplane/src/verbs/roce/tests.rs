@@ -787,7 +787,7 @@ fn closed_queue_pairs_leave_their_device_and_return_their_buffers() {
         .register(&arena, 0, 1 << 16, Access::LOCAL_WRITE)
         .unwrap();
     let slab = Slab::new(arena.clone(), 0, 1024, 64, mr.lkey(), WrKind::Recv).unwrap();
-    let qps_on_device = || lock(&listener.dev.eng).qps.len();
+    let qps_on_device = || listener.dev.qp_count();
     let base_qps = qps_on_device();
     let base_arena_refs = Arc::strong_count(&arena);
     for _ in 0..16 {
@@ -937,7 +937,7 @@ fn a_req_naming_another_source_address_is_dropped() {
     ));
     let inc = listener.accept(LONG).unwrap();
     assert_eq!(inc.peer_ip(), Some(fip), "the spoofed REQ was queued");
-    assert_eq!(lock(&listener.dev.eng).spoofed, 1);
+    assert_eq!(listener.dev.stats().spoofed, 1);
 }
 
 #[test]
