@@ -137,7 +137,7 @@ pub(super) struct RcQp {
     /// On its send CQ's and its receive CQ's ready list (one flag when
     /// both are one CQ: `[0]`).
     announced: [bool; 2],
-    /// In its device's list of queue pairs to tick (`Engine::active`).
+    /// In its shard's list of queue pairs to tick (`ShardState::active`).
     pub ticking: bool,
     pub mtu: Mtu,
     pub timers: Timers,

@@ -9,8 +9,8 @@ use super::pd::PdInner;
 use super::Roce;
 use crate::verbs::{lock, Access, PostError, PostFailed, RecvWr, SharedReceiveQueue, SrqCaps};
 
-/// The receives of a shared receive queue. Taken by the device's progress
-/// (under the device lock, then this one) and posted by the application.
+/// The receives of a shared receive queue. Taken by a shard's progress
+/// (under a shard's lock, then this one) and posted by the application.
 #[derive(Debug)]
 pub(crate) struct SrqShared {
     pub(super) pd: Arc<PdInner>,
