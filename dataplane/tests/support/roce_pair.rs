@@ -180,8 +180,9 @@ impl Endpoint {
     }
 }
 
-/// Polls `me` (and `other`, which shares the device, so either drives
-/// progress) until a completion matching `pred` arrives on `me`.
+/// Polls `me` until a completion matching `pred` arrives on it (the
+/// other endpoint's shard of the device, which nobody polls meanwhile,
+/// is driven by the device's thread).
 pub fn wait(me: &Endpoint, pred: impl Fn(&Completion) -> bool) -> Completion {
     let deadline = Instant::now() + TIMEOUT;
     let mut out: [Completion; 8] = std::array::from_fn(|_| Completion::default());

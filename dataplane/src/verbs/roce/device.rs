@@ -73,6 +73,13 @@ const MAD_QUEUE_DEPTH: usize = 256;
 /// (`RoceConfig::idle_after`).
 const IDLE_AFTER: Duration = Duration::from_millis(1);
 
+/// How soon the device's thread looks again while some shards are driven
+/// by threads and others are idle: packets for the idle ones arrive
+/// through their inboxes, which wake nobody (a responder nobody polls
+/// answers within about this long, far below any retransmission
+/// timeout).
+const MIXED_LOOK_AGAIN: Duration = Duration::from_micros(50);
+
 /// Puts `qp` on its shard's list of queue pairs to tick.
 pub(super) fn mark_ticking(active: &mut Vec<u32>, qp: &mut RcQp) {
     if !qp.ticking {
@@ -494,6 +501,7 @@ impl Device {
             mads_dropped: c.mads_dropped.load(Ordering::Relaxed),
             control_locks: c.control_locks.load(Ordering::Relaxed),
             control_locks_on_data_path: c.control_locks_on_data_path.load(Ordering::Relaxed),
+            handed_out_by_control: c.control_handed_out.load(Ordering::Relaxed),
             oversized: self.oversized(),
         }
     }
@@ -501,32 +509,44 @@ impl Device {
     /// The device's thread (one per device, never per connection): it
     /// runs the control part (MADs the shards queued, CM timers; the
     /// socket itself when no shard reads it), and drives the shards no
-    /// thread has driven for `RoceConfig::idle_after`, so one-sided operations,
-    /// ACKs and timers proceed against a process that is not polling (as
-    /// an HCA would). A shard a thread polls is left alone. It exits when
+    /// thread has driven for `RoceConfig::idle_after`, so one-sided
+    /// operations, ACKs and timers proceed against a process that is not
+    /// polling (as an HCA would). A shard a thread polls is left alone. It exits when
     /// the device is dropped.
     fn spawn_thread(dev: &Arc<Device>) {
         let weak = Arc::downgrade(dev);
         let _ = std::thread::Builder::new()
             .name("roce-idle".into())
-            .spawn(move || loop {
-                // Holding the device keeps its socket open during poll(2).
-                let Some(dev) = weak.upgrade() else { break };
-                let mut pfd = libc::pollfd {
-                    fd: dev.socket.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; the fd stays open (see above).
-                unsafe { libc::poll(&mut pfd, 1, 2) };
-                let now = Instant::now();
-                let pass = dev.idle_pass(now);
-                dev.control_step(now, pass.nobody_reads);
-                if pass.polled > 0 {
-                    // Threads read the socket: do not spin on its
-                    // readiness, look again after the idle threshold.
+            .spawn(move || {
+                let mut mixed = false;
+                loop {
+                    // Holding the device keeps its socket open during poll(2).
+                    let Some(dev) = weak.upgrade() else { break };
+                    let mut pfd = libc::pollfd {
+                        fd: dev.socket.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    if !mixed {
+                        // SAFETY: one valid pollfd; the fd stays open (see
+                        // above).
+                        unsafe { libc::poll(&mut pfd, 1, 2) };
+                    }
+                    let now = Instant::now();
+                    let pass = dev.idle_pass(now);
+                    dev.control_step(now, pass.nobody_reads);
+                    mixed = pass.polled > 0 && pass.drove > 0;
                     drop(dev);
-                    std::thread::sleep(IDLE_AFTER);
+                    if mixed {
+                        // Threads read the socket and hand packets to the
+                        // idle shards: the socket's readiness says nothing
+                        // about those, so look again soon.
+                        std::thread::sleep(MIXED_LOOK_AGAIN);
+                    } else if pass.polled > 0 {
+                        // Threads drive every shard: do not spin on the
+                        // socket's readiness, look again in a millisecond.
+                        std::thread::sleep(IDLE_AFTER);
+                    }
                 }
             });
     }
@@ -537,6 +557,7 @@ impl Device {
         let shards = lock(&self.shards);
         let mut pass = IdlePass {
             polled: 0,
+            drove: 0,
             nobody_reads: true,
         };
         for s in shards.iter() {
@@ -550,6 +571,7 @@ impl Device {
             if let Ok(mut st) = s.state.try_lock() {
                 st.progress(self, s, now);
                 s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
+                pass.drove += 1;
                 pass.nobody_reads = false;
             }
         }
@@ -574,12 +596,7 @@ impl Device {
                 for i in 0..n {
                     let (data, src) = (rx.packet(i), rx.srcs[i]);
                     match self.classify(data, src) {
-                        Inbound::Mad(p) => {
-                            let mut mad = [0u8; ibcm::MAD_LEN];
-                            let len = p.payload.len().min(mad.len());
-                            mad[..len].copy_from_slice(&p.payload[..len]);
-                            ctl.on_mad(self, &mad[..len], src, now);
-                        }
+                        Inbound::Mad(p) => ctl.on_mad(self, p.payload, src, now),
                         Inbound::Data(qpn) => {
                             if let Some(s) = ctl.routes.get(&qpn) {
                                 if s.inbox.hand(&self.spare, data, src) {
@@ -678,6 +695,8 @@ impl Device {
 pub(super) struct IdlePass {
     /// Shards a thread drove within the idle threshold.
     pub polled: usize,
+    /// Idle shards this pass drove.
+    pub drove: usize,
     /// Nobody read the socket in this pass or recently.
     pub nobody_reads: bool,
 }

@@ -87,6 +87,10 @@ pub struct RoceDeviceStats {
     /// Of those, by a thread inside a completion queue poll or a post:
     /// zero by design (the data path takes only its shard's lock).
     pub control_locks_on_data_path: u64,
+    /// Data packets the connection manager's receive (`connect`,
+    /// `accept`, the device's thread when no shard reads) handed to a
+    /// shard.
+    pub handed_out_by_control: u64,
     /// Packets the kernel refused as larger than the route's MTU.
     pub oversized: u64,
 }
