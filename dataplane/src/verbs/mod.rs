@@ -48,6 +48,7 @@ pub mod ibverbs;
 pub mod roce;
 pub mod shm;
 mod soft_mr;
+mod soft_srq;
 pub use soft_mr::SoftMr;
 
 /// Locks a software provider's state. A panic while it was held leaves

@@ -16,9 +16,10 @@ use super::qp::RocePreparedQp;
 use super::random::random_u32;
 use super::rc::{RcQp, Timers};
 use super::ready::ReadyList;
-use super::srq::{RoceSrq, SrqShared};
+use super::srq::RoceSrq;
 use super::Roce;
 use crate::mem::Arena;
+use crate::verbs::soft_srq::SoftSrq;
 use crate::verbs::{
     check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, SrqCaps, VerbsError,
 };
@@ -106,7 +107,7 @@ impl ProtectionDomain<Roce> for RocePd {
             ));
         }
         Ok(RoceSrq {
-            inner: Arc::new(SrqShared::new(self.inner.clone(), caps)),
+            inner: Arc::new(SoftSrq::new(self.inner.mrs.clone(), caps)),
         })
     }
 
@@ -117,7 +118,7 @@ impl ProtectionDomain<Roce> for RocePd {
         srq: &RoceSrq,
         caps: QpCaps,
     ) -> Result<RocePreparedQp, VerbsError> {
-        if !Arc::ptr_eq(&srq.inner.pd, &self.inner) {
+        if !srq.inner.belongs_to(&self.inner.mrs) {
             return Err(VerbsError::InvalidRegistration(
                 "the shared receive queue belongs to another protection domain",
             ));

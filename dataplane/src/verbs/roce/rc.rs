@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use super::io::{Faults, Tx};
 use super::pd::PdInner;
 use super::ready::{Announce, Ready};
-use super::srq::SrqShared;
 use crate::mem::Arena;
 use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
+use crate::verbs::soft_srq::SoftSrq;
 use crate::verbs::*;
 use crate::wire::roce::seg::{self, MessageKind, Mtu};
 use crate::wire::roce::{Aeth, Bth, NakCode, Opcode, Position, Psn, Reth, RocePacket, Syndrome};
@@ -174,7 +174,7 @@ pub(super) struct RcQp {
     /// the message in progress.
     rq: VecDeque<RecvWr>,
     /// The shared receive queue this queue pair takes its receives from.
-    pub srq: Option<Arc<SrqShared>>,
+    pub srq: Option<Arc<SoftSrq>>,
     pub recv_done: VecDeque<Completion>,
     epsn: Psn,
     msn: u32,

@@ -50,6 +50,7 @@ use nix::sys::socket::{
 
 use self::shared::*;
 use super::soft_mr::{KeySlots, MrInfo, MrTable};
+use super::soft_srq::SoftSrq;
 use super::*;
 use crate::mem::{Arena, Backing, PeerAccess};
 
@@ -299,11 +300,7 @@ impl ProtectionDomain<Shm> for ShmPd {
             ));
         }
         Ok(ShmSrq {
-            inner: Arc::new(SrqInner {
-                pd: self.inner.clone(),
-                caps,
-                wrs: Mutex::new(VecDeque::with_capacity(caps.max_wr as usize)),
-            }),
+            inner: Arc::new(SoftSrq::new(self.inner.mrs.clone(), caps)),
         })
     }
 
@@ -314,13 +311,13 @@ impl ProtectionDomain<Shm> for ShmPd {
         srq: &ShmSrq,
         caps: QpCaps,
     ) -> Result<ShmPreparedQp, VerbsError> {
-        if !Arc::ptr_eq(&srq.inner.pd, &self.inner) {
+        if !srq.inner.belongs_to(&self.inner.mrs) {
             return Err(VerbsError::InvalidRegistration(
                 "the shared receive queue belongs to another protection domain",
             ));
         }
-        let slots = srq.inner.caps.staging_slots.clamp(1, MAX_RING);
-        let size = srq.inner.caps.max_message;
+        let slots = srq.inner.caps().staging_slots.clamp(1, MAX_RING);
+        let size = srq.inner.caps().max_message;
         let arena = Arena::with_backing_lazy(slots as usize * size as usize, Backing::Small)?;
         let slab = crate::mem::Slab::new(arena, 0, size, slots, 0, crate::mem::WrKind::Recv)?;
         let staging = Staging {
@@ -863,15 +860,6 @@ struct QpInner {
     staging: Option<Staging>,
 }
 
-/// A shared receive queue's state.
-#[derive(Debug)]
-struct SrqInner {
-    pd: Arc<PdInner>,
-    caps: SrqCaps,
-    /// Posted receives, in the order posted.
-    wrs: Mutex<VecDeque<RecvWr>>,
-}
-
 /// A shared receive queue. A peer writes a Send into one of its
 /// connection's staging slots (memory shared with that peer alone); the
 /// queue pair's progress copies it into a posted shared receive
@@ -880,42 +868,23 @@ struct SrqInner {
 /// holds only its few staging slots.
 #[derive(Debug)]
 pub struct ShmSrq {
-    inner: Arc<SrqInner>,
+    inner: Arc<SoftSrq>,
 }
 
 impl SharedReceiveQueue<Shm> for ShmSrq {
     fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        let s = &self.inner;
-        if !wr
-            .sgl
-            .iter()
-            .all(|sge| s.pd.check_local(sge, Access::LOCAL_WRITE))
-        {
-            return Err(PostFailed {
-                error: PostError::Invalid,
-                wr,
-            });
-        }
-        let mut wrs = lock(&s.wrs);
-        if wrs.len() >= s.caps.max_wr as usize {
-            return Err(PostFailed {
-                error: PostError::QueueFull,
-                wr,
-            });
-        }
-        wrs.push_back(wr);
-        Ok(())
+        self.inner.post(wr)
     }
 
     fn posted(&self) -> usize {
-        lock(&self.inner.wrs).len()
+        self.inner.posted()
     }
 }
 
 /// A queue pair's side of a shared receive queue: its staging slots.
 #[derive(Debug)]
 struct Staging {
-    srq: Arc<SrqInner>,
+    srq: Arc<SoftSrq>,
     slab: crate::mem::Slab,
 }
 
@@ -1066,7 +1035,7 @@ fn as_src(r: &[(*mut u8, usize)]) -> [(*const u8, usize); MAX_SGE] {
 /// to the front of its queue.
 fn give_back(staging: &Option<Staging>, wr: Option<RecvWr>) {
     if let (Some(st), Some(wr)) = (staging, wr) {
-        lock(&st.srq.wrs).push_back(wr);
+        st.srq.give_back(wr);
     }
 }
 
@@ -1302,8 +1271,7 @@ impl QpInner {
             // as for receiver-not-ready.
             let mut shared = None;
             if let Some(st) = &self.staging {
-                // The newest posted receive (see `SharedReceiveQueue`).
-                match lock(&st.srq.wrs).pop_back() {
+                match st.srq.take() {
                     Some(w) => shared = Some(w),
                     None if matches!(kind, D_SEND | D_SEND_IMM | D_SEND_INV | D_WRITE_IMM) => {
                         return Ok(())
