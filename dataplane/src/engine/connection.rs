@@ -243,8 +243,8 @@ pub struct Connection {
     pub(super) reads_in_flight: u32,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
-    /// Receives holding calls that wait for a responder slot, oldest first:
-    /// (receive index, length).
+    /// Calls that wait for a responder slot (or a bulk buffer) with their
+    /// receives, oldest first.
     pub(super) parked: VecDeque<Parked>,
     /// Shared receives done with, for the owner to post again.
     released: VecDeque<Buf>,
@@ -551,7 +551,9 @@ impl Connection {
             reads_in_flight: 0,
             active_calls: 0,
             parked: VecDeque::with_capacity(n_recv),
-            released: VecDeque::with_capacity(if c.shared_receives { n_recv + 1 } else { 0 }),
+            // Between two flushes: the messages of one poll (within the
+            // grant) and the parked calls they let proceed.
+            released: VecDeque::with_capacity(if c.shared_receives { 2 * n_recv + 1 } else { 0 }),
             backing: None,
             tx,
             events: VecDeque::with_capacity(

@@ -450,7 +450,11 @@ impl<P: Provider> SharedRecvs<P> {
     /// Posts every buffer not posted (those a closed connection dropped
     /// instead of giving back); returns how many are posted now.
     pub fn refill(&self) -> usize {
-        while let Some(buf) = self.slab.alloc() {
+        // Bounded: a refused post puts its buffer back in the slab.
+        for _ in 0..self.slab.available() {
+            let Some(buf) = self.slab.alloc() else {
+                break;
+            };
             self.repost(buf);
         }
         self.srq.posted()
