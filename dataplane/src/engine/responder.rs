@@ -36,8 +36,9 @@ use crate::wire::rpcrdma::{
     RPCRDMA_VERSION,
 };
 
-/// Where a call from the peer is (SPDK-style request state; transitions
-/// only in this module).
+/// Where a call from the peer is (SPDK-style request state). Every
+/// transition is made by `Connection::process_serve`, whose doc comment
+/// holds the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ServeState {
     /// Unused.
@@ -62,10 +63,82 @@ pub(super) enum ServeState {
     Draining,
 }
 
+/// What can happen to a serve slot: the input of
+/// `Connection::process_serve`. Each entry point of the responder (a
+/// call header, a completion, the application's reply, RDMA_DONE, the
+/// reclaim timer, the close) turns what it saw into one of these.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ServeEvent {
+    /// The call's header passed every check (`on_call`): the slot was
+    /// taken, the inline parts are placed and the Reads of its read
+    /// chunks, if any, listed.
+    CallAccepted { now: Instant },
+    /// Raised by `process_serve` itself when the call is whole in the
+    /// slot's buffer (no Reads, or the last one completed): it is
+    /// examined and handed to the application.
+    CallComplete { now: Instant },
+    /// A Read of the slot's read chunks completed (`ok`), or was flushed.
+    ReadDone { now: Instant, wr_id: WrId, ok: bool },
+    /// The reply (the application's, or the engine's own CONF_RDMA answer)
+    /// was queued: `ops` Writes and Send posted; `exposed`: the reply is
+    /// exposed in a position-zero read chunk.
+    ReplyPosted {
+        now: Instant,
+        ops: u32,
+        exposed: bool,
+    },
+    /// A Write or the Send of the reply completed, or was flushed.
+    ReplyOpDone { wr_id: WrId },
+    /// RDMA_DONE for the exposed reply arrived.
+    DoneArrived,
+    /// The reclaim timer found the exposed reply's deadline passed.
+    DoneTimeout,
+    /// The connection closed.
+    Closed,
+}
+
+/// What a whole call turned out to be (`examine_call`).
+#[derive(Debug, Clone, Copy)]
+enum Examined {
+    /// A REPLY to one of our calls (an RDMA_NOMSG with a read list).
+    Reply,
+    /// A call the grant had no room for: the connection closed.
+    Overrun,
+    /// Not a call carrying the transport header's XID.
+    NotACall,
+    /// A call, to deliver.
+    Call {
+        program: u32,
+        version: u32,
+        procedure: u32,
+        hl: usize,
+    },
+}
+
+/// A pulled REPLY on its way to the requester half (`take_pulled_reply`).
+#[derive(Debug, Clone, Copy)]
+struct PulledReply {
+    xid: u32,
+    buf: BufId,
+    len: u32,
+    credits: u32,
+    written: (usize, u64),
+    rkey: Option<u32>,
+}
+
+/// What `process_serve` does after an event's own step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Return,
+    Settle,
+    SettleAndPumpReads,
+}
+
 /// A responder slot: state plus the two buffers it owns (its Send buffer,
 /// and one message buffer that holds the call, then the reply).
 #[derive(Debug)]
 pub(super) struct ServeSlot {
+    /// Changed only by `Connection::process_serve`.
     pub(super) state: ServeState,
     pub(super) generation: u32,
     xid: u32,
@@ -190,7 +263,7 @@ impl Connection {
     /// reply to our call in that requester slot (responder read chunks
     /// negotiated): it is pulled as a call unless it cannot be one (the
     /// grant is full, or its layout is not a call's), and routed by its
-    /// RPC direction once pulled (`deliver_call`).
+    /// RPC direction once pulled (`examine_call`).
     pub(super) fn on_call(
         &mut self,
         now: Instant,
@@ -241,13 +314,7 @@ impl Connection {
         self.assemble_call(idx, buf, len, hlen, total);
         self.serves[idx].maybe_reply = maybe_reply;
         self.serves[idx].hdr_credits = self.rx_hdr.credits;
-        if self.serves[idx].reads.is_empty() {
-            self.deliver_call(now, idx);
-        } else {
-            self.serves[idx].state = ServeState::PullingReadChunks;
-            self.read_fifo.push_back(ReadOwner::Serve(idx as u32));
-            self.pump_reads();
-        }
+        self.process_serve(idx, ServeEvent::CallAccepted { now });
         Disposition::Done
     }
 
@@ -441,33 +508,18 @@ impl Connection {
 
     pub(super) fn on_read_done(&mut self, now: Instant, wr_id: WrId, ok: bool) {
         let i = wr_id.index as usize;
-        let Some(s) = self.serves.get_mut(i).filter(|s| {
-            matches!(
-                s.state,
-                ServeState::PullingReadChunks | ServeState::Draining
-            ) && wr_id.same_generation(s.generation)
-                && s.reads_done < s.reads_issued
-        }) else {
+        if i < self.serves.len() {
+            self.process_serve(i, ServeEvent::ReadDone { now, wr_id, ok });
+        } else {
             self.stats.stale_completions += 1;
-            return;
-        };
-        s.reads_done += 1;
-        s.ops_in_flight -= 1;
-        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
-        // A failed Read is not delivered: the connection closes right
-        // after (every error completion does), which drains the slot.
-        if ok && s.state == ServeState::PullingReadChunks && s.reads_done == s.reads.len() {
-            self.deliver_call(now, i);
         }
-        self.settle_serve(i);
-        self.pump_reads();
     }
 
-    /// The call in slot `idx` is complete: parse its RPC header and hand
-    /// it to the application, or answer ERR_CHUNK if it is not a call
-    /// carrying the transport header's XID. A pulled REPLY goes to the
-    /// requester half (`on_pulled_reply`).
-    fn deliver_call(&mut self, now: Instant, idx: usize) {
+    /// The call in slot `idx` is whole: a pulled REPLY, a call beyond the
+    /// grant (an RDMA_NOMSG that might have been a reply counts against
+    /// it only now; the connection is closed), something that is not a
+    /// call carrying the transport header's XID, or a call to deliver.
+    fn examine_call(&mut self, idx: usize) -> Examined {
         let s = &self.serves[idx];
         let msg = self
             .bufs
@@ -475,15 +527,14 @@ impl Connection {
             .get(..s.call_len as usize)
             .unwrap_or(&[]);
         if peek_direction(msg) == Some(MessageType::Reply) {
-            self.pulled_reply(idx);
-            return;
+            return Examined::Reply;
         }
         if s.maybe_reply {
             // A call after all: it counts against the grant from now on.
             self.serves[idx].maybe_reply = false;
             if self.active_calls + self.parked.len() as u32 >= self.grant() {
                 self.close_with(CloseReason::CreditOverrun);
-                return;
+                return Examined::Overrun;
             }
             self.active_calls += 1;
             self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
@@ -494,70 +545,60 @@ impl Connection {
             .bytes(s.message)
             .get(..s.call_len as usize)
             .unwrap_or(&[]);
-        let parsed = match CallHeader::parse(msg) {
-            Ok((h, hl)) if h.xid == s.xid => Some((h.program, h.version, h.procedure, hl)),
-            _ => None,
-        };
-        let (xid, generation, len) = (s.xid, s.generation, s.call_len);
-        let Some((program, version, procedure, hl)) = parsed else {
-            self.drop_call(idx, xid);
-            return;
-        };
-        self.serves[idx].state = ServeState::Executing;
-        self.stats.calls_received += 1;
-        let first = !self.first_call_delivered;
-        self.first_call_delivered = true;
-        if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
-            // Answered in-band by the engine itself (RFC 5666 s6).
-            if !self.answer_conf_rdma(now, idx, version, procedure, hl, first) {
-                self.drop_call(idx, xid);
-            }
-            return;
-        }
-        self.events.push_back(Event::CallArrived {
-            call: IncomingCall {
-                index: idx as u32,
-                generation,
+        match CallHeader::parse(msg) {
+            Ok((h, hl)) if h.xid == s.xid => Examined::Call {
+                program: h.program,
+                version: h.version,
+                procedure: h.procedure,
+                hl,
             },
-            xid,
-            program,
-            version,
-            procedure,
-            len,
-        });
+            _ => Examined::NotACall,
+        }
     }
 
     /// Slot `idx` pulled a REPLY (an RDMA_NOMSG with a read list is only
-    /// known to be one after the pull): hand it to the requester half and
-    /// free the slot, without ERR_CHUNK and without counting a call.
-    fn pulled_reply(&mut self, idx: usize) {
+    /// known to be one after the pull): what the requester half needs of
+    /// it, taken before the slot is freed, without ERR_CHUNK and without
+    /// counting a call.
+    fn take_pulled_reply(&mut self, idx: usize) -> PulledReply {
         let s = &self.serves[idx];
         let chunks = &s.peer_chunks;
         let written = (
             chunks.write_chunk_count(),
             chunks.write_chunks().next().map_or(0, |c| c.len_bytes()),
         );
-        let (xid, call_buf, call_len, credits) = (s.xid, s.message, s.call_len, s.hdr_credits);
-        let rkey = super::inval::single_handle(s.reads.iter().map(|r| r.seg.handle));
+        let r = PulledReply {
+            xid: s.xid,
+            buf: s.message,
+            len: s.call_len,
+            credits: s.hdr_credits,
+            written,
+            rkey: super::inval::single_handle(s.reads.iter().map(|r| r.seg.handle)),
+        };
         if !s.maybe_reply {
             self.active_calls = self.active_calls.saturating_sub(1);
         }
-        // Freed first: nothing reuses the call buffer before the copy in
-        // `on_pulled_reply`, and a close on that path finds the slot free.
-        // (Pulled replies need responder read chunks, which a connection
-        // with a bulk pool never has: the call buffer is its own.)
+        // The slot is freed before the reply is handed over: nothing
+        // reuses the call buffer before the copy in `on_pulled_reply`,
+        // and a close on that path finds the slot free. (Pulled replies
+        // need responder read chunks, which a connection with a bulk pool
+        // never has: the call buffer is its own.)
         debug_assert!(self.bufs.bulk_pool().is_none());
-        self.free_serve(idx);
-        self.note_pulled_reply_rkey(xid, rkey);
-        self.on_pulled_reply(xid, call_buf, call_len, credits, written);
+        r
     }
 
-    /// Gives up on the call in slot `idx`: ERR_CHUNK to the peer, the slot
-    /// and the peer's credit back.
-    fn drop_call(&mut self, idx: usize, xid: u32) {
+    /// Hands a pulled REPLY (its slot already free) to the requester half.
+    fn hand_over_pulled_reply(&mut self, r: PulledReply) {
+        self.note_pulled_reply_rkey(r.xid, r.rkey);
+        self.on_pulled_reply(r.xid, r.buf, r.len, r.credits, r.written);
+    }
+
+    /// Gives up on the call in a slot: ERR_CHUNK to the peer and the
+    /// peer's credit back (the slot is freed by the caller,
+    /// `process_serve`).
+    fn refuse_call(&mut self, xid: u32) {
         self.send_error(xid, ErrorBody::Chunk);
         self.active_calls = self.active_calls.saturating_sub(1);
-        self.free_serve(idx);
     }
 
     /// (xid, message buffer, call length) of responder slot `idx`: the
@@ -803,18 +844,14 @@ impl Connection {
             },
             invalidate_rkey: self.remote_invalidation_for(idx),
         });
-        let s = &mut self.serves[idx];
-        s.ops_in_flight = ops + 1;
-        s.state = ServeState::AwaitingCompletions;
-        if use_read_chunk {
-            s.done_pending = true;
-            s.done_deadline = now.saturating_add(self.config.done_timeout);
-            self.dones_pending += 1;
-            self.stats.replies_exposed += 1;
-            self.arm_done_reclaim();
-        }
-        self.active_calls = self.active_calls.saturating_sub(1);
-        self.stats.replies_sent += 1;
+        self.process_serve(
+            idx,
+            ServeEvent::ReplyPosted {
+                now,
+                ops: ops + 1,
+                exposed: use_read_chunk,
+            },
+        );
         Ok(())
     }
 
@@ -880,18 +917,10 @@ impl Connection {
 
     pub(super) fn on_reply_op_done(&mut self, wr_id: WrId) {
         let i = wr_id.index as usize;
-        match self.serves.get_mut(i) {
-            Some(s)
-                if matches!(
-                    s.state,
-                    ServeState::AwaitingCompletions | ServeState::Draining
-                ) && wr_id.same_generation(s.generation)
-                    && s.ops_in_flight > 0 =>
-            {
-                s.ops_in_flight -= 1;
-                self.settle_serve(i);
-            }
-            _ => self.stats.stale_completions += 1,
+        if i < self.serves.len() {
+            self.process_serve(i, ServeEvent::ReplyOpDone { wr_id });
+        } else {
+            self.stats.stale_completions += 1;
         }
     }
 
@@ -919,35 +948,6 @@ impl Connection {
         super::inval::single_handle(reads.chain(writes).chain(reply))
     }
 
-    /// Moves slot `idx` on as far as what still holds it allows: the one
-    /// place a responder slot waits for and is released by its posted
-    /// work, the exposure of its reply (RDMA_DONE, the reclaim timer) and
-    /// the close's flush (SPDK's request `process`, for the release
-    /// half; a call's arrival, delivery and reply are their entry
-    /// points' transitions):
-    ///
-    /// ```text
-    /// AwaitingCompletions --ops done, reply exposed--> AwaitingDone
-    /// AwaitingCompletions --ops done---------------->  Free
-    /// AwaitingDone        --DONE or timer----------->  Free
-    /// Draining            --ops flushed------------->  Free
-    /// ```
-    fn settle_serve(&mut self, idx: usize) {
-        let s = &mut self.serves[idx];
-        match s.state {
-            ServeState::AwaitingCompletions if s.ops_in_flight == 0 => {
-                if s.done_pending {
-                    s.state = ServeState::AwaitingDone;
-                } else {
-                    self.free_serve(idx);
-                }
-            }
-            ServeState::AwaitingDone if !s.done_pending => self.free_serve(idx),
-            ServeState::Draining if s.ops_in_flight == 0 => self.free_serve(idx),
-            _ => {}
-        }
-    }
-
     /// RDMA_DONE for `xid` (RFC 5666 s3.8): the requester pulled the reply
     /// we exposed; withdraw it. A DONE matching nothing is dropped
     /// silently (draft-lever s4.1.3).
@@ -960,18 +960,16 @@ impl Connection {
             self.stats.done_ignored += 1;
             return;
         };
-        self.stats.done_received += 1;
-        self.withdraw_exposed_reply(i);
+        self.process_serve(i, ServeEvent::DoneArrived);
     }
 
     /// The exposure of slot `i`'s reply ends (DONE, timer or close).
-    fn withdraw_exposed_reply(&mut self, i: usize) {
+    fn withdraw_exposure(&mut self, i: usize) {
         let s = &mut self.serves[i];
         s.done_pending = false;
         let buf = s.message;
         self.dones_pending = self.dones_pending.saturating_sub(1);
         self.unexpose(buf);
-        self.settle_serve(i);
     }
 
     /// `Timer::DoneReclaim` fired: withdraw every exposed reply whose
@@ -981,8 +979,7 @@ impl Connection {
         for i in 0..self.serves.len() {
             let s = &self.serves[i];
             if s.done_pending && s.done_deadline <= now {
-                self.stats.done_timeouts += 1;
-                self.withdraw_exposed_reply(i);
+                self.process_serve(i, ServeEvent::DoneTimeout);
             }
         }
         self.arm_done_reclaim();
@@ -1001,12 +998,14 @@ impl Connection {
         }
     }
 
+    /// Slot `idx` has just become `Free`: the exchange is over and no
+    /// work request names its buffers. Gives back a leased bulk buffer
+    /// and the slot itself, under a new generation (stale handles and
+    /// completions no longer match it).
     fn free_serve(&mut self, idx: usize) {
-        // The exchange is over: no work request names its buffers.
         let message = self.serves[idx].message;
         self.bufs.release_bulk(message);
         let s = &mut self.serves[idx];
-        s.state = ServeState::Free;
         s.generation = s.generation.wrapping_add(1);
         s.reads.clear();
         s.maybe_reply = false;
@@ -1022,17 +1021,208 @@ impl Connection {
         self.active_calls = 0;
         self.dones_pending = 0;
         for idx in 0..self.serves.len() {
-            let s = &mut self.serves[idx];
-            if s.done_pending {
-                s.done_pending = false;
-                let buf = s.message;
-                self.unexpose(buf);
+            self.process_serve(idx, ServeEvent::Closed);
+        }
+    }
+
+    /// Moves responder slot `idx` on by `event`: the one place a serve
+    /// slot changes state (SPDK's `nvmf_rdma_request_process`). The entry
+    /// points (`on_call`, `on_read_done`, `post_reply`, `on_reply_op_done`,
+    /// `on_done`, `reclaim_exposed_replies`, `close_responder`) only turn
+    /// what they saw into a `ServeEvent`; after an event that may release
+    /// the slot it settles as far as what still holds it allows (posted
+    /// work, the exposure of its reply).
+    ///
+    /// ```text
+    /// state                event                            -> state                RFC 5666
+    /// -------------------  -------------------------------  ---------------------   -----------
+    /// Free                 CallAccepted, Reads listed       -> PullingReadChunks    s3.3, s3.4
+    /// Free                 CallAccepted, no Reads           -> (CallComplete)
+    /// PullingReadChunks    ReadDone, Reads still due        -> PullingReadChunks    s3.3
+    /// PullingReadChunks    ReadDone, failed                 -> PullingReadChunks    (the close
+    ///                                                          that follows drains it)
+    /// PullingReadChunks    ReadDone, the last, ok           -> (CallComplete)       s3.7
+    /// Free|PullingRead..   CallComplete, a call             -> Executing            (CallArrived)
+    /// Free|PullingRead..   CallComplete, CONF_RDMA served   -> Executing, then      s6
+    ///                                                          ReplyPosted
+    /// Free|PullingRead..   CallComplete, not a call / XID   -> Free                 s4.2 ERR_CHUNK
+    /// Free|PullingRead..   CallComplete, a pulled REPLY     -> Free                 draft-lever s4.1
+    ///                                                          (handed to the requester half)
+    /// Free|PullingRead..   CallComplete, beyond the grant   -> Closed: Free         s3.3
+    /// Executing            ReplyPosted                      -> AwaitingCompletions  s3.6, s5.2
+    /// AwaitingCompletions  ReplyOpDone, more due            -> AwaitingCompletions
+    /// AwaitingCompletions  ReplyOpDone, the last            -> Free
+    /// AwaitingCompletions  ReplyOpDone, the last, exposed   -> AwaitingDone         s3.8
+    /// AwaitingCompletions  DoneArrived | DoneTimeout        -> AwaitingCompletions  s3.8
+    ///                                                          (exposure withdrawn)
+    /// AwaitingDone         DoneArrived | DoneTimeout        -> Free                 s3.8, s11
+    /// any but Free         Closed, work posted              -> Draining
+    /// any                  Closed, nothing posted           -> Free
+    /// Draining             ReadDone | ReplyOpDone, more due -> Draining
+    /// Draining             ReadDone | ReplyOpDone, the last -> Free
+    /// other                ReadDone | ReplyOpDone           -> unchanged            (stale, counted)
+    /// ```
+    ///
+    /// `CallComplete` is raised here, not by an entry point. Entering
+    /// `Free` frees the slot (`free_serve`: new generation, bulk
+    /// buffer back). Re-entrant: a close inside a step (a call beyond the
+    /// grant) processes `Closed` for every slot, this one included, before
+    /// the step returns, and the step changes nothing after it.
+    pub(super) fn process_serve(&mut self, idx: usize, event: ServeEvent) {
+        use ServeEvent as E;
+        use ServeState as S;
+        let s = &mut self.serves[idx];
+        let then = match (s.state, event) {
+            (S::Free, E::CallAccepted { now }) => {
+                if s.reads.is_empty() {
+                    self.process_serve(idx, E::CallComplete { now });
+                } else {
+                    s.state = S::PullingReadChunks;
+                    self.read_fifo.push_back(ReadOwner::Serve(idx as u32));
+                    self.pump_reads();
+                }
+                Then::Return
             }
-            let s = &mut self.serves[idx];
-            if s.state != ServeState::Free {
-                s.state = ServeState::Draining;
-                self.settle_serve(idx);
+            (S::Free | S::PullingReadChunks, E::CallComplete { now }) => {
+                match self.examine_call(idx) {
+                    Examined::Reply => {
+                        let r = self.take_pulled_reply(idx);
+                        self.serves[idx].state = S::Free;
+                        self.free_serve(idx);
+                        self.hand_over_pulled_reply(r);
+                    }
+                    // The close has drained the slot already.
+                    Examined::Overrun => {}
+                    Examined::NotACall => {
+                        let xid = self.serves[idx].xid;
+                        self.refuse_call(xid);
+                        self.serves[idx].state = S::Free;
+                        self.free_serve(idx);
+                    }
+                    Examined::Call {
+                        program,
+                        version,
+                        procedure,
+                        hl,
+                    } => {
+                        let s = &mut self.serves[idx];
+                        let (xid, generation, len) = (s.xid, s.generation, s.call_len);
+                        s.state = S::Executing;
+                        self.stats.calls_received += 1;
+                        let first = !self.first_call_delivered;
+                        self.first_call_delivered = true;
+                        if self.config.serve_conf_rdma && program == CONFIG_RDMA_PROG {
+                            // Answered in-band by the engine itself (RFC
+                            // 5666 s6): `ReplyPosted` on success.
+                            if !self.answer_conf_rdma(now, idx, version, procedure, hl, first) {
+                                self.refuse_call(xid);
+                                self.serves[idx].state = S::Free;
+                                self.free_serve(idx);
+                            }
+                        } else {
+                            self.events.push_back(Event::CallArrived {
+                                call: IncomingCall {
+                                    index: idx as u32,
+                                    generation,
+                                },
+                                xid,
+                                program,
+                                version,
+                                procedure,
+                                len,
+                            });
+                        }
+                    }
+                }
+                Then::Return
             }
+            (S::PullingReadChunks | S::Draining, E::ReadDone { now, wr_id, ok })
+                if wr_id.same_generation(s.generation) && s.reads_done < s.reads_issued =>
+            {
+                s.reads_done += 1;
+                s.ops_in_flight -= 1;
+                let whole = s.state == S::PullingReadChunks && s.reads_done == s.reads.len();
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+                // A failed Read is not delivered: the connection closes
+                // right after (every error completion does), which drains
+                // the slot.
+                if ok && whole {
+                    self.process_serve(idx, E::CallComplete { now });
+                }
+                Then::SettleAndPumpReads
+            }
+            (S::Executing, E::ReplyPosted { now, ops, exposed }) => {
+                s.ops_in_flight = ops;
+                s.state = S::AwaitingCompletions;
+                if exposed {
+                    s.done_pending = true;
+                    s.done_deadline = now.saturating_add(self.config.done_timeout);
+                    self.dones_pending += 1;
+                    self.stats.replies_exposed += 1;
+                    self.arm_done_reclaim();
+                }
+                self.active_calls = self.active_calls.saturating_sub(1);
+                self.stats.replies_sent += 1;
+                Then::Return
+            }
+            (S::AwaitingCompletions | S::Draining, E::ReplyOpDone { wr_id })
+                if wr_id.same_generation(s.generation) && s.ops_in_flight > 0 =>
+            {
+                s.ops_in_flight -= 1;
+                Then::Settle
+            }
+            (_, E::ReadDone { .. } | E::ReplyOpDone { .. }) => {
+                self.stats.stale_completions += 1;
+                Then::Return
+            }
+            (S::AwaitingCompletions | S::AwaitingDone, E::DoneArrived | E::DoneTimeout) => {
+                if matches!(event, E::DoneArrived) {
+                    self.stats.done_received += 1;
+                } else {
+                    self.stats.done_timeouts += 1;
+                }
+                self.withdraw_exposure(idx);
+                Then::Settle
+            }
+            (state, E::Closed) => {
+                if s.done_pending {
+                    self.withdraw_exposure(idx);
+                }
+                if state != S::Free {
+                    self.serves[idx].state = S::Draining;
+                }
+                Then::Settle
+            }
+            // No entry point raises these: a reply needs `Executing`
+            // (`send_reply` checks it), only an exposed reply's slot is
+            // found by DONE or the timer, and only a free slot is taken.
+            (_, E::CallAccepted { .. } | E::CallComplete { .. } | E::ReplyPosted { .. })
+            | (_, E::DoneArrived | E::DoneTimeout) => {
+                debug_assert!(false, "serve slot {idx}: {event:?} in {:?}", s.state);
+                Then::Return
+            }
+        };
+        if then == Then::Return {
+            return;
+        }
+        // Settle: release the slot once nothing holds it.
+        let s = &mut self.serves[idx];
+        match s.state {
+            S::AwaitingCompletions if s.ops_in_flight == 0 && s.done_pending => {
+                s.state = S::AwaitingDone;
+            }
+            S::AwaitingCompletions | S::Draining if s.ops_in_flight == 0 => {
+                s.state = S::Free;
+                self.free_serve(idx);
+            }
+            S::AwaitingDone if !s.done_pending => {
+                s.state = S::Free;
+                self.free_serve(idx);
+            }
+            _ => {}
+        }
+        if then == Then::SettleAndPumpReads {
+            self.pump_reads();
         }
     }
 }
