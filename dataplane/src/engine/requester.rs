@@ -29,8 +29,9 @@ use crate::wire::rpcrdma::{
     chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
 };
 
-/// Where one of our calls is (SPDK-style request state; transitions only
-/// in this module).
+/// Where one of our calls is (SPDK-style request state). Every transition
+/// is made by `Connection::process_call`, whose doc comment holds the
+/// table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CallState {
     /// Unused; its buffers are not exposed.
@@ -57,6 +58,50 @@ pub(super) enum CallState {
     Draining,
 }
 
+/// What can happen to a requester slot: the input of
+/// `Connection::process_call`. Each entry point of the requester (the
+/// application's call and release, a credit, an answer, a completion, the
+/// call timer, the close) turns what it saw into one of these.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CallEvent {
+    /// `send_call` took the slot for a planned call.
+    Submitted,
+    /// `send_call` could not copy the call after all (unreachable: the
+    /// call buffer is `max_call_size` long); the slot goes back at once.
+    Refused,
+    /// A credit was free: the call's Send is being posted, its chunks
+    /// exposed.
+    SendPosted,
+    /// The reply is in the slot's buffers (`len` bytes, `ddp_len` in the
+    /// write chunk).
+    ReplyPlaced { len: u32, ddp_len: Option<u32> },
+    /// The reply is exposed in a position-zero read chunk: its Reads are
+    /// listed.
+    ReplyPullStarted,
+    /// A Read of the reply's read chunk completed (`ok`), or was flushed.
+    ReplyReadDone { wr_id: WrId, ok: bool },
+    /// The call's Send completed, or was flushed.
+    SendDone { wr_id: WrId },
+    /// The call fails (`CallFailed` is emitted).
+    Failed { reason: CallFailure },
+    /// The application released the reply.
+    Released,
+    /// An answer arrived for a call abandoned at its timeout.
+    LateAnswer,
+    /// The call timer found the call's deadline passed.
+    Timeout,
+    /// The connection closed.
+    Closed,
+}
+
+/// What `process_call` does after an event's own step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Return,
+    Settle,
+    SettleAndPumpReads,
+}
+
 /// How the call itself travels (decided before encoding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CallPlan {
@@ -73,6 +118,7 @@ pub(super) enum CallPlan {
 /// A requester slot: state plus the four buffers it owns for its lifetime.
 #[derive(Debug)]
 pub(super) struct CallSlot {
+    /// Changed only by `Connection::process_call`.
     pub(super) state: CallState,
     pub(super) generation: u32,
     pub(super) xid: u32,
@@ -277,8 +323,8 @@ impl Connection {
         }
         let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
         let deadline = self.config.call_timeout.map(|t| now.saturating_add(t));
+        self.process_call(idx as usize, CallEvent::Submitted);
         let s = &mut self.calls[idx as usize];
-        s.state = CallState::Queued;
         s.xid = xid;
         s.msg_len = msg.len() as u32;
         s.plan = plan;
@@ -308,7 +354,7 @@ impl Connection {
             Some(dst) => dst.copy_from_slice(msg),
             // The call buffer is max_call_size long: unreachable.
             None => {
-                self.free_call(idx as usize);
+                self.process_call(idx as usize, CallEvent::Refused);
                 return Err(SendCallError::TooLarge);
             }
         }
@@ -367,7 +413,7 @@ impl Connection {
         if self.ready_slot(call).is_none() {
             return false;
         }
-        self.finish_call(call.index as usize);
+        self.process_call(call.index as usize, CallEvent::Released);
         true
     }
 
@@ -441,7 +487,12 @@ impl Connection {
             exposed &= self.expose(reply_buf, Access::RemoteWrite, 0, r);
         }
         if !exposed {
-            self.fail_call(idx, CallFailure::NoKeyWindow);
+            self.process_call(
+                idx,
+                CallEvent::Failed {
+                    reason: CallFailure::NoKeyWindow,
+                },
+            );
             return;
         }
         let h = &mut self.tx_hdr;
@@ -483,7 +534,12 @@ impl Connection {
             // plan_call sized the header against this buffer: unreachable,
             // but a failure fails the call, never the engine.
             _ => {
-                self.fail_call(idx, CallFailure::MalformedReply);
+                self.process_call(
+                    idx,
+                    CallEvent::Failed {
+                        reason: CallFailure::MalformedReply,
+                    },
+                );
                 return;
             }
         };
@@ -521,13 +577,7 @@ impl Connection {
             }
             CallPlan::Long => hlen,
         };
-        let s = &mut self.calls[idx];
-        s.state = CallState::Sent;
-        s.send_pending = true;
-        self.outstanding += 1;
-        self.stats.calls_sent += 1;
-        self.expect_reply();
-        self.stats.max_outstanding_calls = self.stats.max_outstanding_calls.max(self.outstanding);
+        self.process_call(idx, CallEvent::SendPosted);
         self.tx.push_back(WorkRequest::Send {
             wr_id: WrId {
                 kind: WrKind::CallSend,
@@ -568,7 +618,7 @@ impl Connection {
         self.unexpose_call(idx);
         if self.calls[idx].state == CallState::Abandoned {
             self.stats.late_replies += 1;
-            self.finish_call(idx);
+            self.process_call(idx, CallEvent::LateAnswer);
             return false;
         }
         true
@@ -593,7 +643,9 @@ impl Connection {
                 self.place_reply(idx, buf, len, hlen).map(Some)
             };
             match placed {
-                Ok(Some((reply_len, ddp_len))) => self.reply_ready(idx, reply_len, ddp_len),
+                Ok(Some((len, ddp_len))) => {
+                    self.process_call(idx, CallEvent::ReplyPlaced { len, ddp_len })
+                }
                 // Pulling; RDMA_DONE follows the Reads.
                 Ok(None) => {}
                 Err(reason) => {
@@ -602,7 +654,7 @@ impl Connection {
                         // not pull (draft-lever s4.1.3).
                         self.queue_done(xid);
                     }
-                    self.fail_call(idx, reason);
+                    self.process_call(idx, CallEvent::Failed { reason });
                 }
             }
         } else if done_due {
@@ -636,7 +688,12 @@ impl Connection {
             None => self.stats.unmatched_replies += 1,
             Some(idx) if !negotiated => {
                 if self.take_answer(idx, None) {
-                    self.fail_call(idx, CallFailure::UnsupportedReply);
+                    self.process_call(
+                        idx,
+                        CallEvent::Failed {
+                            reason: CallFailure::UnsupportedReply,
+                        },
+                    );
                 }
             }
             Some(idx) => {
@@ -660,31 +717,14 @@ impl Connection {
                     match placed {
                         Ok(ddp_len) => {
                             self.stats.replies_pulled += 1;
-                            self.reply_ready(idx, len, ddp_len);
+                            self.process_call(idx, CallEvent::ReplyPlaced { len, ddp_len });
                         }
-                        Err(reason) => self.fail_call(idx, reason),
+                        Err(reason) => self.process_call(idx, CallEvent::Failed { reason }),
                     }
                 }
             }
         }
         self.transmit_queued_calls();
-    }
-
-    fn reply_ready(&mut self, idx: usize, reply_len: u32, ddp_len: Option<u32>) {
-        let s = &mut self.calls[idx];
-        s.state = CallState::ReplyReady;
-        s.reply_len = reply_len;
-        s.ddp_len = ddp_len;
-        self.stats.replies_received += 1;
-        self.events.push_back(Event::ReplyArrived {
-            call: CallHandle {
-                index: idx as u32,
-                generation: s.generation,
-            },
-            xid: s.xid,
-            len: reply_len,
-            ddp_len,
-        });
     }
 
     /// The write list of a reply against the one write chunk we offered
@@ -751,9 +791,7 @@ impl Connection {
         }
         s.reply_len = total as u32;
         s.ddp_len = ddp_len;
-        s.state = CallState::PullingReplyReadChunk;
-        self.read_fifo.push_back(ReadOwner::Call(idx as u32));
-        self.pump_reads();
+        self.process_call(idx, CallEvent::ReplyPullStarted);
         Ok(None)
     }
 
@@ -775,34 +813,11 @@ impl Connection {
 
     pub(super) fn on_reply_read_done(&mut self, wr_id: WrId, ok: bool) {
         let i = wr_id.index as usize;
-        let Some(s) = self.calls.get_mut(i).filter(|s| {
-            matches!(
-                s.state,
-                CallState::PullingReplyReadChunk | CallState::Draining
-            ) && wr_id.same_generation(s.generation)
-                && s.reads_in_flight()
-        }) else {
+        if i < self.calls.len() {
+            self.process_call(i, CallEvent::ReplyReadDone { wr_id, ok });
+        } else {
             self.stats.stale_completions += 1;
-            return;
-        };
-        s.reads_done += 1;
-        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
-        let (state, done, xid) = (s.state, s.reads_done == s.reads.len(), s.xid);
-        let (reply_buf, reply_len, ddp_len) = (s.reply_buf, s.reply_len, s.ddp_len);
-        if state == CallState::Draining {
-            self.settle_call(i);
-        } else if done && ok {
-            // Pull completion notification (RFC 5666 s3.8).
-            self.queue_done(xid);
-            if self.bufs.peek_xid(reply_buf) == Some(xid) {
-                self.stats.replies_pulled += 1;
-                self.reply_ready(i, reply_len, ddp_len);
-            } else {
-                self.fail_call(i, CallFailure::MalformedReply);
-            }
-            self.transmit_queued_calls();
         }
-        self.pump_reads();
     }
 
     /// Queues an RDMA_DONE for `xid`; `transmit_queued_calls` sends it.
@@ -917,7 +932,7 @@ impl Connection {
                 ErrorBody::Chunk => CallFailure::PeerChunkError,
                 ErrorBody::Other { code, .. } => CallFailure::PeerError { code },
             };
-            self.fail_call(idx, reason);
+            self.process_call(idx, CallEvent::Failed { reason });
         }
         self.transmit_queued_calls();
     }
@@ -925,12 +940,13 @@ impl Connection {
     /// An answer to call `idx` that we cannot decode: the call fails.
     pub(super) fn fail_reply(&mut self, idx: usize, reason: CallFailure) {
         if self.take_answer(idx, None) {
-            self.fail_call(idx, reason);
+            self.process_call(idx, CallEvent::Failed { reason });
         }
         self.transmit_queued_calls();
     }
 
-    fn fail_call(&mut self, idx: usize, reason: CallFailure) {
+    /// Tells the application that call `idx` failed.
+    fn call_failed_event(&mut self, idx: usize, reason: CallFailure) {
         let s = &self.calls[idx];
         self.events.push_back(Event::CallFailed {
             call: CallHandle {
@@ -940,25 +956,6 @@ impl Connection {
             xid: s.xid,
             reason,
         });
-        self.finish_call(idx);
-    }
-
-    /// The exchange of slot `idx` is over: free it, or wait for its Send
-    /// completion.
-    fn finish_call(&mut self, idx: usize) {
-        self.calls[idx].state = CallState::Draining;
-        self.settle_call(idx);
-    }
-
-    /// Frees slot `idx` once nothing holds it: the one place a requester
-    /// slot that is done with (`Draining`) waits for its Send's completion
-    /// and its Reads' completions (their buffers belong to the work
-    /// requests until then).
-    fn settle_call(&mut self, idx: usize) {
-        let s = &self.calls[idx];
-        if s.state == CallState::Draining && !s.send_pending && !s.reads_in_flight() {
-            self.free_call(idx);
-        }
     }
 
     /// Withdraws every exposure of slot `idx`: its own buffers and its
@@ -977,9 +974,11 @@ impl Connection {
         }
     }
 
+    /// Slot `idx` has just become `Free`: a new generation (stale handles
+    /// and completions no longer match it), nothing exposed, the slot
+    /// back.
     fn free_call(&mut self, idx: usize) {
         let s = &mut self.calls[idx];
-        s.state = CallState::Free;
         s.generation = s.generation.wrapping_add(1);
         s.deadline = None;
         self.unexpose_call(idx);
@@ -988,16 +987,10 @@ impl Connection {
 
     pub(super) fn on_call_send_done(&mut self, wr_id: WrId) {
         let i = wr_id.index as usize;
-        match self.calls.get_mut(i) {
-            Some(s)
-                if s.send_pending
-                    && s.state != CallState::Free
-                    && wr_id.same_generation(s.generation) =>
-            {
-                s.send_pending = false;
-                self.settle_call(i);
-            }
-            _ => self.stats.stale_completions += 1,
+        if i < self.calls.len() {
+            self.process_call(i, CallEvent::SendDone { wr_id });
+        } else {
+            self.stats.stale_completions += 1;
         }
     }
 
@@ -1009,32 +1002,8 @@ impl Connection {
             if s.deadline.is_none_or(|d| d > now) {
                 continue;
             }
-            match s.state {
-                CallState::Queued => {
-                    self.call_queue.retain(|&q| q as usize != idx);
-                    self.fail_call(idx, CallFailure::Timeout);
-                }
-                CallState::Sent => {
-                    let s = &mut self.calls[idx];
-                    s.state = CallState::Abandoned;
-                    s.deadline = None;
-                    // The exchange is over for us: every key it advertised
-                    // is invalidated now, so a late Write or Read fails at
-                    // the provider instead of landing (the slot's own
-                    // buffers wait for the answer or close before reuse;
-                    // application memory goes back to the application).
-                    self.unexpose_call(idx);
-                    let s = &self.calls[idx];
-                    self.events.push_back(Event::CallFailed {
-                        call: CallHandle {
-                            index: idx as u32,
-                            generation: s.generation,
-                        },
-                        xid: s.xid,
-                        reason: CallFailure::Timeout,
-                    });
-                }
-                _ => {}
+            if matches!(s.state, CallState::Queued | CallState::Sent) {
+                self.process_call(idx, CallEvent::Timeout);
             }
         }
         let next = self
@@ -1054,14 +1023,198 @@ impl Connection {
         self.done_queue.clear();
         self.outstanding = 0;
         for idx in 0..self.calls.len() {
-            match self.calls[idx].state {
-                CallState::Queued | CallState::Sent | CallState::PullingReplyReadChunk => {
-                    self.fail_call(idx, CallFailure::ConnectionLost)
-                }
-                CallState::Abandoned => self.finish_call(idx),
-                _ => {}
-            }
+            self.process_call(idx, CallEvent::Closed);
             self.unexpose_call(idx);
+        }
+    }
+
+    /// Moves requester slot `idx` on by `event`: the one place a call slot
+    /// changes state (SPDK's `nvmf_rdma_request_process`). The entry
+    /// points (`send_call`, `transmit_queued_calls`' `encode_call`,
+    /// `on_reply`, `on_pulled_reply`, `on_peer_error`, `fail_reply`,
+    /// `take_answer`, `start_reply_pull`, `on_reply_read_done`,
+    /// `on_call_send_done`, `release_reply`, `expire_calls`,
+    /// `close_requester`) only turn what they saw into a `CallEvent`. A
+    /// slot that is done (`Draining`) settles: it is freed once neither
+    /// its Send nor a Read of its reply is still posted.
+    ///
+    /// ```text
+    /// state                  event                          -> state                  RFC 5666
+    /// ---------------------  -----------------------------  ----------------------    -----------
+    /// Free                   Submitted                      -> Queued
+    /// Queued                 Refused                        -> Free
+    /// Queued                 SendPosted                     -> Sent                   s3.3 (a credit)
+    /// Queued                 Timeout                        -> Draining (CallFailed)
+    /// Sent                   ReplyPlaced                    -> ReplyReady             s3.6, s5.2
+    ///                                                          (ReplyArrived)
+    /// Sent                   ReplyPullStarted               -> PullingReplyReadChunk  draft-lever s4.1.2
+    /// Sent                   Timeout                        -> Abandoned (CallFailed, keys withdrawn)
+    /// PullingReplyReadChunk  ReplyReadDone, Reads still due -> PullingReplyReadChunk
+    /// PullingReplyReadChunk  ReplyReadDone, failed          -> PullingReplyReadChunk  (the close
+    ///                                                          that follows fails it)
+    /// PullingReplyReadChunk  ReplyReadDone, the last, ok    -> ReplyReady, or         s3.8 (DONE
+    ///                                                          Draining if malformed  queued)
+    /// Sent|PullingReply..    ReplyPlaced                    -> ReplyReady
+    /// Queued|Sent|Pulling..  Failed                         -> Draining (CallFailed)
+    /// ReplyReady             Released                       -> Draining
+    /// Abandoned              LateAnswer                     -> Draining
+    /// Queued|Sent|Pulling..  Closed                         -> Draining (CallFailed,
+    ///                                                          ConnectionLost)
+    /// Abandoned              Closed                         -> Draining
+    /// other                  Closed                         -> unchanged
+    /// Draining               SendDone | ReplyReadDone       -> Draining, or Free when
+    ///                                                          neither is still posted
+    /// not Free               SendDone (Send pending)        -> unchanged (noted)
+    /// other                  SendDone | ReplyReadDone       -> unchanged (stale, counted)
+    /// ```
+    ///
+    /// Entering `Draining` settles at once (`Free` if nothing is posted);
+    /// entering `Free` frees the slot (`free_call`). `ReplyReadDone` for
+    /// the last Read raises `ReplyPlaced` or `Failed` itself.
+    pub(super) fn process_call(&mut self, idx: usize, event: CallEvent) {
+        use CallEvent as E;
+        use CallState as S;
+        let s = &mut self.calls[idx];
+        let then = match (s.state, event) {
+            (S::Free, E::Submitted) => {
+                s.state = S::Queued;
+                Then::Return
+            }
+            (S::Queued, E::Refused) => {
+                s.state = S::Free;
+                self.free_call(idx);
+                Then::Return
+            }
+            (S::Queued, E::SendPosted) => {
+                s.state = S::Sent;
+                s.send_pending = true;
+                self.outstanding += 1;
+                self.stats.calls_sent += 1;
+                self.expect_reply();
+                self.stats.max_outstanding_calls =
+                    self.stats.max_outstanding_calls.max(self.outstanding);
+                Then::Return
+            }
+            (S::Sent | S::PullingReplyReadChunk, E::ReplyPlaced { len, ddp_len }) => {
+                s.state = S::ReplyReady;
+                s.reply_len = len;
+                s.ddp_len = ddp_len;
+                self.stats.replies_received += 1;
+                self.events.push_back(Event::ReplyArrived {
+                    call: CallHandle {
+                        index: idx as u32,
+                        generation: s.generation,
+                    },
+                    xid: s.xid,
+                    len,
+                    ddp_len,
+                });
+                Then::Return
+            }
+            (S::Sent, E::ReplyPullStarted) => {
+                s.state = S::PullingReplyReadChunk;
+                self.read_fifo.push_back(ReadOwner::Call(idx as u32));
+                self.pump_reads();
+                Then::Return
+            }
+            (S::PullingReplyReadChunk | S::Draining, E::ReplyReadDone { wr_id, ok })
+                if wr_id.same_generation(s.generation) && s.reads_in_flight() =>
+            {
+                s.reads_done += 1;
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+                let (state, done, xid) = (s.state, s.reads_done == s.reads.len(), s.xid);
+                let (reply_buf, len, ddp_len) = (s.reply_buf, s.reply_len, s.ddp_len);
+                if state != S::Draining && done && ok {
+                    // Pull completion notification (RFC 5666 s3.8).
+                    self.queue_done(xid);
+                    if self.bufs.peek_xid(reply_buf) == Some(xid) {
+                        self.stats.replies_pulled += 1;
+                        self.process_call(idx, E::ReplyPlaced { len, ddp_len });
+                    } else {
+                        self.process_call(
+                            idx,
+                            E::Failed {
+                                reason: CallFailure::MalformedReply,
+                            },
+                        );
+                    }
+                    self.transmit_queued_calls();
+                }
+                Then::SettleAndPumpReads
+            }
+            (state, E::SendDone { wr_id })
+                if s.send_pending && state != S::Free && wr_id.same_generation(s.generation) =>
+            {
+                s.send_pending = false;
+                Then::Settle
+            }
+            (_, E::ReplyReadDone { .. } | E::SendDone { .. }) => {
+                self.stats.stale_completions += 1;
+                Then::Return
+            }
+            (S::Queued | S::Sent | S::PullingReplyReadChunk, E::Failed { reason }) => {
+                self.call_failed_event(idx, reason);
+                self.calls[idx].state = S::Draining;
+                Then::Settle
+            }
+            (S::ReplyReady, E::Released) | (S::Abandoned, E::LateAnswer | E::Closed) => {
+                s.state = S::Draining;
+                Then::Settle
+            }
+            (S::Queued, E::Timeout) => {
+                self.call_queue.retain(|&q| q as usize != idx);
+                self.call_failed_event(idx, CallFailure::Timeout);
+                self.calls[idx].state = S::Draining;
+                Then::Settle
+            }
+            (S::Sent, E::Timeout) => {
+                s.state = S::Abandoned;
+                s.deadline = None;
+                // The exchange is over for us: every key it advertised is
+                // invalidated now, so a late Write or Read fails at the
+                // provider instead of landing (the slot's own buffers wait
+                // for the answer or close before reuse; application memory
+                // goes back to the application).
+                self.unexpose_call(idx);
+                self.call_failed_event(idx, CallFailure::Timeout);
+                Then::Return
+            }
+            (S::Queued | S::Sent | S::PullingReplyReadChunk, E::Closed) => {
+                self.call_failed_event(idx, CallFailure::ConnectionLost);
+                self.calls[idx].state = S::Draining;
+                Then::Settle
+            }
+            (_, E::Closed) => Then::Return,
+            // No entry point raises these: a handle, an XID or the call
+            // queue names only a slot in the state its event needs.
+            (
+                _,
+                E::Submitted
+                | E::Refused
+                | E::SendPosted
+                | E::ReplyPlaced { .. }
+                | E::ReplyPullStarted
+                | E::Failed { .. }
+                | E::Released
+                | E::LateAnswer
+                | E::Timeout,
+            ) => {
+                debug_assert!(false, "call slot {idx}: {event:?} in {:?}", s.state);
+                Then::Return
+            }
+        };
+        if then == Then::Return {
+            return;
+        }
+        // Settle: a slot that is done is freed once nothing holds it (its
+        // Send and its Reads own its buffers until they complete).
+        let s = &mut self.calls[idx];
+        if s.state == S::Draining && !s.send_pending && !s.reads_in_flight() {
+            s.state = S::Free;
+            self.free_call(idx);
+        }
+        if then == Then::SettleAndPumpReads {
+            self.pump_reads();
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, Segment, TransportHea
 mod bulk;
 mod miri;
 mod msgp_inv;
-mod serve_states;
+mod slot_states;
 
 pub(super) const KIB: u32 = 1024;
 

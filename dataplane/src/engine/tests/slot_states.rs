@@ -1,11 +1,13 @@
-//! The responder slot's transition table (`Connection::process_serve`),
-//! row by row: a server connection driven by hand (this test is the peer
-//! and the provider), the slot's state asserted after each event.
+//! The slots' transition tables (`Connection::process_serve` for the
+//! responder, `Connection::process_call` for the requester), row by row:
+//! a connection driven by hand (this test is the peer and the provider),
+//! the slot's state asserted after each event.
 
 use core::time::Duration;
 use std::collections::VecDeque;
 
 use super::*;
+use crate::engine::requester::CallState as C;
 use crate::engine::responder::ServeState as S;
 use crate::wire::conf::ConfigRdmaReq;
 use crate::wire::rpcrdma::ReadSegment;
@@ -33,8 +35,12 @@ fn server_cfg() -> Config {
 
 impl Server {
     fn new() -> Server {
+        Server::with(server_cfg())
+    }
+
+    fn with(config: Config) -> Server {
         let mut s = Server {
-            c: Connection::new(server_cfg()).expect("config"),
+            c: Connection::new(config).expect("config"),
             now: Instant(0),
             rq: VecDeque::new(),
             posted: Vec::new(),
@@ -146,15 +152,25 @@ fn read_chunk_call(xid: u32, len: usize, segs: usize) -> (Vec<u8>, Vec<u8>) {
 /// An RDMA_NOMSG whose whole RPC message (`rpc`) is in a position-zero
 /// read chunk.
 fn nomsg_call(xid: u32, rpc: &[u8]) -> Vec<u8> {
+    nomsg_segments(xid, rpc.len(), 1)
+}
+
+/// An RDMA_NOMSG with a position-zero read chunk of `segs` segments over
+/// `len` bytes (at offsets into them).
+fn nomsg_segments(xid: u32, len: usize, segs: usize) -> Vec<u8> {
     let mut h = TransportHeader::new(xid, 4, MessageBody::NoMsg);
-    h.chunks.push_read(ReadSegment {
-        position: 0,
-        segment: Segment {
-            handle: RKEY,
-            length: rpc.len() as u32,
-            offset: 0,
-        },
-    });
+    let per = len / segs;
+    for k in 0..segs {
+        let length = if k + 1 == segs { len - per * k } else { per };
+        h.chunks.push_read(ReadSegment {
+            position: 0,
+            segment: Segment {
+                handle: RKEY,
+                length: length as u32,
+                offset: (per * k) as u64,
+            },
+        });
+    }
     let mut v = vec![0u8; h.buffer_len()];
     h.emit(&mut v).unwrap();
     v
@@ -440,4 +456,212 @@ fn process_serve_closed_from_every_state() {
     assert_eq!(s.state(i), S::Free);
     let r = s.c.resources();
     assert_eq!((r.serve_slots_busy, r.buffers_exposed), (0, 0));
+}
+
+// ---------------------------------------------------------------------------
+// The requester's call slot (`process_call`)
+
+impl Server {
+    /// An echo call; its slot.
+    fn call(&mut self, xid: u32) -> usize {
+        let (msg, _) = echo_call(xid, b"call");
+        let now = self.now;
+        self.c
+            .send_call(
+                now,
+                &OutgoingCall {
+                    message: &msg,
+                    ddp: None,
+                    reply: expect(512, None),
+                    app: AppChunks::NONE,
+                },
+            )
+            .expect("send_call");
+        self.collect();
+        self.call_slot(xid)
+    }
+
+    fn call_slot(&self, xid: u32) -> usize {
+        (0..self.c.calls.len())
+            .find(|&i| self.c.calls[i].state != C::Free && self.c.calls[i].xid == xid)
+            .expect("a busy call slot for the xid")
+    }
+
+    fn call_state(&self, idx: usize) -> C {
+        self.c.calls[idx].state
+    }
+
+    fn handle(&mut self, xid: u32) -> CallHandle {
+        while let Some(ev) = self.c.poll_event() {
+            if let Event::ReplyArrived { call, xid: x, .. } = ev {
+                if x == xid {
+                    return call;
+                }
+            }
+        }
+        panic!("no ReplyArrived for {xid}");
+    }
+
+    /// Completes the Send of the call with `xid`.
+    fn complete_send(&mut self, idx: usize, status: WcStatus) {
+        let i = self
+            .posted
+            .iter()
+            .position(|w| {
+                let id = w.wr_id();
+                id.kind == WrKind::CallSend && id.index as usize == idx
+            })
+            .expect("the call's Send");
+        let wr = self.posted.remove(i);
+        self.c.handle_completion(self.now, wr.wr_id(), status);
+        self.collect();
+    }
+}
+
+fn client_cfg() -> Config {
+    Config {
+        reply_read_chunks: true,
+        // A reply exposed in a read chunk longer than this cannot be a
+        // call: it is pulled as a reply.
+        max_call_size: 4 * KIB,
+        call_timeout: Some(Duration::from_millis(10)),
+        ..cfg()
+    }
+}
+
+/// An inline RDMA_MSG echo reply granting 4 credits.
+fn inline_reply(xid: u32) -> Vec<u8> {
+    raw_call(xid, 4, &echo_reply(xid, b"reply").0)
+}
+
+#[test]
+fn process_call_walks_every_row_of_the_transition_table() {
+    let mut c = Server::with(client_cfg());
+    // Free -Submitted-> Queued -SendPosted-> Sent (the first grant is 1)
+    let a = c.call(1);
+    assert_eq!(c.call_state(a), C::Sent);
+    let b = c.call(2);
+    assert_eq!(c.call_state(b), C::Queued);
+    // Sent -ReplyPlaced-> ReplyReady; its grant sends the queued call:
+    // Queued -SendPosted-> Sent
+    c.recv(&inline_reply(1));
+    assert_eq!(c.call_state(a), C::ReplyReady);
+    assert_eq!(c.call_state(b), C::Sent);
+    // ReplyReady -Released-> Draining (its Send is still posted)
+    // -SendDone-> Free
+    let h = c.handle(1);
+    assert!(c.c.release_reply(h));
+    assert_eq!(c.call_state(a), C::Draining);
+    c.complete_send(a, WcStatus::Success);
+    assert_eq!(c.call_state(a), C::Free);
+    // SendDone while the reply is awaited: noted, unchanged.
+    c.complete_send(b, WcStatus::Success);
+    assert_eq!(c.call_state(b), C::Sent);
+    // A stale completion (an earlier generation) changes nothing.
+    let stale = c.c.stats().stale_completions;
+    let old = WrId {
+        kind: WrKind::CallSend,
+        index: a as u32,
+        generation: c.c.calls[a].generation.wrapping_sub(1),
+    };
+    c.c.handle_completion(c.now, old, WcStatus::Success);
+    assert_eq!(c.c.stats().stale_completions, stale + 1);
+
+    // Sent -ReplyPullStarted-> PullingReplyReadChunk
+    // -ReplyReadDone, Reads still due-> PullingReplyReadChunk
+    // -ReplyReadDone, the last, ok-> ReplyReady, RDMA_DONE sent
+    let rpc = echo_reply(2, &payload(6000, 2)).0;
+    c.recv(&nomsg_segments(2, rpc.len(), 2));
+    assert_eq!(c.call_state(b), C::PullingReplyReadChunk);
+    c.complete(WrKind::ReplyRead, WcStatus::Success, &rpc);
+    assert_eq!(c.call_state(b), C::PullingReplyReadChunk);
+    c.complete(WrKind::ReplyRead, WcStatus::Success, &rpc);
+    assert_eq!(c.call_state(b), C::ReplyReady);
+    assert!(c.posted.iter().any(|w| w.wr_id().kind == WrKind::DoneSend));
+    let h = c.handle(2);
+    assert!(c.c.release_reply(h));
+    assert_eq!(c.call_state(b), C::Free);
+
+    // PullingReplyReadChunk -ReplyReadDone, the last, ok, not the reply
+    // to the call-> Draining (CallFailed) -SendDone-> Free
+    let d = c.call(3);
+    let wrong = echo_reply(0x33, &payload(6000, 3)).0;
+    c.recv(&nomsg_segments(3, wrong.len(), 1));
+    assert_eq!(c.call_state(d), C::PullingReplyReadChunk);
+    c.complete(WrKind::ReplyRead, WcStatus::Success, &wrong);
+    assert_eq!(c.call_state(d), C::Draining);
+    c.complete_send(d, WcStatus::Success);
+    assert_eq!(c.call_state(d), C::Free);
+
+    // Sent -Failed (RDMA_ERROR)-> Draining -SendDone-> Free
+    let e = c.call(4);
+    let h = TransportHeader::new(4, 4, MessageBody::Error(ErrorBody::Chunk));
+    let mut m = vec![0u8; h.buffer_len()];
+    h.emit(&mut m).unwrap();
+    c.recv(&m);
+    assert_eq!(c.call_state(e), C::Draining);
+    c.complete_send(e, WcStatus::Success);
+    assert_eq!(c.call_state(e), C::Free);
+
+    // Sent -Timeout-> Abandoned -LateAnswer-> Draining -SendDone-> Free
+    let f = c.call(5);
+    c.now = Instant(c.now.0 + 20_000_000);
+    let now = c.now;
+    c.c.handle_timeout(now);
+    assert_eq!(c.call_state(f), C::Abandoned);
+    c.recv(&inline_reply(5));
+    assert_eq!(c.call_state(f), C::Draining);
+    c.complete_send(f, WcStatus::Success);
+    assert_eq!(c.call_state(f), C::Free);
+    assert_eq!(c.c.stats().late_replies, 1);
+}
+
+#[test]
+fn process_call_timeout_and_close_rows() {
+    // Queued -Timeout-> Draining, and Free at once (no Send posted)
+    let mut c = Server::with(client_cfg());
+    let a = c.call(1);
+    let b = c.call(2);
+    assert_eq!(c.call_state(b), C::Queued);
+    c.now = Instant(20_000_000);
+    let now = c.now;
+    c.c.handle_timeout(now);
+    assert_eq!(c.call_state(a), C::Abandoned);
+    assert_eq!(c.c.calls[b].state, C::Free);
+    // Abandoned -Closed-> Draining -SendDone (flushed)-> Free
+    c.c.close();
+    assert_eq!(c.call_state(a), C::Draining);
+    c.complete_send(a, WcStatus::Flushed);
+    assert_eq!(c.c.calls[a].state, C::Free);
+
+    // Sent -Closed-> Draining; Queued -Closed-> Draining, Free at once
+    let mut c = Server::with(client_cfg());
+    let a = c.call(1);
+    let b = c.call(2);
+    c.c.close();
+    assert_eq!(c.call_state(a), C::Draining);
+    assert_eq!(c.c.calls[b].state, C::Free);
+    c.flush();
+    assert_eq!(c.c.calls[a].state, C::Free);
+
+    // PullingReplyReadChunk -Closed-> Draining -ReplyReadDone (flushed)
+    // -> Free; ReplyReady -Closed-> unchanged
+    let mut c = Server::with(client_cfg());
+    let a = c.call(1);
+    c.complete_send(a, WcStatus::Success);
+    c.recv(&inline_reply(1));
+    assert_eq!(c.call_state(a), C::ReplyReady);
+    let b = c.call(2);
+    c.complete_send(b, WcStatus::Success);
+    let rpc = echo_reply(2, &payload(6000, 2)).0;
+    c.recv(&nomsg_segments(2, rpc.len(), 1));
+    assert_eq!(c.call_state(b), C::PullingReplyReadChunk);
+    c.c.close();
+    assert_eq!(c.call_state(b), C::Draining);
+    assert_eq!(c.call_state(a), C::ReplyReady);
+    c.flush();
+    assert_eq!(c.c.calls[b].state, C::Free);
+    let h = c.handle(1);
+    assert!(c.c.release_reply(h));
+    assert_eq!(c.c.calls[a].state, C::Free);
 }
