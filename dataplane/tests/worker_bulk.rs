@@ -80,14 +80,7 @@ fn a_server_connection_with_a_pool_owns_about_a_megabyte_not_a_hundred() {
     // requester slot. Every responder slot (80) owning a buffer of the
     // largest message is 80 MiB; with the pool a slot owns an inline-size
     // one.
-    let c = dataplane::engine::Config {
-        credits: 64,
-        max_outstanding_calls: 0,
-        max_call_size: (1 << 20) + 4096,
-        max_reply_size: (1 << 20) + 4096,
-        max_ddp_size: 4096,
-        ..dataplane::engine::Config::default()
-    };
+    let c = daemon_engine_config();
     let own = Connection::memory_len(&c).unwrap();
     let pooled = Connection::memory_len_pooled(&c).unwrap();
     let (own, pooled) = (own.private + own.peer, pooled.private + pooled.peer);

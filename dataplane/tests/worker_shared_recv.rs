@@ -133,14 +133,7 @@ fn a_connection_on_shared_receives_owns_no_receive_buffer() {
     // memory; on the shared queue it has none, and no peer memory at all.
     // Calls beyond its slots wait with their receive reserved, so it also
     // keeps fewer slots.
-    let c = dataplane::engine::Config {
-        credits: 64,
-        max_outstanding_calls: 0,
-        max_call_size: (1 << 20) + 4096,
-        max_reply_size: (1 << 20) + 4096,
-        max_ddp_size: 4096,
-        ..dataplane::engine::Config::default()
-    };
+    let c = daemon_engine_config();
     let own = Connection::memory_len_pooled(&c).unwrap();
     let shared = Connection::memory_len_pooled(&dataplane::engine::Config {
         shared_receives: true,

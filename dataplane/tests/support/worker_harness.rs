@@ -332,6 +332,19 @@ pub fn pipelined_echoes<P: PoolProvider>(
     }
 }
 
+/// The engine configuration of rpcrdmad's server connections at its
+/// defaults: 64 credits, 1 MiB messages plus headers, no requester slot.
+pub fn daemon_engine_config() -> engine::Config {
+    engine::Config {
+        credits: 64,
+        max_outstanding_calls: 0,
+        max_call_size: (1 << 20) + 4096,
+        max_reply_size: (1 << 20) + 4096,
+        max_ddp_size: 4096,
+        ..engine::Config::default()
+    }
+}
+
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
