@@ -71,7 +71,10 @@ fn two_threads_drive_their_shards_without_the_control_lock() {
         round(&mut a2, &mut b2, k2, &d2);
     }
     let dev_before = a1.qp.device_stats();
-    assert_eq!(dev_before.shards, 4, "{dev_before:?}");
+    // Four of them ours: the device is the process's for this address,
+    // and under `cargo test` the other test of this binary runs beside
+    // this one on it.
+    assert!(dev_before.shards >= 4, "{dev_before:?}");
     let before = shards([&a1, &b1, &a2, &b2]);
     std::thread::scope(|s| {
         s.spawn(|| {
