@@ -758,11 +758,10 @@ impl BufferTable {
                 let w = k.windows[slot as usize];
                 k.counter += 1;
                 let tag = k.hasher.hash_one(k.counter) as u32;
-                let mut rkey = w.rkey(tag);
-                if rkey == d.rkey {
-                    // Never the key this buffer was last exposed under.
-                    rkey = w.next_rkey(rkey);
-                }
+                // Never the key the window holds (a type 2 window refuses
+                // it) nor the one this buffer was last exposed under.
+                let rkey = w.rkey_unlike(tag, &[d.rkey]);
+                k.windows[slot as usize] = w.holding(rkey);
                 d.bound = Some(slot);
                 d.remotely_invalidated = false;
                 d.rkey = rkey;

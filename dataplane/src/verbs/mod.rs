@@ -312,13 +312,47 @@ pub struct Window {
     index: u32,
     fixed: u32,
     mask: u32,
+    /// The key the window holds now, which its next bind must not reuse
+    /// (0: none known).
+    held: u32,
 }
 
 impl Window {
     /// A window handle (providers only).
     pub(crate) fn new(index: u32, fixed: u32, mask: u32) -> Window {
         debug_assert!(mask != 0, "a window needs key bits");
-        Window { index, fixed, mask }
+        Window {
+            index,
+            fixed,
+            mask,
+            held: 0,
+        }
+    }
+
+    /// This window holding `rkey`: the key it was allocated with (a type 2
+    /// window of an HCA comes with one) or last bound under.
+    pub fn holding(self, rkey: u32) -> Window {
+        Window { held: rkey, ..self }
+    }
+
+    /// The key the window holds now, as far as this handle knows (0: none):
+    /// a bind under it is refused (see [`BindWindow`]).
+    pub fn held(&self) -> u32 {
+        self.held
+    }
+
+    /// The rkey for `tag` ([`Window::rkey`]), stepped on
+    /// ([`Window::next_rkey`]) past the key the window holds and past
+    /// every key in `also`: a key its next bind may use.
+    pub fn rkey_unlike(&self, tag: u32, also: &[u32]) -> u32 {
+        let mut rkey = self.rkey(tag);
+        for _ in 0..=also.len() {
+            if rkey != self.held && !also.contains(&rkey) {
+                break;
+            }
+            rkey = self.next_rkey(rkey);
+        }
+        rkey
     }
     /// Index of the window in its queue pair (what [`BindWindow::window`]
     /// names).
@@ -981,4 +1015,27 @@ pub trait QueuePair<P: Provider>: Send {
     /// Moves the queue pair to the error state (flushing everything) and
     /// tells the peer. Completions remain pollable from the CQs.
     fn disconnect(&mut self);
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::Window;
+
+    #[test]
+    fn a_fresh_key_is_never_the_one_the_window_holds() {
+        // An HCA's type 2 window: 8 key bits, allocated under a key whose
+        // byte the consumer's tag may happen to equal (1 in 256).
+        let w = Window::new(3, 0x1234_5600, 0xff);
+        let allocated = w.rkey(0x5a);
+        let w = w.holding(allocated);
+        let k = w.rkey_unlike(0x5a, &[]);
+        assert_ne!(k, allocated);
+        assert!(w.owns(k));
+        // Nor any key it is told to avoid as well.
+        let also = w.next_rkey(allocated);
+        let k = w.rkey_unlike(0x5a, &[also]);
+        assert!(k != allocated && k != also && w.owns(k), "{k:#x}");
+        // A tag that collides with nothing is taken as it is.
+        assert_eq!(w.rkey_unlike(0x11, &[also]), w.rkey(0x11));
+    }
 }

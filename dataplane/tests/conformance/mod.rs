@@ -1455,7 +1455,13 @@ fn key_str(k: RemoteKey) -> String {
 fn window_ro_target<P: Provider>(mut p: Peer<P>) {
     let before = p.fill_rdma(11);
     let w = p.qp().alloc_window().unwrap();
-    let b = p.rdma_bind(&w, w.rkey(WIN_TAG), WIN_OFF, 64, Access::REMOTE_READ);
+    let b = p.rdma_bind(
+        &w,
+        w.rkey_unlike(WIN_TAG, &[]),
+        WIN_OFF,
+        64,
+        Access::REMOTE_READ,
+    );
     p.post(SendOp::Bind(b), SgeList::new(), false);
     p.send_bytes(SendOp::Send, key_str(b.remote_key()).as_bytes(), true);
     assert!(p.next_send().is_ok());
@@ -1520,7 +1526,7 @@ fn window_bounds_active<P: Provider>(mut p: Peer<P>) {
 fn window_late_write_passive<P: Provider>(mut p: Peer<P>) {
     p.fill_rdma(12);
     let w = p.qp().alloc_window().unwrap();
-    let rkey = w.rkey(WIN_TAG);
+    let rkey = w.rkey_unlike(WIN_TAG, &[]);
     p.bind_and_send_key(&w, rkey, 256, Access::REMOTE_WRITE | Access::REMOTE_READ);
     assert_eq!(p.oob.recv(), "written");
     let landed = p.rdma_bytes();
@@ -1550,7 +1556,7 @@ fn window_late_write_active<P: Provider>(mut p: Peer<P>) {
 fn window_send_inv_passive<P: Provider>(mut p: Peer<P>) {
     p.fill_rdma(14);
     let w = p.qp().alloc_window().unwrap();
-    let old = w.rkey(WIN_TAG);
+    let old = w.rkey_unlike(WIN_TAG, &[]);
     p.bind_and_send_key(&w, old, 128, Access::REMOTE_WRITE);
     let c = p.next_recv();
     assert!(c.is_ok());
@@ -1599,7 +1605,7 @@ fn expect_bind_err<P: Provider>(mut p: Peer<P>, bad: BindWindow) {
 
 fn window_bind_while_bound_active<P: Provider>(mut p: Peer<P>) {
     let w = p.qp().alloc_window().unwrap();
-    let rkey = w.rkey(WIN_TAG);
+    let rkey = w.rkey_unlike(WIN_TAG, &[]);
     p.bind_ok(p.rdma_bind(&w, rkey, WIN_OFF, 64, Access::REMOTE_READ));
     // Type 2 windows must be invalidated before they are bound again.
     let again = p.rdma_bind(&w, w.next_rkey(rkey), WIN_OFF, 64, Access::REMOTE_READ);

@@ -1914,7 +1914,9 @@ impl QueuePair<Ibverbs> for IbvQp {
         }
         let mut ws = lock(&sh.windows);
         let i = sh.new_window(&mut ws, true)?;
-        Ok(Window::new(i as u32, ws[i].rkey & !0xff, 0xff))
+        // The HCA allocated the window under a key of its own: the first
+        // bind must use another.
+        Ok(Window::new(i as u32, ws[i].rkey & !0xff, 0xff).holding(ws[i].rkey))
     }
 
     /// Sends a DREQ, moves the QP to ERR (everything flushes, in order,
