@@ -1039,21 +1039,6 @@ fn give_back(staging: &Option<Staging>, wr: Option<RecvWr>) {
     }
 }
 
-/// Completes shared receive `wr` with a local length error: the peer
-/// claimed more bytes than its staging slot holds.
-fn complete_len_err(done: &mut VecDeque<Completion>, mut wr: RecvWr, qpn: u32) {
-    done.push_back(Completion {
-        wr_id: wr.wr_id,
-        status: WcStatus::LocLenErr,
-        opcode: WcOpcode::Recv,
-        byte_len: 0,
-        imm: None,
-        invalidated_rkey: None,
-        qp_num: qpn,
-        sgl: std::mem::take(&mut wr.sgl),
-    });
-}
-
 /// Sets each buffer's length to what `placed` bytes fill, in order.
 fn set_placed(sgl: &mut SgeList, mut placed: u64) {
     for s in sgl.iter_mut() {
@@ -1311,8 +1296,9 @@ impl QpInner {
                     unsafe { copy_sg(&src[..sn.min(1)], &dst[..dn]) };
                 }
                 if !in_slot || conn.publish_recv(&staged).is_err() {
+                    // The peer claimed more than its slot holds.
                     self.rq.push_back(staged);
-                    complete_len_err(&mut self.recv_done, wr, qpn);
+                    self.flush_recv(wr, WcStatus::LocLenErr, qpn);
                     return Err(E);
                 }
                 self.rq.push_back(staged);
