@@ -354,10 +354,14 @@ impl BufferTableBuilder {
         private: Box<dyn SlabMemory>,
         peer: Box<dyn PeerMemory>,
     ) -> BufferTable {
+        let mut descs = self.descs;
+        // The builder grew by doubling; a connection keeps its table for
+        // life, so it keeps only what it uses.
+        descs.shrink_to_fit();
         BufferTable {
             private,
             peer,
-            descs: self.descs,
+            descs,
             recv_reads: core::cell::Cell::new(0),
             keys: None,
             bulk: None,

@@ -171,17 +171,19 @@ pub(super) struct ServeSlot {
     hdr_credits: u32,
 }
 
-/// Read segments a serve slot has room for before it grows.
-const SLOT_READS: usize = 4;
+/// Read segments a serve slot has room for before it grows: none. An
+/// idle connection's slots then hold no list memory at all (most calls,
+/// NULL and GETATTR among them, carry no chunk); a slot that serves a
+/// chunked call grows its lists once, to the largest it has served.
+const SLOT_READS: usize = 0;
 
-/// The chunk lists a serve slot has room for before they grow: a write
-/// chunk or two of a few segments and a reply chunk (what NFS calls
-/// carry), not the worst case the limits allow.
+/// The chunk lists a serve slot has room for before they grow: none, as
+/// for [`SLOT_READS`].
 const SLOT_CHUNKS: Limits = Limits {
     max_read_segments: 0,
-    max_write_chunks: 2,
-    max_segments_per_chunk: 4,
-    max_reply_segments: 4,
+    max_write_chunks: 0,
+    max_segments_per_chunk: 0,
+    max_reply_segments: 0,
 };
 
 /// How long a call that found the bulk pool empty waits before it is
@@ -213,7 +215,7 @@ impl ServeSlot {
             send_buf: b.add(BufClass::Send, c.inline_send_size),
             message,
             call_len: 0,
-            // A slot's lists start small and grow (within `c.limits`) to
+            // A slot's lists start empty and grow (within `c.limits`) to
             // the largest call it has served, then keep that capacity: no
             // allocation in steady state, and an idle connection does not
             // carry a worst-case chunk list per slot (about 20 KiB each
