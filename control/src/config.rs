@@ -47,6 +47,8 @@ pub struct Config {
     pub shm: Shm,
     /// Shutdown behaviour.
     pub shutdown: Shutdown,
+    /// Programs relayed to ONC RPC servers over TCP (`[[gateway]]`).
+    pub gateway: Vec<GatewayRoute>,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             metrics: Metrics::default(),
             shm: Shm::default(),
             shutdown: Shutdown::default(),
+            gateway: Vec::new(),
         }
     }
 }
@@ -286,6 +289,68 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
             "`{s}` is not IP:PORT (IPv6 as [ADDR]:PORT; host names are not resolved)"
         ))
     })
+}
+
+/// `[[gateway]]`: one program whose RDMA calls are relayed to an ONC RPC
+/// server over TCP (docs/GATEWAY.md).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayRoute {
+    /// Program number (NFS 100003, MOUNT 100005, NFSACL 100227).
+    pub program: u32,
+    /// Versions registered with rpcbind for it (netid `rdma`).
+    pub versions: Vec<u32>,
+    /// The backend: `IP:PORT`, or `rpcbind://IP` to ask the rpcbind at
+    /// that address (port 111) for the program's TCP address at start.
+    pub backend: Backend,
+    /// TCP connections to the backend per worker.
+    #[serde(default = "one")]
+    pub connections: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Where a gateway route's backend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A fixed TCP address.
+    Tcp(SocketAddr),
+    /// Looked up at start from the rpcbind at this address.
+    Rpcbind(SocketAddr),
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Tcp(a) => write!(f, "{a}"),
+            Backend::Rpcbind(a) => write!(f, "rpcbind://{a}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Backend {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if let Some(host) = s.strip_prefix("rpcbind://") {
+            let with_port = host.parse::<SocketAddr>().ok();
+            let bare = host
+                .parse::<std::net::IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, 111));
+            return with_port.or(bare).map(Backend::Rpcbind).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "backend `{s}`: after rpcbind:// an IP address is expected (optionally IP:PORT; host names are not resolved)"
+                ))
+            });
+        }
+        s.parse().map(Backend::Tcp).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "backend `{s}` is neither IP:PORT nor rpcbind://IP (host names are not resolved)"
+            ))
+        })
+    }
 }
 
 /// `[transport]`: RPC-over-RDMA v1 parameters (RFC 8166 s3.3, RFC 5666 s6).
@@ -767,6 +832,36 @@ impl Config {
                 v as u64,
                 1,
                 1024,
+            )?;
+        }
+
+        let mut programs = HashSet::new();
+        for (i, g) in self.gateway.iter().enumerate() {
+            let at = |k| [Key("gateway"), Index(i), Key(k)];
+            if !programs.insert(g.program) {
+                return Err(sem(
+                    &at("program"),
+                    format!("gateway: program {} is routed twice", g.program),
+                ));
+            }
+            if g.program == dataplane::wire::conf::CONFIG_RDMA_PROG {
+                return Err(sem(
+                    &at("program"),
+                    "gateway: program 100417 (CONF_RDMA) is the transport's own; it cannot be relayed",
+                ));
+            }
+            if g.versions.is_empty() {
+                return Err(sem(
+                    &at("versions"),
+                    format!("gateway: program {} lists no versions", g.program),
+                ));
+            }
+            range(
+                &at("connections"),
+                "gateway.connections",
+                g.connections.into(),
+                1,
+                64,
             )?;
         }
 

@@ -720,10 +720,19 @@ pub fn planned_mappings(config: &Config) -> Vec<Mapping> {
             );
             continue;
         }
-        for p in SERVED_PROGRAMS {
+        let served = SERVED_PROGRAMS.iter().map(|p| (p.program, p.version));
+        // Routed programs are served where RPC-over-RDMA is: the TCP
+        // listener serves the built-in programs only.
+        let rdma = !matches!(l.url, ProviderUrl::Tcp(_));
+        let routed = config
+            .gateway
+            .iter()
+            .filter(|_| rdma)
+            .flat_map(|g| g.versions.iter().map(move |&v| (g.program, v)));
+        for (program, version) in served.chain(routed) {
             out.push(Mapping {
-                program: p.program,
-                version: p.version,
+                program,
+                version,
                 netid: netid.to_string(),
                 addr: universal_address(addr),
                 owner: owner.clone(),

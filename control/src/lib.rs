@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod gateway;
 pub mod metrics;
 pub mod programs;
 pub mod rpcbind;

@@ -176,9 +176,39 @@ pub struct Registry {
     listener_urls: Vec<String>,
     /// Gauge: mappings registered with rpcbind now.
     pub rpcbind_registrations: AtomicU64,
+    /// The gateway's routes, copied in at each scrape.
+    gateway: Mutex<Vec<GatewayRouteSample>>,
     /// Called at the start of every [`Registry::render`]: copies counters
     /// kept elsewhere (the workers' own) into this registry.
     refresher: Mutex<Option<Refresher>>,
+}
+
+/// One gateway route's figures (all workers together), as a scrape
+/// shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GatewayRouteSample {
+    /// The route's program.
+    pub program: u32,
+    /// The backend's TCP address.
+    pub backend: String,
+    /// Calls forwarded.
+    pub calls: u64,
+    /// Replies relayed.
+    pub replies: u64,
+    /// Bytes written to the backend.
+    pub bytes_sent: u64,
+    /// Bytes of replies read from the backend.
+    pub bytes_received: u64,
+    /// Calls sent again after a lost backend connection.
+    pub resends: u64,
+    /// Errors by kind: `timeout`, `busy`, `connection`, `stray_reply`.
+    pub errors: [(&'static str, u64); 4],
+    /// Upper bounds of the latency buckets, microseconds.
+    pub latency_bounds_us: Vec<u64>,
+    /// Replies per bucket (not cumulative), one more than the bounds.
+    pub latency_buckets: Vec<u64>,
+    /// Sum of the latencies, nanoseconds.
+    pub latency_sum_ns: u64,
 }
 
 /// See [`Registry::set_refresher`].
@@ -209,6 +239,7 @@ impl Registry {
                 .collect(),
             listener_urls: listener_urls.to_vec(),
             rpcbind_registrations: AtomicU64::new(0),
+            gateway: Mutex::new(Vec::new()),
             refresher: Mutex::new(None),
         }
     }
@@ -218,6 +249,11 @@ impl Registry {
     /// exporter's thread, once per scrape.
     pub fn set_refresher(&self, refresher: Option<Refresher>) {
         *self.refresher.lock().unwrap_or_else(|e| e.into_inner()) = refresher;
+    }
+
+    /// Replaces the gateway's figures (the refresher's job).
+    pub fn set_gateway(&self, routes: Vec<GatewayRouteSample>) {
+        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = routes;
     }
 
     /// The counters of worker `index` (in `workers.cores` order).
@@ -386,6 +422,8 @@ impl Registry {
             }
         }
 
+        self.render_gateway(&mut out);
+
         let name = "rpcrdma_rpcbind_registrations";
         header(&mut out, name, "gauge", "Mappings registered with rpcbind.");
         sample(&mut out, name, "", self.rpcbind_registrations.load(Relaxed));
@@ -399,6 +437,95 @@ impl Registry {
             1,
         );
         out
+    }
+}
+
+impl Registry {
+    /// The gateway's families: per route (program, backend), counters and
+    /// a latency histogram. Nothing when no program is routed.
+    fn render_gateway(&self, out: &mut String) {
+        let routes = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if routes.is_empty() {
+            return;
+        }
+        let labels = |r: &GatewayRouteSample| {
+            format!(
+                "program=\"{}\",backend=\"{}\"",
+                r.program,
+                escape_label(&r.backend)
+            )
+        };
+        type Field = fn(&GatewayRouteSample) -> u64;
+        let families: [(&str, &str, Field); 5] = [
+            (
+                "rpcrdma_gateway_calls_total",
+                "Calls relayed to the backend.",
+                |r| r.calls,
+            ),
+            (
+                "rpcrdma_gateway_replies_total",
+                "Backend replies relayed to clients.",
+                |r| r.replies,
+            ),
+            (
+                "rpcrdma_gateway_bytes_sent_total",
+                "Bytes written to the backend.",
+                |r| r.bytes_sent,
+            ),
+            (
+                "rpcrdma_gateway_bytes_received_total",
+                "Bytes of backend replies read.",
+                |r| r.bytes_received,
+            ),
+            (
+                "rpcrdma_gateway_resends_total",
+                "Calls sent again after a lost backend connection.",
+                |r| r.resends,
+            ),
+        ];
+        for (name, help, field) in families {
+            header(out, name, "counter", help);
+            for r in &routes {
+                sample(out, name, &labels(r), field(r));
+            }
+        }
+        let name = "rpcrdma_gateway_errors_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Relay errors by kind: timeout and busy calls were answered SYSTEM_ERR; connection counts lost or refused backend connections; stray_reply counts replies that matched no call.",
+        );
+        for r in &routes {
+            for (kind, v) in r.errors {
+                sample(out, name, &format!("{},kind=\"{kind}\"", labels(r)), v);
+            }
+        }
+        let name = "rpcrdma_gateway_latency_seconds";
+        header(
+            out,
+            name,
+            "histogram",
+            "Backend reply latency, forward to reply.",
+        );
+        for r in &routes {
+            let l = labels(r);
+            let mut cumulative = 0;
+            for (i, n) in r.latency_buckets.iter().enumerate() {
+                cumulative += n;
+                let le = match r.latency_bounds_us.get(i) {
+                    Some(us) => format!("{}", *us as f64 / 1e6),
+                    None => "+Inf".to_string(),
+                };
+                let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "{name}_sum{{{l}}} {}", r.latency_sum_ns as f64 / 1e9);
+            let _ = writeln!(out, "{name}_count{{{l}}} {cumulative}");
+        }
     }
 }
 

@@ -55,6 +55,9 @@ const ACCEPT_POLL: Duration = Duration::from_millis(100);
 /// Why the data path could not start: one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// A gateway route's backend could not be found.
+    #[error("{0}")]
+    Gateway(#[from] crate::gateway::GatewayError),
     /// The worker pool could not start (core not in the mask, ...).
     #[error("cannot start the workers (workers.cores): {0}")]
     Workers(#[from] WorkerError),
@@ -222,7 +225,9 @@ impl DataPath {
         let services: Arc<ServiceTable> = Arc::new(ServiceTable::builtin());
         let dispatcher: Arc<dyn Dispatcher> = services;
         let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
-        let mut set = WorkerSet::spawn(&cores, worker_config(config), dispatcher)?;
+        let mut workers = worker_config(config);
+        workers.gateway = crate::gateway::setup(config)?;
+        let mut set = WorkerSet::spawn(&cores, workers, dispatcher)?;
         attach::<Shm>(config, &mut set)?;
         attach::<Roce>(config, &mut set)?;
         #[cfg(feature = "ibverbs")]
@@ -486,6 +491,7 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
     let counters = set.counters();
     let bulk = set.bulk_pools();
     let credits = set.credit_pools();
+    let gateway = set.config().gateway.clone();
     // Per transport, its listeners: a transport with one listener (the
     // usual case) gets an exact per-listener connection gauge.
     let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
@@ -546,6 +552,9 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
                 metrics::set(&w.errors[kind as usize], v);
             }
         }
+        if let Some(g) = &gateway {
+            reg.set_gateway(gateway_samples(g));
+        }
         for (t, listeners) in &by_transport {
             if let [only] = listeners[..] {
                 let open = counters
@@ -556,4 +565,32 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             }
         }
     })));
+}
+
+/// The gateway's counters as the metrics show them, one per route.
+fn gateway_samples(g: &dataplane::worker::GatewaySetup) -> Vec<metrics::GatewayRouteSample> {
+    use std::sync::atomic::Ordering::Relaxed;
+    g.config
+        .routes
+        .iter()
+        .zip(&g.counters.routes)
+        .map(|(r, c)| metrics::GatewayRouteSample {
+            program: r.program,
+            backend: r.backend.to_string(),
+            calls: c.calls.load(Relaxed),
+            replies: c.replies.load(Relaxed),
+            bytes_sent: c.bytes_out.load(Relaxed),
+            bytes_received: c.bytes_in.load(Relaxed),
+            resends: c.resends.load(Relaxed),
+            errors: [
+                ("timeout", c.errors_timeout.load(Relaxed)),
+                ("busy", c.errors_busy.load(Relaxed)),
+                ("connection", c.errors_connection.load(Relaxed)),
+                ("stray_reply", c.stray_replies.load(Relaxed)),
+            ],
+            latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
+            latency_buckets: c.latency.iter().map(|b| b.load(Relaxed)).collect(),
+            latency_sum_ns: c.latency_sum_ns.load(Relaxed),
+        })
+        .collect()
 }

@@ -49,6 +49,7 @@ fn shipped_configs_pass_check_config_where_the_host_allows() {
             "../configs/loopback.toml",
             "ok (1 worker(s), 3 listener(s))",
         ),
+        ("../configs/gateway.toml", "ok (1 worker(s), 2 listener(s))"),
     ] {
         let (code, out, err) = run(&["--check-config", file]);
         assert_eq!(code, Some(0), "{file}: stderr: {err}");
@@ -120,7 +121,7 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
             "# a comment\n[worker]\ncores = [0]\n".into(),
             2,
             "unknown field `worker`, expected one of `workers`, `listeners`, `transport`, \
-             `chunks`, `memory`, `rpcbind`, `metrics`, `shm`, `shutdown`"
+             `chunks`, `memory`, `rpcbind`, `metrics`, `shm`, `shutdown`, `gateway`"
                 .into(),
         ),
         (
@@ -188,6 +189,36 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
             "[[listeners]]\nurl = \"roce://127.0.0.1:20049\"\n[[listeners]]\nurl = \"roce://127.0.0.1:20049\"\n".into(),
             4,
             "listener roce://127.0.0.1:20049 is listed twice".into(),
+        ),
+        (
+            "gateway-program-twice",
+            "[[gateway]]\nprogram = 100003\nversions = [3]\nbackend = \"127.0.0.1:2049\"\n\
+             [[gateway]]\nprogram = 100003\nversions = [4]\nbackend = \"127.0.0.1:2049\"\n"
+                .into(),
+            6,
+            "gateway: program 100003 is routed twice".into(),
+        ),
+        (
+            "gateway-bad-backend",
+            "[[gateway]]\nprogram = 100003\nversions = [3]\nbackend = \"nfs.local:2049\"\n".into(),
+            4,
+            "backend `nfs.local:2049` is neither IP:PORT nor rpcbind://IP (host names are not \
+             resolved)"
+                .into(),
+        ),
+        (
+            "gateway-conf-rdma",
+            "[[gateway]]\nprogram = 100417\nversions = [1]\nbackend = \"127.0.0.1:2049\"\n".into(),
+            2,
+            "gateway: program 100417 (CONF_RDMA) is the transport's own; it cannot be relayed"
+                .into(),
+        ),
+        (
+            "gateway-no-versions",
+            "[[gateway]]\nprogram = 100005\nversions = []\nbackend = \"rpcbind://127.0.0.1\"\n"
+                .into(),
+            3,
+            "gateway: program 100005 lists no versions".into(),
         ),
         (
             "core-beyond-host",

@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod engine;
+pub mod gateway;
 pub mod mem;
 pub mod nfs;
 pub mod service;

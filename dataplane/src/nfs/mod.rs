@@ -435,6 +435,27 @@ pub fn decode_reply<'a>(
     Nfs3Res::parse_proc(procedure, dec.rest(), ddp).map_err(ReplyError::Malformed)
 }
 
+/// The DDP-eligible item of a whole NFSv3 reply `message` to a call of
+/// `procedure` (a gateway's view, RFC 8267 s4): the data of a successful
+/// READ or the path of a successful READLINK, located in `message`. `None`
+/// for every other procedure, for a reply that is not a success (RFC 5531
+/// `accept_stat`, or an NFS status other than `NFS3_OK`: the `resfail`
+/// arms carry no eligible item), and for results that do not decode
+/// exactly: such a reply travels whole, inline or in the reply chunk.
+pub fn reply_ddp(procedure: Nfs3Proc, message: &[u8]) -> Option<DdpItem> {
+    if ddp_eligible(procedure) != Some(DdpSide::Reply) {
+        return None;
+    }
+    let res = decode_reply(procedure, message, None).ok()?;
+    let data = res.ddp_data()?;
+    // `data` borrows `message`: its place is the distance between the two.
+    let offset = (data.as_ptr() as usize).checked_sub(message.as_ptr() as usize)?;
+    Some(DdpItem {
+        offset: u32::try_from(offset).ok()?,
+        len: u32::try_from(data.len()).ok()?,
+    })
+}
+
 /// Decodes a whole NFSv3 call message (a gateway's view): the RPC call
 /// header and the arguments. `ddp` is the DDP-eligible argument when it
 /// travelled apart (see the module doc).

@@ -46,7 +46,7 @@
 //! The full description (limits, back-pressure, readiness checks, measured
 //! costs) is in `docs/TCP.md`.
 
-mod buf;
+pub(crate) mod buf;
 mod client;
 mod epoll;
 mod server;

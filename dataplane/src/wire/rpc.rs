@@ -1338,6 +1338,20 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> RecordReassembler<B> {
         self.state = ReassemblyState::Marker { have: 0 };
         Some(&self.buf.as_ref()[..len])
     }
+
+    /// [`poll_record`](Self::poll_record), with the record writable: a
+    /// relay rewrites a field (its XID) in place instead of copying the
+    /// record.
+    pub fn poll_record_mut(&mut self) -> Option<&mut [u8]> {
+        if self.state != ReassemblyState::Complete {
+            return None;
+        }
+        let len = self.record_len;
+        self.record_len = 0;
+        self.record_started = false;
+        self.state = ReassemblyState::Marker { have: 0 };
+        Some(&mut self.buf.as_mut()[..len])
+    }
 }
 
 /// Emits `$value`, checks the emitted length against `buffer_len` and the

@@ -172,6 +172,21 @@ pub struct WorkerConfig {
     /// are cut to what is free. 0: no shared queue, every connection posts
     /// `credits` receives of its own.
     pub shared_receives: u32,
+    /// Programs relayed to ONC RPC servers over TCP (docs/GATEWAY.md):
+    /// each worker forwards the RDMA calls of a routed program to its
+    /// backend and relays the replies. `None`: every call is served by
+    /// the dispatcher.
+    pub gateway: Option<GatewaySetup>,
+}
+
+/// What every worker's relay is built from: the routes, and the counters
+/// all workers share.
+#[derive(Debug, Clone)]
+pub struct GatewaySetup {
+    /// Routes and limits (validated).
+    pub config: std::sync::Arc<crate::gateway::GatewayConfig>,
+    /// Counters per route, shared by the workers.
+    pub counters: std::sync::Arc<crate::gateway::GatewayCounters>,
 }
 
 impl Default for WorkerConfig {
@@ -192,6 +207,7 @@ impl Default for WorkerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             bulk_buffers: DEFAULT_BULK_BUFFERS,
             shared_receives: DEFAULT_SHARED_RECEIVES,
+            gateway: None,
         }
     }
 }

@@ -17,12 +17,14 @@ use super::{
     engine, system_err_reply, Command, Completion, Dispatched, Dispatcher, Event, Idler,
     IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
 };
+use crate::gateway::{Answer, Forwarder, Token};
 use crate::tcp::{TcpConnections, TcpStats};
 #[cfg(feature = "ibverbs")]
 use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
 use crate::verbs::CompletionQueue as _;
+use crate::wire::rpc::peek_xid;
 
 /// One worker thread's state.
 pub(super) struct Worker {
@@ -51,12 +53,24 @@ fn instant_after(now: engine::Instant, d: std::time::Duration) -> engine::Instan
     now.saturating_add(d)
 }
 
-/// Buffers of the loop, allocated once.
+/// Buffers of the loop, allocated once, and the worker's relay.
 struct Scratch {
     wcs: Vec<Completion>,
     /// Where the service writes an RDMA reply (TCP replies are written in
     /// the connection's output buffer).
     reply: Box<[u8]>,
+    /// The relay to the gateway's backends, when programs are routed.
+    forwarder: Option<Forwarder<Origin>>,
+}
+
+/// Where a forwarded call came from: enough to find its connection and
+/// its responder slot again when the backend answers.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    transport: Transport,
+    qp: u32,
+    call: IncomingCall,
+    xid: u32,
 }
 
 /// How often the timers of connections on a shared completion queue are
@@ -180,6 +194,18 @@ impl<P: PoolProvider> ProviderConns<P> {
             }
         }
         ep
+    }
+
+    /// The endpoint of queue pair `qp`, with its index in `shared` when
+    /// it is there.
+    fn find_mut(&mut self, qp: u32) -> Option<(&mut Endpoint<P>, Option<usize>)> {
+        if let Some(&i) = self.by_qp.get(&qp) {
+            return Some((&mut self.shared[i], Some(i)));
+        }
+        self.own
+            .iter_mut()
+            .find(|ep| ep.qp_num() == qp)
+            .map(|ep| (&mut **ep, None))
     }
 
     fn all(&self) -> impl Iterator<Item = &Endpoint<P>> {
@@ -314,6 +340,13 @@ impl Worker {
             wcs: (0..POLL_BURST).map(|_| Completion::default()).collect(),
             reply: vec![0u8; self.config.endpoint.engine.max_reply_size as usize]
                 .into_boxed_slice(),
+            // Should its buffers fail to map, routed programs fall to the
+            // dispatcher, which answers PROG_UNAVAIL.
+            forwarder: self
+                .config
+                .gateway
+                .as_ref()
+                .and_then(|g| Forwarder::new(g.config.clone(), g.counters.clone()).ok()),
         };
         let mut idler = Idler::new(self.config.idle);
         let mut phase = Phase::Running;
@@ -379,6 +412,9 @@ impl Worker {
             #[cfg(feature = "ibverbs")]
             {
                 work += self.poll_provider(&mut conns.ibverbs, now, &mut scratch, &mut report);
+            }
+            if let Some(fw) = scratch.forwarder.as_mut() {
+                work += self.poll_gateway(fw, &mut conns, now);
             }
             if let Some(tcp) = conns.tcp.as_mut() {
                 work += tcp.poll(&*self.dispatcher, now);
@@ -468,7 +504,7 @@ impl Worker {
         let mut work = 0;
         for ep in pc.own.iter_mut() {
             work += ep.poll_completions(now, &mut scratch.wcs);
-            work += self.process(ep, now, &mut scratch.reply);
+            work += self.process(ep, now, scratch);
         }
         self.retire_own(&mut pc.own, report);
         for cq in &pc.cqs {
@@ -514,7 +550,7 @@ impl Worker {
         while k < dirty.len() {
             let i = dirty[k];
             pc.queued[i] = false;
-            work += self.process(&mut pc.shared[i], now, &mut scratch.reply);
+            work += self.process(&mut pc.shared[i], now, scratch);
             if pc.shared[i].backlog() > 0 {
                 pc.mark(i);
             }
@@ -542,7 +578,7 @@ impl Worker {
         &self,
         ep: &mut Endpoint<P>,
         now: engine::Instant,
-        reply: &mut [u8],
+        scratch: &mut Scratch,
     ) -> usize {
         let c = &*self.counters;
         c.endpoints_processed.add(1);
@@ -552,7 +588,7 @@ impl Worker {
             work += 1;
             match ev {
                 Event::CallArrived { call, .. } => {
-                    self.serve(now, ep, call, reply);
+                    self.serve(now, ep, call, scratch);
                 }
                 Event::ConnectionLost { reason } => {
                     // Closing an idle connection is housekeeping, not
@@ -664,44 +700,46 @@ impl Worker {
         self.counters.pool_in_use.set(leases);
     }
 
-    /// Runs the service for one call and answers it.
+    /// Runs the service for one call and answers it, or forwards it to
+    /// its backend when its program is routed (the answer then comes from
+    /// [`poll_gateway`](Self::poll_gateway)).
     fn serve<P: PoolProvider>(
         &self,
         now: engine::Instant,
         ep: &mut Endpoint<P>,
         call: IncomingCall,
-        scratch: &mut [u8],
+        scratch: &mut Scratch,
     ) {
         let c = &*self.counters;
+        let qp = ep.qp_num();
         let conn = ep.connection_mut();
         let Some(msg) = conn.call_message(call) else {
             return;
         };
         let xid = msg.get(..4).map(|b| [b[0], b[1], b[2], b[3]]);
-        match self.dispatcher.dispatch(msg, scratch) {
+        if let (Some(fw), Some(x)) = (scratch.forwarder.as_mut(), xid) {
+            if fw.routes(msg) {
+                let origin = Origin {
+                    transport: P::TRANSPORT,
+                    qp,
+                    call,
+                    xid: u32::from_be_bytes(x),
+                };
+                if fw.forward(now, origin, msg).is_err() {
+                    // Every in-flight slot is taken (counted by route):
+                    // an answer now rather than a call left hanging.
+                    self.answer_system_err(now, ep, call, x);
+                }
+                return;
+            }
+        }
+        match self.dispatcher.dispatch(msg, &mut scratch.reply) {
             Dispatched::Reply { len, ddp } => {
                 let reply = OutgoingReply {
-                    message: scratch.get(..len).unwrap_or(&[]),
+                    message: scratch.reply.get(..len).unwrap_or(&[]),
                     ddp,
                 };
-                match conn.send_reply(now, call, &reply) {
-                    Ok(()) => c.rpcs.add(1),
-                    Err(_) => {
-                        // Too large for the chunks the requester offered, or
-                        // a service bug: answer SYSTEM_ERR (RFC 5531 s9) so
-                        // the call does not hang.
-                        c.errors_reply.add(1);
-                        let Some(xid) = xid else { return };
-                        let n = system_err_reply(xid, scratch);
-                        let reply = OutgoingReply {
-                            message: &scratch[..n],
-                            ddp: None,
-                        };
-                        if conn.send_reply(now, call, &reply).is_err() {
-                            ep.close();
-                        }
-                    }
-                }
+                self.answer(now, ep, call, xid, &reply);
             }
             Dispatched::Drop => {
                 // The engine keeps a call's slot (and the peer its credit)
@@ -712,4 +750,137 @@ impl Worker {
             }
         }
     }
+
+    /// Sends `reply` to `call`. A reply the engine cannot send (too large
+    /// for the chunks the requester offered, or a service bug) becomes
+    /// SYSTEM_ERR (RFC 5531 s9; RFC 5666 s3.4), so the call does not
+    /// hang; a connection that cannot take even that is closed.
+    fn answer<P: PoolProvider>(
+        &self,
+        now: engine::Instant,
+        ep: &mut Endpoint<P>,
+        call: IncomingCall,
+        xid: Option<[u8; 4]>,
+        reply: &OutgoingReply<'_>,
+    ) {
+        match ep.connection_mut().send_reply(now, call, reply) {
+            Ok(()) => self.counters.rpcs.add(1),
+            Err(_) => match xid {
+                Some(xid) => self.answer_system_err(now, ep, call, xid),
+                None => self.counters.errors_reply.add(1),
+            },
+        }
+    }
+
+    fn answer_system_err<P: PoolProvider>(
+        &self,
+        now: engine::Instant,
+        ep: &mut Endpoint<P>,
+        call: IncomingCall,
+        xid: [u8; 4],
+    ) {
+        self.counters.errors_reply.add(1);
+        let mut buf = [0u8; 24];
+        let n = system_err_reply(xid, &mut buf);
+        let reply = OutgoingReply {
+            message: &buf[..n],
+            ddp: None,
+        };
+        if ep.connection_mut().send_reply(now, call, &reply).is_err() {
+            ep.close();
+        }
+    }
+
+    /// The relay's turn in the loop: backend connections moved on, each
+    /// answer delivered to its call's connection (and posted at once),
+    /// calls of lost backend connections handed over again.
+    fn poll_gateway(
+        &self,
+        fw: &mut Forwarder<Origin>,
+        conns: &mut Conns,
+        now: engine::Instant,
+    ) -> usize {
+        let mut work = fw.poll(now, |origin, answer| match origin.transport {
+            Transport::Shm => self.deliver(&mut conns.shm, now, origin, answer),
+            Transport::Roce => self.deliver(&mut conns.roce, now, origin, answer),
+            #[cfg(feature = "ibverbs")]
+            Transport::Ibverbs => self.deliver(&mut conns.ibverbs, now, origin, answer),
+            _ => {}
+        });
+        // At most one round of the queue per iteration: a call that finds
+        // no room goes to the back and waits for the next.
+        while let Some((token, origin)) = fw.next_resend() {
+            work += 1;
+            let sent = match origin.transport {
+                Transport::Shm => resend_from(&mut conns.shm, fw, now, token, origin),
+                Transport::Roce => resend_from(&mut conns.roce, fw, now, token, origin),
+                #[cfg(feature = "ibverbs")]
+                Transport::Ibverbs => resend_from(&mut conns.ibverbs, fw, now, token, origin),
+                _ => None,
+            };
+            match sent {
+                Some(true) => {}
+                Some(false) => break,
+                None => fw.abandon(token),
+            }
+        }
+        work
+    }
+
+    /// Answers a forwarded call on its connection, if that connection is
+    /// still there and the slot still holds the call (a queue-pair number
+    /// can come back with a new connection; the XID tells them apart).
+    fn deliver<P: PoolProvider>(
+        &self,
+        pc: &mut ProviderConns<P>,
+        now: engine::Instant,
+        origin: Origin,
+        answer: Answer<'_>,
+    ) {
+        let Some((ep, shared)) = pc.find_mut(origin.qp) else {
+            self.counters.errors_dropped_calls.add(1);
+            return;
+        };
+        let held = ep.connection().call_message(origin.call).and_then(peek_xid);
+        if held != Some(origin.xid) {
+            self.counters.errors_dropped_calls.add(1);
+            return;
+        }
+        let xid = origin.xid.to_be_bytes();
+        match answer {
+            Answer::Reply {
+                message,
+                program,
+                version,
+                procedure,
+            } => {
+                let reply = OutgoingReply {
+                    message,
+                    ddp: crate::gateway::reply_ddp(program, version, procedure, message),
+                };
+                self.answer(now, ep, origin.call, Some(xid), &reply);
+            }
+            Answer::Failed { .. } => self.answer_system_err(now, ep, origin.call, xid),
+        }
+        ep.flush();
+        if let Some(i) = shared {
+            if ep.backlog() > 0 {
+                pc.mark(i);
+            }
+        }
+    }
+}
+
+/// Hands the call of `token` to the relay again, from its connection's
+/// responder slot: `None` when the connection or the call is gone.
+fn resend_from<P: PoolProvider>(
+    pc: &mut ProviderConns<P>,
+    fw: &mut Forwarder<Origin>,
+    now: engine::Instant,
+    token: Token,
+    origin: Origin,
+) -> Option<bool> {
+    let (ep, _) = pc.find_mut(origin.qp)?;
+    let msg = ep.connection().call_message(origin.call)?;
+    (peek_xid(msg) == Some(origin.xid)).then(|| fw.resend(now, token, msg))
 }

@@ -1,0 +1,328 @@
+//! The relay against TCP servers on loopback, with time passed in: calls
+//! and replies matched, XIDs restored, resends after a lost connection,
+//! timeouts, stray replies. (The gateway against a real NFS server is in
+//! control/tests/gateway.rs.)
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::*;
+use crate::engine::Instant;
+
+const PROG: u32 = 400_123;
+
+/// A call message: AUTH_NONE, `args` after the header.
+fn call(xid: u32, program: u32, procedure: u32, args: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    for w in [xid, 0, 2, program, 1, procedure, 0, 0, 0, 0] {
+        m.extend_from_slice(&u32::to_be_bytes(w));
+    }
+    m.extend_from_slice(args);
+    m
+}
+
+/// What the test backend does with the n-th call it reads (from 0).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// Replies SUCCESS with the call's arguments as results.
+    Echo,
+    /// Closes the connection without replying.
+    Hang,
+    /// Replies with the XID changed (a reply to nothing).
+    WrongXid,
+}
+
+/// The calls a test backend read, in order.
+type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// A backend serving each connection on a thread of its own, acting on
+/// the n-th call it reads by `plan[n]` (calls past its end are echoed).
+/// Its threads end with the test process.
+fn backend(plan: Vec<Act>) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let plan = Arc::new(plan);
+    let all = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let (seen, plan) = (all.clone(), plan.clone());
+            std::thread::spawn(move || serve(stream.unwrap(), &seen, &plan));
+        }
+    });
+    (addr, seen)
+}
+
+fn serve(mut s: TcpStream, seen: &Mutex<Vec<Vec<u8>>>, plan: &[Act]) {
+    loop {
+        let mut mark = [0u8; 4];
+        if s.read_exact(&mut mark).is_err() {
+            return;
+        }
+        let word = u32::from_be_bytes(mark);
+        assert!(word & 0x8000_0000 != 0, "one fragment per record");
+        let mut msg = vec![0u8; (word & 0x7fff_ffff) as usize];
+        s.read_exact(&mut msg).unwrap();
+        let act = {
+            let mut seen = seen.lock().unwrap();
+            let act = plan.get(seen.len()).copied().unwrap_or(Act::Echo);
+            seen.push(msg.clone());
+            act
+        };
+        if act == Act::Hang {
+            return;
+        }
+        let mut xid = [msg[0], msg[1], msg[2], msg[3]];
+        if act == Act::WrongXid {
+            xid[0] ^= 0x55;
+        }
+        let mut reply = xid.to_vec();
+        for w in [1u32, 0, 0, 0, 0] {
+            reply.extend_from_slice(&w.to_be_bytes());
+        }
+        reply.extend_from_slice(&msg[40..]);
+        let mut rec = (0x8000_0000u32 | reply.len() as u32).to_be_bytes().to_vec();
+        rec.extend_from_slice(&reply);
+        if s.write_all(&rec).is_err() {
+            return;
+        }
+    }
+}
+
+fn forwarder(addr: SocketAddr, connections: u32) -> (Forwarder<u32>, Arc<GatewayCounters>) {
+    let config = GatewayConfig {
+        routes: vec![Route {
+            program: PROG,
+            versions: 1..=1,
+            backend: addr,
+            connections,
+        }],
+        max_in_flight: 64,
+        call_timeout: Duration::from_secs(5),
+        reconnect_after: Duration::from_millis(1),
+        max_message: 64 << 10,
+    };
+    config.validate().unwrap();
+    let counters = Arc::new(GatewayCounters::new(&config));
+    (
+        Forwarder::new(Arc::new(config), counters.clone()).unwrap(),
+        counters,
+    )
+}
+
+/// Polls until `want` answers came (a deadline that means broken),
+/// handing back resends from `calls` (by origin) as a worker would.
+/// Time moves by 1 ms per round.
+fn run(
+    fw: &mut Forwarder<u32>,
+    calls: &[Vec<u8>],
+    now: &mut Instant,
+    want: usize,
+) -> Vec<(u32, Option<Vec<u8>>)> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "broken: {} of {want} answers",
+            got.len()
+        );
+        fw.poll(*now, |origin, a| match a {
+            Answer::Reply { message, .. } => got.push((origin, Some(message.to_vec()))),
+            Answer::Failed { xid } => {
+                assert_eq!(xid, 0x1000 + origin);
+                got.push((origin, None));
+            }
+        });
+        while let Some((token, origin)) = fw.next_resend() {
+            if !fw.resend(*now, token, &calls[origin as usize]) {
+                break;
+            }
+        }
+        *now = now.saturating_add(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    got
+}
+
+#[test]
+fn pipelined_calls_come_back_to_their_origin_with_their_xid() {
+    let (addr, seen) = backend(vec![]);
+    let (mut fw, counters) = forwarder(addr, 2);
+    let mut now = Instant::ZERO;
+    let calls: Vec<Vec<u8>> = (0..40u32)
+        .map(|i| call(0x1000 + i, PROG, 7, &i.to_be_bytes().repeat(i as usize + 1)))
+        .collect();
+    for (i, c) in calls.iter().enumerate() {
+        fw.forward(now, i as u32, c).unwrap();
+    }
+    assert_eq!(fw.in_flight(), 40);
+    let got = run(&mut fw, &calls, &mut now, 40);
+    for (origin, reply) in &got {
+        let reply = reply.as_ref().expect("a reply");
+        assert_eq!(
+            reply[..4],
+            (0x1000 + origin).to_be_bytes(),
+            "client XID restored"
+        );
+        assert_eq!(
+            reply[24..],
+            calls[*origin as usize][40..],
+            "the results of its own call"
+        );
+    }
+    assert_eq!(fw.in_flight(), 0);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 40);
+    // Only the XID changed on the way out, and no two calls shared one.
+    let mut xids: Vec<[u8; 4]> = seen.iter().map(|m| [m[0], m[1], m[2], m[3]]).collect();
+    for m in &seen {
+        assert!(
+            calls.iter().any(|c| c[4..] == m[4..]),
+            "call body untouched"
+        );
+    }
+    xids.sort();
+    xids.dedup();
+    assert_eq!(xids.len(), 40);
+    let r = &counters.routes[0];
+    assert_eq!(r.calls.load(Ordering::Relaxed), 40);
+    assert_eq!(r.replies.load(Ordering::Relaxed), 40);
+    assert_eq!(
+        r.latency
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum::<u64>(),
+        40
+    );
+}
+
+#[test]
+fn a_lost_backend_connection_sends_its_calls_again() {
+    // The first call read kills the connection: all that was on it is
+    // sent again on a new one.
+    let (addr, seen) = backend(vec![Act::Hang]);
+    let (mut fw, counters) = forwarder(addr, 1);
+    let mut now = Instant::ZERO;
+    let calls: Vec<Vec<u8>> = (0..5u32)
+        .map(|i| call(0x1000 + i, PROG, 1, &[i as u8; 8]))
+        .collect();
+    for (i, c) in calls.iter().enumerate() {
+        fw.forward(now, i as u32, c).unwrap();
+    }
+    let got = run(&mut fw, &calls, &mut now, 5);
+    assert!(
+        got.iter().all(|(_, r)| r.is_some()),
+        "every call answered by the backend"
+    );
+    let r = &counters.routes[0];
+    assert!(r.errors_connection.load(Ordering::Relaxed) >= 1);
+    assert!(r.resends.load(Ordering::Relaxed) >= 1);
+    assert_eq!(r.replies.load(Ordering::Relaxed), 5);
+    // The hung call reached the backend twice; the others at least once.
+    assert!(seen.lock().unwrap().len() > 5);
+}
+
+#[test]
+fn a_backend_that_is_not_there_times_calls_out() {
+    // A port nobody listens on: connections are refused, calls wait in
+    // the resend queue, and the call timeout answers them.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (mut fw, counters) = forwarder(port, 1);
+    let now = Instant::ZERO;
+    let calls: Vec<Vec<u8>> = (0..3u32).map(|i| call(0x1000 + i, PROG, 1, &[])).collect();
+    for (i, c) in calls.iter().enumerate() {
+        fw.forward(now, i as u32, c).unwrap();
+    }
+    // Virtual time: the timeout passes without waiting for it.
+    let mut later = now.saturating_add(Duration::from_secs(6));
+    let got = run(&mut fw, &calls, &mut later, 3);
+    assert!(got.iter().all(|(_, r)| r.is_none()), "every call failed");
+    assert_eq!(fw.in_flight(), 0);
+    let r = &counters.routes[0];
+    assert_eq!(r.errors_timeout.load(Ordering::Relaxed), 3);
+    assert!(r.errors_connection.load(Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn a_reply_to_nothing_is_counted_and_dropped() {
+    let (addr, seen) = backend(vec![Act::WrongXid]);
+    let (mut fw, counters) = forwarder(addr, 1);
+    let mut now = Instant::ZERO;
+    let calls = vec![
+        call(0x1000, PROG, 1, &[1; 4]),
+        call(0x1001, PROG, 1, &[2; 4]),
+    ];
+    fw.forward(now, 0, &calls[0]).unwrap();
+    fw.forward(now, 1, &calls[1]).unwrap();
+    let got = run(&mut fw, &calls, &mut now, 1);
+    assert_eq!(got[0].0, 1, "only the second call was answered");
+    assert_eq!(counters.routes[0].stray_replies.load(Ordering::Relaxed), 1);
+    assert_eq!(fw.in_flight(), 1);
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn calls_of_other_programs_and_non_calls_are_not_taken() {
+    let (mut fw, _) = forwarder("127.0.0.1:9".parse().unwrap(), 1);
+    let other = call(1, PROG + 1, 1, &[]);
+    assert!(!fw.routes(&other));
+    assert_eq!(
+        fw.forward(Instant::ZERO, 0, &other),
+        Err(ForwardError::NotRouted)
+    );
+    assert_eq!(
+        fw.forward(Instant::ZERO, 0, &[1, 2, 3]),
+        Err(ForwardError::Malformed)
+    );
+    let mut reply = call(1, PROG, 1, &[]);
+    reply[7] = 1;
+    assert!(!fw.routes(&reply));
+    assert_eq!(fw.in_flight(), 0);
+}
+
+#[test]
+fn calls_beyond_the_in_flight_limit_are_refused() {
+    let (mut fw, counters) = forwarder("127.0.0.1:9".parse().unwrap(), 1);
+    let c = call(1, PROG, 1, &[]);
+    for i in 0..64 {
+        fw.forward(Instant::ZERO, i, &c).unwrap();
+    }
+    assert_eq!(fw.forward(Instant::ZERO, 64, &c), Err(ForwardError::Busy));
+    assert_eq!(counters.routes[0].errors_busy.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn configs_with_a_program_twice_or_no_connection_are_refused() {
+    let route = Route {
+        program: 100_003,
+        versions: 3..=3,
+        backend: "127.0.0.1:2049".parse().unwrap(),
+        connections: 1,
+    };
+    let twice = GatewayConfig {
+        routes: vec![route.clone(), route.clone()],
+        ..GatewayConfig::default()
+    };
+    assert_eq!(
+        twice.validate(),
+        Err(GatewayConfigError::DuplicateProgram(100_003))
+    );
+    let none = GatewayConfig {
+        routes: vec![Route {
+            connections: 0,
+            ..route
+        }],
+        ..GatewayConfig::default()
+    };
+    assert_eq!(
+        none.validate(),
+        Err(GatewayConfigError::BadConnections(100_003))
+    );
+}
