@@ -366,6 +366,12 @@ impl GaneshaBackend {
         self.starts
     }
 
+    /// rpcbind's pid; `/proc/PID/root` shows the backend's mount
+    /// namespace (its own `/run`).
+    pub fn rpcbind_pid(&self) -> u32 {
+        self.rpcbind.as_ref().expect("rpcbind runs").id()
+    }
+
     /// The running ganesha.nfsd's pid.
     pub fn ganesha_pid(&self) -> Option<u32> {
         self.ganesha.as_ref().map(Child::id)
