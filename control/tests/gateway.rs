@@ -1,0 +1,458 @@
+//! The storage gateway against a real NFS server: `rpcrdmad` with
+//! `[[gateway]]` routes in front of nfs-ganesha (VFS FSAL), in the
+//! backend's namespaces (`dataplane/tests/support/ganesha.rs`), and our
+//! `dataplane::nfs` client over RPC-over-RDMA in front of it.
+//!
+//! * `nfs3_through_the_gateway_over_shm_and_roce`: MNT (routed to MOUNT,
+//!   whose address the gateway asked of rpcbind), LOOKUP and READ of
+//!   files of 0 B to 16 MiB (the data in the client's write chunk, RFC
+//!   8267 s4), byte-exact and equal to what ganesha serves over TCP
+//!   straight; WRITE (the data in a read chunk the gateway pulls) checked
+//!   on disk; READDIRPLUS of 2,000 entries (long replies in the reply
+//!   chunk); SYMLINK and READLINK; every call relayed, as the gateway's
+//!   metrics count them.
+//! * `killing_the_backend_costs_calls_not_connections`: ganesha is killed
+//!   and restarted between calls; the client's RDMA connection stays, its
+//!   next calls are served over a new backend connection, and the lost
+//!   one is counted.
+//!
+//! Needs root, nfs-ganesha, nfs-ganesha-vfs, rpcbind, iproute2 and
+//! util-linux; the real-peer rule applies.
+#[path = "../../dataplane/tests/support/ganesha.rs"]
+mod ganesha;
+mod support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::nfs::{
+    decode_mount_reply, decode_reply, encode_call, encode_mount_call, DirOpArgs3, DirPath,
+    FileHandle, Filename, Ftype3, Lookup3Args, MntRes3, MountArgs, MountProc, MountRes, Nfs3Args,
+    Nfs3Res, NfsPath, Read3Args, Readdirplus3Args, Readlink3Args, Res3, Sattr3, StableHow,
+    Symlink3Args, Write3Args,
+};
+use dataplane::verbs::roce::Roce;
+use dataplane::verbs::shm::Shm;
+use dataplane::verbs::Provider;
+use dataplane::wire::rpc::{AuthSys, OpaqueAuth};
+use ganesha::{GaneshaBackend, RpcTcp, MAX_IO};
+use nix::sys::signal::Signal;
+use support::bench_calls::{client_config, reply_copies};
+use support::*;
+
+const MIB: usize = 1 << 20;
+/// Files read through the gateway.
+const READ_SIZES: [usize; 5] = [0, 1, 4096, MIB + 3, 16 * MIB];
+const DIR_ENTRIES: usize = 2000;
+const SYMLINK_TARGET: &[u8] = b"../over/the gateway";
+/// The daemon's largest message: rtmax of data plus headers.
+const MAX_MESSAGE: u32 = (MAX_IO as u32) + 4096;
+
+fn cred() -> OpaqueAuth<'static> {
+    OpaqueAuth::Sys(AuthSys::new(0, b"rpcrdma-gateway-test", 0, 0, &[0]).unwrap())
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[1] ^ seed)
+        .collect()
+}
+
+/// An NFSv3 and MOUNT v3 client over RPC-over-RDMA, on our codecs.
+struct NfsRdma<P: Provider> {
+    client: Client<P>,
+}
+
+impl<P: Provider> NfsRdma<P> {
+    fn connect(url: &str) -> NfsRdma<P> {
+        let client = Client::<P>::connect(url, client_config(MAX_MESSAGE, 8))
+            .unwrap_or_else(|e| panic!("connect to the gateway at {url}: {e}"));
+        NfsRdma { client }
+    }
+
+    /// One call: its reply message and the DDP data the server wrote.
+    fn call_bytes(
+        &mut self,
+        target: ReplyTarget,
+        encode: impl FnOnce(u32, &mut [u8]) -> Option<(usize, Option<dataplane::engine::DdpItem>)>,
+    ) -> (Vec<u8>, Option<Vec<u8>>) {
+        let call = self.client.call(target, encode).expect("send the call");
+        match self.client.wait(call).expect("a reply") {
+            CallOutcome::Reply { .. } => {}
+            other => panic!("call failed: {other:?}"),
+        }
+        let copies = reply_copies(&self.client, call);
+        assert!(self.client.release(call));
+        copies
+    }
+
+    fn call<T>(
+        &mut self,
+        target: ReplyTarget,
+        args: &Nfs3Args<'_>,
+        f: impl FnOnce(Nfs3Res<'_>) -> T,
+    ) -> T {
+        let (msg, ddp) = self.call_bytes(target, |xid, buf| {
+            let e = encode_call(buf, xid, cred(), args).ok()?;
+            Some((e.len, e.ddp))
+        });
+        let res = decode_reply(args.procedure(), &msg, ddp.as_deref())
+            .unwrap_or_else(|e| panic!("{:?} reply: {e}", args.procedure()));
+        f(res)
+    }
+
+    fn mount(&mut self, path: &str) -> Vec<u8> {
+        let args = MountArgs::Mnt(DirPath::new(path.as_bytes()).unwrap());
+        let (msg, _) = self.call_bytes(ReplyTarget::Inline, |xid, buf| {
+            Some((encode_mount_call(buf, xid, cred(), &args).ok()?.len, None))
+        });
+        match decode_mount_reply(MountProc::Mnt, &msg).expect("MNT reply") {
+            MountRes::Mnt(MntRes3::Ok(ok)) => ok.fhandle().as_bytes().to_vec(),
+            other => panic!("MNT {path}: {other:?}"),
+        }
+    }
+
+    fn lookup(&mut self, dir: &[u8], name: &str) -> (Vec<u8>, u64, Ftype3) {
+        let args = Nfs3Args::Lookup(Lookup3Args {
+            what: dirop(dir, name),
+        });
+        self.call(ReplyTarget::Inline, &args, |res| match res {
+            Nfs3Res::Lookup(Res3::Ok(ok)) => {
+                let a = ok.obj_attributes.expect("LOOKUP attributes");
+                (ok.object.as_bytes().to_vec(), a.size, a.ftype)
+            }
+            other => panic!("LOOKUP {name}: {other:?}"),
+        })
+    }
+
+    /// READ in `MAX_IO` calls until eof, each result in a write chunk;
+    /// returns the data and how many results came by RDMA Write.
+    fn read_all(&mut self, fh: &[u8], expect_len: usize) -> (Vec<u8>, usize) {
+        let mut data = Vec::with_capacity(expect_len);
+        let mut placed = 0;
+        for _ in 0..expect_len / MAX_IO as usize + 2 {
+            let args = Nfs3Args::Read(Read3Args {
+                file: FileHandle::new(fh).unwrap(),
+                offset: data.len() as u64,
+                count: MAX_IO,
+            });
+            let target = ReplyTarget::WriteChunk { max_ddp: MAX_IO };
+            let (msg, ddp) = self.call_bytes(target, |xid, buf| {
+                let e = encode_call(buf, xid, cred(), &args).ok()?;
+                Some((e.len, e.ddp))
+            });
+            placed += usize::from(ddp.as_ref().is_some_and(|d| !d.is_empty()));
+            let eof = match decode_reply(args.procedure(), &msg, ddp.as_deref()) {
+                Ok(Nfs3Res::Read(Res3::Ok(ok))) => {
+                    assert_eq!(ok.count as usize, ok.data.len(), "READ count");
+                    data.extend_from_slice(ok.data);
+                    ok.eof
+                }
+                other => panic!("READ: {other:?}"),
+            };
+            if eof {
+                return (data, placed);
+            }
+        }
+        panic!("no eof reading a {expect_len}-byte file");
+    }
+}
+
+fn dirop<'a>(dir: &'a [u8], name: &'a str) -> DirOpArgs3<'a> {
+    DirOpArgs3 {
+        dir: FileHandle::new(dir).unwrap(),
+        name: Filename::new(name.as_bytes()).unwrap(),
+    }
+}
+
+/// The daemon's configuration: shm and roce in front, NFS to ganesha's
+/// port, MOUNT looked up in the backend's rpcbind.
+fn gateway_config(shm: &str, roce: &str, metrics: SocketAddr) -> String {
+    format!(
+        "[workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
+         [[listeners]]\nurl = \"{shm}\"\n\n\
+         [[listeners]]\nurl = \"{roce}\"\n\n\
+         [transport]\nmax_message = {MAX_MESSAGE}\n\n\
+         [[gateway]]\nprogram = 100003\nversions = [3]\nbackend = \"127.0.0.1:{nfs}\"\nconnections = 2\n\n\
+         [[gateway]]\nprogram = 100005\nversions = [3]\nbackend = \"rpcbind://127.0.0.1\"\n\n\
+         [rpcbind]\nregister = true\naddress = \"/run/rpcbind.sock\"\n\n\
+         [metrics]\nenabled = true\naddress = \"{metrics}\"\n",
+        nfs = ganesha::NFS_PORT,
+    )
+}
+
+/// The whole NFSv3 session through the gateway on `url`; returns what
+/// each READ_SIZES file read as.
+fn session<P: Provider>(url: &str, path: &str, tag: &str) -> Vec<Vec<u8>> {
+    let mut nfs = NfsRdma::<P>::connect(url);
+    let root = nfs.mount(path);
+    let mut files = Vec::new();
+    for size in READ_SIZES {
+        let (fh, len, ftype) = nfs.lookup(&root, &format!("read-{size}"));
+        assert_eq!((len, ftype), (size as u64, Ftype3::Reg));
+        let (data, placed) = nfs.read_all(&fh, size);
+        // Every non-empty result came by RDMA Write into the write chunk.
+        assert_eq!(
+            placed,
+            size.div_ceil(MAX_IO as usize),
+            "{tag} read-{size}: results placed"
+        );
+        files.push(data);
+    }
+
+    // WRITE: each call's data travels in a read chunk the gateway pulls.
+    let written = pattern(2 * MIB + 5, tag.len() as u8);
+    let name = format!("written-{tag}");
+    // No CREATE codec: the file is made on the export beforehand.
+    let (fh, _, _) = nfs.lookup(&root, &name);
+    for (n, chunk) in written.chunks(MAX_IO as usize).enumerate() {
+        let args = Nfs3Args::Write(Write3Args::new(
+            FileHandle::new(&fh).unwrap(),
+            (n * MAX_IO as usize) as u64,
+            StableHow::FileSync,
+            chunk,
+        ));
+        nfs.call(ReplyTarget::Inline, &args, |res| match res {
+            Nfs3Res::Write(Res3::Ok(ok)) => assert_eq!(ok.count as usize, chunk.len()),
+            other => panic!("WRITE: {other:?}"),
+        });
+    }
+
+    // READDIRPLUS: replies of up to 32 KiB, in the reply chunk.
+    let (dir, _, _) = nfs.lookup(&root, "many");
+    let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
+    let (mut cookie, mut cookieverf, mut calls) = (0u64, [0u8; 8], 0usize);
+    loop {
+        calls += 1;
+        assert!(calls <= DIR_ENTRIES + 2, "READDIRPLUS never reached eof");
+        let args = Nfs3Args::Readdirplus(Readdirplus3Args {
+            dir: FileHandle::new(&dir).unwrap(),
+            cookie,
+            cookieverf,
+            dircount: 8192,
+            maxcount: 32768,
+        });
+        let eof = nfs.call(ReplyTarget::ReplyChunk, &args, |res| match res {
+            Nfs3Res::Readdirplus(Res3::Ok(ok)) => {
+                cookieverf = ok.cookieverf;
+                for entry in ok.reply.entries.iter() {
+                    *seen.entry(entry.name.as_bytes().to_vec()).or_default() += 1;
+                    cookie = entry.cookie;
+                }
+                ok.reply.eof
+            }
+            other => panic!("READDIRPLUS: {other:?}"),
+        });
+        if eof {
+            break;
+        }
+    }
+    seen.remove(&b"."[..]);
+    seen.remove(&b".."[..]);
+    assert_eq!(seen.len(), DIR_ENTRIES, "{tag}: names in the directory");
+    assert!(seen.values().all(|&n| n == 1), "{tag}: a name seen twice");
+
+    // SYMLINK (its path may travel in a read chunk), READLINK (its path
+    // may come in the write chunk).
+    let link = format!("link-{tag}");
+    let args = Nfs3Args::Symlink(Symlink3Args {
+        dirop: dirop(&root, &link),
+        symlink_attributes: Sattr3::default(),
+        symlink_data: NfsPath::new(SYMLINK_TARGET).unwrap(),
+    });
+    nfs.call(ReplyTarget::Inline, &args, |res| match res {
+        Nfs3Res::Symlink(Res3::Ok(_)) => {}
+        other => panic!("SYMLINK: {other:?}"),
+    });
+    let (lfh, _, ftype) = nfs.lookup(&root, &link);
+    assert_eq!(ftype, Ftype3::Lnk);
+    let args = Nfs3Args::Readlink(Readlink3Args {
+        symlink: FileHandle::new(&lfh).unwrap(),
+    });
+    let target = ReplyTarget::WriteChunk { max_ddp: 4096 };
+    nfs.call(target, &args, |res| match res {
+        Nfs3Res::Readlink(Res3::Ok(ok)) => assert_eq!(ok.data.as_bytes(), SYMLINK_TARGET),
+        other => panic!("READLINK: {other:?}"),
+    });
+    nfs.client.close().expect("close");
+    files
+}
+
+/// What ganesha serves for `name` over TCP, straight (no gateway).
+fn read_over_tcp(nfs_addr: SocketAddr, mount_addr: SocketAddr, path: &str, name: &str) -> Vec<u8> {
+    let mut buf = vec![0u8; 2 * MIB];
+    let mut mnt = RpcTcp::connect(mount_addr).expect("MOUNT over TCP");
+    let args = MountArgs::Mnt(DirPath::new(path.as_bytes()).unwrap());
+    let e = encode_mount_call(&mut buf, mnt.xid(), cred(), &args).unwrap();
+    let reply = mnt.call(&buf[..e.len]).unwrap();
+    let MountRes::Mnt(MntRes3::Ok(ok)) = decode_mount_reply(MountProc::Mnt, &reply).unwrap() else {
+        panic!("MNT over TCP");
+    };
+    let root = ok.fhandle().as_bytes().to_vec();
+    let mut rpc = RpcTcp::connect(nfs_addr).expect("NFS over TCP");
+    let call = |rpc: &mut RpcTcp, args: &Nfs3Args<'_>, buf: &mut Vec<u8>| {
+        let e = encode_call(buf, rpc.xid(), cred(), args).unwrap();
+        rpc.call(&buf[..e.len]).unwrap()
+    };
+    let args = Nfs3Args::Lookup(Lookup3Args {
+        what: dirop(&root, name),
+    });
+    let reply = call(&mut rpc, &args, &mut buf);
+    let Nfs3Res::Lookup(Res3::Ok(ok)) = decode_reply(args.procedure(), &reply, None).unwrap()
+    else {
+        panic!("LOOKUP over TCP");
+    };
+    let fh = ok.object.as_bytes().to_vec();
+    let mut data = Vec::new();
+    loop {
+        let args = Nfs3Args::Read(Read3Args {
+            file: FileHandle::new(&fh).unwrap(),
+            offset: data.len() as u64,
+            count: MAX_IO,
+        });
+        let reply = call(&mut rpc, &args, &mut buf);
+        let Nfs3Res::Read(Res3::Ok(ok)) = decode_reply(args.procedure(), &reply, None).unwrap()
+        else {
+            panic!("READ over TCP");
+        };
+        data.extend_from_slice(ok.data);
+        if ok.eof {
+            return data;
+        }
+    }
+}
+
+#[test]
+fn nfs3_through_the_gateway_over_shm_and_roce() {
+    let Some(backend) = GaneshaBackend::start("gateway") else {
+        return;
+    };
+    let export = backend.export_dir();
+    for (i, size) in READ_SIZES.into_iter().enumerate() {
+        std::fs::write(export.join(format!("read-{size}")), pattern(size, i as u8)).unwrap();
+    }
+    std::fs::create_dir(export.join("many")).unwrap();
+    for i in 0..DIR_ENTRIES {
+        std::fs::write(export.join(format!("many/entry-{i:04}")), b"").unwrap();
+    }
+    for tag in ["shm", "roce"] {
+        std::fs::write(export.join(format!("written-{tag}")), b"").unwrap();
+    }
+
+    let dir = scratch_dir("gateway");
+    let shm = format!("shm://{}", dir.join("gw.sock").display());
+    let roce = "roce://127.0.0.1:20049";
+    let metrics: SocketAddr = "127.0.0.1:9477".parse().unwrap();
+    let cfg = write_file(&dir, "gateway.toml", &gateway_config(&shm, roce, metrics));
+    let mut cmd = backend.command(BIN);
+    cmd.arg("--config").arg(&cfg);
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    assert!(
+        d.stderr()
+            .contains("gateway: program 100005 versions [3] -> tcp 127.0.0.1:20048"),
+        "MOUNT's address from rpcbind: {}",
+        d.stderr()
+    );
+
+    let path = backend.export_path();
+    let shm_files = session::<Shm>(&shm, &path, "shm");
+    let (p, r) = (path.clone(), roce.to_string());
+    let roce_files = backend.in_netns(move || session::<Roce>(&r, &p, "roce"));
+
+    // Byte-exact, and what ganesha serves over TCP straight.
+    let (nfs_addr, mount_addr) = (backend.nfs_addr(), backend.mount_addr());
+    for (i, size) in READ_SIZES.into_iter().enumerate() {
+        let want = pattern(size, i as u8);
+        assert!(shm_files[i] == want, "read-{size} over shm differs");
+        assert!(roce_files[i] == want, "read-{size} over roce differs");
+        let p = path.clone();
+        let tcp = backend
+            .in_netns(move || read_over_tcp(nfs_addr, mount_addr, &p, &format!("read-{size}")));
+        assert!(tcp == want, "read-{size} over TCP straight differs");
+    }
+    for tag in ["shm", "roce"] {
+        let on_disk = std::fs::read(export.join(format!("written-{tag}"))).unwrap();
+        assert!(
+            on_disk == pattern(2 * MIB + 5, tag.len() as u8),
+            "written-{tag} on disk"
+        );
+        let link = std::fs::read_link(export.join(format!("link-{tag}"))).unwrap();
+        assert_eq!(link.as_os_str().as_encoded_bytes(), SYMLINK_TARGET);
+    }
+
+    // Every call went through the relay; none failed.
+    let (_, body) = backend.in_netns(move || http_get(metrics, "/metrics"));
+    let calls = sum_metric(&body, "rpcrdma_gateway_calls_total{program=\"100003\"");
+    let replies = sum_metric(&body, "rpcrdma_gateway_replies_total{program=\"100003\"");
+    assert!(calls > 2 * 40, "NFS calls relayed: {calls}\n{body}");
+    assert_eq!(calls, replies, "{body}");
+    assert_eq!(
+        sum_metric(&body, "rpcrdma_gateway_calls_total{program=\"100005\""),
+        2
+    );
+    assert_eq!(
+        sum_metric(&body, "rpcrdma_gateway_errors_total{program=\"100003\""),
+        0,
+        "{body}"
+    );
+
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    assert!(!d.stderr().contains("leak"), "{}", d.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The sum of every sample whose line starts with `prefix` (name and the
+/// first labels).
+fn sum_metric(body: &str, prefix: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn killing_the_backend_costs_calls_not_connections() {
+    let Some(mut backend) = GaneshaBackend::start("gateway-kill") else {
+        return;
+    };
+    std::fs::write(backend.export_dir().join("f"), pattern(100_000, 7)).unwrap();
+    let dir = scratch_dir("gateway-kill");
+    let shm = format!("shm://{}", dir.join("gw.sock").display());
+    let metrics: SocketAddr = "127.0.0.1:9478".parse().unwrap();
+    let cfg = write_file(
+        &dir,
+        "gateway.toml",
+        &gateway_config(&shm, "roce://127.0.0.1:20051", metrics),
+    );
+    let mut cmd = backend.command(BIN);
+    cmd.arg("--config").arg(&cfg);
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+
+    let mut nfs = NfsRdma::<Shm>::connect(&shm);
+    let root = nfs.mount(&backend.export_path());
+    let (fh, _, _) = nfs.lookup(&root, "f");
+    assert!(nfs.read_all(&fh, 100_000).0 == pattern(100_000, 7));
+
+    // The backend dies and comes back (same ports, a new process): the
+    // gateway's TCP connections to it are gone, the client's RDMA
+    // connection is not, and its next calls are served.
+    backend.kill();
+    backend.restart();
+    for _ in 0..3 {
+        assert!(nfs.read_all(&fh, 100_000).0 == pattern(100_000, 7));
+    }
+    nfs.client.close().expect("close");
+    let (_, body) = backend.in_netns(move || http_get(metrics, "/metrics"));
+    let lost = sum_metric(
+        &body,
+        "rpcrdma_gateway_errors_total{program=\"100003\",backend=\"127.0.0.1:2049\",kind=\"connection\"}",
+    );
+    assert!(lost >= 1, "a lost backend connection counted\n{body}");
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
