@@ -47,7 +47,7 @@ const READ_SIZES: [usize; 5] = [0, 1, 4096, MIB + 3, 16 * MIB];
 const DIR_ENTRIES: usize = 2000;
 const SYMLINK_TARGET: &[u8] = b"../over/the gateway";
 /// The daemon's largest message: rtmax of data plus headers.
-const MAX_MESSAGE: u32 = (MAX_IO as u32) + 4096;
+const MAX_MESSAGE: u32 = MAX_IO + 4096;
 
 fn cred() -> OpaqueAuth<'static> {
     OpaqueAuth::Sys(AuthSys::new(0, b"rpcrdma-gateway-test", 0, 0, &[0]).unwrap())
