@@ -44,6 +44,7 @@
 
 mod backend;
 mod forwarder;
+mod nfs4;
 #[cfg(test)]
 mod tests;
 
@@ -217,12 +218,18 @@ impl GatewayCounters {
 
 /// The DDP-eligible item of a relayed reply, for the engine to place in
 /// the client's write chunk: what the upper-layer binding names for the
-/// call's program, version and procedure (RFC 8267 s4 for NFS versions 2
-/// and 3). Replies of other programs, and unsuccessful replies, travel
-/// whole (inline or in the reply chunk).
+/// call's program, version and procedure. NFS versions 2 and 3: the data
+/// of READ, the path of READLINK (RFC 8267 s4); NFS version 4: the data
+/// of the COMPOUND's first READ or the text of its first READLINK (RFC
+/// 8267 s5, [`nfs4`]). Replies of other programs, and unsuccessful
+/// replies, travel whole (inline or in the reply chunk).
 pub fn reply_ddp(program: u32, version: u32, procedure: u32, message: &[u8]) -> Option<DdpItem> {
-    if program != nfs::NFS_PROGRAM || version != nfs::NFS_V3 {
+    if program != nfs::NFS_PROGRAM {
         return None;
     }
-    nfs::reply_ddp(nfs::Nfs3Proc::from_wire(procedure).ok()?, message)
+    match version {
+        nfs::NFS_V3 => nfs::reply_ddp(nfs::Nfs3Proc::from_wire(procedure).ok()?, message),
+        4 if procedure == nfs4::NFSPROC4_COMPOUND => nfs4::compound_reply_ddp(message),
+        _ => None,
+    }
 }
