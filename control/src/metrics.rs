@@ -203,6 +203,10 @@ pub struct GatewayRouteSample {
     pub resends: u64,
     /// Errors by kind: `timeout`, `busy`, `connection`, `stray_reply`.
     pub errors: [(&'static str, u64); 4],
+    /// Retransmissions the duplicate request cache handled, by kind:
+    /// `hit` (answered from the cache), `joined` (answered with the reply
+    /// of the call still at the backend).
+    pub reply_cache: [(&'static str, u64); 2],
     /// Upper bounds of the latency buckets, microseconds.
     pub latency_bounds_us: Vec<u64>,
     /// Replies per bucket (not cumulative), one more than the bounds.
@@ -502,6 +506,18 @@ impl Registry {
         );
         for r in &routes {
             for (kind, v) in r.errors {
+                sample(out, name, &format!("{},kind=\"{kind}\"", labels(r)), v);
+            }
+        }
+        let name = "rpcrdma_gateway_reply_cache_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Retransmitted non-idempotent calls the duplicate request cache handled: hit (answered from the cache), joined (answered with the reply of the call still at the backend).",
+        );
+        for r in &routes {
+            for (kind, v) in r.reply_cache {
                 sample(out, name, &format!("{},kind=\"{kind}\"", labels(r)), v);
             }
         }

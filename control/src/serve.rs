@@ -588,6 +588,10 @@ fn gateway_samples(g: &dataplane::worker::GatewaySetup) -> Vec<metrics::GatewayR
                 ("connection", c.errors_connection.load(Relaxed)),
                 ("stray_reply", c.stray_replies.load(Relaxed)),
             ],
+            reply_cache: [
+                ("hit", c.cache_hits.load(Relaxed)),
+                ("joined", c.cache_joins.load(Relaxed)),
+            ],
             latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
             latency_buckets: c.latency.iter().map(|b| b.load(Relaxed)).collect(),
             latency_sum_ns: c.latency_sum_ns.load(Relaxed),

@@ -18,6 +18,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::backend::{BackendConn, LinkEvent};
+use super::drc::{self, Drc, EntryRef, Key, Lookup};
 use super::{GatewayConfig, GatewayCounters, RouteCounters};
 use crate::engine::Instant;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
@@ -39,6 +40,23 @@ pub enum ForwardError {
     /// Every in-flight slot is taken: answer SYSTEM_ERR.
     #[error("too many calls in flight")]
     Busy,
+}
+
+/// What [`Forwarder::forward`] did with a call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Forwarded<'a> {
+    /// Sent (or queued) to the backend: the answer comes from
+    /// [`Forwarder::poll`].
+    Sent,
+    /// A retransmission of a call already answered: this is its reply
+    /// (the duplicate request cache); the backend does not see it again.
+    Cached(&'a [u8]),
+    /// A retransmission of a call still at the backend: its reply, when
+    /// it comes, answers this one too.
+    Joined,
+    /// A third copy of a call still at the backend: answer it SYSTEM_ERR
+    /// (its client will retransmit once more, and find the reply cached).
+    Refused,
 }
 
 /// What became of a forwarded call.
@@ -77,6 +95,10 @@ struct Pending<O> {
     generation: u16,
     route: u16,
     origin: Option<O>,
+    /// A retransmission that joined the call while at the backend.
+    also: Option<O>,
+    /// The call's entry in the duplicate request cache.
+    drc: Option<EntryRef>,
     client_xid: u32,
     program: u32,
     version: u32,
@@ -107,6 +129,7 @@ pub struct Forwarder<O: Copy> {
     resend: VecDeque<u32>,
     in_flight: usize,
     next_sweep: Instant,
+    drc: Drc,
 }
 
 /// How often pending calls are checked against the call timeout.
@@ -134,6 +157,8 @@ impl<O: Copy> Forwarder<O> {
                 generation: 0,
                 route: 0,
                 origin: None,
+                also: None,
+                drc: None,
                 client_xid: 0,
                 program: 0,
                 version: 0,
@@ -143,6 +168,7 @@ impl<O: Copy> Forwarder<O> {
             n
         ];
         let free = (0..n as u32).rev().collect();
+        let drc = Drc::new(config.reply_cache_entries as usize, config.reply_cache_ttl);
         Ok(Forwarder {
             config,
             counters,
@@ -152,6 +178,7 @@ impl<O: Copy> Forwarder<O> {
             resend: VecDeque::with_capacity(n),
             in_flight: 0,
             next_sweep: Instant::ZERO,
+            drc,
         })
     }
 
@@ -175,24 +202,71 @@ impl<O: Copy> Forwarder<O> {
     }
 
     /// Sends the call message `msg` (whole, as the engine reassembled it)
-    /// to its program's backend on behalf of `origin`. The answer comes
-    /// from [`poll`](Self::poll).
+    /// from `client` (the provider's peer identity) to its program's
+    /// backend on behalf of `origin`, unless the duplicate request cache
+    /// knows it (see [`Forwarded`]). The answer of a sent call comes from
+    /// [`poll`](Self::poll).
     ///
     /// # Errors
     /// [`ForwardError`]: nothing was taken.
-    pub fn forward(&mut self, now: Instant, origin: O, msg: &[u8]) -> Result<(), ForwardError> {
+    pub fn forward(
+        &mut self,
+        now: Instant,
+        origin: O,
+        client: u64,
+        msg: &[u8],
+    ) -> Result<Forwarded<'_>, ForwardError> {
         let (header, _) = CallHeader::parse(msg).map_err(|_| ForwardError::Malformed)?;
         let route = self
             .route_of(header.program)
             .ok_or(ForwardError::NotRouted)?;
+        let key = drc::is_cached(header.program, header.version, header.procedure).then(|| {
+            Key::of(
+                client,
+                msg,
+                header.program,
+                header.version,
+                header.procedure,
+            )
+        });
+        if let Some(k) = &key {
+            let counters = &self.counters.routes[route];
+            // The state first, the reply borrowed only to return it.
+            let in_progress = match self.drc.lookup(k, now) {
+                Lookup::Miss => None,
+                Lookup::InProgress { slot } => Some(slot),
+                Lookup::Done(_) => {
+                    RouteCounters::add(&counters.cache_hits, 1);
+                    let Lookup::Done(reply) = self.drc.lookup(k, now) else {
+                        unreachable!("looked up just above")
+                    };
+                    return Ok(Forwarded::Cached(reply));
+                }
+            };
+            match in_progress {
+                None => {}
+                Some(slot) => {
+                    let p = &mut self.pending[slot as usize];
+                    if p.also.is_some() {
+                        return Ok(Forwarded::Refused);
+                    }
+                    p.also = Some(origin);
+                    RouteCounters::add(&counters.cache_joins, 1);
+                    return Ok(Forwarded::Joined);
+                }
+            }
+        }
         let Some(slot) = self.free.pop() else {
             RouteCounters::add(&self.route_counters(route).errors_busy, 1);
             return Err(ForwardError::Busy);
         };
+        let entry = key.map(|k| self.drc.start(k, slot, now));
         let p = &mut self.pending[slot as usize];
         p.generation = p.generation.wrapping_add(1);
         p.route = route as u16;
         p.origin = Some(origin);
+        p.also = None;
+        p.drc = entry;
         p.client_xid = header.xid;
         p.program = header.program;
         p.version = header.version;
@@ -204,7 +278,7 @@ impl<O: Copy> Forwarder<O> {
         if !self.send(now, slot, msg) {
             self.resend.push_back(slot);
         }
-        Ok(())
+        Ok(Forwarded::Sent)
     }
 
     /// Puts a slot's call on one of its backend's connections.
@@ -270,9 +344,17 @@ impl<O: Copy> Forwarder<O> {
         }
     }
 
-    /// The worker gave up on a call's origin (its connection is gone):
+    /// The worker could not find a queued call's origin (its connection
+    /// is gone): a retransmission that joined it takes its place (and is
+    /// asked for at the next [`next_resend`](Self::next_resend)), else
     /// the slot frees now, and a late reply is dropped as stray.
     pub fn abandon(&mut self, token: Token) {
+        let p = &mut self.pending[token.0 as usize];
+        if let Some(also) = p.also.take() {
+            p.origin = Some(also);
+            self.resend.push_back(token.0);
+            return;
+        }
         self.free_slot(token.0);
     }
 
@@ -287,6 +369,10 @@ impl<O: Copy> Forwarder<O> {
         }
         p.state = State::Free;
         p.origin = None;
+        p.also = None;
+        if let Some(r) = p.drc.take() {
+            self.drc.forget(r);
+        }
         self.in_flight -= 1;
         self.free.push(slot);
     }
@@ -322,6 +408,7 @@ impl<O: Copy> Forwarder<O> {
         let counters = &self.counters.routes[route];
         let pending = &mut self.pending;
         let free = &mut self.free;
+        let cache = &mut self.drc;
         let in_flight = &mut self.in_flight;
         let mut replies = 0;
         let conn = &mut self.backends[route].conns[c];
@@ -335,12 +422,16 @@ impl<O: Copy> Forwarder<O> {
             record[..4].copy_from_slice(&p.client_xid.to_be_bytes());
             pending[slot as usize].state = State::Free;
             pending[slot as usize].origin = None;
+            pending[slot as usize].also = None;
+            if let Some(r) = pending[slot as usize].drc.take() {
+                cache.complete(r, record, now);
+            }
             *in_flight -= 1;
             free.push(slot);
             replies += 1;
             RouteCounters::add(&counters.replies, 1);
             counters.record_latency(now.saturating_duration_since(p.since).as_nanos() as u64);
-            if let Some(origin) = p.origin {
+            for origin in [p.origin, p.also].into_iter().flatten() {
                 on_answer(
                     origin,
                     Answer::Reply {
@@ -383,7 +474,7 @@ impl<O: Copy> Forwarder<O> {
             );
             self.free_slot(slot as u32);
             work += 1;
-            if let Some(origin) = p.origin {
+            for origin in [p.origin, p.also].into_iter().flatten() {
                 on_answer(origin, Answer::Failed { xid: p.client_xid });
             }
         }

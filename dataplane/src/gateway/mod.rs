@@ -43,6 +43,7 @@
 //! costs its own calls only.
 
 mod backend;
+mod drc;
 mod forwarder;
 mod nfs4;
 #[cfg(test)]
@@ -53,7 +54,7 @@ use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use forwarder::{Answer, ForwardError, Forwarder, Token};
+pub use forwarder::{Answer, ForwardError, Forwarded, Forwarder, Token};
 
 use crate::engine::DdpItem;
 use crate::nfs;
@@ -88,6 +89,11 @@ pub struct GatewayConfig {
     pub reconnect_after: Duration,
     /// The largest call or reply record (without its record mark).
     pub max_message: usize,
+    /// Entries of each worker's duplicate request cache (at least 1; each
+    /// holds a reply of up to 1 KiB).
+    pub reply_cache_entries: u32,
+    /// How long a cached reply answers retransmissions.
+    pub reply_cache_ttl: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -98,6 +104,8 @@ impl Default for GatewayConfig {
             call_timeout: Duration::from_secs(30),
             reconnect_after: Duration::from_millis(100),
             max_message: crate::tcp::DEFAULT_MAX_MESSAGE_LEN,
+            reply_cache_entries: 4096,
+            reply_cache_ttl: Duration::from_secs(120),
         }
     }
 }
@@ -173,6 +181,10 @@ pub struct RouteCounters {
     /// Replies from the backend that matched no call in flight (late
     /// replies to calls that timed out, or a confused backend).
     pub stray_replies: AtomicU64,
+    /// Retransmissions answered from the duplicate request cache.
+    pub cache_hits: AtomicU64,
+    /// Retransmissions that joined their call while it was at the backend.
+    pub cache_joins: AtomicU64,
     /// Reply latency, forward to reply, by [`LATENCY_BOUNDS_US`] bucket
     /// (not cumulative).
     pub latency: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],

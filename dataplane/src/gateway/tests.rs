@@ -104,6 +104,7 @@ fn forwarder(addr: SocketAddr, connections: u32) -> (Forwarder<u32>, Arc<Gateway
         call_timeout: Duration::from_secs(5),
         reconnect_after: Duration::from_millis(1),
         max_message: 64 << 10,
+        ..GatewayConfig::default()
     };
     config.validate().unwrap();
     let counters = Arc::new(GatewayCounters::new(&config));
@@ -157,7 +158,7 @@ fn pipelined_calls_come_back_to_their_origin_with_their_xid() {
         .map(|i| call(0x1000 + i, PROG, 7, &i.to_be_bytes().repeat(i as usize + 1)))
         .collect();
     for (i, c) in calls.iter().enumerate() {
-        fw.forward(now, i as u32, c).unwrap();
+        fw.forward(now, i as u32, 1, c).unwrap();
     }
     assert_eq!(fw.in_flight(), 40);
     let got = run(&mut fw, &calls, &mut now, 40);
@@ -211,7 +212,7 @@ fn a_lost_backend_connection_sends_its_calls_again() {
         .map(|i| call(0x1000 + i, PROG, 1, &[i as u8; 8]))
         .collect();
     for (i, c) in calls.iter().enumerate() {
-        fw.forward(now, i as u32, c).unwrap();
+        fw.forward(now, i as u32, 1, c).unwrap();
     }
     let got = run(&mut fw, &calls, &mut now, 5);
     assert!(
@@ -238,7 +239,7 @@ fn a_backend_that_is_not_there_times_calls_out() {
     let now = Instant::ZERO;
     let calls: Vec<Vec<u8>> = (0..3u32).map(|i| call(0x1000 + i, PROG, 1, &[])).collect();
     for (i, c) in calls.iter().enumerate() {
-        fw.forward(now, i as u32, c).unwrap();
+        fw.forward(now, i as u32, 1, c).unwrap();
     }
     // Virtual time: the timeout passes without waiting for it.
     let mut later = now.saturating_add(Duration::from_secs(6));
@@ -259,8 +260,8 @@ fn a_reply_to_nothing_is_counted_and_dropped() {
         call(0x1000, PROG, 1, &[1; 4]),
         call(0x1001, PROG, 1, &[2; 4]),
     ];
-    fw.forward(now, 0, &calls[0]).unwrap();
-    fw.forward(now, 1, &calls[1]).unwrap();
+    fw.forward(now, 0, 1, &calls[0]).unwrap();
+    fw.forward(now, 1, 1, &calls[1]).unwrap();
     let got = run(&mut fw, &calls, &mut now, 1);
     assert_eq!(got[0].0, 1, "only the second call was answered");
     assert_eq!(counters.routes[0].stray_replies.load(Ordering::Relaxed), 1);
@@ -274,11 +275,11 @@ fn calls_of_other_programs_and_non_calls_are_not_taken() {
     let other = call(1, PROG + 1, 1, &[]);
     assert!(!fw.routes(&other));
     assert_eq!(
-        fw.forward(Instant::ZERO, 0, &other),
+        fw.forward(Instant::ZERO, 0, 1, &other),
         Err(ForwardError::NotRouted)
     );
     assert_eq!(
-        fw.forward(Instant::ZERO, 0, &[1, 2, 3]),
+        fw.forward(Instant::ZERO, 0, 1, &[1, 2, 3]),
         Err(ForwardError::Malformed)
     );
     let mut reply = call(1, PROG, 1, &[]);
@@ -292,9 +293,12 @@ fn calls_beyond_the_in_flight_limit_are_refused() {
     let (mut fw, counters) = forwarder("127.0.0.1:9".parse().unwrap(), 1);
     let c = call(1, PROG, 1, &[]);
     for i in 0..64 {
-        fw.forward(Instant::ZERO, i, &c).unwrap();
+        fw.forward(Instant::ZERO, i, 1, &c).unwrap();
     }
-    assert_eq!(fw.forward(Instant::ZERO, 64, &c), Err(ForwardError::Busy));
+    assert_eq!(
+        fw.forward(Instant::ZERO, 64, 1, &c),
+        Err(ForwardError::Busy)
+    );
     assert_eq!(counters.routes[0].errors_busy.load(Ordering::Relaxed), 1);
 }
 
@@ -325,4 +329,73 @@ fn configs_with_a_program_twice_or_no_connection_are_refused() {
         none.validate(),
         Err(GatewayConfigError::BadConnections(100_003))
     );
+}
+
+/// A relay of NFS (program 100003) to `addr`.
+fn nfs_forwarder(addr: SocketAddr) -> (Forwarder<u32>, Arc<GatewayCounters>) {
+    let config = GatewayConfig {
+        routes: vec![Route {
+            program: 100_003,
+            versions: 3..=3,
+            backend: addr,
+            connections: 1,
+        }],
+        max_in_flight: 16,
+        reconnect_after: Duration::from_millis(1),
+        max_message: 64 << 10,
+        ..GatewayConfig::default()
+    };
+    let counters = Arc::new(GatewayCounters::new(&config));
+    (
+        Forwarder::new(Arc::new(config), counters.clone()).unwrap(),
+        counters,
+    )
+}
+
+/// An NFSv3 call (version 3) of `procedure`.
+fn nfs_call(xid: u32, procedure: u32, args: &[u8]) -> Vec<u8> {
+    let mut m = call(xid, 100_003, procedure, args);
+    m[16..20].copy_from_slice(&3u32.to_be_bytes());
+    m
+}
+
+#[test]
+fn a_retransmitted_remove_runs_once_and_is_answered_from_the_cache() {
+    let (addr, seen) = backend(vec![]);
+    let (mut fw, counters) = nfs_forwarder(addr);
+    let mut now = Instant::ZERO;
+    let remove = nfs_call(0x1000, 12, b"fh and name");
+    // Origins 0..=2 are the same call from the same client, as a client
+    // retransmits it after reconnecting, while it is at the backend.
+    assert_eq!(fw.forward(now, 0, 7, &remove), Ok(Forwarded::Sent));
+    assert_eq!(fw.forward(now, 1, 7, &remove), Ok(Forwarded::Joined));
+    assert_eq!(fw.forward(now, 2, 7, &remove), Ok(Forwarded::Refused));
+    let calls = vec![remove.clone(), remove.clone()];
+    let mut got = run(&mut fw, &calls, &mut now, 2);
+    got.sort();
+    assert_eq!(got[0].0, 0);
+    assert_eq!(got[1].0, 1, "the joined retransmission got the reply too");
+    assert_eq!(got[0].1, got[1].1);
+    let reply = got[0].1.clone().unwrap();
+    // Done: a later retransmission is answered from the cache.
+    match fw.forward(now, 3, 7, &remove) {
+        Ok(Forwarded::Cached(r)) => assert_eq!(r, &reply[..]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the backend saw the REMOVE once"
+    );
+    // Another client's call of the same XID and bytes is its own call.
+    assert_eq!(fw.forward(now, 4, 8, &remove), Ok(Forwarded::Sent));
+    // An idempotent procedure (LOOKUP) is never cached.
+    let lookup = nfs_call(0x2000, 3, b"fh and name");
+    assert_eq!(fw.forward(now, 5, 7, &lookup), Ok(Forwarded::Sent));
+    assert_eq!(fw.forward(now, 6, 7, &lookup), Ok(Forwarded::Sent));
+    let _ = run(&mut fw, &calls, &mut now, 3);
+    assert_eq!(seen.lock().unwrap().len(), 4);
+    let r = &counters.routes[0];
+    assert_eq!(r.cache_hits.load(Ordering::Relaxed), 1);
+    assert_eq!(r.cache_joins.load(Ordering::Relaxed), 1);
 }

@@ -965,6 +965,13 @@ pub trait Incoming<P: Provider>: Send + Sized {
     /// # Errors
     /// OS errors.
     fn reject(self, private_data: &[u8]) -> Result<(), VerbsError>;
+    /// Who asks, as far as the provider can tell, stable across the
+    /// requester's reconnections (an address or a local uid, never a port
+    /// or a queue-pair number): what a duplicate request cache keys on.
+    /// 0 when the provider cannot tell.
+    fn peer_identity(&self) -> u64 {
+        0
+    }
 }
 
 /// A connected RC queue pair.

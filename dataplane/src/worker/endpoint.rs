@@ -785,8 +785,11 @@ impl<P: Provider> PreparedEndpoint<P> {
             srq,
         } = self;
         apply_private_data(&mut conn, incoming.private_data());
+        let peer = incoming.peer_identity();
         let qp = incoming.accept(qp, &ours)?;
-        Endpoint::build(qp, cq, conn, mem, config, srq)
+        let mut ep = Endpoint::build(qp, cq, conn, mem, config, srq)?;
+        ep.peer = peer;
+        Ok(ep)
     }
 }
 
@@ -843,6 +846,9 @@ pub struct Endpoint<P: Provider> {
     /// Engine output not yet accepted by the provider, in engine order.
     pending: VecDeque<WorkRequest>,
     lost: Option<CloseReason>,
+    /// The requester, as the provider identified it at accept
+    /// (`Incoming::peer_identity`); 0 for connections we made.
+    peer: u64,
     counters: EndpointCounters,
     /// `counters` as of the last [`Endpoint::take_counter_delta`].
     reported: EndpointCounters,
@@ -906,10 +912,17 @@ impl<P: Provider> Endpoint<P> {
             mem,
             pending: VecDeque::with_capacity(config.backlog),
             lost: None,
+            peer: 0,
             counters: EndpointCounters::default(),
             reported: EndpointCounters::default(),
             srq,
         })
+    }
+
+    /// The requester, as its provider identified it when the connection
+    /// was accepted (`Incoming::peer_identity`; 0 when unknown).
+    pub fn peer_identity(&self) -> u64 {
+        self.peer
     }
 
     /// The queue pair's number.

@@ -17,7 +17,7 @@ use super::{
     engine, system_err_reply, Command, Completion, Dispatched, Dispatcher, Event, Idler,
     IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
 };
-use crate::gateway::{Answer, Forwarder, Token};
+use crate::gateway::{Answer, Forwarded, Forwarder, Token};
 use crate::tcp::{TcpConnections, TcpStats};
 #[cfg(feature = "ibverbs")]
 use crate::verbs::ibverbs::Ibverbs;
@@ -711,7 +711,7 @@ impl Worker {
         scratch: &mut Scratch,
     ) {
         let c = &*self.counters;
-        let qp = ep.qp_num();
+        let (qp, client) = (ep.qp_num(), ep.peer_identity());
         let conn = ep.connection_mut();
         let Some(msg) = conn.call_message(call) else {
             return;
@@ -725,10 +725,21 @@ impl Worker {
                     call,
                     xid: u32::from_be_bytes(x),
                 };
-                if fw.forward(now, origin, msg).is_err() {
-                    // Every in-flight slot is taken (counted by route):
-                    // an answer now rather than a call left hanging.
-                    self.answer_system_err(now, ep, call, x);
+                match fw.forward(now, origin, client, msg) {
+                    Ok(Forwarded::Sent | Forwarded::Joined) => {}
+                    Ok(Forwarded::Cached(reply)) => {
+                        // A retransmission of a call already executed:
+                        // the backend's reply again, not a second run.
+                        let reply = OutgoingReply {
+                            message: reply,
+                            ddp: None,
+                        };
+                        self.answer(now, ep, call, xid, &reply);
+                    }
+                    // Every in-flight slot is taken (counted by route), or
+                    // a third copy of a call at the backend: an answer now
+                    // rather than a call left hanging.
+                    Ok(Forwarded::Refused) | Err(_) => self.answer_system_err(now, ep, call, x),
                 }
                 return;
             }

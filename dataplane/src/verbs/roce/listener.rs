@@ -107,6 +107,12 @@ impl Drop for RoceIncoming {
 }
 
 impl Incoming<Roce> for RoceIncoming {
+    /// The requester's IPv4 address (tagged 2 in the high half).
+    fn peer_identity(&self) -> u64 {
+        self.peer_ip()
+            .map_or(0, |ip| (2 << 32) | u64::from(u32::from(ip)))
+    }
+
     fn private_data(&self) -> &[u8] {
         self.req.as_ref().map_or(&[], |r| &r.private)
     }

@@ -1764,6 +1764,12 @@ impl Incoming<Shm> for ShmIncoming {
         &self.private_data
     }
 
+    /// The requester's uid (tagged 1 in the high half): same host, so the
+    /// uid is who it is.
+    fn peer_identity(&self) -> u64 {
+        (1 << 32) | u64::from(self.uid)
+    }
+
     fn accept(self, qp: ShmPreparedQp, private_data: &[u8]) -> Result<ShmQp, VerbsError> {
         let layout = lock(&qp.shared.inner).layout;
         let mine = new_outbox(layout)?;
