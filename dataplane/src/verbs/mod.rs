@@ -48,6 +48,7 @@ pub mod ibverbs;
 pub mod roce;
 pub mod shm;
 mod soft_mr;
+mod soft_qp;
 mod soft_srq;
 pub use soft_mr::SoftMr;
 
