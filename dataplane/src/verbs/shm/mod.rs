@@ -295,14 +295,15 @@ impl ProtectionDomain<Shm> for ShmPd {
     }
 
     fn create_srq(&self, caps: SrqCaps) -> Result<ShmSrq, VerbsError> {
-        if !(1..=MAX_RING).contains(&caps.max_wr) || caps.max_message == 0 {
-            return Err(VerbsError::Limit(
-                "shared receive queue depth must be 1..=65536, messages at least 1 byte",
-            ));
-        }
-        Ok(ShmSrq {
-            inner: Arc::new(SoftSrq::new(self.inner.mrs.clone(), caps)),
-        })
+        // A message is staged in a slot of `max_message` bytes: it needs
+        // at least one.
+        ShmSrq::create(
+            &self.inner.mrs,
+            caps,
+            MAX_RING,
+            1,
+            "shared receive queue depth must be 1..=65536, messages at least 1 byte",
+        )
     }
 
     fn create_qp_on_srq(
@@ -312,11 +313,7 @@ impl ProtectionDomain<Shm> for ShmPd {
         srq: &ShmSrq,
         caps: QpCaps,
     ) -> Result<ShmPreparedQp, VerbsError> {
-        if !srq.inner.belongs_to(&self.inner.mrs) {
-            return Err(VerbsError::InvalidRegistration(
-                "the shared receive queue belongs to another protection domain",
-            ));
-        }
+        srq.inner.check_pd(&self.inner.mrs)?;
         let slots = srq.inner.caps().staging_slots.clamp(1, MAX_RING);
         let size = srq.inner.caps().max_message;
         let arena = Arena::with_backing_lazy(slots as usize * size as usize, Backing::Small)?;
@@ -867,20 +864,7 @@ struct QpInner {
 /// and republishes the slot. No peer ever maps a shared receive, so one
 /// connection cannot touch another's messages, and an idle connection
 /// holds only its few staging slots.
-#[derive(Debug)]
-pub struct ShmSrq {
-    inner: Arc<SoftSrq>,
-}
-
-impl SharedReceiveQueue<Shm> for ShmSrq {
-    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        self.inner.post(wr)
-    }
-
-    fn posted(&self) -> usize {
-        self.inner.posted()
-    }
-}
+pub type ShmSrq = super::SoftSrqHandle<Shm>;
 
 /// A queue pair's side of a shared receive queue: its staging slots.
 #[derive(Debug)]
