@@ -48,8 +48,10 @@ pub mod ibverbs;
 pub mod roce;
 pub mod shm;
 mod soft_mr;
+mod soft_qp;
 mod soft_srq;
 pub use soft_mr::SoftMr;
+pub use soft_srq::SoftSrqHandle;
 
 /// Locks a software provider's state. A panic while it was held leaves
 /// the state consistent enough to flush and report, so the poison is

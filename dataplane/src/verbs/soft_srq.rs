@@ -7,10 +7,66 @@
 //! used, so it is still in cache, and a queue much larger than the load
 //! touches only the buffers that load needs.
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use super::soft_mr::MrTable;
-use super::{lock, Access, PostError, PostFailed, RecvWr, SrqCaps};
+use super::{
+    lock, Access, PostError, PostFailed, Provider, RecvWr, SharedReceiveQueue, SrqCaps, VerbsError,
+};
+
+/// The shared receive queue of a software provider `P` (its `P::Srq`):
+/// the application's handle on the [`SoftSrq`] its queue pairs take
+/// receives from. `P` keeps one provider's queue from being passed to
+/// another's calls.
+pub struct SoftSrqHandle<P> {
+    pub(crate) inner: Arc<SoftSrq>,
+    _provider: PhantomData<fn() -> P>,
+}
+
+impl<P> std::fmt::Debug for SoftSrqHandle<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftSrqHandle")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl<P> SoftSrqHandle<P> {
+    /// `ProtectionDomain::create_srq` of a software provider: an empty
+    /// queue of `caps.max_wr` receives in the protection domain whose
+    /// registrations are `mrs`, if `caps.max_wr` is within `1..=max_wr`
+    /// and `caps.max_message` at least `min_message` (the provider's
+    /// limits, `why` the error saying them).
+    ///
+    /// # Errors
+    /// [`VerbsError::Limit`] with `why`.
+    pub(crate) fn create(
+        mrs: &Arc<MrTable>,
+        caps: SrqCaps,
+        max_wr: u32,
+        min_message: u32,
+        why: &'static str,
+    ) -> Result<Self, VerbsError> {
+        if !(1..=max_wr).contains(&caps.max_wr) || caps.max_message < min_message {
+            return Err(VerbsError::Limit(why));
+        }
+        Ok(SoftSrqHandle {
+            inner: Arc::new(SoftSrq::new(mrs.clone(), caps)),
+            _provider: PhantomData,
+        })
+    }
+}
+
+impl<P: Provider> SharedReceiveQueue<P> for SoftSrqHandle<P> {
+    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
+        self.inner.post(wr)
+    }
+
+    fn posted(&self) -> usize {
+        self.inner.posted()
+    }
+}
 
 /// A shared receive queue's receives, checked against the registrations
 /// of its protection domain.
@@ -24,7 +80,7 @@ pub(crate) struct SoftSrq {
 impl SoftSrq {
     /// An empty queue of `caps.max_wr` receives in the protection domain
     /// whose registrations are `mrs`.
-    pub(crate) fn new(mrs: Arc<MrTable>, caps: SrqCaps) -> SoftSrq {
+    fn new(mrs: Arc<MrTable>, caps: SrqCaps) -> SoftSrq {
         SoftSrq {
             mrs,
             caps,
@@ -32,9 +88,21 @@ impl SoftSrq {
         }
     }
 
-    /// Whether it was created in the protection domain of `mrs`.
-    pub(crate) fn belongs_to(&self, mrs: &Arc<MrTable>) -> bool {
-        Arc::ptr_eq(&self.mrs, mrs)
+    /// What `ProtectionDomain::create_qp_on_srq` requires of the queue
+    /// (as `ibverbs` does): it was created in the protection domain of
+    /// `mrs`, the queue pair's. Its receives were checked against that
+    /// domain's registrations when posted; a queue pair of another domain
+    /// would place messages in memory its own domain never granted.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidRegistration`] otherwise.
+    pub(crate) fn check_pd(&self, mrs: &Arc<MrTable>) -> Result<(), VerbsError> {
+        if !Arc::ptr_eq(&self.mrs, mrs) {
+            return Err(VerbsError::InvalidRegistration(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        Ok(())
     }
 
     /// Its sizes.

@@ -19,7 +19,6 @@ use super::ready::ReadyList;
 use super::srq::RoceSrq;
 use super::Roce;
 use crate::mem::Arena;
-use crate::verbs::soft_srq::SoftSrq;
 use crate::verbs::{
     check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, SrqCaps, VerbsError,
 };
@@ -101,14 +100,13 @@ impl ProtectionDomain<Roce> for RocePd {
     }
 
     fn create_srq(&self, caps: SrqCaps) -> Result<RoceSrq, VerbsError> {
-        if !(1..=16384).contains(&caps.max_wr) {
-            return Err(VerbsError::Limit(
-                "shared receive queue depth must be 1..=16384",
-            ));
-        }
-        Ok(RoceSrq {
-            inner: Arc::new(SoftSrq::new(self.inner.mrs.clone(), caps)),
-        })
+        RoceSrq::create(
+            &self.inner.mrs,
+            caps,
+            16384,
+            0,
+            "shared receive queue depth must be 1..=16384",
+        )
     }
 
     fn create_qp_on_srq(
@@ -118,11 +116,7 @@ impl ProtectionDomain<Roce> for RocePd {
         srq: &RoceSrq,
         caps: QpCaps,
     ) -> Result<RocePreparedQp, VerbsError> {
-        if !srq.inner.belongs_to(&self.inner.mrs) {
-            return Err(VerbsError::InvalidRegistration(
-                "the shared receive queue belongs to another protection domain",
-            ));
-        }
+        srq.inner.check_pd(&self.inner.mrs)?;
         // The queue pair holds at most the receive of the message in
         // progress; room for `max_recv_wr` completions waits beside it.
         let mut pqp = self.create_qp(send_cq, recv_cq, caps)?;

@@ -769,7 +769,14 @@ impl Control {
         .with(qpn, f)
     }
 
-    fn on_mad(&mut self, dev: &Device, payload: &[u8], src: SocketAddrV4, now: Instant) {
+    /// The connection manager and what each of its handlers works on, all
+    /// borrowed from the control part at once: the queue pairs of `dev`
+    /// (reached through their shards), the transmit batch and the GSI
+    /// PSN.
+    fn cm_parts<'a>(
+        &'a mut self,
+        dev: &'a Device,
+    ) -> (&'a mut Cm, QpRoutes<'a>, &'a mut Tx, &'a mut Psn) {
         let Control {
             tx,
             cm,
@@ -777,7 +784,11 @@ impl Control {
             routes,
             ..
         } = self;
-        let qps = QpRoutes { dev, map: routes };
+        (cm, QpRoutes { dev, map: routes }, tx, gsi_psn)
+    }
+
+    fn on_mad(&mut self, dev: &Device, payload: &[u8], src: SocketAddrV4, now: Instant) {
+        let (cm, qps, tx, gsi_psn) = self.cm_parts(dev);
         cm.on_mad(payload, src, &qps, tx, gsi_psn, now, &dev.counters.spoofed);
     }
 
@@ -785,14 +796,7 @@ impl Control {
     /// `dreq_wake` set, first collects the DREQs queue pairs owe.
     pub(super) fn cm_timers(&mut self, dev: &Device, now: Instant) {
         let scan = dev.dreq_wake.swap(false, Ordering::Relaxed);
-        let Control {
-            tx,
-            cm,
-            gsi_psn,
-            routes,
-            ..
-        } = self;
-        let qps = QpRoutes { dev, map: routes };
+        let (cm, qps, tx, gsi_psn) = self.cm_parts(dev);
         cm.timers(now, &qps, scan, tx, gsi_psn);
     }
 }

@@ -13,7 +13,8 @@ use super::io::{Faults, Tx};
 use super::pd::PdInner;
 use super::ready::{Announce, Ready};
 use crate::mem::Arena;
-use crate::verbs::soft_mr::{KeySlots, KEY_SLOTS};
+use crate::verbs::soft_mr::{KeySlots, MrTable, KEY_SLOTS};
+use crate::verbs::soft_qp::{check_post, recv_completion, set_placed, SoftQp};
 use crate::verbs::soft_srq::SoftSrq;
 use crate::verbs::*;
 use crate::wire::roce::seg::{self, MessageKind, Mtu};
@@ -261,15 +262,6 @@ fn sgl_ranges(sgl: &SgeList) -> ([(usize, usize); MAX_SGE], usize) {
     (out, n)
 }
 
-/// Sets each buffer's length to what `placed` bytes fill, in order.
-fn set_placed(sgl: &mut SgeList, mut placed: u64) {
-    for s in sgl.iter_mut() {
-        let here = placed.min(s.len as u64);
-        s.buf.set_len(s.offset + here as u32);
-        placed -= here;
-    }
-}
-
 /// What a received request packet is, for the responder.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ReqClass {
@@ -380,19 +372,6 @@ impl RcQp {
         self.state = QpState::Rts;
     }
 
-    /// Queues a send-side completion, announcing the queue pair on its
-    /// send CQ unless it is already on that CQ's list (ready.rs).
-    fn push_send_done(&mut self, c: Completion) {
-        self.send_done.push_back(c);
-        self.announce_on(self.send_cq);
-    }
-
-    /// [`push_send_done`](Self::push_send_done) for receives.
-    fn push_recv_done(&mut self, c: Completion) {
-        self.recv_done.push_back(c);
-        self.announce_on(self.recv_cq);
-    }
-
     /// Puts this queue pair on CQ `cq`'s ready list, once: a queue pair is
     /// on a list at most once, so a list never holds more entries than
     /// queue pairs (it was sized for them at attach, no allocation here).
@@ -423,22 +402,6 @@ impl RcQp {
         }
     }
 
-    fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32) {
-        if status == WcStatus::Success && !wr.signaled {
-            return;
-        }
-        self.push_send_done(Completion {
-            wr_id: wr.wr_id,
-            status,
-            opcode: wr.op.wc_opcode(),
-            byte_len,
-            imm: None,
-            invalidated_rkey: None,
-            qp_num: self.qpn,
-            sgl: std::mem::take(&mut wr.sgl),
-        });
-    }
-
     /// Whether a receive is there for a message that starts now: our own
     /// oldest, or one taken from the shared receive queue.
     fn recv_ready(&mut self) -> bool {
@@ -450,49 +413,16 @@ impl RcQp {
         !self.rq.is_empty()
     }
 
-    fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus) {
-        self.push_recv_done(Completion {
-            wr_id: wr.wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            imm: None,
-            invalidated_rkey: None,
-            qp_num: self.qpn,
-            sgl: std::mem::take(&mut wr.sgl),
-        });
-    }
-
     /// Error state: the head send completes with `head` (if given),
-    /// everything else flushes; `tell_peer` asks the CM for a DREQ.
+    /// everything else flushes ([`SoftQp::flush_queues`]; in `Error`
+    /// already, what was queued since, e.g. pre-posted receives);
+    /// `tell_peer` asks the CM for a DREQ. The transport forgets its
+    /// requests, read responses and keys.
     pub fn enter_error(&mut self, head: Option<WcStatus>, tell_peer: bool) {
-        if self.state == QpState::Error && head.is_none() {
-            // Still flush anything queued (e.g. pre-posted receives).
-        }
-        if let Some(st) = head {
-            if let Some(e) = self.sq.pop_front() {
-                self.complete_send(e.wr, st, 0);
-            }
-        }
         if self.state != QpState::Error && tell_peer && self.conn.is_some() {
             self.dreq_due = true;
         }
-        if self.srq.is_some() && self.state != QpState::Error {
-            // One bufferless flush tells the receive side (see
-            // `SharedReceiveQueue`).
-            self.push_recv_done(srq_qp_failed(self.qpn));
-        }
-        self.state = QpState::Error;
-        while let Some(e) = self.sq.pop_front() {
-            self.complete_send(e.wr, WcStatus::WrFlushErr, 0);
-        }
-        while let Some(wr) = self.rq.pop_front() {
-            match &self.srq {
-                // A shared receive is not this queue pair's to flush.
-                Some(srq) => srq.give_back(wr),
-                None => self.flush_recv(wr, WcStatus::WrFlushErr),
-            }
-        }
+        self.flush_queues(head);
         self.read_jobs.clear();
         self.read_res.clear();
         self.sq_next = 0;
@@ -511,22 +441,11 @@ impl RcQp {
             || (wr.op.is_key_op() && !wr.sgl.is_empty())
             || !wr.sgl.iter().all(Sge::in_bounds)
             || matches!(wr.op, SendOp::Bind(b) if !self.slots.is_window(b.window));
-        if invalid {
-            return Err(PostFailed {
-                error: PostError::Invalid,
-                wr,
-            });
-        }
-        if self.sq.len() + self.send_done.len() >= self.caps.max_send_wr as usize {
-            return Err(PostFailed {
-                error: PostError::QueueFull,
-                wr,
-            });
-        }
-        if self.state == QpState::Error {
-            self.complete_send(wr, WcStatus::WrFlushErr, 0);
+        let outstanding = self.sq.len() + self.send_done.len();
+        let wr = check_post(wr, invalid, outstanding, self.caps.max_send_wr)?;
+        let Some(wr) = self.admit_send(wr) else {
             return Ok(());
-        }
+        };
         let need = if matches!(wr.op, SendOp::Read(_)) {
             Access::LOCAL_WRITE
         } else {
@@ -576,37 +495,13 @@ impl RcQp {
     }
 
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        if self.srq.is_some() {
-            // Its receives come from the shared receive queue.
-            return Err(PostFailed {
-                error: PostError::Invalid,
-                wr,
-            });
+        // On a shared receive queue its receives come from that queue.
+        let invalid = self.srq.is_some() || !wr.sgl.iter().all(Sge::in_bounds);
+        let outstanding = self.rq.len() + self.recv_done.len();
+        let wr = check_post(wr, invalid, outstanding, self.caps.max_recv_wr)?;
+        if let Some(wr) = self.admit_recv(wr) {
+            self.rq.push_back(wr);
         }
-        if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize
-            || !wr.sgl.iter().all(Sge::in_bounds)
-        {
-            let error = if wr.sgl.iter().all(Sge::in_bounds) {
-                PostError::QueueFull
-            } else {
-                PostError::Invalid
-            };
-            return Err(PostFailed { error, wr });
-        }
-        if self.state == QpState::Error {
-            self.flush_recv(wr, WcStatus::WrFlushErr);
-            return Ok(());
-        }
-        if !wr
-            .sgl
-            .iter()
-            .all(|s| self.pd.check_local(s, Access::LOCAL_WRITE))
-        {
-            self.flush_recv(wr, WcStatus::LocProtErr);
-            self.enter_error(None, true);
-            return Ok(());
-        }
-        self.rq.push_back(wr);
         Ok(())
     }
 
@@ -1287,16 +1182,10 @@ impl RcQp {
                         }
                     }
                     set_placed(&mut wr.sgl, placed as u64);
-                    self.push_recv_done(Completion {
-                        wr_id: wr.wr_id,
-                        status,
-                        opcode: WcOpcode::Recv,
-                        byte_len: placed,
-                        imm: p.immdt,
-                        invalidated_rkey: inv,
-                        qp_num: self.qpn,
-                        sgl: std::mem::take(&mut wr.sgl),
-                    });
+                    let mut c = recv_completion(wr, self.qpn, status, placed);
+                    c.imm = p.immdt;
+                    c.invalidated_rkey = inv;
+                    self.push_recv_done(c);
                     if status != WcStatus::Success {
                         return self.responder_error(tx, peer, NakCode::InvalidRequest);
                     }
@@ -1366,16 +1255,10 @@ impl RcQp {
                     if let Some(imm) = p.immdt {
                         let mut wr = self.rq.pop_front().expect("receive checked");
                         set_placed(&mut wr.sgl, 0);
-                        self.push_recv_done(Completion {
-                            wr_id: wr.wr_id,
-                            status: WcStatus::Success,
-                            opcode: WcOpcode::RecvRdmaWithImm,
-                            byte_len: imm_len,
-                            imm: Some(imm),
-                            invalidated_rkey: None,
-                            qp_num: self.qpn,
-                            sgl: std::mem::take(&mut wr.sgl),
-                        });
+                        let mut c = recv_completion(wr, self.qpn, WcStatus::Success, imm_len);
+                        c.opcode = WcOpcode::RecvRdmaWithImm;
+                        c.imm = Some(imm);
+                        self.push_recv_done(c);
                     }
                 }
                 if p.bth.ack_req {
@@ -1425,5 +1308,56 @@ impl RcQp {
             self.read_jobs.push_back(job);
         }
         self.emit_read_responses(tx, peer);
+    }
+}
+
+impl SoftQp for RcQp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn qp_state(&mut self) -> &mut QpState {
+        &mut self.state
+    }
+
+    fn mrs(&self) -> &MrTable {
+        &self.pd.mrs
+    }
+
+    fn pop_send(&mut self) -> Option<SendWr> {
+        self.sq.pop_front().map(|e| e.wr)
+    }
+
+    fn pop_recv(&mut self) -> Option<RecvWr> {
+        self.rq.pop_front()
+    }
+
+    /// Queues a send-side completion, announcing the queue pair on its
+    /// send CQ unless it is already on that CQ's list (ready.rs).
+    fn push_send_done(&mut self, c: Completion) {
+        self.send_done.push_back(c);
+        self.announce_on(self.send_cq);
+    }
+
+    fn push_recv_done(&mut self, c: Completion) {
+        self.recv_done.push_back(c);
+        self.announce_on(self.recv_cq);
+    }
+
+    fn on_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
+    /// The shared receive taken for a message that will not complete
+    /// here goes back to the shared receive queue for the others.
+    fn release_shared(&mut self, wr: RecvWr) {
+        if let Some(srq) = &self.srq {
+            srq.give_back(wr);
+        }
+    }
+
+    /// A local error: the peer is told (DREQ).
+    fn fail(&mut self) {
+        self.enter_error(None, true);
     }
 }

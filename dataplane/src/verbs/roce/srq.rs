@@ -4,24 +4,7 @@
 //! for that message (IBTA 9.7.5.2.8), as an empty receive queue is. The
 //! receives are taken by a shard's progress (under the shard's lock, then
 //! the queue's) and posted by the application.
-use std::sync::Arc;
-
 use super::Roce;
-use crate::verbs::soft_srq::SoftSrq;
-use crate::verbs::{PostFailed, RecvWr, SharedReceiveQueue};
 
 /// A shared receive queue.
-#[derive(Debug)]
-pub struct RoceSrq {
-    pub(super) inner: Arc<SoftSrq>,
-}
-
-impl SharedReceiveQueue<Roce> for RoceSrq {
-    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        self.inner.post(wr)
-    }
-
-    fn posted(&self) -> usize {
-        self.inner.posted()
-    }
-}
+pub type RoceSrq = crate::verbs::SoftSrqHandle<Roce>;

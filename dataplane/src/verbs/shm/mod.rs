@@ -50,6 +50,7 @@ use nix::sys::socket::{
 
 use self::shared::*;
 use super::soft_mr::{KeySlots, MrInfo, MrTable};
+use super::soft_qp::{check_post, recv_completion, set_placed, SoftQp};
 use super::soft_srq::SoftSrq;
 use super::*;
 use crate::mem::{Arena, Backing, PeerAccess};
@@ -294,14 +295,15 @@ impl ProtectionDomain<Shm> for ShmPd {
     }
 
     fn create_srq(&self, caps: SrqCaps) -> Result<ShmSrq, VerbsError> {
-        if !(1..=MAX_RING).contains(&caps.max_wr) || caps.max_message == 0 {
-            return Err(VerbsError::Limit(
-                "shared receive queue depth must be 1..=65536, messages at least 1 byte",
-            ));
-        }
-        Ok(ShmSrq {
-            inner: Arc::new(SoftSrq::new(self.inner.mrs.clone(), caps)),
-        })
+        // A message is staged in a slot of `max_message` bytes: it needs
+        // at least one.
+        ShmSrq::create(
+            &self.inner.mrs,
+            caps,
+            MAX_RING,
+            1,
+            "shared receive queue depth must be 1..=65536, messages at least 1 byte",
+        )
     }
 
     fn create_qp_on_srq(
@@ -311,11 +313,7 @@ impl ProtectionDomain<Shm> for ShmPd {
         srq: &ShmSrq,
         caps: QpCaps,
     ) -> Result<ShmPreparedQp, VerbsError> {
-        if !srq.inner.belongs_to(&self.inner.mrs) {
-            return Err(VerbsError::InvalidRegistration(
-                "the shared receive queue belongs to another protection domain",
-            ));
-        }
+        srq.inner.check_pd(&self.inner.mrs)?;
         let slots = srq.inner.caps().staging_slots.clamp(1, MAX_RING);
         let size = srq.inner.caps().max_message;
         let arena = Arena::with_backing_lazy(slots as usize * size as usize, Backing::Small)?;
@@ -866,20 +864,7 @@ struct QpInner {
 /// and republishes the slot. No peer ever maps a shared receive, so one
 /// connection cannot touch another's messages, and an idle connection
 /// holds only its few staging slots.
-#[derive(Debug)]
-pub struct ShmSrq {
-    inner: Arc<SoftSrq>,
-}
-
-impl SharedReceiveQueue<Shm> for ShmSrq {
-    fn post_recv(&self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        self.inner.post(wr)
-    }
-
-    fn posted(&self) -> usize {
-        self.inner.posted()
-    }
-}
+pub type ShmSrq = super::SoftSrqHandle<Shm>;
 
 /// A queue pair's side of a shared receive queue: its staging slots.
 #[derive(Debug)]
@@ -903,72 +888,61 @@ impl QpInner {
             && self.recv_done.is_empty()
     }
 
-    fn complete_send(&mut self, mut wr: SendWr, status: WcStatus, byte_len: u32, qpn: u32) {
-        if status == WcStatus::Success && !wr.signaled {
-            return; // buffers go back to their slabs here (drop)
-        }
-        let opcode = wr.op.wc_opcode();
-        self.send_done.push_back(Completion {
-            wr_id: wr.wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm: None,
-            invalidated_rkey: None,
-            qp_num: qpn,
-            sgl: std::mem::take(&mut wr.sgl),
-        });
-    }
-
-    fn flush_recv(&mut self, mut wr: RecvWr, status: WcStatus, qpn: u32) {
-        self.recv_done.push_back(Completion {
-            wr_id: wr.wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            imm: None,
-            invalidated_rkey: None,
-            qp_num: qpn,
-            sgl: std::mem::take(&mut wr.sgl),
-        });
-    }
-
-    /// Moves to the error state: the head send (if `head_status`) completes
-    /// with that status, everything else flushes; tells the peer; releases
-    /// the connection (unmaps, closes the socket).
+    /// Moves to the error state: tells the peer (the `error` flag, so its
+    /// queue pair errors and flushes too) and releases the connection
+    /// (unmaps, closes the socket), then flushes
+    /// ([`SoftQp::flush_queues`]: the head send completes with
+    /// `head_status`, if given, everything else with `WrFlushErr`).
     fn enter_error(&mut self, head_status: Option<WcStatus>) {
-        let qpn = self.qpn();
-        let was = self.state;
-        if let Some(status) = head_status {
-            if let Some(wr) = self.sq.pop_front() {
-                self.complete_send(wr, status, 0, qpn);
-            }
-        }
-        self.state = QpState::Error;
         if let Some(conn) = self.conn.take() {
             conn.set_flag(FLAG_ERROR);
-            drop(conn);
         }
-        while let Some(wr) = self.sq.pop_front() {
-            self.complete_send(wr, WcStatus::WrFlushErr, 0, qpn);
-        }
-        if self.staging.is_some() {
-            // Staging slots are the provider's, not the application's:
-            // nothing to complete. The shared queue's receives stay posted;
-            // one bufferless flush tells the receive side (see
-            // `SharedReceiveQueue`).
-            self.rq.clear();
-            if was != QpState::Error {
-                self.recv_done.push_back(srq_qp_failed(qpn));
-            }
-        }
-        while let Some(wr) = self.rq.pop_front() {
-            self.flush_recv(wr, WcStatus::WrFlushErr, qpn);
-        }
+        self.flush_queues(head_status);
     }
+}
 
+impl SoftQp for QpInner {
     fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    fn qp_state(&mut self) -> &mut QpState {
+        &mut self.state
+    }
+
+    fn mrs(&self) -> &MrTable {
+        &self.pd.mrs
+    }
+
+    fn pop_send(&mut self) -> Option<SendWr> {
+        self.sq.pop_front()
+    }
+
+    fn pop_recv(&mut self) -> Option<RecvWr> {
+        self.rq.pop_front()
+    }
+
+    fn push_send_done(&mut self, c: Completion) {
+        self.send_done.push_back(c);
+    }
+
+    fn push_recv_done(&mut self, c: Completion) {
+        self.recv_done.push_back(c);
+    }
+
+    fn on_srq(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// Its receive queue holds staging slots, the provider's buffers and
+    /// not the application's: nothing to complete, the slot goes back to
+    /// its slab. The shared queue's receives stay posted for the others.
+    fn release_shared(&mut self, wr: RecvWr) {
+        drop(wr);
+    }
+
+    fn fail(&mut self) {
+        self.enter_error(None);
     }
 }
 
@@ -1036,15 +1010,6 @@ fn as_src(r: &[(*mut u8, usize)]) -> [(*const u8, usize); MAX_SGE] {
 fn give_back(staging: &Option<Staging>, wr: Option<RecvWr>) {
     if let (Some(st), Some(wr)) = (staging, wr) {
         st.srq.give_back(wr);
-    }
-}
-
-/// Sets each buffer's length to what `placed` bytes fill, in order.
-fn set_placed(sgl: &mut SgeList, mut placed: u64) {
-    for s in sgl.iter_mut() {
-        let here = placed.min(s.len as u64);
-        s.buf.set_len(s.offset + here as u32);
-        placed -= here;
     }
 }
 
@@ -1298,29 +1263,20 @@ impl QpInner {
                 if !in_slot || conn.publish_recv(&staged).is_err() {
                     // The peer claimed more than its slot holds.
                     self.rq.push_back(staged);
-                    self.flush_recv(wr, WcStatus::LocLenErr, qpn);
+                    self.flush_recv(wr, WcStatus::LocLenErr);
                     return Err(E);
                 }
                 self.rq.push_back(staged);
             }
-            let mut c = Completion {
-                wr_id: wr.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::Recv,
-                byte_len,
-                imm: None,
-                invalidated_rkey: None,
-                qp_num: qpn,
-                sgl: SgeList::new(),
-            };
+            let mut c = recv_completion(wr, qpn, WcStatus::Success, byte_len);
             let mut fatal = None;
             match kind {
                 D_SEND | D_SEND_IMM | D_SEND_INV => {
-                    if byte_len as u64 > wr.sgl.total_len() {
+                    if byte_len as u64 > c.sgl.total_len() {
                         c.status = WcStatus::LocLenErr;
                         fatal = Some(E);
                     } else {
-                        set_placed(&mut wr.sgl, byte_len as u64);
+                        set_placed(&mut c.sgl, byte_len as u64);
                     }
                     if kind == D_SEND_IMM {
                         c.imm = Some(imm);
@@ -1337,7 +1293,7 @@ impl QpInner {
                 D_WRITE_IMM => {
                     c.opcode = WcOpcode::RecvRdmaWithImm;
                     c.imm = Some(imm);
-                    set_placed(&mut wr.sgl, 0);
+                    set_placed(&mut c.sgl, 0);
                 }
                 D_ERR_LEN => {
                     c.status = WcStatus::LocLenErr;
@@ -1349,7 +1305,6 @@ impl QpInner {
                     fatal = Some(E);
                 }
             }
-            c.sgl = std::mem::take(&mut wr.sgl);
             self.recv_done.push_back(c);
             if let Some(f) = fatal {
                 return Err(f);
@@ -1371,9 +1326,7 @@ impl QpInner {
                     self.sq.push_front(wr);
                     break;
                 }
-                Step::Done(WcStatus::Success, n) => {
-                    self.complete_send(wr, WcStatus::Success, n, self.qpn)
-                }
+                Step::Done(WcStatus::Success, n) => self.complete_send(wr, WcStatus::Success, n),
                 Step::Done(status, _) => {
                     self.sq.push_front(wr);
                     self.enter_error(Some(status));
@@ -1391,39 +1344,23 @@ impl QpInner {
         let invalid = (wr.inline && wr.sgl.total_len() > self.caps.max_inline as u64)
             || (wr.op.is_key_op() && !wr.sgl.is_empty())
             || unknown_window;
-        if invalid {
-            return Err(PostFailed {
-                error: PostError::Invalid,
-                wr,
-            });
-        }
-        if self.sq.len() + self.send_done.len() >= self.caps.max_send_wr as usize {
-            return Err(PostFailed {
-                error: PostError::QueueFull,
-                wr,
-            });
-        }
-        match self.state {
-            QpState::Error => self.complete_send(wr, WcStatus::WrFlushErr, 0, self.qpn),
-            _ => self.sq.push_back(wr),
+        let outstanding = self.sq.len() + self.send_done.len();
+        let wr = check_post(wr, invalid, outstanding, self.caps.max_send_wr)?;
+        if let Some(wr) = self.admit_send(wr) {
+            self.sq.push_back(wr);
         }
         Ok(())
     }
 
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostFailed<RecvWr>> {
-        if self.staging.is_some() {
-            // Its receives come from the shared receive queue.
-            return Err(PostFailed {
-                error: PostError::Invalid,
-                wr,
-            });
-        }
-        if self.rq.len() + self.recv_done.len() >= self.caps.max_recv_wr as usize {
-            return Err(PostFailed {
-                error: PostError::QueueFull,
-                wr,
-            });
-        }
+        // On a shared receive queue its receives come from that queue.
+        let outstanding = self.rq.len() + self.recv_done.len();
+        let wr = check_post(
+            wr,
+            self.staging.is_some(),
+            outstanding,
+            self.caps.max_recv_wr,
+        )?;
         // A receive buffer is the peer's Send target (shared writable); an
         // arena sealed read-only for peers can never be that.
         if wr
@@ -1436,19 +1373,9 @@ impl QpInner {
                 wr,
             });
         }
-        if self.state == QpState::Error {
-            self.flush_recv(wr, WcStatus::WrFlushErr, self.qpn);
+        let Some(wr) = self.admit_recv(wr) else {
             return Ok(());
-        }
-        if !wr
-            .sgl
-            .iter()
-            .all(|s| self.pd.check_local(s, Access::LOCAL_WRITE))
-        {
-            self.flush_recv(wr, WcStatus::LocProtErr, self.qpn);
-            self.enter_error(None);
-            return Ok(());
-        }
+        };
         if let Some(conn) = self.conn.as_mut() {
             if conn.publish_recv(&wr).is_err() {
                 self.rq.push_back(wr);
