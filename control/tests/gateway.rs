@@ -15,6 +15,11 @@
 //!   and restarted between calls; the client's RDMA connection stays, its
 //!   next calls are served over a new backend connection, and the lost
 //!   one is counted.
+//! * `a_retransmitted_remove_is_answered_from_the_reply_cache`: a REMOVE
+//!   runs, the client drops the connection (as if the reply were lost),
+//!   reconnects and retransmits it under the same XID: the gateway's
+//!   duplicate request cache answers NFS3_OK, where a second run at the
+//!   backend would answer NFS3ERR_NOENT; the backend saw it once.
 //!
 //! Needs root, nfs-ganesha, nfs-ganesha-vfs, rpcbind, iproute2 and
 //! util-linux; the real-peer rule applies.
@@ -452,6 +457,85 @@ fn killing_the_backend_costs_calls_not_connections() {
         "rpcrdma_gateway_errors_total{program=\"100003\",backend=\"127.0.0.1:2049\",kind=\"connection\"}",
     );
     assert!(lost >= 1, "a lost backend connection counted\n{body}");
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// REMOVE (no codec: RFC 1813 s3.3.12 by hand) of `name` in `dir` under
+/// the XID `xid`; the NFS status of the reply.
+fn remove<P: Provider>(nfs: &mut NfsRdma<P>, xid: u32, dir: &[u8], name: &str) -> u32 {
+    use dataplane::wire::rpc::CallHeader;
+    use dataplane::wire::xdr::Encoder;
+    let (msg, _) = nfs.call_bytes(ReplyTarget::Inline, |_, buf| {
+        let mut e = Encoder::new(buf);
+        CallHeader::new(xid, 100_003, 3, 12, cred(), OpaqueAuth::None)
+            .emit(&mut e)
+            .ok()?;
+        e.put_opaque(dir).ok()?;
+        e.put_opaque(name.as_bytes()).ok()?;
+        Some((e.position(), None))
+    });
+    // xid, REPLY, MSG_ACCEPTED, AUTH_NONE verifier, SUCCESS: 24 bytes.
+    assert_eq!(msg[..4], xid.to_be_bytes());
+    assert_eq!(msg[20..24], [0; 4], "accepted SUCCESS");
+    u32::from_be_bytes([msg[24], msg[25], msg[26], msg[27]])
+}
+
+#[test]
+fn a_retransmitted_remove_is_answered_from_the_reply_cache() {
+    let Some(backend) = GaneshaBackend::start("gateway-drc") else {
+        return;
+    };
+    std::fs::write(backend.export_dir().join("victim"), b"x").unwrap();
+    let dir = scratch_dir("gateway-drc");
+    let shm = format!("shm://{}", dir.join("gw.sock").display());
+    let metrics: SocketAddr = "127.0.0.1:9479".parse().unwrap();
+    let cfg = write_file(
+        &dir,
+        "gateway.toml",
+        &gateway_config(&shm, "roce://127.0.0.1:20053", metrics),
+    );
+    let mut cmd = backend.command(BIN);
+    cmd.arg("--config").arg(&cfg);
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    let path = backend.export_path();
+
+    // The REMOVE runs; the client "loses" the reply with its connection.
+    let mut first = NfsRdma::<Shm>::connect(&shm);
+    let root = first.mount(&path);
+    assert_eq!(remove(&mut first, 0x5eed, &root, "victim"), 0, "NFS3_OK");
+    assert!(!backend.export_dir().join("victim").exists());
+    first.client.close().expect("close");
+
+    // It reconnects and retransmits the same call: the cached NFS3_OK,
+    // not the NFS3ERR_NOENT (2) a second run would answer.
+    let mut again = NfsRdma::<Shm>::connect(&shm);
+    let root = again.mount(&path);
+    assert_eq!(
+        remove(&mut again, 0x5eed, &root, "victim"),
+        0,
+        "answered from the cache"
+    );
+    // A new call (another XID) does run, and finds nothing to remove.
+    assert_eq!(
+        remove(&mut again, 0x5eee, &root, "victim"),
+        2,
+        "NFS3ERR_NOENT"
+    );
+    again.client.close().expect("close");
+
+    let (_, body) = backend.in_netns(move || http_get(metrics, "/metrics"));
+    let hits = sum_metric(
+        &body,
+        "rpcrdma_gateway_reply_cache_total{program=\"100003\",backend=\"127.0.0.1:2049\",kind=\"hit\"}",
+    );
+    assert_eq!(hits, 1, "{body}");
+    // Two NFS calls reached the backend (the first REMOVE and the one
+    // under a new XID), not three.
+    let calls = sum_metric(&body, "rpcrdma_gateway_calls_total{program=\"100003\"");
+    assert_eq!(calls, 2, "{body}");
     d.signal(Signal::SIGTERM);
     assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
     let _ = std::fs::remove_dir_all(&dir);
