@@ -655,10 +655,24 @@ impl WorkerSet {
         }
         // The worker first: the connection is built on its completion
         // queue.
-        let worker = self.least_loaded();
+        let worker = self.worker_for(incoming.peer_identity());
         let prepared = self.prepare_for::<P>(worker)?;
         let ep = prepared.accept(incoming)?;
         self.hand_off_to(worker, ep).map_err(|_| WorkerError::Busy)
+    }
+
+    /// The worker a connection from `peer` goes to: the least-loaded one,
+    /// except behind a gateway, where every connection of one client goes
+    /// to one worker (chosen by its identity), so that the worker's
+    /// duplicate request cache sees the client's retransmissions after a
+    /// reconnect (docs/GATEWAY.md, "Reply cache").
+    fn worker_for(&self, peer: u64) -> usize {
+        let n = self.workers.len() as u64;
+        if self.config.gateway.is_none() || peer == 0 || n <= 1 {
+            return self.least_loaded();
+        }
+        // Fibonacci hashing: consecutive addresses spread over workers.
+        ((peer.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n) as usize
     }
 
     /// The counters of every worker.
