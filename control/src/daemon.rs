@@ -721,8 +721,11 @@ pub fn planned_mappings(config: &Config) -> Vec<Mapping> {
             continue;
         }
         let served = SERVED_PROGRAMS.iter().map(|p| (p.program, p.version));
-        // Routed programs are served where RPC-over-RDMA is: the TCP
-        // listener serves the built-in programs only.
+        // Routed programs are registered for the RDMA listeners only. The
+        // TCP listener relays them too, but registering them under `tcp`
+        // would replace the backend's own mapping when the backend uses
+        // this rpcbind (UNSET, then SET), and unregistering at shutdown
+        // would leave the backend unfindable.
         let rdma = !matches!(l.url, ProviderUrl::Tcp(_));
         let routed = config
             .gateway

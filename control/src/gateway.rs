@@ -8,7 +8,7 @@ use std::time::Duration;
 use dataplane::gateway::{GatewayConfig, GatewayCounters, Route};
 use dataplane::worker::GatewaySetup;
 
-use crate::config::{Backend, Config, GatewayRoute};
+use crate::config::{Backend, Config, GatewayRoute, ProviderUrl};
 use crate::rpcbind::{parse_universal_address, Mapping, RpcbindAddress, RpcbindClient};
 
 /// Why a route's backend could not be found.
@@ -42,6 +42,24 @@ pub fn setup(config: &Config) -> Result<Option<GatewaySetup>, GatewayError> {
                 reason,
             })?,
         };
+        // rpcbind may map the program to this daemon itself (the gateway
+        // registers routed programs for its TCP listener): relaying there
+        // would loop.
+        let own = config.listeners.iter().any(|l| match &l.url {
+            ProviderUrl::Tcp(a) => {
+                a.port() == backend.port() && (a.ip() == backend.ip() || a.ip().is_unspecified())
+            }
+            _ => false,
+        });
+        if own {
+            return Err(GatewayError {
+                index,
+                program: r.program,
+                reason: format!(
+                    "the backend {backend} is this daemon's own tcp listener (rpcbind still maps the program to the gateway?); give the backend as IP:PORT"
+                ),
+            });
+        }
         tracing::info!(
             "gateway: program {} versions {:?} -> tcp {backend} ({} connection(s) per worker)",
             r.program,

@@ -119,6 +119,54 @@ pub(crate) enum CloseReason {
     Shutdown,
 }
 
+/// A call a [`TcpRelay`] took from a connection, to be answered later
+/// with [`TcpConnections::deliver`] (or given up with
+/// [`TcpConnections::forget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpCallId {
+    fd: RawFd,
+    /// The connection's serial number: a descriptor is reused by the next
+    /// socket, a serial number never.
+    serial: u64,
+}
+
+/// What a [`TcpRelay`] did with a call record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relayed {
+    /// Not one of its calls: the services answer it.
+    NotMine,
+    /// Taken: its reply comes later through [`TcpConnections::deliver`].
+    Taken,
+    /// Answered at once: the reply message is the first `len` bytes of
+    /// the space the relay was given.
+    Answered(usize),
+}
+
+/// Takes calls away from a connection's services, to answer them later
+/// (the gateway's relay to its backends). Offered every complete call
+/// record before the services see it.
+pub trait TcpRelay {
+    /// Looks at the call `record` that arrived from `peer` on the call
+    /// `from`; `reply` is where an immediate answer goes.
+    fn relay(
+        &mut self,
+        from: TcpCallId,
+        peer: SocketAddr,
+        record: &[u8],
+        reply: &mut [u8],
+    ) -> Relayed;
+}
+
+/// No relay: the services answer every call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoRelay;
+
+impl TcpRelay for NoRelay {
+    fn relay(&mut self, _: TcpCallId, _: SocketAddr, _: &[u8], _: &mut [u8]) -> Relayed {
+        Relayed::NotMine
+    }
+}
+
 /// One connection: its socket, its buffers and where the stream is.
 struct Conn {
     stream: TcpStream,
@@ -143,6 +191,11 @@ struct Conn {
     /// The last epoll pass that served it (a socket both ready and carried
     /// is served once).
     pass: u64,
+    /// Set at [`TcpConnections::add`]; never reused.
+    serial: u64,
+    /// Calls a relay took and has not answered yet: the connection does
+    /// not shut its side while any remain.
+    deferred: u32,
 }
 
 impl Conn {
@@ -164,15 +217,18 @@ impl Conn {
             write_shut: false,
             registered: Interest::NONE,
             pass: 0,
+            serial: 0,
+            deferred: 0,
         })
     }
 
     /// One pass: take input, answer complete calls while the output has
     /// room for a reply, write what is pending. Returns the work done, or
     /// why the connection must close.
-    fn service<D: Dispatcher + ?Sized>(
+    fn service<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
         &mut self,
         services: &D,
+        relay: &mut R,
         cfg: &TcpConfig,
         stats: &mut TcpStats,
         now: Instant,
@@ -225,7 +281,20 @@ impl Conn {
             self.input.consume(used);
             if let Some(record) = self.reassembler.poll_record() {
                 work += 1;
-                answer(services, record, &mut self.output, stats);
+                let id = TcpCallId {
+                    fd: self.fd,
+                    serial: self.serial,
+                };
+                if answer(
+                    services,
+                    relay,
+                    (id, self.peer),
+                    record,
+                    &mut self.output,
+                    stats,
+                ) {
+                    self.deferred += 1;
+                }
             }
         }
         work += self.flush(stats, now)?;
@@ -245,9 +314,10 @@ impl Conn {
     /// written, our side of the stream is shut (the peer reads its last
     /// reply, then end of stream) and input is read only to see the
     /// peer's end, which closes the connection.
-    fn finish<D: Dispatcher + ?Sized>(
+    fn finish<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
         &mut self,
         services: &D,
+        relay: &mut R,
         cfg: &TcpConfig,
         stats: &mut TcpStats,
         now: Instant,
@@ -281,7 +351,20 @@ impl Conn {
             self.input.consume(used);
             if let Some(record) = self.reassembler.poll_record() {
                 work += 1;
-                answer(services, record, &mut self.output, stats);
+                let id = TcpCallId {
+                    fd: self.fd,
+                    serial: self.serial,
+                };
+                if answer(
+                    services,
+                    relay,
+                    (id, self.peer),
+                    record,
+                    &mut self.output,
+                    stats,
+                ) {
+                    self.deferred += 1;
+                }
             }
         }
         work += self.flush(stats, now)?;
@@ -294,6 +377,10 @@ impl Conn {
             }
             if !self.output.is_empty() {
                 self.stalled = true;
+                return Ok(work);
+            }
+            if self.deferred > 0 {
+                // A relayed call's reply is still to come.
                 return Ok(work);
             }
             // Everything answered and written: FIN. An error means the
@@ -404,15 +491,23 @@ impl core::fmt::Debug for Conn {
 }
 
 /// Answers one complete call record into `output`'s reserve (which the
-/// caller made sure exists: the record mark plus `max_reply_len`).
-fn answer<D: Dispatcher + ?Sized>(
+/// caller made sure exists: the record mark plus `max_reply_len`), unless
+/// `relay` takes it: then returns true and the reply comes later.
+fn answer<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
     services: &D,
+    relay: &mut R,
+    (id, peer): (TcpCallId, SocketAddr),
     record: &[u8],
     output: &mut OutBuf,
     stats: &mut TcpStats,
-) {
+) -> bool {
     let (mark, body) = output.reserve_mut().split_at_mut(RecordMarker::LEN);
-    match services.dispatch(record, body) {
+    let dispatched = match relay.relay(id, peer, record, body) {
+        Relayed::Taken => return true,
+        Relayed::Answered(len) => Dispatch::Reply { len, ddp: None },
+        Relayed::NotMine => services.dispatch(record, body),
+    };
+    match dispatched {
         Dispatch::Reply { len, .. } => {
             // Over TCP the DDP-eligible item simply stays inline. One
             // fragment: len <= max_reply_len, which the config keeps
@@ -426,6 +521,7 @@ fn answer<D: Dispatcher + ?Sized>(
         }
         Dispatch::Drop => stats.records_dropped += 1,
     }
+    false
 }
 
 /// The TCP connections of one worker, served in passes by
@@ -443,6 +539,8 @@ pub struct TcpConnections {
     /// Index in `conns` of each open socket, by descriptor (`NO_SLOT`:
     /// none); grown when a connection is added, never per pass.
     slot_of_fd: Vec<u32>,
+    /// The serial number of the next connection added.
+    next_serial: u64,
     /// Sockets an epoll pass serves: the ready ones, then `carry`.
     due: Vec<RawFd>,
     /// Sockets with input left in their buffer after a pass (the read
@@ -481,6 +579,7 @@ impl TcpConnections {
             stopping: false,
             epoll,
             slot_of_fd: Vec::new(),
+            next_serial: 1,
             due: Vec::with_capacity(super::epoll::EVENTS_PER_WAIT + cfg.max_connections.min(1024)),
             carry: Vec::with_capacity(cfg.max_connections.min(1024)),
             pass: 0,
@@ -539,7 +638,9 @@ impl TcpConnections {
             Ok(c)
         });
         match registered {
-            Ok(c) => {
+            Ok(mut c) => {
+                c.serial = self.next_serial;
+                self.next_serial += 1;
                 let fd = c.fd as usize;
                 if self.slot_of_fd.len() <= fd {
                     self.slot_of_fd.resize(fd + 1, NO_SLOT);
@@ -570,26 +671,88 @@ impl TcpConnections {
     /// ([`ServiceTable`](crate::service::ServiceTable) in the daemon); a
     /// reply's DDP-eligible item simply stays inline.
     pub fn poll<D: Dispatcher + ?Sized>(&mut self, services: &D, now: Instant) -> usize {
+        self.poll_with(services, &mut NoRelay, now)
+    }
+
+    /// [`poll`](Self::poll), offering every call to `relay` first: a call
+    /// it takes is answered later with [`deliver`](Self::deliver).
+    pub fn poll_with<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
+        &mut self,
+        services: &D,
+        relay: &mut R,
+        now: Instant,
+    ) -> usize {
         if self.conns.is_empty() {
             return 0;
         }
         let use_poll = match self.cfg.readiness {
             Readiness::ReadAll => false,
             Readiness::Poll => true,
-            Readiness::Epoll => return self.poll_epoll(services, now),
+            Readiness::Epoll => return self.poll_epoll(services, relay, now),
             Readiness::Auto { poll_from } if self.conns.len() >= poll_from => {
-                return self.poll_epoll(services, now)
+                return self.poll_epoll(services, relay, now)
             }
             Readiness::Auto { .. } => false,
         };
-        self.scan(services, now, use_poll)
+        self.scan(services, relay, now, use_poll)
+    }
+
+    /// Answers the relayed call `id` with the RPC reply `reply` (one
+    /// record). False when the connection is gone, or its output has no
+    /// room for the reply now (counted as a dropped record; the client
+    /// retransmits).
+    pub fn deliver(&mut self, id: TcpCallId, reply: &[u8], now: Instant) -> bool {
+        let Some(i) = self.index_of(id) else {
+            return false;
+        };
+        let conn = &mut self.conns[i];
+        conn.deferred = conn.deferred.saturating_sub(1);
+        if !conn.output.make_reserve() {
+            let _ = conn.flush(&mut self.stats, now);
+        }
+        let fits = reply.len() <= self.cfg.max_reply_len && conn.output.make_reserve();
+        if !fits {
+            self.stats.records_dropped += 1;
+            return false;
+        }
+        let (mark, body) = conn.output.reserve_mut().split_at_mut(RecordMarker::LEN);
+        if write_record_header(mark, reply.len()).is_err() {
+            self.stats.records_dropped += 1;
+            return false;
+        }
+        body[..reply.len()].copy_from_slice(reply);
+        conn.output.commit(RecordMarker::LEN + reply.len());
+        self.stats.rpcs += 1;
+        conn.last_active = now;
+        // Written now if the socket takes it; otherwise the connection
+        // waits for writability like any other.
+        let _ = conn.flush(&mut self.stats, now);
+        sync_interest(self.epoll.as_ref(), conn);
+        true
+    }
+
+    /// The relayed call `id` will not be answered (its backend call was
+    /// given up): the connection no longer waits for it.
+    pub fn forget(&mut self, id: TcpCallId) {
+        if let Some(i) = self.index_of(id) {
+            let conn = &mut self.conns[i];
+            conn.deferred = conn.deferred.saturating_sub(1);
+        }
+    }
+
+    /// The connection of `id`, if it is still open.
+    fn index_of(&self, id: TcpCallId) -> Option<usize> {
+        let slot = *self.slot_of_fd.get(usize::try_from(id.fd).ok()?)?;
+        let conn = self.conns.get(slot as usize)?;
+        (conn.serial == id.serial).then_some(slot as usize)
     }
 
     /// A pass that looks at every connection: after a `poll(2)` over all
     /// of them (`use_poll`), or with a `read` on each.
-    fn scan<D: Dispatcher + ?Sized>(
+    fn scan<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
         &mut self,
         services: &D,
+        relay: &mut R,
         now: Instant,
         use_poll: bool,
     ) -> usize {
@@ -609,8 +772,8 @@ impl TcpConnections {
             }
             let outcome = match (due, self.stopping) {
                 (false, _) => Ok(0),
-                (true, false) => conn.service(services, &self.cfg, &mut self.stats, now),
-                (true, true) => conn.finish(services, &self.cfg, &mut self.stats, now),
+                (true, false) => conn.service(services, relay, &self.cfg, &mut self.stats, now),
+                (true, true) => conn.finish(services, relay, &self.cfg, &mut self.stats, now),
             };
             let outcome = outcome.and_then(|w| match self.cfg.idle_timeout {
                 Some(t) if w == 0 && now.saturating_duration_since(conn.last_active) >= t => {
@@ -643,9 +806,14 @@ impl TcpConnections {
     /// with input left from the last pass, nothing else; looks for idle
     /// connections a few times per idle timeout. While shutting down,
     /// every connection is looked at (see [`scan`](Self::scan)).
-    fn poll_epoll<D: Dispatcher + ?Sized>(&mut self, services: &D, now: Instant) -> usize {
+    fn poll_epoll<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
+        &mut self,
+        services: &D,
+        relay: &mut R,
+        now: Instant,
+    ) -> usize {
         if self.stopping || self.epoll.is_none() {
-            return self.scan(services, now, false);
+            return self.scan(services, relay, now, false);
         }
         self.pass += 1;
         let mut due = std::mem::take(&mut self.due);
@@ -670,7 +838,7 @@ impl TcpConnections {
             }
             conn.pass = self.pass;
             self.stats.connections_served += 1;
-            match conn.service(services, &self.cfg, &mut self.stats, now) {
+            match conn.service(services, relay, &self.cfg, &mut self.stats, now) {
                 Ok(w) => {
                     sync_interest(self.epoll.as_ref(), conn);
                     if conn.has_buffered_input() {

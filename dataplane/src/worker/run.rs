@@ -18,7 +18,7 @@ use super::{
     IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
 };
 use crate::gateway::{Answer, Forwarded, Forwarder, Token};
-use crate::tcp::{TcpConnections, TcpStats};
+use crate::tcp::{Relayed, TcpCallId, TcpConnections, TcpRelay, TcpStats};
 #[cfg(feature = "ibverbs")]
 use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
@@ -63,14 +63,70 @@ struct Scratch {
     forwarder: Option<Forwarder<Origin>>,
 }
 
-/// Where a forwarded call came from: enough to find its connection and
-/// its responder slot again when the backend answers.
+/// Where a forwarded call came from: enough to find its connection (and
+/// on RDMA its responder slot) again when the backend answers.
 #[derive(Debug, Clone, Copy)]
-struct Origin {
-    transport: Transport,
-    qp: u32,
-    call: IncomingCall,
-    xid: u32,
+enum Origin {
+    /// A responder slot of an RDMA connection, which keeps the call's
+    /// bytes until it is answered.
+    Rdma {
+        transport: Transport,
+        qp: u32,
+        call: IncomingCall,
+        xid: u32,
+    },
+    /// A call taken from a TCP connection (its bytes are not kept).
+    Tcp { call: TcpCallId, xid: u32 },
+}
+
+/// The relay as the worker's TCP connections see it: MOUNT, NLM, NSM
+/// (and NFS over TCP) of routed programs go to their backends too.
+struct TcpGateway<'a> {
+    fw: &'a mut Forwarder<Origin>,
+    now: engine::Instant,
+}
+
+impl TcpRelay for TcpGateway<'_> {
+    fn relay(
+        &mut self,
+        from: TcpCallId,
+        peer: std::net::SocketAddr,
+        record: &[u8],
+        reply: &mut [u8],
+    ) -> Relayed {
+        if !self.fw.routes(record) {
+            return Relayed::NotMine;
+        }
+        let Some(xid) = peek_xid(record) else {
+            return Relayed::NotMine;
+        };
+        let origin = Origin::Tcp { call: from, xid };
+        match self
+            .fw
+            .forward(self.now, origin, ip_identity(peer.ip()), record)
+        {
+            Ok(Forwarded::Sent | Forwarded::Joined) => Relayed::Taken,
+            Ok(Forwarded::Cached(cached)) if cached.len() <= reply.len() => {
+                reply[..cached.len()].copy_from_slice(cached);
+                Relayed::Answered(cached.len())
+            }
+            Ok(_) | Err(_) => Relayed::Answered(system_err_reply(xid.to_be_bytes(), reply)),
+        }
+    }
+}
+
+/// A client's identity from its IP address, as the roce provider gives
+/// it (`Incoming::peer_identity`), so that a client's calls over TCP and
+/// over RDMA share their reply-cache entries.
+fn ip_identity(ip: std::net::IpAddr) -> u64 {
+    match ip {
+        std::net::IpAddr::V4(v4) => (2 << 32) | u64::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => {
+            let b = v6.octets();
+            (3 << 62)
+                | (u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]) >> 2)
+        }
+    }
 }
 
 /// How often the timers of connections on a shared completion queue are
@@ -417,7 +473,10 @@ impl Worker {
                 work += self.poll_gateway(fw, &mut conns, now);
             }
             if let Some(tcp) = conns.tcp.as_mut() {
-                work += tcp.poll(&*self.dispatcher, now);
+                work += match scratch.forwarder.as_mut() {
+                    Some(fw) => tcp.poll_with(&*self.dispatcher, &mut TcpGateway { fw, now }, now),
+                    None => tcp.poll(&*self.dispatcher, now),
+                };
                 self.fold_tcp(&mut conns);
             }
 
@@ -719,7 +778,7 @@ impl Worker {
         let xid = msg.get(..4).map(|b| [b[0], b[1], b[2], b[3]]);
         if let (Some(fw), Some(x)) = (scratch.forwarder.as_mut(), xid) {
             if fw.routes(msg) {
-                let origin = Origin {
+                let origin = Origin::Rdma {
                     transport: P::TRANSPORT,
                     qp,
                     call,
@@ -811,23 +870,52 @@ impl Worker {
         conns: &mut Conns,
         now: engine::Instant,
     ) -> usize {
-        let mut work = fw.poll(now, |origin, answer| match origin.transport {
-            Transport::Shm => self.deliver(&mut conns.shm, now, origin, answer),
-            Transport::Roce => self.deliver(&mut conns.roce, now, origin, answer),
-            #[cfg(feature = "ibverbs")]
-            Transport::Ibverbs => self.deliver(&mut conns.ibverbs, now, origin, answer),
-            _ => {}
+        let mut work = fw.poll(now, |origin, answer| match origin {
+            Origin::Rdma { transport, .. } => match transport {
+                Transport::Shm => self.deliver(&mut conns.shm, now, origin, answer),
+                Transport::Roce => self.deliver(&mut conns.roce, now, origin, answer),
+                #[cfg(feature = "ibverbs")]
+                Transport::Ibverbs => self.deliver(&mut conns.ibverbs, now, origin, answer),
+                _ => {}
+            },
+            Origin::Tcp { call, xid } => {
+                let Some(tcp) = conns.tcp.as_mut() else {
+                    return;
+                };
+                let mut err = [0u8; 24];
+                let message = match answer {
+                    Answer::Reply { message, .. } => message,
+                    Answer::Failed { .. } => {
+                        self.counters.errors_reply.add(1);
+                        let n = system_err_reply(xid.to_be_bytes(), &mut err);
+                        &err[..n]
+                    }
+                };
+                if !tcp.deliver(call, message, now) {
+                    self.counters.errors_dropped_calls.add(1);
+                }
+            }
         });
         // At most one round of the queue per iteration: a call that finds
         // no room goes to the back and waits for the next.
         while let Some((token, origin)) = fw.next_resend() {
             work += 1;
-            let sent = match origin.transport {
-                Transport::Shm => resend_from(&mut conns.shm, fw, now, token, origin),
-                Transport::Roce => resend_from(&mut conns.roce, fw, now, token, origin),
-                #[cfg(feature = "ibverbs")]
-                Transport::Ibverbs => resend_from(&mut conns.ibverbs, fw, now, token, origin),
-                _ => None,
+            let sent = match origin {
+                Origin::Rdma { transport, .. } => match transport {
+                    Transport::Shm => resend_from(&mut conns.shm, fw, now, token, origin),
+                    Transport::Roce => resend_from(&mut conns.roce, fw, now, token, origin),
+                    #[cfg(feature = "ibverbs")]
+                    Transport::Ibverbs => resend_from(&mut conns.ibverbs, fw, now, token, origin),
+                    _ => None,
+                },
+                // A TCP call's bytes are gone with its record: its client
+                // retransmits when its own timer runs out.
+                Origin::Tcp { call, .. } => {
+                    if let Some(tcp) = conns.tcp.as_mut() {
+                        tcp.forget(call);
+                    }
+                    None
+                }
             };
             match sent {
                 Some(true) => {}
@@ -848,16 +936,19 @@ impl Worker {
         origin: Origin,
         answer: Answer<'_>,
     ) {
-        let Some((ep, shared)) = pc.find_mut(origin.qp) else {
+        let Origin::Rdma { qp, call, xid, .. } = origin else {
+            return;
+        };
+        let Some((ep, shared)) = pc.find_mut(qp) else {
             self.counters.errors_dropped_calls.add(1);
             return;
         };
-        let held = ep.connection().call_message(origin.call).and_then(peek_xid);
-        if held != Some(origin.xid) {
+        let held = ep.connection().call_message(call).and_then(peek_xid);
+        if held != Some(xid) {
             self.counters.errors_dropped_calls.add(1);
             return;
         }
-        let xid = origin.xid.to_be_bytes();
+        let xid = xid.to_be_bytes();
         match answer {
             Answer::Reply {
                 message,
@@ -869,9 +960,9 @@ impl Worker {
                     message,
                     ddp: crate::gateway::reply_ddp(program, version, procedure, message),
                 };
-                self.answer(now, ep, origin.call, Some(xid), &reply);
+                self.answer(now, ep, call, Some(xid), &reply);
             }
-            Answer::Failed { .. } => self.answer_system_err(now, ep, origin.call, xid),
+            Answer::Failed { .. } => self.answer_system_err(now, ep, call, xid),
         }
         ep.flush();
         if let Some(i) = shared {
@@ -891,7 +982,10 @@ fn resend_from<P: PoolProvider>(
     token: Token,
     origin: Origin,
 ) -> Option<bool> {
-    let (ep, _) = pc.find_mut(origin.qp)?;
-    let msg = ep.connection().call_message(origin.call)?;
-    (peek_xid(msg) == Some(origin.xid)).then(|| fw.resend(now, token, msg))
+    let Origin::Rdma { qp, call, xid, .. } = origin else {
+        return None;
+    };
+    let (ep, _) = pc.find_mut(qp)?;
+    let msg = ep.connection().call_message(call)?;
+    (peek_xid(msg) == Some(xid)).then(|| fw.resend(now, token, msg))
 }
