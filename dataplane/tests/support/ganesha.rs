@@ -14,6 +14,11 @@
 //! killed, the namespace deleted, the scratch directory removed. A later
 //! run also removes what a killed test process left behind.
 //!
+//! [`GaneshaBackend::start_in_netns`] does the same in a network namespace
+//! that exists already (the host side of a `deploy/linux-peer` guest's
+//! link: the guest then finds rpcbind and ganesha at that side's
+//! address), and leaves that namespace alone on drop.
+//!
 //! The real-peer rule: without root, iproute2, util-linux's
 //! nsenter/unshare, rpcbind, ganesha.nfsd or the VFS FSAL, [`start`]
 //! fails under `RPCRDMA_REQUIRE_PEERS=1` and otherwise prints
