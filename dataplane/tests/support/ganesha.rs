@@ -14,6 +14,11 @@
 //! killed, the namespace deleted, the scratch directory removed. A later
 //! run also removes what a killed test process left behind.
 //!
+//! [`GaneshaBackend::start_in_netns`] does the same in a network namespace
+//! that exists already (the host side of a `deploy/linux-peer` guest's
+//! link: the guest then finds rpcbind and ganesha at that side's
+//! address), and leaves that namespace alone on drop.
+//!
 //! The real-peer rule: without root, iproute2, util-linux's
 //! nsenter/unshare, rpcbind, ganesha.nfsd or the VFS FSAL, [`start`]
 //! fails under `RPCRDMA_REQUIRE_PEERS=1` and otherwise prints
@@ -219,6 +224,9 @@ pub struct GaneshaBackend {
     dir: PathBuf,
     /// The network namespace, `/run/netns/NAME`.
     netns: String,
+    /// Whether the namespace was made here (and is deleted on drop), not
+    /// given to [`start_in_netns`](Self::start_in_netns).
+    owns_netns: bool,
     ip: PathBuf,
     nsenter: PathBuf,
     ganesha_bin: PathBuf,
@@ -235,6 +243,21 @@ impl GaneshaBackend {
     /// serves; `None` after the real-peer rule said "skipped". Panics when
     /// it cannot start or is not ready within [`BACKEND_PATIENCE`].
     pub fn start(tag: &str) -> Option<GaneshaBackend> {
+        Self::start_with(tag, None)
+    }
+
+    /// [`start`](Self::start), but in the existing network namespace
+    /// `netns` (e.g. the host side of a `deploy/linux-peer` guest's link,
+    /// so that the guest reaches rpcbind and ganesha at that side's
+    /// address). rpcbind and ganesha listen on its wildcard addresses; the
+    /// namespace must have no rpcbind of its own (port 111) and nothing
+    /// on ganesha's ports. On drop only the processes started here are
+    /// killed: the namespace and whatever else runs in it stay.
+    pub fn start_in_netns(tag: &str, netns: &str) -> Option<GaneshaBackend> {
+        Self::start_with(tag, Some(netns))
+    }
+
+    fn start_with(tag: &str, existing_netns: Option<&str>) -> Option<GaneshaBackend> {
         if !nix::unistd::geteuid().is_root() {
             skip("root not available (the ganesha backend needs namespaces and mounts)");
             return None;
@@ -271,16 +294,29 @@ impl GaneshaBackend {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("export")).unwrap();
         std::fs::create_dir_all(dir.join("recovery")).unwrap();
-        let netns = format!("{NS_PREFIX}{pid}-{n}");
-        if let Err(e) = ip(&ip_tool, &["netns", "add", &netns]) {
-            let _ = std::fs::remove_dir_all(&dir);
-            skip(&format!("cannot create a network namespace ({e})"));
-            return None;
-        }
+        let netns = match existing_netns {
+            Some(ns) => {
+                assert!(
+                    Path::new(&format!("/run/netns/{ns}")).exists(),
+                    "no network namespace {ns}"
+                );
+                ns.to_owned()
+            }
+            None => {
+                let netns = format!("{NS_PREFIX}{pid}-{n}");
+                if let Err(e) = ip(&ip_tool, &["netns", "add", &netns]) {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    skip(&format!("cannot create a network namespace ({e})"));
+                    return None;
+                }
+                netns
+            }
+        };
         // From here on, Drop undoes whatever was made.
         let mut b = GaneshaBackend {
             dir,
             netns,
+            owns_netns: existing_netns.is_none(),
             ip: ip_tool,
             nsenter,
             ganesha_bin,
@@ -596,7 +632,9 @@ impl Drop for GaneshaBackend {
             let _ = r.kill();
             reap(&mut r);
         }
-        remove_namespace(&self.ip, &self.netns);
+        if self.owns_netns {
+            remove_namespace(&self.ip, &self.netns);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
