@@ -924,6 +924,13 @@ impl Connection {
         self.close_with(CloseReason::TransportError(WcStatus::Flushed));
     }
 
+    /// The peer disconnected in order (the provider says so): the
+    /// connection closes as on a failure, with its own reason
+    /// ([`CloseReason::PeerDisconnected`]).
+    pub fn handle_peer_disconnect(&mut self) {
+        self.close_with(CloseReason::PeerDisconnected);
+    }
+
     /// Closes the connection: outstanding calls fail, calls being served
     /// are dropped, and no new work is generated. Work requests already
     /// queued or posted still complete (the provider flushes them) and

@@ -495,6 +495,9 @@ pub enum CloseReason {
     /// Nothing was received and nothing was in flight for
     /// [`Config::idle_timeout`].
     Idle,
+    /// The peer disconnected in order (the provider saw a CM DREQ or a
+    /// close): the end of the connection, not an error.
+    PeerDisconnected,
 }
 
 /// What the engine tells the application.

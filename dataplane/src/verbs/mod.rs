@@ -982,6 +982,12 @@ pub trait QueuePair<P: Provider>: Send {
     fn qp_num(&self) -> u32;
     /// Current state.
     fn state(&self) -> QpState;
+    /// Whether the queue pair is in Error because the peer disconnected
+    /// in order (a CM DREQ, a close), not because something failed: the
+    /// end of a connection, which is not an error to count.
+    fn peer_disconnected(&self) -> bool {
+        false
+    }
     /// Posts one send-queue work request.
     ///
     /// # Errors

@@ -1016,7 +1016,11 @@ impl<P: Provider> Endpoint<P> {
     /// Closes the engine if the queue pair failed under it.
     fn notice_failed_qp(&mut self) {
         if self.conn.close_reason().is_none() && self.qp.state() == QpState::Error {
-            self.conn.handle_queue_pair_failure();
+            if self.qp.peer_disconnected() {
+                self.conn.handle_peer_disconnect();
+            } else {
+                self.conn.handle_queue_pair_failure();
+            }
         }
     }
 
@@ -1071,6 +1075,14 @@ impl<P: Provider> Endpoint<P> {
         };
         if wc.status != WcStatus::Success {
             self.counters.error_completions += 1;
+            if wc.status == WcStatus::WrFlushErr
+                && self.conn.close_reason().is_none()
+                && self.qp.peer_disconnected()
+            {
+                // A flush after the peer's orderly disconnect: its end,
+                // with that reason, not a transport error.
+                self.conn.handle_peer_disconnect();
+            }
             self.conn
                 .handle_completion(now, id, engine_status(wc.status));
             return;

@@ -650,11 +650,14 @@ impl Worker {
                     self.serve(now, ep, call, scratch);
                 }
                 Event::ConnectionLost { reason } => {
-                    // Closing an idle connection is housekeeping, not
+                    // Closing an idle connection is housekeeping, and
+                    // a peer's orderly disconnect is its end: neither is
                     // an error.
                     if !matches!(
                         reason,
-                        engine::CloseReason::Local | engine::CloseReason::Idle
+                        engine::CloseReason::Local
+                            | engine::CloseReason::Idle
+                            | engine::CloseReason::PeerDisconnected
                     ) {
                         c.errors_connection.add(1);
                     }

@@ -312,7 +312,10 @@ impl Cm {
                 let mut drep_ids = (0, d.local_comm_id);
                 if let Some(rec) = self.conns.get_mut(&d.remote_comm_id) {
                     if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
-                        qps.with(rec.qpn, |qp| qp.enter_error(None, false));
+                        qps.with(rec.qpn, |qp| {
+                            qp.peer_disconnected = true;
+                            qp.enter_error(None, false)
+                        });
                         drep_ids = (rec.local_comm_id, rec.remote_comm_id);
                         if rec.active && !rec.claimed {
                             rec.state = ConnState::Closed;

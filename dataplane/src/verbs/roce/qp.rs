@@ -424,6 +424,13 @@ impl QueuePair<Roce> for RoceQp {
             .map_or(QpState::Error, |q| q.state)
     }
 
+    fn peer_disconnected(&self) -> bool {
+        lock(&self.shard.state)
+            .qps
+            .get(&self.qpn)
+            .is_some_and(|q| q.peer_disconnected)
+    }
+
     fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
         let mut slot = Some(wr);
         let r = self.with(|qp, _| qp.post_send(slot.take().expect("once")));

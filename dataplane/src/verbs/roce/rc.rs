@@ -128,6 +128,8 @@ enum Cur {
 pub(super) struct RcQp {
     pub qpn: u32,
     pub state: QpState,
+    /// The peer sent a DREQ: the error state is its orderly end.
+    pub peer_disconnected: bool,
     pub caps: QpCaps,
     pub pd: Arc<PdInner>,
     pub send_cq: usize,
@@ -295,6 +297,7 @@ impl RcQp {
         RcQp {
             qpn: 0,
             state: QpState::Init,
+            peer_disconnected: false,
             caps,
             pd,
             send_cq,

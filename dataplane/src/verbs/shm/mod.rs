@@ -360,6 +360,7 @@ impl ShmPd {
             inner: Mutex::new(QpInner {
                 qpn,
                 state: QpState::Init,
+                peer_closed: false,
                 caps,
                 layout,
                 pd: self.inner.clone(),
@@ -841,6 +842,9 @@ fn map_peer_outbox(fd: Option<OwnedFd>, args: [u32; 4]) -> Result<(Mapping, Layo
 struct QpInner {
     qpn: u32,
     state: QpState,
+    /// The peer closed the connection in order (its close flag): the
+    /// error state is its end.
+    peer_closed: bool,
     caps: QpCaps,
     layout: Layout,
     pd: Arc<PdInner>,
@@ -1149,6 +1153,10 @@ impl QpInner {
             return;
         };
         let flags = conn.peer_word(W_FLAGS);
+        // The peer's close flag (its `disconnect`, which raises its error
+        // flag too; a failure raises the error flag alone): whatever ends
+        // the queue pair below, it is the peer's orderly end.
+        self.peer_closed = flags & FLAG_CLOSED != 0;
         if self.drain_descs().is_err() {
             self.enter_error(None);
             return;
@@ -1722,6 +1730,10 @@ impl QueuePair<Shm> for ShmQp {
 
     fn state(&self) -> QpState {
         lock(&self.shared.inner).state
+    }
+
+    fn peer_disconnected(&self) -> bool {
+        lock(&self.shared.inner).peer_closed
     }
 
     fn post_send(&mut self, wr: SendWr) -> Result<(), PostFailed<SendWr>> {
