@@ -12,6 +12,7 @@
 //! - [`conns`]: many idle connections against one busy one (`conns`);
 //! - [`inproc`]: the no-transport reference driver;
 //! - [`tirpc`]: the libtirpc baseline peer (C server and client);
+//! - [`nfs`]: NFSv3 READ/WRITE through the gateway and over TCP (`nfs`);
 //! - [`membw`]: single-core memcpy bandwidth (part of `floor`);
 //! - [`output`]: tables, JSON documents, SVG plots.
 
@@ -19,6 +20,7 @@ pub mod conns;
 pub mod driver;
 pub mod inproc;
 pub mod membw;
+pub mod nfs;
 pub mod output;
 pub mod rdma;
 pub mod spec;

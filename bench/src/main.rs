@@ -3,7 +3,8 @@
 //! Subcommands `lat`, `rate`, `read`, `write`, `sweep` run the bench
 //! program over a transport (`--connect URL`, or the embedded default) and
 //! print a table; `conns` measures many idle connections against a busy
-//! one; `floor` measures this machine's physical references.
+//! one; `floor` measures this machine's physical references; `nfs` runs
+//! NFSv3 READ and WRITE through the gateway and over TCP.
 //! `--json FILE` writes everything measured as one JSON document. The
 //! transports and the run loop are in the library (`bench::transport`,
 //! `bench::driver`); `docs/BENCHMARKS.md` has commands and figures.
@@ -22,6 +23,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 mod floor;
+mod nfs_cmd;
 mod targets;
 
 /// Measure RPC-over-RDMA latency, message rate and bulk throughput against
@@ -189,6 +191,55 @@ enum Cmd {
         /// 0, 1, 4, 16, 64, 256, 1024 capped at COUNT-1).
         #[arg(long)]
         step: Option<u32>,
+    },
+    /// NFSv3 sequential READ and WRITE of one file, sizes x depths, through
+    /// rpcrdmad's storage gateway over RPC-over-RDMA (--gateway) and over
+    /// TCP straight to the NFS server (--direct), compared point by point
+    /// in one run: a table, RDMA/TCP ratios, JSON, SVG plots.
+    Nfs {
+        /// Gateway listeners (shm://PATH, roce://IP:PORT), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        gateway: Vec<String>,
+        /// The NFS server's TCP address (tcp://IP:PORT), for the straight
+        /// comparison; without it only the gateway runs.
+        #[arg(long, value_name = "URL")]
+        direct: Option<String>,
+        /// MOUNT for --direct: tcp://IP:PORT, or rpcbind://IP (ask its
+        /// rpcbind). Default: rpcbind at --direct's address.
+        #[arg(long, value_name = "URL")]
+        mount: Option<String>,
+        /// The export's MOUNT path on the server.
+        #[arg(long, value_name = "PATH")]
+        export: String,
+        /// The file READ reads (in the export's root, at least 1 MiB).
+        #[arg(long, value_name = "NAME")]
+        file: String,
+        /// The file WRITE writes (in the export's root, existing); its
+        /// offsets wrap at the read file's size.
+        #[arg(long, value_name = "NAME", default_value = "nfs-bench-write")]
+        write_file: String,
+        /// Request sizes (at most 1m).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size,
+              default_values = ["4k", "16k", "64k", "256k", "1m"])]
+        sizes: Vec<u32>,
+        /// Outstanding requests.
+        #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4, 8, 16])]
+        depths: Vec<u32>,
+        /// Operations: read, write.
+        #[arg(long, value_delimiter = ',', default_values_t = ["read".to_owned(), "write".to_owned()])]
+        ops: Vec<String>,
+        /// Directory for the SVG plots.
+        #[arg(long, default_value = "bench-plots")]
+        plots: PathBuf,
+        /// Depth of the CPU-per-GB plot.
+        #[arg(long, default_value_t = 4)]
+        cpu_depth: u32,
+        /// The gateway daemon's pid, for its CPU per GB.
+        #[arg(long, value_name = "PID")]
+        gateway_pid: Option<u32>,
+        /// The NFS server's pid, for its CPU per GB.
+        #[arg(long, value_name = "PID")]
+        nfs_pid: Option<u32>,
     },
     /// The responder half of `floor` (spawned by it).
     #[command(hide = true)]
@@ -522,6 +573,48 @@ fn main() -> ExitCode {
                 doc
             })
         }
+        Some(Cmd::Nfs {
+            gateway,
+            direct,
+            mount,
+            export,
+            file,
+            write_file,
+            sizes,
+            depths,
+            ops,
+            plots,
+            cpu_depth,
+            gateway_pid,
+            nfs_pid,
+        }) => nfs_cmd::run(
+            common.duration(0.5),
+            common.idle,
+            nfs_cmd::Args {
+                gateway,
+                direct,
+                mount,
+                export,
+                file,
+                write_file,
+                sizes,
+                depths,
+                ops,
+                plots,
+                cpu_depth,
+                gateway_pid,
+                nfs_pid,
+            },
+        )
+        .map(|body| {
+            let mut doc = header("nfs", &common);
+            if let serde_json::Value::Object(m) = body {
+                for (k, v) in m {
+                    doc[k] = v;
+                }
+            }
+            doc
+        }),
         Some(Cmd::FloorPeer {
             url,
             page,
@@ -533,7 +626,7 @@ fn main() -> ExitCode {
         }
         None => {
             eprintln!(
-                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, conns, floor, targets (--help); transports: {}",
+                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, nfs, conns, floor, targets (--help); transports: {}",
                 TRANSPORTS
                     .iter()
                     .map(|t| format!("{}{}", t.0, if t.2.is_some() { " (not built)" } else { "" }))

@@ -253,10 +253,14 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-type Series = (String, Vec<(f64, f64)>);
+/// A named line of (x, y) points.
+pub type Series = (String, Vec<(f64, f64)>);
 
 /// One line chart to `path`: `x_log` puts x on a log scale.
-fn line_chart(
+///
+/// # Errors
+/// The chart could not be drawn or written (the text says which).
+pub fn line_chart(
     path: &Path,
     title: &str,
     x_label: &str,
