@@ -201,6 +201,8 @@ pub struct GatewayRouteSample {
     pub bytes_received: u64,
     /// Calls sent again after a lost backend connection.
     pub resends: u64,
+    /// Calls that waited for room in the backend connections' output.
+    pub output_waits: u64,
     /// Errors by kind: `timeout`, `busy`, `connection`, `stray_reply`.
     pub errors: [(&'static str, u64); 4],
     /// Retransmissions the duplicate request cache handled, by kind:
@@ -464,7 +466,7 @@ impl Registry {
             )
         };
         type Field = fn(&GatewayRouteSample) -> u64;
-        let families: [(&str, &str, Field); 5] = [
+        let families: [(&str, &str, Field); 6] = [
             (
                 "rpcrdma_gateway_calls_total",
                 "Calls relayed to the backend.",
@@ -489,6 +491,11 @@ impl Registry {
                 "rpcrdma_gateway_resends_total",
                 "Calls sent again after a lost backend connection.",
                 |r| r.resends,
+            ),
+            (
+                "rpcrdma_gateway_output_waits_total",
+                "Calls that waited for room in the backend connections' output (sent once, later).",
+                |r| r.output_waits,
             ),
         ];
         for (name, help, field) in families {

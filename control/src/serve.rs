@@ -582,6 +582,7 @@ fn gateway_samples(g: &dataplane::worker::GatewaySetup) -> Vec<metrics::GatewayR
             bytes_sent: c.bytes_out.load(Relaxed),
             bytes_received: c.bytes_in.load(Relaxed),
             resends: c.resends.load(Relaxed),
+            output_waits: c.output_waits.load(Relaxed),
             errors: [
                 ("timeout", c.errors_timeout.load(Relaxed)),
                 ("busy", c.errors_busy.load(Relaxed)),

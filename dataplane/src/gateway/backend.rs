@@ -19,8 +19,10 @@ use crate::tcp::buf::{InBuf, OutBuf, ZeroedBuf};
 use crate::wire::rpc::{write_record_header, RecordMarker, RecordReassembler};
 
 /// Output space beyond one record, where pipelined calls gather to leave
-/// in one `send`.
-const BATCH: usize = 64 << 10;
+/// in one `send`: several of the largest calls (1 MiB WRITEs at depth),
+/// so that a deep client does not wait for each to drain. Address space:
+/// pages are touched only as far as the output reaches.
+const BATCH: usize = 4 << 20;
 /// Bytes asked for per `read`.
 const READ_LEN: usize = 64 << 10;
 /// `read` calls per poll at most, so one busy backend cannot hold the

@@ -99,6 +99,9 @@ struct Pending<O> {
     also: Option<O>,
     /// The call's entry in the duplicate request cache.
     drc: Option<EntryRef>,
+    /// Its connection was lost: the next send is a resend (else a call
+    /// queued for room in the output).
+    lost: bool,
     client_xid: u32,
     program: u32,
     version: u32,
@@ -159,6 +162,7 @@ impl<O: Copy> Forwarder<O> {
                 origin: None,
                 also: None,
                 drc: None,
+                lost: false,
                 client_xid: 0,
                 program: 0,
                 version: 0,
@@ -267,6 +271,7 @@ impl<O: Copy> Forwarder<O> {
         p.origin = Some(origin);
         p.also = None;
         p.drc = entry;
+        p.lost = false;
         p.client_xid = header.xid;
         p.program = header.program;
         p.version = header.version;
@@ -333,9 +338,11 @@ impl<O: Copy> Forwarder<O> {
         if p.state != State::Queued || peek_xid(msg) != Some(p.client_xid) {
             return false;
         }
-        let route = usize::from(p.route);
+        let (route, lost) = (usize::from(p.route), p.lost);
         if self.send(now, slot, msg) {
-            RouteCounters::add(&self.counters.routes[route].resends, 1);
+            let c = &self.counters.routes[route];
+            RouteCounters::add(if lost { &c.resends } else { &c.output_waits }, 1);
+            self.pending[slot as usize].lost = false;
             true
         } else {
             // Ahead of calls queued later, but after this iteration.
@@ -452,6 +459,7 @@ impl<O: Copy> Forwarder<O> {
             for (slot, p) in self.pending.iter_mut().enumerate() {
                 if p.state == (State::Sent { conn: c as u16 }) && usize::from(p.route) == route {
                     p.state = State::Queued;
+                    p.lost = true;
                     self.resend.push_back(slot as u32);
                 }
             }

@@ -178,6 +178,9 @@ pub struct RouteCounters {
     pub errors_connection: AtomicU64,
     /// Calls sent again after their connection was lost.
     pub resends: AtomicU64,
+    /// Calls that found no room in the backend connections' output and
+    /// went out later (sent once, not again).
+    pub output_waits: AtomicU64,
     /// Replies from the backend that matched no call in flight (late
     /// replies to calls that timed out, or a confused backend).
     pub stray_replies: AtomicU64,
