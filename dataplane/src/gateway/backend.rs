@@ -28,6 +28,10 @@ const READ_LEN: usize = 64 << 10;
 /// `read` calls per poll at most, so one busy backend cannot hold the
 /// worker.
 const READS_PER_POLL: usize = 16;
+/// A fragment with at least this much left is read into the record
+/// directly; a shorter one (small replies, headers) through the read
+/// buffer, where one `read` may bring several replies.
+const DIRECT_READ_MIN: usize = 16 << 10;
 
 /// Where a connection is.
 #[derive(Debug)]
@@ -207,6 +211,32 @@ impl BackendConn {
                     break;
                 }
                 reads_left -= 1;
+                // Bulk data (most of a large READ reply) goes from the
+                // socket straight into the record: no copy through the
+                // read buffer.
+                if let Some(space) = self
+                    .reassembler
+                    .fragment_space()
+                    .filter(|s| s.len() >= DIRECT_READ_MIN)
+                {
+                    match stream.read(space) {
+                        Ok(0) => {
+                            self.fail(now, retry_after);
+                            return (LinkEvent::Lost, written);
+                        }
+                        Ok(n) => self.reassembler.fragment_filled(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(_) => {
+                            self.fail(now, retry_after);
+                            return (LinkEvent::Lost, written);
+                        }
+                    }
+                    if let Some(record) = self.reassembler.poll_record_mut() {
+                        on_record(record);
+                    }
+                    continue;
+                }
                 match stream.read(self.input.space()) {
                     Ok(0) => {
                         self.fail(now, retry_after);

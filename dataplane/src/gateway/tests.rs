@@ -93,6 +93,14 @@ fn serve(mut s: TcpStream, seen: &Mutex<Vec<Vec<u8>>>, plan: &[Act]) {
 }
 
 fn forwarder(addr: SocketAddr, connections: u32) -> (Forwarder<u32>, Arc<GatewayCounters>) {
+    forwarder_sized(addr, connections, 64 << 10)
+}
+
+fn forwarder_sized(
+    addr: SocketAddr,
+    connections: u32,
+    max_message: usize,
+) -> (Forwarder<u32>, Arc<GatewayCounters>) {
     let config = GatewayConfig {
         routes: vec![Route {
             program: PROG,
@@ -103,7 +111,7 @@ fn forwarder(addr: SocketAddr, connections: u32) -> (Forwarder<u32>, Arc<Gateway
         max_in_flight: 64,
         call_timeout: Duration::from_secs(5),
         reconnect_after: Duration::from_millis(1),
-        max_message: 64 << 10,
+        max_message,
         ..GatewayConfig::default()
     };
     config.validate().unwrap();
@@ -400,4 +408,32 @@ fn a_retransmitted_remove_runs_once_and_is_answered_from_the_cache() {
     let r = &counters.routes[0];
     assert_eq!(r.cache_hits.load(Ordering::Relaxed), 1);
     assert_eq!(r.cache_joins.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn large_replies_read_straight_into_the_record_are_whole() {
+    // Replies of 300 KiB and more: their data is read from the socket into
+    // the record directly (no read buffer), across many reads.
+    let (addr, _) = backend(vec![]);
+    let (mut fw, _) = forwarder_sized(addr, 1, 2 << 20);
+    let mut now = Instant::ZERO;
+    let calls: Vec<Vec<u8>> = (0..6u32)
+        .map(|i| {
+            let body: Vec<u8> = (0..300_000 + i as usize * 50_001)
+                .map(|k| (k as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0] ^ i as u8)
+                .collect();
+            call(0x1000 + i, PROG, 7, &body)
+        })
+        .collect();
+    for (i, c) in calls.iter().enumerate() {
+        fw.forward(now, i as u32, 1, c).unwrap();
+    }
+    let got = run(&mut fw, &calls, &mut now, calls.len());
+    for (origin, reply) in &got {
+        let reply = reply.as_ref().expect("a reply");
+        assert!(
+            reply[24..] == calls[*origin as usize][40..],
+            "reply {origin} differs"
+        );
+    }
 }

@@ -1317,6 +1317,38 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> RecordReassembler<B> {
         Ok(())
     }
 
+    /// Where the current fragment's next bytes go, for a reader that reads
+    /// the stream straight into the record rather than through a buffer of
+    /// its own (one copy less for bulk data): at most the bytes the
+    /// fragment still has. `None` between fragments (a header comes next)
+    /// and while a complete record waits to be polled.
+    pub fn fragment_space(&mut self) -> Option<&mut [u8]> {
+        match self.state {
+            ReassemblyState::Fragment { left, .. } => {
+                Some(&mut self.buf.as_mut()[self.record_len..self.record_len + left])
+            }
+            _ => None,
+        }
+    }
+
+    /// `n` bytes were written at the start of
+    /// [`fragment_space`](Self::fragment_space) (more than it offered are
+    /// not counted).
+    pub fn fragment_filled(&mut self, n: usize) {
+        if let ReassemblyState::Fragment { left, last } = self.state {
+            let n = n.min(left);
+            self.record_len += n;
+            self.state = if n < left {
+                ReassemblyState::Fragment {
+                    left: left - n,
+                    last,
+                }
+            } else {
+                Self::after_fragment(last)
+            };
+        }
+    }
+
     fn after_fragment(last: bool) -> ReassemblyState {
         if last {
             ReassemblyState::Complete
@@ -2177,6 +2209,34 @@ mod tests {
         assert_eq!(r.push(&TWO_FRAGMENT_RECORD), Ok(13));
         assert_eq!(r.poll_record(), Some(&b"abcde"[..]));
         assert_eq!(r.poll_record(), None);
+        assert!(!r.is_mid_record());
+    }
+
+    #[test]
+    fn fragment_data_read_straight_into_the_record() {
+        // Two fragments ("abc", then "de", last): headers through push,
+        // data through fragment_space / fragment_filled, as a reader that
+        // reads the socket into the record does.
+        let mut r = RecordReassembler::new(16);
+        assert!(r.fragment_space().is_none(), "a header comes first");
+        assert_eq!(r.push(&TWO_FRAGMENT_RECORD[..4]), Ok(4));
+        let space = r.fragment_space().expect("inside the first fragment");
+        assert_eq!(space.len(), 3);
+        space[..2].copy_from_slice(b"ab");
+        r.fragment_filled(2);
+        let space = r.fragment_space().unwrap();
+        assert_eq!(space.len(), 1);
+        space[0] = b'c';
+        r.fragment_filled(5); // more than offered: only 1 counts
+        assert!(r.fragment_space().is_none(), "the second header is next");
+        assert_eq!(r.push(&TWO_FRAGMENT_RECORD[7..11]), Ok(4));
+        r.fragment_space().unwrap().copy_from_slice(b"de");
+        r.fragment_filled(2);
+        assert!(
+            r.fragment_space().is_none(),
+            "complete, waiting to be polled"
+        );
+        assert_eq!(r.poll_record_mut().map(|m| &*m), Some(&b"abcde"[..]));
         assert!(!r.is_mid_record());
     }
 
