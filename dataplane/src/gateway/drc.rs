@@ -136,7 +136,10 @@ impl Drc {
                 };
                 capacity
             ],
-            index: HashMap::with_capacity(capacity),
+            // Twice the entries: removals leave tombstones, and the map
+            // then rehashes in place only while it is at most half full;
+            // fuller, it would grow, allocating on the data path.
+            index: HashMap::with_capacity(2 * capacity),
             replies: vec![0u8; capacity * MAX_CACHED_REPLY].into_boxed_slice(),
             next: 0,
             ttl,
