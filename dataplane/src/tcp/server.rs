@@ -222,6 +222,34 @@ impl Conn {
         })
     }
 
+    /// Answers the record the reassembler completed, if there is one (or
+    /// hands it to the relay); returns whether there was.
+    fn answer_complete<D: Dispatcher + ?Sized, R: TcpRelay + ?Sized>(
+        &mut self,
+        services: &D,
+        relay: &mut R,
+        stats: &mut TcpStats,
+    ) -> bool {
+        let Some(record) = self.reassembler.poll_record() else {
+            return false;
+        };
+        let id = TcpCallId {
+            fd: self.fd,
+            serial: self.serial,
+        };
+        if answer(
+            services,
+            relay,
+            (id, self.peer),
+            record,
+            &mut self.output,
+            stats,
+        ) {
+            self.deferred += 1;
+        }
+        true
+    }
+
     /// One pass: take input, answer complete calls while the output has
     /// room for a reply, write what is pending. Returns the work done, or
     /// why the connection must close.
@@ -279,22 +307,8 @@ impl Conn {
                 return Err(CloseReason::RecordTooLarge);
             };
             self.input.consume(used);
-            if let Some(record) = self.reassembler.poll_record() {
+            if self.answer_complete(services, relay, stats) {
                 work += 1;
-                let id = TcpCallId {
-                    fd: self.fd,
-                    serial: self.serial,
-                };
-                if answer(
-                    services,
-                    relay,
-                    (id, self.peer),
-                    record,
-                    &mut self.output,
-                    stats,
-                ) {
-                    self.deferred += 1;
-                }
             }
         }
         work += self.flush(stats, now)?;
@@ -349,22 +363,8 @@ impl Conn {
                 return Err(CloseReason::RecordTooLarge);
             };
             self.input.consume(used);
-            if let Some(record) = self.reassembler.poll_record() {
+            if self.answer_complete(services, relay, stats) {
                 work += 1;
-                let id = TcpCallId {
-                    fd: self.fd,
-                    serial: self.serial,
-                };
-                if answer(
-                    services,
-                    relay,
-                    (id, self.peer),
-                    record,
-                    &mut self.output,
-                    stats,
-                ) {
-                    self.deferred += 1;
-                }
             }
         }
         work += self.flush(stats, now)?;
