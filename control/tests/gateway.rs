@@ -12,9 +12,10 @@
 //!   chunk); SYMLINK and READLINK; every call relayed, as the gateway's
 //!   metrics count them.
 //! * `killing_the_backend_costs_calls_not_connections`: ganesha is killed
-//!   and restarted between calls; the client's RDMA connection stays, its
-//!   next calls are served over a new backend connection, and the lost
-//!   one is counted.
+//!   and restarted while a client reads a 32 MiB file through the gateway
+//!   three times; the READs caught at the backend are sent again, every
+//!   byte arrives, the clients' RDMA connections stay, and the lost
+//!   backend connection is counted.
 //! * `a_retransmitted_remove_is_answered_from_the_reply_cache`: a REMOVE
 //!   runs, the client drops the connection (as if the reply were lost),
 //!   reconnects and retransmits it under the same XID: the gateway's
@@ -456,11 +457,51 @@ fn killing_the_backend_costs_calls_not_connections() {
     let (fh, _, _) = nfs.lookup(&root, "f");
     assert!(nfs.read_all(&fh, 100_000).0 == pattern(100_000, 7));
 
-    // The backend dies and comes back (same ports, a new process): the
-    // gateway's TCP connections to it are gone, the client's RDMA
-    // connection is not, and its next calls are served.
+    // The backend dies and comes back (same ports, a new process) while a
+    // second client is in the middle of reading a 32 MiB file: the
+    // gateway's TCP connections to it are gone, the clients' RDMA
+    // connections are not; the READs at the backend when it died are sent
+    // again once it is back, and every byte arrives.
+    std::fs::write(backend.export_dir().join("big"), pattern(32 << 20, 9)).unwrap();
+    let (big, _, _) = nfs.lookup(&root, "big");
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader = {
+        let (url, big, reads) = (shm.clone(), big.clone(), reads.clone());
+        std::thread::spawn(move || {
+            let mut c = NfsRdma::<Shm>::connect(&url);
+            for _ in 0..3 {
+                let mut data = Vec::with_capacity(32 << 20);
+                while data.len() < 32 << 20 {
+                    let args = Nfs3Args::Read(Read3Args {
+                        file: FileHandle::new(&big).unwrap(),
+                        offset: data.len() as u64,
+                        count: MAX_IO,
+                    });
+                    let target = ReplyTarget::WriteChunk { max_ddp: MAX_IO };
+                    c.call(target, &args, |res| match res {
+                        Nfs3Res::Read(Res3::Ok(ok)) => data.extend_from_slice(ok.data),
+                        other => panic!("READ at {}: {other:?}", data.len()),
+                    });
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                assert!(data == pattern(32 << 20, 9), "the 32 MiB file differs");
+            }
+            c.client.close().expect("close");
+        })
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while reads.load(std::sync::atomic::Ordering::Relaxed) < 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reader never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     backend.kill();
     backend.restart();
+    reader
+        .join()
+        .expect("the reader read the whole file three times");
     for _ in 0..3 {
         assert!(nfs.read_all(&fh, 100_000).0 == pattern(100_000, 7));
     }
