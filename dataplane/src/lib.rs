@@ -3,6 +3,8 @@
 //! Layering (imports point down only; docs/ARCHITECTURE.md):
 //!
 //! ```text
+//!   gateway                  relay of routed programs to TCP backends (the worker
+//!                            drives it; it reads nfs replies for their DDP item)
 //!   nfs                      NFSv3/MOUNT v3 codecs, DDP marking, service helpers
 //!   service, client          RpcService trait, requester API
 //!   worker                   pinned polling loop: engine <-> provider glue
