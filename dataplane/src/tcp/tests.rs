@@ -825,3 +825,71 @@ fn client_reports_a_bad_server() {
         Err(TcpClientError::Setup(TcpError::Config(_)))
     ));
 }
+
+/// A relay that takes every call and remembers it.
+#[derive(Default)]
+struct TakeAll(Vec<(TcpCallId, u32)>);
+
+impl TcpRelay for TakeAll {
+    fn relay(&mut self, from: TcpCallId, _: SocketAddr, record: &[u8], _: &mut [u8]) -> Relayed {
+        self.0.push((from, xid_of(record)));
+        Relayed::Taken
+    }
+}
+
+/// A reply message to `xid`: accepted, SUCCESS, no results.
+fn success(xid: u32) -> Vec<u8> {
+    [xid, 1, 0, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_be_bytes())
+        .collect()
+}
+
+#[test]
+fn relayed_calls_are_answered_later_and_never_on_another_connection() {
+    let mut rig = Rig::new(TcpConfig::default());
+    let mut a = rig.connect();
+    let mut relay = TakeAll::default();
+    let null = |xid| call(xid, Args::Null);
+    write_all(&mut a, &mut rig, &record(&null(7)));
+    write_all(&mut a, &mut rig, &record(&null(8)));
+    let start = std::time::Instant::now();
+    while relay.0.len() < 2 {
+        assert!(start.elapsed() < HANG, "hung");
+        rig.conns.poll_with(&rig.services, &mut relay, now());
+    }
+    // Nothing was answered by the services.
+    assert_eq!(rig.conns.stats().rpcs, 0);
+    // Answers in the other order: each goes to its own call's connection.
+    let (first, second) = (relay.0[0], relay.0[1]);
+    assert!(rig.conns.deliver(second.0, &success(second.1), now()));
+    assert!(rig.conns.deliver(first.0, &success(first.1), now()));
+    let got = rig.replies(&mut a, 2);
+    assert_eq!(
+        got.iter().map(|r| xid_of(r)).collect::<Vec<_>>(),
+        vec![8, 7]
+    );
+
+    // A call whose connection closed: its late reply is refused, and a
+    // new connection (which may get the same descriptor) sees nothing.
+    write_all(&mut a, &mut rig, &record(&null(9)));
+    while relay.0.len() < 3 {
+        assert!(start.elapsed() < HANG, "hung");
+        rig.conns.poll_with(&rig.services, &mut relay, now());
+    }
+    let late = relay.0[2];
+    drop(a);
+    rig.pump(|r| r.conns.is_empty());
+    let mut b = rig.connect();
+    assert!(
+        !rig.conns.deliver(late.0, &success(late.1), now()),
+        "delivered to a closed connection"
+    );
+    rig.conns.forget(late.0);
+    write_all(&mut b, &mut rig, &record(&null(10)));
+    assert_eq!(
+        xid_of(&rig.replies(&mut b, 1)[0]),
+        10,
+        "b's own call, answered by the services"
+    );
+}
