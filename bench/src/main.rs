@@ -73,7 +73,7 @@ struct Cli {
 }
 
 /// Parses `4096`, `4k`, `1m` (KiB, MiB).
-fn parse_size(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let (digits, unit) = match t.as_bytes().last() {
         Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
@@ -197,49 +197,8 @@ enum Cmd {
     /// TCP straight to the NFS server (--direct), compared point by point
     /// in one run: a table, RDMA/TCP ratios, JSON, SVG plots.
     Nfs {
-        /// Gateway listeners (shm://PATH, roce://IP:PORT), comma-separated.
-        #[arg(long, value_delimiter = ',')]
-        gateway: Vec<String>,
-        /// The NFS server's TCP address (tcp://IP:PORT), for the straight
-        /// comparison; without it only the gateway runs.
-        #[arg(long, value_name = "URL")]
-        direct: Option<String>,
-        /// MOUNT for --direct: tcp://IP:PORT, or rpcbind://IP (ask its
-        /// rpcbind). Default: rpcbind at --direct's address.
-        #[arg(long, value_name = "URL")]
-        mount: Option<String>,
-        /// The export's MOUNT path on the server.
-        #[arg(long, value_name = "PATH")]
-        export: String,
-        /// The file READ reads (in the export's root, at least 1 MiB).
-        #[arg(long, value_name = "NAME")]
-        file: String,
-        /// The file WRITE writes (in the export's root, existing); its
-        /// offsets wrap at the read file's size.
-        #[arg(long, value_name = "NAME", default_value = "nfs-bench-write")]
-        write_file: String,
-        /// Request sizes (at most 1m).
-        #[arg(long, value_delimiter = ',', value_parser = parse_size,
-              default_values = ["4k", "16k", "64k", "256k", "1m"])]
-        sizes: Vec<u32>,
-        /// Outstanding requests.
-        #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4, 8, 16])]
-        depths: Vec<u32>,
-        /// Operations: read, write.
-        #[arg(long, value_delimiter = ',', default_values_t = ["read".to_owned(), "write".to_owned()])]
-        ops: Vec<String>,
-        /// Directory for the SVG plots.
-        #[arg(long, default_value = "bench-plots")]
-        plots: PathBuf,
-        /// Depth of the CPU-per-GB plot.
-        #[arg(long, default_value_t = 4)]
-        cpu_depth: u32,
-        /// The gateway daemon's pid, for its CPU per GB.
-        #[arg(long, value_name = "PID")]
-        gateway_pid: Option<u32>,
-        /// The NFS server's pid, for its CPU per GB.
-        #[arg(long, value_name = "PID")]
-        nfs_pid: Option<u32>,
+        #[command(flatten)]
+        args: nfs_cmd::Args,
     },
     /// The responder half of `floor` (spawned by it).
     #[command(hide = true)]
@@ -573,48 +532,17 @@ fn main() -> ExitCode {
                 doc
             })
         }
-        Some(Cmd::Nfs {
-            gateway,
-            direct,
-            mount,
-            export,
-            file,
-            write_file,
-            sizes,
-            depths,
-            ops,
-            plots,
-            cpu_depth,
-            gateway_pid,
-            nfs_pid,
-        }) => nfs_cmd::run(
-            common.duration(0.5),
-            common.idle,
-            nfs_cmd::Args {
-                gateway,
-                direct,
-                mount,
-                export,
-                file,
-                write_file,
-                sizes,
-                depths,
-                ops,
-                plots,
-                cpu_depth,
-                gateway_pid,
-                nfs_pid,
-            },
-        )
-        .map(|body| {
-            let mut doc = header("nfs", &common);
-            if let serde_json::Value::Object(m) = body {
-                for (k, v) in m {
-                    doc[k] = v;
+        Some(Cmd::Nfs { args }) => {
+            nfs_cmd::run(common.duration(0.5), common.idle, args).map(|body| {
+                let mut doc = header("nfs", &common);
+                if let serde_json::Value::Object(m) = body {
+                    for (k, v) in m {
+                        doc[k] = v;
+                    }
                 }
-            }
-            doc
-        }),
+                doc
+            })
+        }
         Some(Cmd::FloorPeer {
             url,
             page,

@@ -10,20 +10,51 @@ use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use serde_json::json;
 
-/// The subcommand's arguments (see `Cmd::Nfs`).
+/// The subcommand's arguments (`rpcrdma-bench nfs`).
+#[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Gateway listeners (shm://PATH, roce://IP:PORT), comma-separated.
+    #[arg(long, value_delimiter = ',')]
     pub gateway: Vec<String>,
+    /// The NFS server's TCP address (tcp://IP:PORT), for the straight
+    /// comparison; without it only the gateway runs.
+    #[arg(long, value_name = "URL")]
     pub direct: Option<String>,
+    /// MOUNT for --direct: tcp://IP:PORT, or rpcbind://IP (ask its
+    /// rpcbind). Default: rpcbind at --direct's address.
+    #[arg(long, value_name = "URL")]
     pub mount: Option<String>,
+    /// The export's MOUNT path on the server.
+    #[arg(long, value_name = "PATH")]
     pub export: String,
+    /// The file READ reads (in the export's root, at least 1 MiB).
+    #[arg(long, value_name = "NAME")]
     pub file: String,
+    /// The file WRITE writes (in the export's root, existing); its
+    /// offsets wrap at the read file's size.
+    #[arg(long, value_name = "NAME", default_value = "nfs-bench-write")]
     pub write_file: String,
+    /// Request sizes (at most 1m).
+    #[arg(long, value_delimiter = ',', value_parser = crate::parse_size,
+          default_values = ["4k", "16k", "64k", "256k", "1m"])]
     pub sizes: Vec<u32>,
+    /// Outstanding requests.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4, 8, 16])]
     pub depths: Vec<u32>,
+    /// Operations: read, write.
+    #[arg(long, value_delimiter = ',', default_values_t = ["read".to_owned(), "write".to_owned()])]
     pub ops: Vec<String>,
+    /// Directory for the SVG plots.
+    #[arg(long, default_value = "bench-plots")]
     pub plots: PathBuf,
+    /// Depth of the CPU-per-GB plot.
+    #[arg(long, default_value_t = 4)]
     pub cpu_depth: u32,
+    /// The gateway daemon's pid, for its CPU per GB.
+    #[arg(long, value_name = "PID")]
     pub gateway_pid: Option<u32>,
+    /// The NFS server's pid, for its CPU per GB.
+    #[arg(long, value_name = "PID")]
     pub nfs_pid: Option<u32>,
 }
 

@@ -497,26 +497,14 @@ fn dropped_call_closes_only_its_connection() {
 fn connections_beyond_the_limit_are_refused_until_one_closes() {
     let server = Server::start_with(1, engine_config(64 * 1024, 4), |c| c.max_connections = 1);
     let config = client_config(engine_config(64 * 1024, 4));
-    let null = |client: &mut Client<Shm>| {
-        let call = client
-            .call(ReplyTarget::Inline, |xid, buf| {
-                encode_call(xid, NULL, Arg::None, buf)
-            })
-            .unwrap();
-        assert!(matches!(
-            client.wait(call).unwrap(),
-            CallOutcome::Reply { .. }
-        ));
-        assert!(client.release(call));
-    };
     let mut first = Client::<Shm>::connect(&server.url, config).unwrap();
-    null(&mut first);
+    null_round_trip(&mut first);
     assert_eq!(server.pool().connections(), 1);
 
     let refused = Client::<Shm>::connect(&server.url, config);
     assert!(refused.is_err(), "a second connection was accepted");
     // The served client did not notice.
-    null(&mut first);
+    null_round_trip(&mut first);
     assert_eq!(server.pool().connections(), 1);
 
     first.close().unwrap();
@@ -530,7 +518,7 @@ fn connections_beyond_the_limit_are_refused_until_one_closes() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut again = Client::<Shm>::connect(&server.url, config).unwrap();
-    null(&mut again);
+    null_round_trip(&mut again);
     again.close().unwrap();
     let report = server.stop(Duration::from_secs(1));
     assert_clean(&report);
@@ -547,16 +535,7 @@ fn an_idle_connection_is_closed_by_the_server() {
     });
     let mut client =
         Client::<Shm>::connect(&server.url, client_config(engine_config(64 * 1024, 4))).unwrap();
-    let call = client
-        .call(ReplyTarget::Inline, |xid, buf| {
-            encode_call(xid, NULL, Arg::None, buf)
-        })
-        .unwrap();
-    assert!(matches!(
-        client.wait(call).unwrap(),
-        CallOutcome::Reply { .. }
-    ));
-    assert!(client.release(call));
+    null_round_trip(&mut client);
     // Quiet now: the worker closes the connection once the timeout passed.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while server.pool().connections() != 0 {
@@ -586,16 +565,7 @@ fn an_orderly_client_close_is_not_a_connection_error() {
         let mut client =
             Client::<Shm>::connect(&server.url, client_config(engine_config(64 * 1024, 4)))
                 .unwrap();
-        let call = client
-            .call(ReplyTarget::Inline, |xid, buf| {
-                encode_call(xid, NULL, Arg::None, buf)
-            })
-            .unwrap();
-        assert!(matches!(
-            client.wait(call).unwrap(),
-            CallOutcome::Reply { .. }
-        ));
-        assert!(client.release(call));
+        null_round_trip(&mut client);
         client.close().unwrap();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -607,4 +577,18 @@ fn an_orderly_client_close_is_not_a_connection_error() {
     assert_clean(&report);
     assert_eq!(report.workers[0].connections, 3);
     assert_eq!(report.workers[0].counters.errors_connection, 0);
+}
+
+/// One NULL call, answered, its slot released.
+fn null_round_trip(client: &mut Client<Shm>) {
+    let call = client
+        .call(ReplyTarget::Inline, |xid, buf| {
+            encode_call(xid, NULL, Arg::None, buf)
+        })
+        .unwrap();
+    assert!(matches!(
+        client.wait(call).unwrap(),
+        CallOutcome::Reply { .. }
+    ));
+    assert!(client.release(call));
 }

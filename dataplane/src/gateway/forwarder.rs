@@ -131,6 +131,11 @@ pub struct Forwarder<O: Copy> {
     /// Slots in `Queued`, oldest first.
     resend: VecDeque<u32>,
     in_flight: usize,
+    /// One past the highest slot ever taken: the free list is a stack, so
+    /// slots in use stay at the bottom of the table and a sweep looks at
+    /// this many, not at the whole table (65,536 by default), every
+    /// millisecond.
+    high_water: usize,
     next_sweep: Instant,
     drc: Drc,
 }
@@ -181,6 +186,7 @@ impl<O: Copy> Forwarder<O> {
             free,
             resend: VecDeque::with_capacity(n),
             in_flight: 0,
+            high_water: 0,
             next_sweep: Instant::ZERO,
             drc,
         })
@@ -264,6 +270,7 @@ impl<O: Copy> Forwarder<O> {
             RouteCounters::add(&self.route_counters(route).errors_busy, 1);
             return Err(ForwardError::Busy);
         };
+        self.high_water = self.high_water.max(slot as usize + 1);
         let entry = key.map(|k| self.drc.start(k, slot, now));
         let p = &mut self.pending[slot as usize];
         p.generation = p.generation.wrapping_add(1);
@@ -456,7 +463,7 @@ impl<O: Copy> Forwarder<O> {
             RouteCounters::add(&counters.errors_connection, 1);
             // Everything that was on it goes again, on another
             // connection or on this one once it is back.
-            for (slot, p) in self.pending.iter_mut().enumerate() {
+            for (slot, p) in self.pending[..self.high_water].iter_mut().enumerate() {
                 if p.state == (State::Sent { conn: c as u16 }) && usize::from(p.route) == route {
                     p.state = State::Queued;
                     p.lost = true;
@@ -471,7 +478,7 @@ impl<O: Copy> Forwarder<O> {
     fn expire(&mut self, now: Instant, on_answer: &mut impl FnMut(O, Answer<'_>)) -> usize {
         let timeout = self.config.call_timeout;
         let mut work = 0;
-        for slot in 0..self.pending.len() {
+        for slot in 0..self.high_water {
             let p = self.pending[slot];
             if p.state == State::Free || now.saturating_duration_since(p.since) < timeout {
                 continue;

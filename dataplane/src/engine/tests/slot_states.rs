@@ -34,6 +34,26 @@ fn server_cfg() -> Config {
 }
 
 impl Server {
+    /// An echo call of our own (the requester half) under `xid`, sent
+    /// and its Send completed: its reply may now arrive.
+    fn send_own_call(&mut self, xid: u32) {
+        let (msg, _) = echo_call(xid, b"ours");
+        let now = self.now;
+        self.c
+            .send_call(
+                now,
+                &OutgoingCall {
+                    message: &msg,
+                    ddp: None,
+                    reply: expect(512, None),
+                    app: AppChunks::NONE,
+                },
+            )
+            .expect("send_call");
+        self.collect();
+        self.complete(WrKind::CallSend, WcStatus::Success, &[]);
+    }
+
     fn new() -> Server {
         Server::with(server_cfg())
     }
@@ -329,20 +349,7 @@ fn process_serve_walks_every_row_of_the_transition_table() {
 fn process_serve_pulled_reply_goes_to_the_requester_and_frees_the_slot() {
     // Free|PullingReadChunks -CallComplete, a pulled REPLY-> Free
     let mut s = Server::new();
-    let (msg, _) = echo_call(7, b"ours");
-    let now = s.now;
-    s.c.send_call(
-        now,
-        &OutgoingCall {
-            message: &msg,
-            ddp: None,
-            reply: expect(512, None),
-            app: AppChunks::NONE,
-        },
-    )
-    .expect("send_call");
-    s.collect();
-    s.complete(WrKind::CallSend, WcStatus::Success, &[]);
+    s.send_own_call(7);
     let (rpc, _) = echo_reply(7, &payload(6000, 1));
     s.recv(&nomsg_call(7, &rpc));
     let i = s.slot(7);
@@ -358,20 +365,7 @@ fn process_serve_pulled_reply_goes_to_the_requester_and_frees_the_slot() {
 fn process_serve_beyond_the_grant_closes_and_frees_the_slot() {
     // Free|PullingReadChunks -CallComplete, beyond the grant-> (Closed) Free
     let mut s = Server::new();
-    let (msg, _) = echo_call(8, b"ours");
-    let now = s.now;
-    s.c.send_call(
-        now,
-        &OutgoingCall {
-            message: &msg,
-            ddp: None,
-            reply: expect(512, None),
-            app: AppChunks::NONE,
-        },
-    )
-    .expect("send_call");
-    s.collect();
-    s.complete(WrKind::CallSend, WcStatus::Success, &[]);
+    s.send_own_call(8);
     // Three calls being executed, then an RDMA_NOMSG with our XID: it
     // might be our reply, so it does not count yet.
     for xid in 100..103 {
