@@ -241,6 +241,9 @@ pub struct Connection {
     /// (RFC 5666 s6.1: it is the first call on a connection).
     pub(super) first_call_delivered: bool,
     pub(super) reads_in_flight: u32,
+    /// The serve slots' lists have their usual room (the first chunked
+    /// call gave it to all of them; `Connection::warm_slot_lists`).
+    pub(super) slot_lists_warm: bool,
     /// Peer calls received and not yet answered (counted against the grant).
     pub(super) active_calls: u32,
     /// Calls that wait for a responder slot (or a bulk buffer) with their
@@ -549,6 +552,7 @@ impl Connection {
             serves,
             serve_free,
             reads_in_flight: 0,
+            slot_lists_warm: false,
             active_calls: 0,
             parked: VecDeque::with_capacity(n_recv),
             // Between two flushes: the messages of one poll (within the

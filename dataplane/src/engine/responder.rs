@@ -171,19 +171,21 @@ pub(super) struct ServeSlot {
     hdr_credits: u32,
 }
 
-/// Read segments a serve slot has room for before it grows: none. An
-/// idle connection's slots then hold no list memory at all (most calls,
-/// NULL and GETATTR among them, carry no chunk); a slot that serves a
-/// chunked call grows its lists once, to the largest it has served.
-const SLOT_READS: usize = 0;
+/// Read segments every serve slot gets room for at the connection's first
+/// chunked call ([`Connection::warm_slot_lists`]); until then a slot
+/// holds no list memory at all, so an idle connection, or one whose calls
+/// carry no chunk (NULL, GETATTR), pays nothing for them.
+const SLOT_READS: usize = 4;
 
-/// The chunk lists a serve slot has room for before they grow: none, as
-/// for [`SLOT_READS`].
+/// The chunk lists every serve slot gets room for at the connection's
+/// first chunked call, as for [`SLOT_READS`]: a write chunk or two of a
+/// few segments and a reply chunk (what NFS calls carry), not the worst
+/// case the limits allow. A larger call grows its slot's lists once.
 const SLOT_CHUNKS: Limits = Limits {
     max_read_segments: 0,
-    max_write_chunks: 0,
-    max_segments_per_chunk: 0,
-    max_reply_segments: 0,
+    max_write_chunks: 2,
+    max_segments_per_chunk: 4,
+    max_reply_segments: 4,
 };
 
 /// How long a call that found the bulk pool empty waits before it is
@@ -215,15 +217,16 @@ impl ServeSlot {
             send_buf: b.add(BufClass::Send, c.inline_send_size),
             message,
             call_len: 0,
-            // A slot's lists start empty and grow (within `c.limits`) to
-            // the largest call it has served, then keep that capacity: no
-            // allocation in steady state, and an idle connection does not
-            // carry a worst-case chunk list per slot (about 20 KiB each
-            // at the default limits; docs/ENGINE.md, "Memory").
-            reads: Vec::with_capacity(SLOT_READS),
+            // A slot's lists start empty; every slot's get their usual
+            // room at the connection's first chunked call (all at once,
+            // so that which slot a later call lands in cannot make it
+            // allocate), and grow (within `c.limits`) only for a larger
+            // call, then keep that capacity. An idle connection carries
+            // no chunk list per slot (docs/ENGINE.md, "Memory").
+            reads: Vec::new(),
             reads_issued: 0,
             reads_done: 0,
-            peer_chunks: ChunkLists::with_capacity(&SLOT_CHUNKS),
+            peer_chunks: ChunkLists::default(),
             ops_in_flight: 0,
             done_pending: false,
             done_deadline: Instant::ZERO,
@@ -402,10 +405,23 @@ impl Connection {
         need <= u64::from(self.bufs.buf_len(message)) || self.bufs.lease_bulk(message)
     }
 
+    /// Gives every serve slot its usual list room ([`SLOT_READS`],
+    /// [`SLOT_CHUNKS`]), once per connection, at its first chunked call.
+    fn warm_slot_lists(&mut self) {
+        for s in self.serves.iter_mut() {
+            s.reads.reserve(SLOT_READS);
+            s.peer_chunks.reserve(&SLOT_CHUNKS);
+        }
+        self.slot_lists_warm = true;
+    }
+
     /// Copies the inline parts of the call to their XDR positions in the
     /// slot's call buffer, zero-fills elided roundup, and lists the Reads
     /// that fill the gaps. The layout was checked by `check_call_layout`.
     fn assemble_call(&mut self, idx: usize, buf: BufId, len: usize, hlen: usize, total: u32) {
+        if !self.slot_lists_warm && !self.rx_hdr.chunks.is_empty() {
+            self.warm_slot_lists();
+        }
         let s = &mut self.serves[idx];
         s.xid = self.rx_hdr.xid;
         s.call_len = total;

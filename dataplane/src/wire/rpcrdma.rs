@@ -350,6 +350,19 @@ impl ChunkLists {
         }
     }
 
+    /// Makes room for everything `limits` allows beyond what the lists
+    /// hold, so that parsing within those limits allocates nothing.
+    pub fn reserve(&mut self, limits: &Limits) {
+        self.reads.reserve(limits.max_read_segments);
+        self.write_segments.reserve(
+            limits
+                .max_write_chunks
+                .saturating_mul(limits.max_segments_per_chunk),
+        );
+        self.write_counts.reserve(limits.max_write_chunks);
+        self.reply.reserve(limits.max_reply_segments);
+    }
+
     /// Empties all three lists, keeping their capacity.
     pub fn clear(&mut self) {
         self.reads.clear();
