@@ -9,9 +9,14 @@
 //! | `Sent` | in a backend connection's output or on the wire | `Free` (reply or timeout), `Queued` (connection lost) |
 //! | `Queued` | waits for the worker to hand its call bytes again | `Sent` (resend), `Free` (timeout) |
 //!
-//! A call's bytes stay in the engine's responder slot until it is
+//! An RDMA call's bytes stay in the engine's responder slot until it is
 //! answered, so a resend asks the worker for them again
-//! ([`Forwarder::next_resend`]) instead of keeping a copy here.
+//! ([`Forwarder::next_resend`]) instead of keeping a copy here. A call
+//! taken from a TCP connection has no such home (the connection's record
+//! buffer moves on to its next call): [`Forwarder::forward_copy`] keeps a
+//! copy of calls up to [`KEEP_MAX`] bytes, which covers MOUNT, NLM, NSM
+//! and NFS's metadata, and resends those itself. A larger one (a WRITE
+//! over TCP) is not resent: its client retransmits on its own timer.
 
 use std::collections::VecDeque;
 use std::io;
@@ -102,6 +107,8 @@ struct Pending<O> {
     /// Its connection was lost: the next send is a resend (else a call
     /// queued for room in the output).
     lost: bool,
+    /// Its bytes are in `kept`: the forwarder resends it itself.
+    copied: bool,
     client_xid: u32,
     program: u32,
     version: u32,
@@ -128,8 +135,14 @@ pub struct Forwarder<O: Copy> {
     backends: Vec<Backend>,
     pending: Vec<Pending<O>>,
     free: Vec<u32>,
-    /// Slots in `Queued`, oldest first.
+    /// Slots in `Queued` whose origin hands their bytes back, oldest first.
     resend: VecDeque<u32>,
+    /// Slots in `Queued` with a copy in `kept`, oldest first.
+    resend_copied: VecDeque<u32>,
+    /// Per slot: the copy of a call from an origin that does not keep
+    /// it. Emptied, not freed, when the call ends, so steady state does
+    /// not allocate.
+    kept: Vec<Vec<u8>>,
     in_flight: usize,
     /// One past the highest slot ever taken: the free list is a stack, so
     /// slots in use stay at the bottom of the table and a sweep looks at
@@ -139,6 +152,9 @@ pub struct Forwarder<O: Copy> {
     next_sweep: Instant,
     drc: Drc,
 }
+
+/// The largest call [`Forwarder::forward_copy`] keeps a copy of.
+pub const KEEP_MAX: usize = 64 * 1024;
 
 /// How often pending calls are checked against the call timeout.
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
@@ -168,6 +184,7 @@ impl<O: Copy> Forwarder<O> {
                 also: None,
                 drc: None,
                 lost: false,
+                copied: false,
                 client_xid: 0,
                 program: 0,
                 version: 0,
@@ -185,6 +202,8 @@ impl<O: Copy> Forwarder<O> {
             pending,
             free,
             resend: VecDeque::with_capacity(n),
+            resend_copied: VecDeque::with_capacity(n),
+            kept: vec![Vec::new(); n],
             in_flight: 0,
             high_water: 0,
             next_sweep: Instant::ZERO,
@@ -217,6 +236,10 @@ impl<O: Copy> Forwarder<O> {
     /// knows it (see [`Forwarded`]). The answer of a sent call comes from
     /// [`poll`](Self::poll).
     ///
+    /// `origin` must be able to hand `msg` back for a resend
+    /// ([`next_resend`](Self::next_resend)); see
+    /// [`forward_copy`](Self::forward_copy) for one that cannot.
+    ///
     /// # Errors
     /// [`ForwardError`]: nothing was taken.
     pub fn forward(
@@ -225,6 +248,35 @@ impl<O: Copy> Forwarder<O> {
         origin: O,
         client: u64,
         msg: &[u8],
+    ) -> Result<Forwarded<'_>, ForwardError> {
+        self.forward_inner(now, origin, client, msg, false)
+    }
+
+    /// [`forward`](Self::forward) for an origin that does not keep the
+    /// call's bytes: a call of up to [`KEEP_MAX`] bytes is copied and, if
+    /// its connection is lost, resent from the copy; a larger one is
+    /// handed to [`next_resend`](Self::next_resend) like any other, for
+    /// the worker to [`abandon`](Self::abandon).
+    ///
+    /// # Errors
+    /// [`ForwardError`]: nothing was taken.
+    pub fn forward_copy(
+        &mut self,
+        now: Instant,
+        origin: O,
+        client: u64,
+        msg: &[u8],
+    ) -> Result<Forwarded<'_>, ForwardError> {
+        self.forward_inner(now, origin, client, msg, true)
+    }
+
+    fn forward_inner(
+        &mut self,
+        now: Instant,
+        origin: O,
+        client: u64,
+        msg: &[u8],
+        copy: bool,
     ) -> Result<Forwarded<'_>, ForwardError> {
         let (header, _) = CallHeader::parse(msg).map_err(|_| ForwardError::Malformed)?;
         let route = self
@@ -279,6 +331,7 @@ impl<O: Copy> Forwarder<O> {
         p.also = None;
         p.drc = entry;
         p.lost = false;
+        p.copied = copy && msg.len() <= KEEP_MAX;
         p.client_xid = header.xid;
         p.program = header.program;
         p.version = header.version;
@@ -287,10 +340,52 @@ impl<O: Copy> Forwarder<O> {
         p.state = State::Queued;
         self.in_flight += 1;
         RouteCounters::add(&self.counters.routes[route].calls, 1);
+        if self.pending[slot as usize].copied {
+            let kept = &mut self.kept[slot as usize];
+            kept.clear();
+            kept.extend_from_slice(msg);
+        }
         if !self.send(now, slot, msg) {
-            self.resend.push_back(slot);
+            self.queue(slot);
         }
         Ok(Forwarded::Sent)
+    }
+
+    /// Queues a slot in `Queued` for its resend.
+    fn queue(&mut self, slot: u32) {
+        if self.pending[slot as usize].copied {
+            self.resend_copied.push_back(slot);
+        } else {
+            self.resend.push_back(slot);
+        }
+    }
+
+    /// Sends again, from their copies, the queued calls that have one: at
+    /// most one round of the queue. Returns the calls sent.
+    fn resend_copies(&mut self, now: Instant) -> usize {
+        let mut sent = 0;
+        for _ in 0..self.resend_copied.len() {
+            let Some(slot) = self.resend_copied.pop_front() else {
+                break;
+            };
+            let p = self.pending[slot as usize];
+            if p.state != State::Queued || !p.copied {
+                continue;
+            }
+            // Taken out for the send, which borrows the whole relay.
+            let msg = std::mem::take(&mut self.kept[slot as usize]);
+            let ok = self.send(now, slot, &msg);
+            self.kept[slot as usize] = msg;
+            if !ok {
+                self.resend_copied.push_front(slot);
+                break;
+            }
+            let c = &self.counters.routes[usize::from(p.route)];
+            RouteCounters::add(if p.lost { &c.resends } else { &c.output_waits }, 1);
+            self.pending[slot as usize].lost = false;
+            sent += 1;
+        }
+        sent
     }
 
     /// Puts a slot's call on one of its backend's connections.
@@ -353,7 +448,7 @@ impl<O: Copy> Forwarder<O> {
             true
         } else {
             // Ahead of calls queued later, but after this iteration.
-            self.resend.push_back(slot);
+            self.queue(slot);
             false
         }
     }
@@ -384,6 +479,7 @@ impl<O: Copy> Forwarder<O> {
         p.state = State::Free;
         p.origin = None;
         p.also = None;
+        p.copied = false;
         if let Some(r) = p.drc.take() {
             self.drc.forget(r);
         }
@@ -404,6 +500,7 @@ impl<O: Copy> Forwarder<O> {
                 work += self.poll_conn(now, route, c, &mut on_answer);
             }
         }
+        work += self.resend_copies(now);
         if now >= self.next_sweep {
             self.next_sweep = now.saturating_add(SWEEP_EVERY);
             work += self.expire(now, &mut on_answer);
@@ -437,6 +534,7 @@ impl<O: Copy> Forwarder<O> {
             pending[slot as usize].state = State::Free;
             pending[slot as usize].origin = None;
             pending[slot as usize].also = None;
+            pending[slot as usize].copied = false;
             if let Some(r) = pending[slot as usize].drc.take() {
                 cache.complete(r, record, now);
             }
@@ -467,7 +565,11 @@ impl<O: Copy> Forwarder<O> {
                 if p.state == (State::Sent { conn: c as u16 }) && usize::from(p.route) == route {
                     p.state = State::Queued;
                     p.lost = true;
-                    self.resend.push_back(slot as u32);
+                    if p.copied {
+                        self.resend_copied.push_back(slot as u32);
+                    } else {
+                        self.resend.push_back(slot as u32);
+                    }
                 }
             }
         }

@@ -238,6 +238,57 @@ fn a_lost_backend_connection_sends_its_calls_again() {
 }
 
 #[test]
+fn calls_kept_as_copies_are_resent_by_the_relay_itself() {
+    // Calls from an origin that keeps no bytes (a TCP connection's
+    // record): the first read kills the connection, and the relay sends
+    // the small calls again from its copies without asking the worker;
+    // the one above KEEP_MAX is handed back for the worker to abandon.
+    let (addr, seen) = backend(vec![Act::Hang]);
+    let (mut fw, counters) = forwarder_sized(addr, 1, 256 << 10);
+    let mut now = Instant::ZERO;
+    let mut calls: Vec<Vec<u8>> = (0..4u32)
+        .map(|i| call(0x1000 + i, PROG, 1, &[i as u8; 8]))
+        .collect();
+    calls.push(call(0x1004, PROG, 1, &vec![4u8; KEEP_MAX]));
+    for (i, c) in calls.iter().enumerate() {
+        assert_eq!(fw.forward_copy(now, i as u32, 1, c), Ok(Forwarded::Sent));
+    }
+    let (mut answered, mut handed_back) = (Vec::new(), Vec::new());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while answered.len() + handed_back.len() < calls.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "broken: {answered:?} {handed_back:?}"
+        );
+        fw.poll(now, |origin, a| match a {
+            Answer::Reply { message, .. } => {
+                assert_eq!(message[24..], calls[origin as usize][40..]);
+                answered.push(origin);
+            }
+            Answer::Failed { .. } => panic!("call {origin} failed"),
+        });
+        while let Some((token, origin)) = fw.next_resend() {
+            handed_back.push(origin);
+            fw.abandon(token);
+        }
+        now = now.saturating_add(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    answered.sort();
+    // The hung call (the first read) was among the copies, so every
+    // small call was answered, and only the large one came back.
+    assert_eq!(answered, [0, 1, 2, 3]);
+    assert_eq!(handed_back, [4]);
+    assert_eq!(fw.in_flight(), 0);
+    let r = &counters.routes[0];
+    assert!(r.errors_connection.load(Ordering::Relaxed) >= 1);
+    assert!(r.resends.load(Ordering::Relaxed) >= 4);
+    // Call 0 reached the backend twice: once hung, once answered.
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.iter().filter(|m| m[4..] == calls[0][4..]).count(), 2);
+}
+
+#[test]
 fn a_backend_that_is_not_there_times_calls_out() {
     // A port nobody listens on: connections are refused, calls wait in
     // the resend queue, and the call timeout answers them.
@@ -435,5 +486,61 @@ fn large_replies_read_straight_into_the_record_are_whole() {
             reply[24..] == calls[*origin as usize][40..],
             "reply {origin} differs"
         );
+    }
+}
+
+/// A gateway a worker cannot set up stops the start with an error that
+/// names it, instead of leaving the routed programs to the dispatcher.
+#[test]
+fn worker_set_refuses_a_gateway_it_cannot_build() {
+    use crate::worker::{GatewaySetup, WorkerConfig, WorkerError, WorkerSet};
+
+    let route = Route {
+        program: PROG,
+        versions: 1..=1,
+        backend: "127.0.0.1:9".parse().unwrap(),
+        connections: 1,
+    };
+    let setup = |config: GatewayConfig| {
+        let counters = Arc::new(GatewayCounters::new(&config));
+        WorkerConfig {
+            gateway: Some(GatewaySetup {
+                config: Arc::new(config),
+                counters,
+            }),
+            ..WorkerConfig::default()
+        }
+    };
+
+    // Refused before any thread starts: a program routed twice.
+    let twice = GatewayConfig {
+        routes: vec![route.clone(), route.clone()],
+        ..GatewayConfig::default()
+    };
+    match WorkerSet::spawn(
+        &[None],
+        setup(twice),
+        Arc::new(crate::service::ServiceTable::new()),
+    ) {
+        Err(WorkerError::GatewayConfig(GatewayConfigError::DuplicateProgram(PROG))) => {}
+        other => panic!("expected DuplicateProgram, got {:?}", other.map(|_| ())),
+    }
+
+    // Refused by the worker: a record buffer larger than the address
+    // space cannot be reserved.
+    let huge = GatewayConfig {
+        routes: vec![route],
+        max_message: 1 << 50,
+        ..GatewayConfig::default()
+    };
+    match WorkerSet::spawn(
+        &[None],
+        setup(huge),
+        Arc::new(crate::service::ServiceTable::new()),
+    ) {
+        Err(WorkerError::Gateway { worker: 0, source }) => {
+            assert_ne!(source.raw_os_error(), None, "{source}");
+        }
+        other => panic!("expected a gateway error, got {:?}", other.map(|_| ())),
     }
 }

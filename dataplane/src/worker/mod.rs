@@ -554,6 +554,17 @@ pub enum WorkerError {
     /// The TCP configuration is out of range.
     #[error(transparent)]
     Tcp(#[from] TcpError),
+    /// The gateway's routes or limits are refused.
+    #[error("gateway configuration: {0}")]
+    GatewayConfig(#[from] crate::gateway::GatewayConfigError),
+    /// A worker could not set up its relay to the gateway's backends.
+    #[error("cannot set up worker {worker}'s gateway relay ({source}): lower the gateway's max_message or connections, or free memory")]
+    Gateway {
+        /// The worker.
+        worker: usize,
+        /// The mapping or socket error.
+        source: std::io::Error,
+    },
 }
 
 /// Writes an accepted SYSTEM_ERR reply with `xid` (RFC 5531 s9:

@@ -15,6 +15,7 @@ use super::{
     Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
     WorkerReport, WorkerSnapshot,
 };
+use crate::gateway::Forwarder;
 #[cfg(feature = "ibverbs")]
 use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
@@ -283,7 +284,8 @@ impl WorkerSet {
     /// [`WorkerError::CoreUnavailable`] for a core outside the process's
     /// mask, [`WorkerError::PinFailed`], [`WorkerError::Spawn`],
     /// [`WorkerError::NoWorkers`], [`WorkerError::Tcp`] for a bad
-    /// `config.tcp`.
+    /// `config.tcp`, [`WorkerError::GatewayConfig`] for bad routes and
+    /// [`WorkerError::Gateway`] when a worker cannot map its relay.
     pub fn spawn(
         cores: &[Option<usize>],
         config: WorkerConfig,
@@ -293,6 +295,9 @@ impl WorkerSet {
             return Err(WorkerError::NoWorkers);
         }
         config.tcp.validate()?;
+        if let Some(g) = config.gateway.as_ref() {
+            g.config.validate()?;
+        }
         let allowed: Vec<usize> = core_affinity::get_core_ids()
             .unwrap_or_default()
             .into_iter()
@@ -337,8 +342,27 @@ impl WorkerSet {
                             };
                         }
                     }
+                    // The relay's buffers are mapped here, so that a
+                    // failure stops the start instead of leaving the
+                    // routed programs unserved.
+                    let forwarder = match worker.config.gateway.as_ref() {
+                        None => None,
+                        Some(g) => match Forwarder::new(g.config.clone(), g.counters.clone()) {
+                            Ok(f) => Some(f),
+                            Err(source) => {
+                                let _ = ready_tx.send(Err(WorkerError::Gateway {
+                                    worker: index,
+                                    source,
+                                }));
+                                return WorkerReport {
+                                    worker: index,
+                                    ..WorkerReport::default()
+                                };
+                            }
+                        },
+                    };
                     let _ = ready_tx.send(Ok(()));
-                    worker.run()
+                    worker.run(forwarder)
                 })
                 .map_err(WorkerError::Spawn)?;
             let started = ready_rx.recv().unwrap_or(Err(WorkerError::PinFailed {

@@ -66,7 +66,7 @@ struct Scratch {
 /// Where a forwarded call came from: enough to find its connection (and
 /// on RDMA its responder slot) again when the backend answers.
 #[derive(Debug, Clone, Copy)]
-enum Origin {
+pub(super) enum Origin {
     /// A responder slot of an RDMA connection, which keeps the call's
     /// bytes until it is answered.
     Rdma {
@@ -103,7 +103,7 @@ impl TcpRelay for TcpGateway<'_> {
         let origin = Origin::Tcp { call: from, xid };
         match self
             .fw
-            .forward(self.now, origin, ip_identity(peer.ip()), record)
+            .forward_copy(self.now, origin, ip_identity(peer.ip()), record)
         {
             Ok(Forwarded::Sent | Forwarded::Joined) => Relayed::Taken,
             Ok(Forwarded::Cached(cached)) if cached.len() <= reply.len() => {
@@ -379,7 +379,7 @@ impl Conns {
 }
 
 impl Worker {
-    pub(super) fn run(self) -> WorkerReport {
+    pub(super) fn run(self, forwarder: Option<Forwarder<Origin>>) -> WorkerReport {
         let origin = std::time::Instant::now();
         let clock = || engine::Instant(origin.elapsed().as_nanos() as u64);
         let hint = self.config.connections_hint;
@@ -396,13 +396,7 @@ impl Worker {
             wcs: (0..POLL_BURST).map(|_| Completion::default()).collect(),
             reply: vec![0u8; self.config.endpoint.engine.max_reply_size as usize]
                 .into_boxed_slice(),
-            // Should its buffers fail to map, routed programs fall to the
-            // dispatcher, which answers PROG_UNAVAIL.
-            forwarder: self
-                .config
-                .gateway
-                .as_ref()
-                .and_then(|g| Forwarder::new(g.config.clone(), g.counters.clone()).ok()),
+            forwarder,
         };
         let mut idler = Idler::new(self.config.idle);
         let mut phase = Phase::Running;
@@ -911,8 +905,9 @@ impl Worker {
                     Transport::Ibverbs => resend_from(&mut conns.ibverbs, fw, now, token, origin),
                     _ => None,
                 },
-                // A TCP call's bytes are gone with its record: its client
-                // retransmits when its own timer runs out.
+                // A TCP call larger than the relay keeps a copy of
+                // (`gateway::KEEP_MAX`): its bytes went with its record,
+                // so its client retransmits when its own timer runs out.
                 Origin::Tcp { call, .. } => {
                     if let Some(tcp) = conns.tcp.as_mut() {
                         tcp.forget(call);
