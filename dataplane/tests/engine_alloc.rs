@@ -138,7 +138,7 @@ impl Wire {
                     let item = DdpItem { offset: 28, len };
                     let reply = OutgoingReply {
                         message: &self.reply_scratch[..n],
-                        ddp: Some(item),
+                        ddp: &[item],
                     };
                     self.conns[1].send_reply(now, call, &reply).unwrap();
                 }

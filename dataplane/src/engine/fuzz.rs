@@ -130,7 +130,7 @@ pub fn fuzz_recv(data: &[u8]) {
                     call,
                     &OutgoingReply {
                         message: &reply,
-                        ddp: None,
+                        ddp: &[],
                     },
                 );
             }

@@ -930,7 +930,7 @@ pub fn reply_echo(
         call,
         &OutgoingReply {
             message: &msg,
-            ddp: Some(item),
+            ddp: &[item],
         },
     )
     .expect("reply");

@@ -352,12 +352,60 @@ pub struct IncomingCall {
 /// data of one variable-length opaque. `offset` is where its data starts
 /// in the message (after its length word, so a multiple of 4); the message
 /// holds the `len` data bytes and their XDR padding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DdpItem {
     /// Offset of the first data byte in the XDR stream (a multiple of 4).
     pub offset: u32,
     /// Data length in bytes, without XDR padding.
     pub len: u32,
+}
+
+/// The most DDP items one reply places; later ones travel in place.
+/// NFSv4 COMPOUNDs carry a few READs at most, and Linux sends one write
+/// chunk.
+pub const MAX_DDP_ITEMS: usize = 8;
+
+/// Up to [`MAX_DDP_ITEMS`] DDP items of one message, in message order,
+/// held without allocation (an upper-layer binding's answer for a reply).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DdpItems {
+    items: [DdpItem; MAX_DDP_ITEMS],
+    len: u8,
+}
+
+impl DdpItems {
+    /// No item.
+    pub const NONE: DdpItems = DdpItems {
+        items: [DdpItem { offset: 0, len: 0 }; MAX_DDP_ITEMS],
+        len: 0,
+    };
+
+    /// One item.
+    pub fn one(item: DdpItem) -> DdpItems {
+        let mut l = DdpItems::NONE;
+        l.push(item);
+        l
+    }
+
+    /// Appends `item`; false (nothing changes) when full.
+    pub fn push(&mut self, item: DdpItem) -> bool {
+        let Some(slot) = self.items.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = item;
+        self.len += 1;
+        true
+    }
+
+    /// The items, in the order they were pushed.
+    pub fn as_slice(&self) -> &[DdpItem] {
+        &self.items[..usize::from(self.len)]
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// What the requester expects back, so it can provide chunks (RFC 5666
@@ -428,9 +476,13 @@ impl AppChunks {
 pub struct OutgoingReply<'a> {
     /// The whole RPC reply message, XDR; its XID must be the call's.
     pub message: &'a [u8],
-    /// A DDP-eligible result, RDMA-written into the call's first write
-    /// chunk when the call provided one (otherwise returned in place).
-    pub ddp: Option<DdpItem>,
+    /// The DDP-eligible results, in message order: the Nth is
+    /// RDMA-written into the call's Nth write chunk (RFC 5666 s3.6: each
+    /// decoded result consumes the next entry of the write list; RFC 8267
+    /// s5 pairs them with an NFSv4 COMPOUND's READ-like operations). One
+    /// whose chunk is missing or empty, or beyond [`MAX_DDP_ITEMS`], is
+    /// returned in place.
+    pub ddp: &'a [DdpItem],
 }
 
 /// Why one call failed. The connection may stay up.
@@ -617,6 +669,16 @@ pub enum ReplyError {
 fn ddp_item_fits(item: &DdpItem, msg: &[u8]) -> bool {
     let end = u64::from(item.offset) + crate::wire::xdr::roundup(item.len as usize) as u64;
     app_ddp_item_fits(item, msg) && end <= msg.len() as u64
+}
+
+/// [`ddp_item_fits`] for each of `items`, and each one's data and
+/// padding ending before the next one's length word.
+fn ddp_items_fit(items: &[DdpItem], msg: &[u8]) -> bool {
+    items.iter().all(|d| ddp_item_fits(d, msg))
+        && items.windows(2).all(|w| {
+            let end = u64::from(w[0].offset) + roundup4(u64::from(w[0].len));
+            end + 4 <= u64::from(w[1].offset)
+        })
 }
 
 /// [`ddp_item_fits`] for an item whose data is not in `msg`

@@ -26,8 +26,8 @@ use super::connection::{Disposition, PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
 use super::wr::{WorkRequest, WrId, WrKind};
 use super::{
-    ddp_item_fits, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
-    OutgoingReply, ReplyError,
+    ddp_items_fit, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
+    OutgoingReply, ReplyError, MAX_DDP_ITEMS,
 };
 use crate::wire::conf::CONFIG_RDMA_PROG;
 use crate::wire::rpc::{peek_direction, peek_xid, CallHeader, MessageType};
@@ -239,9 +239,13 @@ impl ServeSlot {
 /// How a reply travels (decided by `plan_reply` before anything moves).
 #[derive(Debug, Clone, Copy)]
 struct ReplyPlan {
-    /// The DDP item going into the first write chunk, if any.
-    ddp: Option<DdpItem>,
-    /// Bytes of the reply outside the write chunk.
+    /// Per write chunk (in the call's order), the bytes of the DDP item
+    /// placed in it; 0 for a chunk that gets none.
+    chunk_lens: [u32; MAX_DDP_ITEMS],
+    /// Which items of the reply's list are placed (bit k: item k, into
+    /// write chunk k); the others stay in the message.
+    placed: u8,
+    /// Bytes of the reply outside the write chunks.
     inline_len: usize,
     /// The inline part goes into the reply chunk (RDMA_NOMSG).
     use_reply_chunk: bool,
@@ -387,8 +391,9 @@ impl Connection {
     /// Leases a bulk pool buffer for free slot `idx` when its own message
     /// buffer is too small for the call just received (`total` bytes
     /// reassembled) or for the largest reply its chunks can carry
-    /// (RFC 8166 s3.4: inline, in the reply chunk, plus a DDP item in the
-    /// first write chunk, RFC 8267): one pool buffer holds both, as the
+    /// (RFC 8166 s3.4: inline, in the reply chunk, plus a DDP item in
+    /// each of the first `MAX_DDP_ITEMS` write chunks, RFC 8267): one pool
+    /// buffer holds both, as the
     /// slot's own buffer does. False, leasing nothing, when the pool has
     /// none for this connection. True at once without a pool.
     fn lease_bulk_for(&mut self, idx: usize, total: u32) -> bool {
@@ -399,7 +404,10 @@ impl Connection {
         let chunks = &self.rx_hdr.chunks;
         let reply_room = u64::from(self.config.inline_send_size)
             .max(chunks.reply().map_or(0, |r| r.len_bytes()))
-            + chunks.write_chunks().next().map_or(0, |c| c.len_bytes());
+            + chunks
+                .write_chunks()
+                .take(MAX_DDP_ITEMS)
+                .fold(0u64, |sum, c| sum.saturating_add(c.len_bytes()));
         let reply_need = reply_room.min(u64::from(self.config.max_reply_size));
         let need = u64::from(total).max(reply_need);
         need <= u64::from(self.bufs.buf_len(message)) || self.bufs.lease_bulk(message)
@@ -635,7 +643,7 @@ impl Connection {
         idx: usize,
         len: usize,
     ) -> Result<(), ReplyError> {
-        let plan = self.plan_reply(idx, len, None)?;
+        let plan = self.plan_reply(idx, len, &[])?;
         self.post_reply(now, idx, plan)
     }
 
@@ -685,30 +693,37 @@ impl Connection {
         if msg.len() > self.bufs.buf_len(s.message) as usize {
             return Err(ReplyError::TooLarge);
         }
-        if reply.ddp.is_some_and(|d| !ddp_item_fits(&d, msg)) {
+        if !ddp_items_fit(reply.ddp, msg) {
             return Err(ReplyError::BadDdpItem);
         }
         let idx = call.index as usize;
         let plan = self.plan_reply(idx, msg.len(), reply.ddp)?;
-        let (ddp, inline_len) = (plan.ddp, plan.inline_len);
-        let elided = msg.len() - inline_len;
+        let inline_len = plan.inline_len;
         let reply_buf = self.serves[idx].message;
-        // Place the reply: inline part (message without the DDP data and
-        // its padding) at 0, the DDP data right after it.
+        // Place the reply: inline part (message without the placed DDP
+        // data and their padding) at 0, the placed data right after it,
+        // item after item in write-chunk order.
         let out = self.bufs.bytes_mut(reply_buf);
         let placed = (|| -> Option<()> {
-            match ddp {
-                Some(d) => {
-                    let (off, dlen) = (d.offset as usize, d.len as usize);
-                    out.get_mut(..off)?.copy_from_slice(msg.get(..off)?);
-                    out.get_mut(off..inline_len)?
-                        .copy_from_slice(msg.get(off + elided..)?);
-                    out.get_mut(inline_len..inline_len + dlen)?
-                        .copy_from_slice(msg.get(off..off + dlen)?);
+            let (mut from, mut to, mut data) = (0usize, 0usize, inline_len);
+            for (k, d) in reply.ddp.iter().enumerate().take(MAX_DDP_ITEMS) {
+                if plan.placed & (1 << k) == 0 {
+                    continue;
                 }
-                None => out.get_mut(..msg.len())?.copy_from_slice(msg),
+                let (off, dlen) = (d.offset as usize, d.len as usize);
+                let keep = off.checked_sub(from)?;
+                out.get_mut(to..to + keep)?
+                    .copy_from_slice(msg.get(from..off)?);
+                to += keep;
+                out.get_mut(data..data + dlen)?
+                    .copy_from_slice(msg.get(off..off + dlen)?);
+                data += dlen;
+                from = off + roundup4(u64::from(d.len)) as usize;
             }
-            Some(())
+            let rest = msg.len().checked_sub(from)?;
+            out.get_mut(to..to + rest)?
+                .copy_from_slice(msg.get(from..)?);
+            (to + rest == inline_len).then_some(())
         })();
         // The checks above make a miss impossible; refuse rather than panic.
         if placed.is_none() {
@@ -727,10 +742,11 @@ impl Connection {
     /// `plan_reply` rules out; nothing is queued then.
     fn post_reply(&mut self, now: Instant, idx: usize, plan: ReplyPlan) -> Result<(), ReplyError> {
         let ReplyPlan {
-            ddp,
+            chunk_lens,
             inline_len,
             use_reply_chunk,
             use_read_chunk,
+            ..
         } = plan;
         let s = &self.serves[idx];
         let (reply_buf, send_buf, generation) = (s.message, s.send_buf, s.generation);
@@ -748,11 +764,7 @@ impl Connection {
             let _ = h.chunks.push_write_chunk(c.segments);
         }
         for i in 0..h.chunks.write_chunk_count() {
-            let n = if i == 0 {
-                ddp.map_or(0, |d| u64::from(d.len))
-            } else {
-                0
-            };
+            let n = chunk_lens.get(i).map_or(0, |&n| u64::from(n));
             if let Some(segs) = h.chunks.write_chunk_mut(i) {
                 fill_lengths(segs, n);
             }
@@ -786,7 +798,7 @@ impl Connection {
         // processed), sourced from the reply buffer.
         let mut ops = 0u32;
         let mut src = inline_len as u32;
-        if let Some(segs) = self.tx_hdr.chunks.write_chunks().next() {
+        for segs in self.tx_hdr.chunks.write_chunks() {
             for seg in segs.segments.iter().filter(|s| s.length > 0) {
                 self.tx.push_back(WorkRequest::RdmaWrite {
                     wr_id: WrId {
@@ -873,28 +885,35 @@ impl Connection {
         Ok(())
     }
 
-    /// Decides how a reply of `msg_len` bytes with an optional DDP item
-    /// travels (before anything is copied or queued): write chunk for the
-    /// DDP item (an empty first write chunk is RFC 8267's "return it
-    /// inline"), then inline vs reply chunk for the rest.
+    /// Decides how a reply of `msg_len` bytes with DDP items `ddp`
+    /// travels (before anything is copied or queued): item k goes into the
+    /// call's write chunk k (an empty or missing chunk is RFC 8267's
+    /// "return it inline"), then inline vs reply chunk for the rest.
     fn plan_reply(
         &self,
         idx: usize,
         msg_len: usize,
-        ddp: Option<DdpItem>,
+        ddp: &[DdpItem],
     ) -> Result<ReplyPlan, ReplyError> {
         let s = &self.serves[idx];
-        let wc_cap = s.peer_chunks.write_chunks().next().map(|c| c.len_bytes());
-        let ddp = match (ddp, wc_cap) {
-            (Some(d), Some(cap)) if cap > 0 => {
-                if u64::from(d.len) > cap {
-                    return Err(ReplyError::DdpTooLarge);
-                }
-                Some(d)
+        let (mut chunk_lens, mut placed, mut elided) = ([0u32; MAX_DDP_ITEMS], 0u8, 0usize);
+        for (k, (d, chunk)) in ddp
+            .iter()
+            .zip(s.peer_chunks.write_chunks())
+            .enumerate()
+            .take(MAX_DDP_ITEMS)
+        {
+            let cap = chunk.len_bytes();
+            if cap == 0 {
+                continue;
             }
-            _ => None,
-        };
-        let elided = ddp.map_or(0, |d| roundup4(u64::from(d.len)) as usize);
+            if u64::from(d.len) > cap {
+                return Err(ReplyError::DdpTooLarge);
+            }
+            chunk_lens[k] = d.len;
+            placed |= 1 << k;
+            elided += roundup4(u64::from(d.len)) as usize;
+        }
         let inline_len = msg_len - elided;
         // The reply header returns the call's write list (RFC 5666 s3.6).
         let wchunks = s.peer_chunks.write_chunk_count();
@@ -926,7 +945,8 @@ impl Connection {
             }
         }
         Ok(ReplyPlan {
-            ddp,
+            chunk_lens,
+            placed,
             inline_len,
             use_reply_chunk,
             use_read_chunk,

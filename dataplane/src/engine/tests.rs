@@ -566,6 +566,114 @@ fn rfc5666_s3_6_write_chunk_receives_ddp_reply_with_rewritten_length() {
     close_and_check_leaks(&mut p);
 }
 
+/// An accepted reply whose results are the opaques `items`, and the DDP
+/// item of each.
+fn reply_of_opaques(xid: u32, items: &[&[u8]]) -> (Vec<u8>, Vec<DdpItem>) {
+    let mut m = be(&[xid, 1, 0, 0, 0, 0]);
+    let mut ddp = Vec::new();
+    for data in items {
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        ddp.push(DdpItem {
+            offset: m.len() as u32,
+            len: data.len() as u32,
+        });
+        m.extend_from_slice(data);
+        m.resize(m.len().next_multiple_of(4), 0);
+    }
+    (m, ddp)
+}
+
+#[test]
+fn rfc5666_s3_6_nth_ddp_item_goes_into_the_nth_write_chunk_and_an_empty_one_keeps_it_inline() {
+    // A hand-crafted requester offering three write chunks (one empty),
+    // as an NFSv4 client would for a COMPOUND of three READ-like
+    // operations (RFC 8267 s5). Its memory is a buffer our own requester
+    // exposed for a write chunk of 2 KiB, cut into the three chunks.
+    let mut p = pair();
+    send(&mut p, 61, b"w", false, expect(16 * KIB, Some(2 * KIB)));
+    p.drive_with(&mut |_, _, _, _| {});
+    let offer = header(p.sends_from(CLIENT).next().unwrap());
+    let w = offer.chunks.write_chunks().next().unwrap().segments[0];
+    assert!(w.length >= 2 * KIB);
+    let at = |off: u64, length: u32| Segment {
+        offset: w.offset + off,
+        length,
+        ..w
+    };
+    let (a, c1, c2) = (at(0, 100), at(512, 200), at(1024, 100));
+    let mut h = TransportHeader::new(70, 4, MessageBody::Msg);
+    h.chunks.push_write_chunk(&[a]).unwrap();
+    h.chunks.push_write_chunk(&[]).unwrap();
+    h.chunks.push_write_chunk(&[c1, c2]).unwrap();
+    let mut call = vec![0u8; h.buffer_len()];
+    h.emit(&mut call).unwrap();
+    call.extend_from_slice(&echo_call(70, b"three reads").0);
+    p.inject(CLIENT, call);
+
+    let (first, second, third) = (payload(50, 1), payload(21, 2), payload(250, 3));
+    let (msg, items) = reply_of_opaques(70, &[&first, &second, &third]);
+    let answered = Rc::new(RefCell::new(Vec::new()));
+    let log = answered.clone();
+    p.drive_with(&mut move |side, conn, now, ev| {
+        if let (SERVER, Event::CallArrived { call, xid: 70, .. }) = (side, ev) {
+            // Out of order or overlapping items are refused, and the call
+            // still waits for its reply.
+            let swapped = [items[1], items[0]];
+            for bad in [&swapped[..], &[items[0], items[0]][..]] {
+                let r = OutgoingReply {
+                    message: &msg,
+                    ddp: bad,
+                };
+                log.borrow_mut().push(conn.send_reply(now, call, &r));
+            }
+            let r = OutgoingReply {
+                message: &msg,
+                ddp: &items,
+            };
+            log.borrow_mut().push(conn.send_reply(now, call, &r));
+        }
+    });
+    assert_eq!(
+        *answered.borrow(),
+        [
+            Err(ReplyError::BadDdpItem),
+            Err(ReplyError::BadDdpItem),
+            Ok(())
+        ]
+    );
+
+    // The reply returns all three chunks, lengths = bytes written.
+    let reply = p.sends_from(SERVER).last().unwrap().to_vec();
+    let hd = header(&reply);
+    assert_eq!(hd.body, MessageBody::Msg);
+    let lens: Vec<Vec<u32>> = hd
+        .chunks
+        .write_chunks()
+        .map(|c| c.segments.iter().map(|s| s.length).collect())
+        .collect();
+    assert_eq!(lens, [vec![50], vec![], vec![200, 50]]);
+    // The first and third items were written where their chunks point.
+    let client = p.peers[CLIENT].conn.buffers();
+    let read = |seg: Segment| {
+        let s = client.resolve(&seg, crate::engine::buffers::Access::RemoteWrite);
+        client
+            .to_vec(s.expect("inside the exposed buffer"))
+            .unwrap()
+    };
+    assert_eq!(read(at(0, 50)), first);
+    let mut got = read(at(512, 200));
+    got.extend(read(at(1024, 50)));
+    assert_eq!(got, third);
+    // The inline part keeps every length word, and the second item (its
+    // chunk empty) with its data and padding in place.
+    let mut inline = be(&[70, 1, 0, 0, 0, 0, 50, 21]);
+    inline.extend_from_slice(&second);
+    inline.extend_from_slice(&[0, 0, 0]);
+    inline.extend_from_slice(&be(&[250]));
+    assert_eq!(reply[hd.buffer_len()..], inline[..]);
+    assert_eq!(p.ops[2], 3, "three RDMA Writes");
+}
+
 #[test]
 fn rfc5666_s5_2_reply_chunk_carries_long_reply() {
     let mut p = pair();
@@ -841,7 +949,7 @@ fn rfc5666_s5_2_reply_never_written_past_reply_chunk_end() {
                 call,
                 &OutgoingReply {
                     message: &big,
-                    ddp: None,
+                    ddp: &[],
                 },
             ));
             let small = echo_reply(xid, b"fits").0;
@@ -850,7 +958,7 @@ fn rfc5666_s5_2_reply_never_written_past_reply_chunk_end() {
                 call,
                 &OutgoingReply {
                     message: &small,
-                    ddp: None,
+                    ddp: &[],
                 },
             ));
         }
@@ -1036,7 +1144,7 @@ fn engine_corrupted_delayed_duplicated_traffic_never_panics_or_leaks() {
                     call,
                     &OutgoingReply {
                         message: &msg,
-                        ddp: Some(item),
+                        ddp: &[item],
                     },
                 );
             }
@@ -1527,7 +1635,7 @@ fn design_s8_read_chunk_exposed_only_for_the_exchange_and_only_its_window() {
             call,
             &OutgoingReply {
                 message: &reply,
-                ddp: Some(ritem),
+                ddp: &[ritem],
             },
         )
         .unwrap();
@@ -1810,7 +1918,7 @@ mod hostile {
                 Event::CallArrived { call, xid, .. } if side == SERVER => {
                     let body = conn.call_message(call).and_then(echo_payload).unwrap_or_default();
                     let (msg, item) = echo_reply(xid, &body);
-                    let _ = conn.send_reply(now, call, &OutgoingReply { message: &msg, ddp: Some(item) });
+                    let _ = conn.send_reply(now, call, &OutgoingReply { message: &msg, ddp: &[item] });
                 }
                 Event::ReplyArrived { call, .. } => {
                     conn.release_reply(call);
@@ -2139,7 +2247,7 @@ fn long_calls_same_xid_both_ways(mut p: Pair, reply: ReplyExpect) -> Pair {
                 call,
                 &OutgoingReply {
                     message: &msg,
-                    ddp: None,
+                    ddp: &[],
                 },
             )
             .unwrap();
@@ -2368,7 +2476,7 @@ fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_adverti
                 call,
                 &OutgoingReply {
                     message: &big,
-                    ddp: None,
+                    ddp: &[],
                 },
             ));
         }

@@ -56,7 +56,7 @@ use std::time::Duration;
 
 pub use forwarder::{Answer, ForwardError, Forwarded, Forwarder, Token, KEEP_MAX};
 
-use crate::engine::DdpItem;
+use crate::engine::DdpItems;
 use crate::nfs;
 
 /// Programs routed to one backend.
@@ -231,20 +231,24 @@ impl GatewayCounters {
     }
 }
 
-/// The DDP-eligible item of a relayed reply, for the engine to place in
-/// the client's write chunk: what the upper-layer binding names for the
-/// call's program, version and procedure. NFS versions 2 and 3: the data
-/// of READ, the path of READLINK (RFC 8267 s4); NFS version 4: the data
-/// of the COMPOUND's first READ or the text of its first READLINK (RFC
-/// 8267 s5, [`nfs4`]). Replies of other programs, and unsuccessful
-/// replies, travel whole (inline or in the reply chunk).
-pub fn reply_ddp(program: u32, version: u32, procedure: u32, message: &[u8]) -> Option<DdpItem> {
+/// The DDP-eligible items of a relayed reply, in message order, for the
+/// engine to place in the client's write chunks (the Nth in the Nth):
+/// what the upper-layer binding names for the call's program, version and
+/// procedure. NFS version 3: the data of READ, the path of READLINK (RFC
+/// 8267 s4); NFS version 4: the data of each READ and the text of each
+/// READLINK of the COMPOUND, in operation order (RFC 8267 s5,
+/// [`nfs4`]). Replies of other programs, and unsuccessful replies, have
+/// none and travel whole (inline or in the reply chunk).
+pub fn reply_ddp(program: u32, version: u32, procedure: u32, message: &[u8]) -> DdpItems {
     if program != nfs::NFS_PROGRAM {
-        return None;
+        return DdpItems::NONE;
     }
     match version {
-        nfs::NFS_V3 => nfs::reply_ddp(nfs::Nfs3Proc::from_wire(procedure).ok()?, message),
+        nfs::NFS_V3 => nfs::Nfs3Proc::from_wire(procedure)
+            .ok()
+            .and_then(|p| nfs::reply_ddp(p, message))
+            .map_or(DdpItems::NONE, DdpItems::one),
         4 if procedure == nfs4::NFSPROC4_COMPOUND => nfs4::compound_reply_ddp(message),
-        _ => None,
+        _ => DdpItems::NONE,
     }
 }

@@ -1,6 +1,7 @@
-//! The DDP-eligible result of an NFSv4.x COMPOUND reply (RFC 8267 s5): the
-//! data of the first READ, or the link text of the first READLINK, found
-//! by walking the result array up to it.
+//! The DDP-eligible results of an NFSv4.x COMPOUND reply (RFC 8267 s5):
+//! the data of each READ and the link text of each READLINK, in operation
+//! order, found by walking the result array. The engine pairs the Nth
+//! with the client's Nth write chunk.
 //!
 //! ```text
 //! COMPOUND4res = nfsstat4 status, utf8str_cs tag<>, nfs_resop4 resarray<>
@@ -9,18 +10,20 @@
 //! READLINK4res = nfsstat4 status; NFS4_OK: linktext4 link (opaque<>)
 //! ```
 //!
-//! The walk knows the results that go before a READ in what clients send
+//! The walk knows the results that go around a READ in what clients send
 //! (Linux: SEQUENCE, PUTFH, READ; NFSv4.0: PUTFH, READ; GETATTR and GETFH
-//! here and there). A result it does not know, a failed operation (the
-//! COMPOUND stops there, RFC 8881 s16.2.3), or bytes that do not parse end
-//! the walk without an item: the reply then travels whole, inline or in
-//! the reply chunk. Only the first READ-like result is placed, in the
-//! client's first write chunk; a COMPOUND with several READs is rare and
-//! its later results travel with the rest of the reply.
+//! here and there; SAVEFH/RESTOREFH between the READs of two files). A
+//! failed operation ends the COMPOUND (RFC 8881 s16.2.3) and the walk
+//! with the items found before it. A result the walk does not know, or
+//! bytes that do not parse, end it too: the items before it are sound
+//! (their offsets do not depend on what follows), and a READ after it
+//! travels in place, its write chunk returned empty (RFC 5666 s3.6).
+//! Past [`MAX_DDP_ITEMS`](crate::engine::MAX_DDP_ITEMS) READ-like
+//! results, the later ones travel in place.
 //!
 //! Total on any bytes: every length is checked against what is left.
 
-use crate::engine::DdpItem;
+use crate::engine::{DdpItem, DdpItems};
 use crate::wire::rpc::{AcceptStatus, ReplyBody, ReplyHeader};
 use crate::wire::xdr::Decoder;
 
@@ -43,9 +46,17 @@ const OP_SEQUENCE: u32 = 53;
 /// so the bound is the message.
 const NFS4_FHSIZE: usize = 128;
 
-/// The DDP item of an NFSv4 reply `message` (RPC header included) to a
-/// COMPOUND, if its first READ or READLINK succeeded.
-pub(super) fn compound_reply_ddp(message: &[u8]) -> Option<DdpItem> {
+/// The DDP items of an NFSv4 reply `message` (RPC header included) to a
+/// COMPOUND: its successful READs and READLINKs, in order.
+pub(super) fn compound_reply_ddp(message: &[u8]) -> DdpItems {
+    let mut items = DdpItems::NONE;
+    // The walk stops at the first thing it cannot follow; what it found
+    // before stands.
+    let _ = walk(message, &mut items);
+    items
+}
+
+fn walk(message: &[u8], items: &mut DdpItems) -> Option<()> {
     let (header, len) = ReplyHeader::parse(message).ok()?;
     match header.body {
         ReplyBody::Accepted(a) if a.status == AcceptStatus::Success => {}
@@ -70,10 +81,13 @@ pub(super) fn compound_reply_ddp(message: &[u8]) -> Option<DdpItem> {
                 }
                 let start = len + d.position() + 4;
                 let data = d.get_opaque(message.len()).ok()?;
-                return Some(DdpItem {
+                let item = DdpItem {
                     offset: u32::try_from(start).ok()?,
                     len: u32::try_from(data.len()).ok()?,
-                });
+                };
+                if !items.push(item) {
+                    return None;
+                }
             }
             OP_SEQUENCE => {
                 // sessionid (16), sequenceid, slotid, highest_slotid,
@@ -92,12 +106,17 @@ pub(super) fn compound_reply_ddp(message: &[u8]) -> Option<DdpItem> {
             _ => return None,
         }
     }
-    None
+    Some(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first item found, as the tests of one READ look at it.
+    fn first(m: &[u8]) -> Option<DdpItem> {
+        compound_reply_ddp(m).as_slice().first().copied()
+    }
 
     /// An accepted, successful reply header (AUTH_NONE verifier).
     fn header(xid: u32) -> Vec<u8> {
@@ -142,14 +161,14 @@ mod tests {
     fn the_first_read_result_is_found_after_sequence_putfh_getattr() {
         let data = b"hello, gateway";
         let (m, at) = linux_read_reply(data);
-        let item = compound_reply_ddp(&m).expect("a DDP item");
+        let item = first(&m).expect("a DDP item");
         assert_eq!(item.offset as usize, at);
         assert_eq!(item.len as usize, data.len());
         assert_eq!(&m[at..at + data.len()], data);
         // An empty READ result is an item too (an empty write chunk).
         let (m, at) = linux_read_reply(b"");
         assert_eq!(
-            compound_reply_ddp(&m),
+            first(&m),
             Some(DdpItem {
                 offset: at as u32,
                 len: 0
@@ -165,7 +184,7 @@ mod tests {
         words(&mut m, &[2, OP_PUTFH, 0, OP_READLINK, 0]);
         let at = m.len() + 4;
         opaque(&mut m, b"../target");
-        let item = compound_reply_ddp(&m).unwrap();
+        let item = first(&m).unwrap();
         assert_eq!((item.offset as usize, item.len), (at, 9));
     }
 
@@ -174,30 +193,88 @@ mod tests {
         // PUTFH failed: the COMPOUND stopped there.
         let mut m = header(1);
         words(&mut m, &[70, 0, 1, OP_PUTFH, 70]);
-        assert_eq!(compound_reply_ddp(&m), None);
+        assert_eq!(first(&m), None);
         // An operation the walk does not know before READ.
         let mut m = header(1);
         words(
             &mut m,
             &[0, 0, 2, 3 /* ACCESS */, 0, 0, 0, OP_READ, 0, 1, 0],
         );
-        assert_eq!(compound_reply_ddp(&m), None);
+        assert_eq!(first(&m), None);
         // Not a success at the RPC level.
         let mut m = header(1);
         m[20..24].copy_from_slice(&5u32.to_be_bytes());
-        assert_eq!(compound_reply_ddp(&m), None);
+        assert_eq!(first(&m), None);
     }
 
     #[test]
     fn every_truncation_and_a_lying_length_are_refused_without_panic() {
         let (m, _) = linux_read_reply(&[5; 40]);
         for cut in 0..m.len() {
-            assert_eq!(compound_reply_ddp(&m[..cut]), None, "cut at {cut}");
+            assert_eq!(first(&m[..cut]), None, "cut at {cut}");
         }
         let mut lying = m.clone();
         let n = lying.len();
         // The READ data length word says more than the message holds.
         lying[n - 44..n - 40].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(compound_reply_ddp(&lying), None);
+        assert_eq!(first(&lying), None);
+    }
+
+    #[test]
+    fn every_read_and_readlink_is_an_item_in_operation_order() {
+        // SEQUENCE, PUTFH, READ, SAVEFH, PUTFH, READLINK, RESTOREFH, READ:
+        // three items, the Nth for the client's Nth write chunk.
+        let mut m = header(3);
+        words(&mut m, &[0]);
+        opaque(&mut m, b"");
+        words(&mut m, &[8, OP_SEQUENCE, 0]);
+        m.extend_from_slice(&[1; 16]);
+        words(&mut m, &[1, 2, 3, 4, 0, OP_PUTFH, 0, OP_READ, 0, 0]);
+        let a = m.len() + 4;
+        opaque(&mut m, b"first read");
+        words(&mut m, &[OP_SAVEFH, 0, OP_PUTFH, 0, OP_READLINK, 0]);
+        let b = m.len() + 4;
+        opaque(&mut m, b"link");
+        words(&mut m, &[OP_RESTOREFH, 0, OP_READ, 0, 1]);
+        let c = m.len() + 4;
+        opaque(&mut m, &[7; 33]);
+        let items = compound_reply_ddp(&m);
+        let got: Vec<(usize, u32)> = items
+            .as_slice()
+            .iter()
+            .map(|d| (d.offset as usize, d.len))
+            .collect();
+        assert_eq!(got, [(a, 10), (b, 4), (c, 33)]);
+        // What stands before a failure or an unknown result is kept: the
+        // second READ failed, so the COMPOUND (and the walk) ended there.
+        let mut m = header(4);
+        words(&mut m, &[70, 0, 3, OP_PUTFH, 0, OP_READ, 0, 0]);
+        let a = m.len() + 4;
+        opaque(&mut m, b"ok");
+        words(&mut m, &[OP_READ, 70]);
+        let got: Vec<(usize, u32)> = compound_reply_ddp(&m)
+            .as_slice()
+            .iter()
+            .map(|d| (d.offset as usize, d.len))
+            .collect();
+        assert_eq!(got, [(a, 2)]);
+    }
+
+    #[test]
+    fn more_reads_than_the_engine_places_keep_the_first_ones() {
+        let n = crate::engine::MAX_DDP_ITEMS + 2;
+        let mut m = header(5);
+        words(&mut m, &[0]);
+        opaque(&mut m, b"");
+        words(&mut m, &[n as u32 + 1, OP_PUTFH, 0]);
+        for i in 0..n {
+            words(&mut m, &[OP_READ, 0, 0]);
+            opaque(&mut m, &[i as u8; 5]);
+        }
+        let items = compound_reply_ddp(&m);
+        assert_eq!(items.as_slice().len(), crate::engine::MAX_DDP_ITEMS);
+        for (i, d) in items.as_slice().iter().enumerate() {
+            assert_eq!(m[d.offset as usize..][..5], [i as u8; 5]);
+        }
     }
 }

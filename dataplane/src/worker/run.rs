@@ -788,7 +788,7 @@ impl Worker {
                         // the backend's reply again, not a second run.
                         let reply = OutgoingReply {
                             message: reply,
-                            ddp: None,
+                            ddp: &[],
                         };
                         self.answer(now, ep, call, xid, &reply);
                     }
@@ -804,7 +804,7 @@ impl Worker {
             Dispatched::Reply { len, ddp } => {
                 let reply = OutgoingReply {
                     message: scratch.reply.get(..len).unwrap_or(&[]),
-                    ddp,
+                    ddp: ddp.as_slice(),
                 };
                 self.answer(now, ep, call, xid, &reply);
             }
@@ -851,7 +851,7 @@ impl Worker {
         let n = system_err_reply(xid, &mut buf);
         let reply = OutgoingReply {
             message: &buf[..n],
-            ddp: None,
+            ddp: &[],
         };
         if ep.connection_mut().send_reply(now, call, &reply).is_err() {
             ep.close();
@@ -954,9 +954,10 @@ impl Worker {
                 version,
                 procedure,
             } => {
+                let items = crate::gateway::reply_ddp(program, version, procedure, message);
                 let reply = OutgoingReply {
                     message,
-                    ddp: crate::gateway::reply_ddp(program, version, procedure, message),
+                    ddp: items.as_slice(),
                 };
                 self.answer(now, ep, call, Some(xid), &reply);
             }

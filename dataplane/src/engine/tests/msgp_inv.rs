@@ -57,7 +57,7 @@ fn drive_padded(p: &mut Pair) -> Seen {
                 call,
                 &OutgoingReply {
                     message: &reply,
-                    ddp: None,
+                    ddp: &[],
                 },
             )
             .unwrap();
@@ -266,7 +266,7 @@ fn rfc5666_s4_3_msgp_chunk_lists_still_validated() {
                 call,
                 &OutgoingReply {
                     message: &reply,
-                    ddp: Some(item),
+                    ddp: &[item],
                 },
             )
             .unwrap();

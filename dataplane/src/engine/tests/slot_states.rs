@@ -218,7 +218,7 @@ fn reply(s: &mut Server, call: IncomingCall, xid: u32, big: bool) {
         call,
         &OutgoingReply {
             message: &msg,
-            ddp: None,
+            ddp: &[],
         },
     )
     .expect("send_reply");
