@@ -9,8 +9,11 @@
 //!   8267 s4), byte-exact and equal to what ganesha serves over TCP
 //!   straight; WRITE (the data in a read chunk the gateway pulls) checked
 //!   on disk; READDIRPLUS of 2,000 entries (long replies in the reply
-//!   chunk); SYMLINK and READLINK; every call relayed, as the gateway's
-//!   metrics count them.
+//!   chunk); SYMLINK and READLINK; an NFSv4.0 COMPOUND with two READs
+//!   (PUTROOTFH, LOOKUP, LOOKUP, READ, READ) and one write chunk: the
+//!   first READ's data in the chunk, the second's in place (RFC 8267 s5,
+//!   RFC 5666 s3.6); every call relayed, as the gateway's metrics count
+//!   them.
 //! * `killing_the_backend_costs_calls_not_connections`: ganesha is killed
 //!   and restarted while a client reads a 32 MiB file through the gateway
 //!   three times; the READs caught at the backend are sent again, every
@@ -41,7 +44,8 @@ use dataplane::nfs::{
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::Provider;
-use dataplane::wire::rpc::{AuthSys, OpaqueAuth};
+use dataplane::wire::rpc::{AuthSys, CallHeader, OpaqueAuth};
+use dataplane::wire::xdr::Encoder;
 use ganesha::{GaneshaBackend, RpcTcp, MAX_IO};
 use nix::sys::signal::Signal;
 use support::bench_calls::{client_config, reply_copies};
@@ -285,8 +289,93 @@ fn session<P: Provider>(url: &str, path: &str, tag: &str) -> Vec<Vec<u8>> {
         Nfs3Res::Readlink(Res3::Ok(ok)) => assert_eq!(ok.data.as_bytes(), SYMLINK_TARGET),
         other => panic!("READLINK: {other:?}"),
     });
+    two_reads_in_one_compound(&mut nfs, tag);
     nfs.client.close().expect("close");
     files
+}
+
+/// Big-endian XDR words.
+fn xdr(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+/// `data` as an XDR opaque<>.
+fn xdr_opaque(out: &mut Vec<u8>, data: &[u8]) {
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+    out.resize(out.len().next_multiple_of(4), 0);
+}
+
+/// Reads two ranges of `read-{MIB + 3}` in one NFSv4.0 COMPOUND, offering
+/// one write chunk: the gateway walks ganesha's reply to both READs; the
+/// first one's data comes by RDMA Write into the chunk, the second one's
+/// in place, as RFC 5666 s3.6 pairs results with chunks.
+fn two_reads_in_one_compound<P: Provider>(nfs: &mut NfsRdma<P>, tag: &str) {
+    const NFS4: u32 = 4;
+    const COMPOUND: u32 = 1;
+    const PUTROOTFH: u32 = 24;
+    const LOOKUP: u32 = 15;
+    const READ: u32 = 25;
+    let file = READ_SIZES[3];
+    let ((o1, n1), (o2, n2)) = ((3_000usize, 1_000usize), (700_001usize, 2_003usize));
+    let mut args = Vec::new();
+    xdr_opaque(&mut args, tag.as_bytes());
+    args.extend_from_slice(&xdr(&[0, 5, PUTROOTFH, LOOKUP]));
+    xdr_opaque(&mut args, b"export");
+    args.extend_from_slice(&xdr(&[LOOKUP]));
+    xdr_opaque(&mut args, format!("read-{file}").as_bytes());
+    for (offset, count) in [(o1, n1), (o2, n2)] {
+        // The anonymous stateid (all zeros): a READ outside any OPEN.
+        args.extend_from_slice(&xdr(&[READ, 0, 0, 0, 0, 0, offset as u32, count as u32]));
+    }
+    let target = ReplyTarget::WriteChunk { max_ddp: 4096 };
+    let (msg, placed) = nfs.call_bytes(target, |xid, buf| {
+        let header = CallHeader::new(
+            xid,
+            dataplane::nfs::NFS_PROGRAM,
+            NFS4,
+            COMPOUND,
+            cred(),
+            OpaqueAuth::None,
+        );
+        let mut e = Encoder::new(buf);
+        header.emit(&mut e).ok()?;
+        let n = e.position();
+        buf.get_mut(n..n + args.len())?.copy_from_slice(&args);
+        Some((n + args.len(), None))
+    });
+    let want = pattern(file, 3);
+    assert_eq!(
+        placed.as_deref(),
+        Some(&want[o1..o1 + n1]),
+        "{tag}: first READ in the chunk"
+    );
+    // The reply after its RPC header (accepted, AUTH_NONE verifier).
+    let words = |at: usize| u32::from_be_bytes(msg[at..at + 4].try_into().unwrap());
+    assert_eq!((words(8), words(20)), (0, 0), "{tag}: accepted, SUCCESS");
+    let mut at = 24;
+    assert_eq!(words(at), 0, "{tag}: COMPOUND status");
+    at += 4 + 4 + (words(at + 4) as usize).next_multiple_of(4); // status, tag
+    assert_eq!(words(at), 5, "{tag}: five results");
+    at += 4;
+    for op in [PUTROOTFH, LOOKUP, LOOKUP] {
+        assert_eq!((words(at), words(at + 4)), (op, 0), "{tag}: op {op}");
+        at += 8;
+    }
+    // First READ: its length word stays, its data went to the chunk.
+    assert_eq!((words(at), words(at + 4), words(at + 8)), (READ, 0, 0));
+    assert_eq!(words(at + 12) as usize, n1);
+    at += 16;
+    // Second READ: in place.
+    assert_eq!((words(at), words(at + 4), words(at + 8)), (READ, 0, 0));
+    assert_eq!(words(at + 12) as usize, n2);
+    at += 16;
+    assert_eq!(
+        &msg[at..at + n2],
+        &want[o2..o2 + n2],
+        "{tag}: second READ in place"
+    );
+    assert_eq!(msg.len(), at + n2.next_multiple_of(4));
 }
 
 /// What ganesha serves for `name` over TCP, straight (no gateway).

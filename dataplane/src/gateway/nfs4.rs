@@ -12,7 +12,8 @@
 //!
 //! The walk knows the results that go around a READ in what clients send
 //! (Linux: SEQUENCE, PUTFH, READ; NFSv4.0: PUTFH, READ; GETATTR and GETFH
-//! here and there; SAVEFH/RESTOREFH between the READs of two files). A
+//! here and there; LOOKUP, SAVEFH and RESTOREFH between the READs of
+//! two files). A
 //! failed operation ends the COMPOUND (RFC 8881 s16.2.3) and the walk
 //! with the items found before it. A result the walk does not know, or
 //! bytes that do not parse, end it too: the items before it are sound
@@ -32,6 +33,7 @@ pub(super) const NFSPROC4_COMPOUND: u32 = 1;
 
 const OP_GETATTR: u32 = 9;
 const OP_GETFH: u32 = 10;
+const OP_LOOKUP: u32 = 15;
 const OP_PUTFH: u32 = 22;
 const OP_PUTPUBFH: u32 = 23;
 const OP_PUTROOTFH: u32 = 24;
@@ -94,7 +96,8 @@ fn walk(message: &[u8], items: &mut DdpItems) -> Option<()> {
                 // target_highest_slotid, status_flags.
                 d.get_opaque_fixed(16 + 5 * 4).ok()?;
             }
-            OP_PUTFH | OP_PUTPUBFH | OP_PUTROOTFH | OP_SAVEFH | OP_RESTOREFH => {}
+            // Results that are their status alone.
+            OP_PUTFH | OP_PUTPUBFH | OP_PUTROOTFH | OP_SAVEFH | OP_RESTOREFH | OP_LOOKUP => {}
             OP_GETFH => {
                 d.get_opaque(NFS4_FHSIZE).ok()?;
             }
