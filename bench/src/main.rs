@@ -149,9 +149,15 @@ enum Cmd {
         /// Directory for the SVG plots.
         #[arg(long, default_value = "bench-plots")]
         plots: PathBuf,
-        /// Depth of the CPU-vs-throughput plot (the paper used 4).
+        /// Depth of the CPU plots (the paper used 4).
         #[arg(long, default_value_t = 4)]
         cpu_depth: u32,
+        /// Repetitions of every point: a point is their median, drawn
+        /// with their range. The repetitions of a point run in separate
+        /// rounds over the whole sweep, so that a burst of load elsewhere
+        /// hits one repetition of many points, not every repetition of one.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        reps: u32,
     },
     /// The physical floor: cross-core cache-line ping-pong vs shm RDMA
     /// Write and Send round trips (two pinned processes), and single-core
@@ -351,15 +357,27 @@ fn single(command: &str, spec: RunSpec, common: &Common) -> Result<serde_json::V
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sweep(
-    common: &Common,
+/// The `sweep` subcommand's arguments.
+struct SweepArgs {
     transports: Option<Vec<String>>,
     sizes: Option<Vec<u32>>,
     depths: Vec<u32>,
     ops: Vec<String>,
     plots: PathBuf,
     cpu_depth: u32,
-) -> Result<serde_json::Value, BenchError> {
+    reps: u32,
+}
+
+fn sweep(common: &Common, args: SweepArgs) -> Result<serde_json::Value, BenchError> {
+    let SweepArgs {
+        transports,
+        sizes,
+        depths,
+        ops,
+        plots,
+        cpu_depth,
+        reps,
+    } = args;
     let urls = transports.unwrap_or_else(|| match &common.connect {
         Some(c) => vec![c.clone()],
         None => ["shm", "tcp", "tirpc"].map(str::to_owned).to_vec(),
@@ -397,39 +415,42 @@ fn sweep(
             reason: format!("no transport of {urls:?} is available"),
         });
     }
-    let total = opened.len() * ops.len() * sizes.len() * depths.len();
+    let total = reps as usize * opened.len() * ops.len() * sizes.len() * depths.len();
     // Each point also starts a client and waits for its calls to drain.
     let expected = (duration + Duration::from_millis(50)) * total as u32;
     let progress = Progress::start(total, expected);
     let mut results = Vec::with_capacity(total);
     let mut done = 0;
-    for t in &mut opened {
-        for &op in &ops {
-            for &depth in &depths {
-                for &size in &sizes {
-                    progress.set(
-                        format!(
-                            "{} {} {} depth {depth}",
-                            t.name(),
-                            op.name(),
-                            output::size_label(size)
-                        ),
-                        done,
-                    );
-                    let mut spec = RunSpec::new(op, size, depth, duration);
-                    spec.idle = common.idle;
-                    spec.warmup_calls = 10;
-                    results.push(
-                        t.run(&spec)
-                            .map_err(|e| transport::explain_size_limit(e, &spec))?,
-                    );
-                    done += 1;
+    for rep in 1..=reps {
+        for t in &mut opened {
+            for &op in &ops {
+                for &depth in &depths {
+                    for &size in &sizes {
+                        progress.set(
+                            format!(
+                                "round {rep}/{reps}: {} {} {} depth {depth}",
+                                t.name(),
+                                op.name(),
+                                output::size_label(size)
+                            ),
+                            done,
+                        );
+                        let mut spec = RunSpec::new(op, size, depth, duration);
+                        spec.idle = common.idle;
+                        spec.warmup_calls = 10;
+                        results.push(
+                            t.run(&spec)
+                                .map_err(|e| transport::explain_size_limit(e, &spec))?,
+                        );
+                        done += 1;
+                    }
                 }
             }
         }
     }
     drop(progress);
     print_results(&results);
+    let points = output::sweep_points(&results);
     let written = output::plot_sweep(&plots, &results, cpu_depth).map_err(|reason| {
         BenchError::Unsupported {
             transport: "sweep",
@@ -442,7 +463,9 @@ fn sweep(
     let mut doc = header("sweep", common);
     doc["transports"] = json!(opened.iter().map(|t| t.describe()).collect::<Vec<_>>());
     doc["skipped"] = json!(skipped);
+    doc["reps"] = json!(reps);
     doc["results"] = json!(results);
+    doc["points"] = json!(points);
     doc["plots"] = json!(written);
     Ok(doc)
 }
@@ -497,7 +520,19 @@ fn main() -> ExitCode {
             ops,
             plots,
             cpu_depth,
-        }) => sweep(&common, transports, sizes, depths, ops, plots, cpu_depth),
+            reps,
+        }) => sweep(
+            &common,
+            SweepArgs {
+                transports,
+                sizes,
+                depths,
+                ops,
+                plots,
+                cpu_depth,
+                reps,
+            },
+        ),
         Some(Cmd::Floor { iters, memcpy_size }) => {
             let bytes = memcpy_size.map_or_else(bench::membw::default_buffer_bytes, |b| b as usize);
             let report = floor::run(iters.max(100), common.cores, bytes, common.duration(0.5));

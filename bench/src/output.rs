@@ -1,11 +1,12 @@
 //! What the bench prints and writes: tables on stdout, one JSON document
 //! per invocation (`--json FILE`), and SVG plots for `sweep`.
 //!
-//! The plots follow the Sun NFS/RDMA paper's figures (s7.3): throughput
-//! against transfer size with one line per depth ("reads ahead"), one plot
-//! per transport (figures 15, 16); CPU utilisation against throughput per
-//! transport at one depth (figure 17); CPU per byte against transfer size
-//! at depth 1 (figure 18, there system CPU with no read-ahead).
+//! The plots follow the Sun NFS/RDMA paper's figures (s7.3), with every
+//! transport on one set of axes: throughput against transfer size, one
+//! plot per depth ("reads ahead", figures 15, 16); CPU utilisation against
+//! throughput at one depth (figure 17); CPU per byte against transfer size
+//! (figure 18). A sweep point is the median of its repetitions, drawn with
+//! its range.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -256,6 +257,53 @@ const COLORS: [RGBColor; 8] = [
 /// A named line of (x, y) points.
 pub type Series = (String, Vec<(f64, f64)>);
 
+/// A figure taken several times: the median and the range of the
+/// repetitions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Smallest.
+    pub min: f64,
+    /// Median (the mean of the middle two for an even count).
+    pub median: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values`; `None` when empty.
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Spread {
+            min: v[0],
+            median,
+            max: v[n - 1],
+        })
+    }
+
+    /// A single measurement.
+    pub fn one(v: f64) -> Spread {
+        Spread {
+            min: v,
+            median: v,
+            max: v,
+        }
+    }
+}
+
+/// A named line of points with their spread in y, joined in the order
+/// given.
+pub type SpreadSeries = (String, Vec<(f64, Spread)>);
+
 /// One line chart to `path`: `x_log` puts x on a log scale.
 ///
 /// # Errors
@@ -268,12 +316,35 @@ pub fn line_chart(
     x_log: bool,
     series: &[Series],
 ) -> Result<(), String> {
+    let series: Vec<SpreadSeries> = series
+        .iter()
+        .map(|(name, pts)| {
+            let pts = pts.iter().map(|&(x, y)| (x, Spread::one(y))).collect();
+            (name.clone(), pts)
+        })
+        .collect();
+    spread_chart(path, title, x_label, y_label, x_log, &series)
+}
+
+/// A line chart of medians with a min-max bar at every point where the
+/// repetitions differ; each line joins its points in the order given.
+///
+/// # Errors
+/// The chart could not be drawn or written (the text says which).
+pub fn spread_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    x_log: bool,
+    series: &[SpreadSeries],
+) -> Result<(), String> {
     let points = series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, 0.0f64, 0.0f64);
     for &(x, y) in points {
         x0 = x0.min(x);
         x1 = x1.max(x);
-        y1 = y1.max(y);
+        y1 = y1.max(y.max);
     }
     if !x0.is_finite() {
         return Err(format!("{}: no data to plot", path.display()));
@@ -291,6 +362,41 @@ pub fn line_chart(
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70);
+    // The two axis kinds are different chart types; what is drawn on
+    // them is the same.
+    macro_rules! draw_lines {
+        ($chart:expr) => {{
+            let chart = $chart;
+            for (i, (name, pts)) in series.iter().enumerate() {
+                let color = COLORS[i % COLORS.len()];
+                chart
+                    .draw_series(LineSeries::new(
+                        pts.iter().map(|&(x, y)| (x, y.median)),
+                        color.stroke_width(2),
+                    ))
+                    .map_err(|e| err(&e))?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Circle::new((x, y.median), 3, color.filled())),
+                    )
+                    .map_err(|e| err(&e))?;
+                chart
+                    .draw_series(pts.iter().filter(|(_, y)| y.max > y.min).map(|&(x, y)| {
+                        ErrorBar::new_vertical(x, y.min, y.median, y.max, color.stroke_width(1), 8)
+                    }))
+                    .map_err(|e| err(&e))?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| err(&e))?;
+        }};
+    }
     if x_log {
         let mut chart = builder
             .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1)
@@ -302,23 +408,7 @@ pub fn line_chart(
             .x_label_formatter(&|x| size_label(x.round() as u32))
             .draw()
             .map_err(|e| err(&e))?;
-        for (i, (name, pts)) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
+        draw_lines!(&mut chart);
     } else {
         let mut chart = builder
             .build_cartesian_2d(0.0..x1 * 1.05, 0.0..y1)
@@ -329,23 +419,7 @@ pub fn line_chart(
             .y_desc(y_label)
             .draw()
             .map_err(|e| err(&e))?;
-        for (i, (name, pts)) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
+        draw_lines!(&mut chart);
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
@@ -362,11 +436,85 @@ fn cpu_per_gb(r: &RunResult) -> Option<f64> {
     Some(c + r.server_cpu.and_then(|s| s.s_per_gb).unwrap_or(0.0))
 }
 
-/// Writes the sweep's plots into `dir` and returns their paths:
-/// `<transport>-<op>-throughput.svg` per transport and op (MB/s vs size,
-/// a line per depth), `<op>-cpu-vs-throughput.svg` per op (CPU % vs MB/s
-/// per transport at depth `cpu_depth`, or the nearest depth run), and
-/// `<op>-cpu-per-gb.svg` per op (CPU s/GB vs size at the smallest depth).
+/// One sweep point (transport, op, size, depth) over its repetitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepPoint {
+    /// The transport's name.
+    pub transport: String,
+    /// The operation.
+    pub op: Op,
+    /// Bytes per call.
+    pub size: u32,
+    /// Calls in flight.
+    pub depth: u32,
+    /// Repetitions taken.
+    pub reps: usize,
+    /// 10^6 payload bytes per second.
+    pub mb_per_s: Spread,
+    /// CPU (client + server when known), percent of one core.
+    pub cpu_pct: Spread,
+    /// CPU seconds per GB (client + server when known), when measured.
+    pub cpu_s_per_gb: Option<Spread>,
+}
+
+/// Groups `results` into points, each the repetitions of one
+/// (transport, op, size, depth), in transport, op, depth, size order.
+pub fn sweep_points(results: &[RunResult]) -> Vec<SweepPoint> {
+    let mut keys: Vec<(&str, u8, u32, u32)> = results
+        .iter()
+        .map(|r| (r.transport.as_str(), op_rank(r.op), r.depth, r.size))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|(t, rank, depth, size)| {
+            let runs: Vec<&RunResult> = results
+                .iter()
+                .filter(|r| {
+                    r.transport == t && op_rank(r.op) == rank && r.depth == depth && r.size == size
+                })
+                .collect();
+            let first = runs.first()?;
+            let per_gb: Vec<f64> = runs.iter().filter_map(|r| cpu_per_gb(r)).collect();
+            Some(SweepPoint {
+                transport: t.to_owned(),
+                op: first.op,
+                size,
+                depth,
+                reps: runs.len(),
+                mb_per_s: Spread::of(runs.iter().map(|r| r.mb_per_s))?,
+                cpu_pct: Spread::of(runs.iter().map(|r| cpu_pct(r)))?,
+                cpu_s_per_gb: if per_gb.len() == runs.len() {
+                    Spread::of(per_gb)
+                } else {
+                    None
+                },
+            })
+        })
+        .collect()
+}
+
+/// The plots' order of operations.
+fn op_rank(op: Op) -> u8 {
+    match op {
+        Op::Read => 0,
+        Op::Write => 1,
+        Op::Echo => 2,
+        Op::Null => 3,
+    }
+}
+
+/// Writes the sweep's plots into `dir` and returns their paths. Every
+/// point is the median of its repetitions, with a min-max bar; every
+/// transport shares the axes of each figure, and lines join points in
+/// size order:
+/// * `<op>-throughput-depth<D>.svg`: MB/s against size, a line per
+///   transport, one figure per depth (the paper's figures 15 and 16 put
+///   the depths of one transport together; here RDMA and TCP meet);
+/// * `<op>-cpu-per-gb.svg`: CPU seconds per GB against size, a line per
+///   transport, at the depth nearest `cpu_depth` (figure 18);
+/// * `<op>-cpu-vs-throughput.svg`: CPU % against MB/s at that depth, each
+///   transport's points joined from the smallest size up (figure 17).
 ///
 /// # Errors
 /// A plot could not be drawn or written (the text says which).
@@ -376,111 +524,81 @@ pub fn plot_sweep(
     cpu_depth: u32,
 ) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let points = sweep_points(results);
     let mut written = Vec::new();
-    let transports: BTreeSet<&str> = results.iter().map(|r| r.transport.as_str()).collect();
+    let transports: BTreeSet<&str> = points.iter().map(|p| p.transport.as_str()).collect();
     let ops: Vec<Op> = [Op::Read, Op::Write, Op::Echo, Op::Null]
         .into_iter()
-        .filter(|op| results.iter().any(|r| r.op == *op))
+        .filter(|op| points.iter().any(|p| p.op == *op))
         .collect();
+    // One line per transport of `y` against `x` at `depth`, in size order
+    // (the points come sorted by size).
+    let lines = |op: Op, depth: u32, xy: &dyn Fn(&SweepPoint) -> Option<(f64, Spread)>| {
+        transports
+            .iter()
+            .map(|&t| {
+                let pts: Vec<(f64, Spread)> = points
+                    .iter()
+                    .filter(|p| p.op == op && p.transport == t && p.depth == depth)
+                    .filter_map(xy)
+                    .collect();
+                (t.to_owned(), pts)
+            })
+            .filter(|s| !s.1.is_empty())
+            .collect::<Vec<SpreadSeries>>()
+    };
     for &op in &ops {
-        for &t in &transports {
-            let runs: Vec<&RunResult> = results
-                .iter()
-                .filter(|r| r.op == op && r.transport == t)
-                .collect();
-            let depths: BTreeSet<u32> = runs.iter().map(|r| r.depth).collect();
-            let series: Vec<Series> = depths
-                .iter()
-                .map(|&d| {
-                    let mut pts: Vec<(f64, f64)> = runs
-                        .iter()
-                        .filter(|r| r.depth == d)
-                        .map(|r| (f64::from(r.size), r.mb_per_s))
-                        .collect();
-                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    (format!("depth {d}"), pts)
-                })
-                .collect();
-            if series.is_empty() {
-                continue;
-            }
-            let path = dir.join(format!("{t}-{}-throughput.svg", op.name()));
-            line_chart(
+        let depths: BTreeSet<u32> = points
+            .iter()
+            .filter(|p| p.op == op)
+            .map(|p| p.depth)
+            .collect();
+        for &depth in &depths {
+            let series = lines(op, depth, &|p| Some((f64::from(p.size), p.mb_per_s)));
+            let path = dir.join(format!("{}-throughput-depth{depth}.svg", op.name()));
+            spread_chart(
                 &path,
-                &format!("{t}: {} throughput vs size", op.name()),
+                &format!("{} throughput vs size, depth {depth}", op.name()),
                 "bytes per call",
-                "MB/s (10^6 B/s)",
+                "MB/s (10^6 B/s), median and range",
                 true,
                 &series,
             )?;
             written.push(path);
         }
-        // CPU vs throughput (figure 17) at the depth nearest `cpu_depth`.
-        let depths: BTreeSet<u32> = results
-            .iter()
-            .filter(|r| r.op == op)
-            .map(|r| r.depth)
-            .collect();
         let Some(&depth) = depths
             .iter()
             .min_by_key(|&&d| (i64::from(d) - i64::from(cpu_depth)).abs())
         else {
             continue;
         };
-        let series: Vec<Series> = transports
-            .iter()
-            .map(|&t| {
-                let mut pts: Vec<(f64, f64)> = results
-                    .iter()
-                    .filter(|r| r.op == op && r.transport == t && r.depth == depth)
-                    .map(|r| (r.mb_per_s, cpu_pct(r)))
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (t.to_owned(), pts)
-            })
-            .filter(|s| !s.1.is_empty())
-            .collect();
-        let path = dir.join(format!("{}-cpu-vs-throughput.svg", op.name()));
-        line_chart(
-            &path,
-            &format!(
-                "{}: CPU (client + server) vs throughput, depth {depth}",
-                op.name()
-            ),
-            "MB/s",
-            "CPU, % of one core",
-            false,
-            &series,
-        )?;
-        written.push(path);
-        // CPU per GB vs size (figure 18) at the smallest depth.
-        let low = *depths.iter().next().unwrap_or(&1);
-        let series: Vec<Series> = transports
-            .iter()
-            .map(|&t| {
-                let mut pts: Vec<(f64, f64)> = results
-                    .iter()
-                    .filter(|r| r.op == op && r.transport == t && r.depth == low)
-                    .filter_map(|r| Some((f64::from(r.size), cpu_per_gb(r)?)))
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (t.to_owned(), pts)
-            })
-            .filter(|s| !s.1.is_empty())
-            .collect();
-        if series.is_empty() {
-            continue;
+        let series = lines(op, depth, &|p| Some((f64::from(p.size), p.cpu_s_per_gb?)));
+        if !series.is_empty() {
+            let path = dir.join(format!("{}-cpu-per-gb.svg", op.name()));
+            spread_chart(
+                &path,
+                &format!(
+                    "{}: CPU seconds per GB (client + server) vs size, depth {depth}",
+                    op.name()
+                ),
+                "bytes per call",
+                "CPU s / GB, median and range",
+                true,
+                &series,
+            )?;
+            written.push(path);
         }
-        let path = dir.join(format!("{}-cpu-per-gb.svg", op.name()));
-        line_chart(
+        let series = lines(op, depth, &|p| Some((p.mb_per_s.median, p.cpu_pct)));
+        let path = dir.join(format!("{}-cpu-vs-throughput.svg", op.name()));
+        spread_chart(
             &path,
             &format!(
-                "{}: CPU seconds per GB (client + server) vs size, depth {low}",
+                "{}: CPU (client + server) vs throughput, depth {depth}, small to large calls",
                 op.name()
             ),
-            "bytes per call",
-            "CPU s / GB",
-            true,
+            "MB/s (median)",
+            "CPU, % of one core, median and range",
+            false,
             &series,
         )?;
         written.push(path);

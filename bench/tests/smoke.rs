@@ -183,6 +183,8 @@ fn sweep_writes_results_for_every_point_and_plots() {
             "512,4k",
             "--depths",
             "1,2",
+            "--reps",
+            "2",
             "--plots",
             plots.to_str().unwrap(),
         ],
@@ -193,18 +195,37 @@ fn sweep_writes_results_for_every_point_and_plots() {
     let results = doc["results"].as_array().unwrap();
     assert_eq!(
         results.len(),
-        n * 2 * 2 * 2,
-        "transports x ops x sizes x depths"
+        2 * n * 2 * 2 * 2,
+        "rounds x transports x ops x sizes x depths"
     );
-    for r in results {
-        let t = r["transport"].as_str().unwrap();
-        check_result(
-            r,
-            t,
-            r["op"].as_str().unwrap(),
-            r["depth"].as_u64().unwrap(),
-            true,
-        );
+    // Every point is the median and range of its two repetitions.
+    let points = doc["points"].as_array().unwrap();
+    assert_eq!(points.len(), n * 2 * 2 * 2);
+    for p in points {
+        assert_eq!(p["reps"], 2, "{p}");
+        let same = |r: &serde_json::Value| {
+            r["transport"] == p["transport"]
+                && r["op"] == p["op"]
+                && r["size"] == p["size"]
+                && r["depth"] == p["depth"]
+        };
+        let mut mb: Vec<f64> = results
+            .iter()
+            .filter(|r| same(r))
+            .map(|r| r["mb_per_s"].as_f64().unwrap())
+            .collect();
+        mb.sort_by(f64::total_cmp);
+        assert_eq!(mb.len(), 2, "{p}");
+        // serde_json's float parsing may be off by an ulp: compare
+        // within a relative 1e-12.
+        let near = |got: &serde_json::Value, want: f64| {
+            let got = got.as_f64().unwrap();
+            (got - want).abs() <= 1e-12 * want.abs().max(1.0)
+        };
+        let spread = &p["mb_per_s"];
+        assert!(near(&spread["min"], mb[0]), "{p}");
+        assert!(near(&spread["max"], mb[1]), "{p}");
+        assert!(near(&spread["median"], (mb[0] + mb[1]) / 2.0), "{p}");
     }
     // A transport that does not open is reported, not fatal.
     let skipped = doc["skipped"].as_array().unwrap();
@@ -216,7 +237,8 @@ fn sweep_writes_results_for_every_point_and_plots() {
     for name in [
         "read-cpu-vs-throughput.svg",
         "write-cpu-per-gb.svg",
-        "inproc-read-throughput.svg",
+        "read-throughput-depth1.svg",
+        "write-throughput-depth2.svg",
     ] {
         let path = plots.join(name);
         let svg = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -225,6 +247,14 @@ fn sweep_writes_results_for_every_point_and_plots() {
             "{name}"
         );
         assert!(written.iter().any(|w| w.as_str() == path.to_str()));
+    }
+    // RDMA and TCP on one set of axes: every transport is in the legend.
+    let svg = std::fs::read_to_string(plots.join("read-throughput-depth1.svg")).unwrap();
+    for t in list.split(',') {
+        assert!(
+            svg.lines().any(|l| l.trim() == t),
+            "{t} missing from the figure's legend"
+        );
     }
 }
 
