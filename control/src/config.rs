@@ -96,6 +96,10 @@ pub struct Workers {
     /// queue, per RDMA provider: every connection of the worker receives
     /// from it. 0: every connection posts its own.
     pub shared_receives: u32,
+    /// Entries of each worker's control ring (new connections and
+    /// commands from the control plane). A connection that finds every
+    /// ring full waits in its acceptor until one drains.
+    pub control_ring: u32,
 }
 
 impl Default for Workers {
@@ -107,6 +111,7 @@ impl Default for Workers {
             max_connections: 1024,
             bulk_buffers: 64,
             shared_receives: 4096,
+            control_ring: 256,
         }
     }
 }
@@ -686,6 +691,13 @@ impl Config {
             w.max_connections.into(),
             1,
             1_000_000,
+        )?;
+        range(
+            &[Key("workers"), Key("control_ring")],
+            "workers.control_ring",
+            w.control_ring.into(),
+            1,
+            65_536,
         )?;
 
         if self.listeners.is_empty() {

@@ -13,5 +13,6 @@ pub mod daemon;
 pub mod gateway;
 pub mod metrics;
 pub mod programs;
+pub mod refusal;
 pub mod rpcbind;
 pub mod serve;

@@ -159,13 +159,20 @@ impl WorkerCounters {
 pub struct ListenerCounters {
     /// Connections accepted.
     pub accepted: AtomicU64,
-    /// Connection attempts refused (bad private data, uid not allowed, no
-    /// resources).
-    pub rejected: AtomicU64,
+    /// Connection attempts refused, by reason
+    /// ([`Refusal`](crate::refusal::Refusal) as index).
+    pub rejected: [AtomicU64; crate::refusal::Refusal::ALL.len()],
     /// Gauge: connections open now.
     pub active: AtomicU64,
     /// Gauge: 1 while the listener is served by the data path.
     pub serving: AtomicU64,
+}
+
+impl ListenerCounters {
+    /// Counts a refused connection attempt.
+    pub fn refused(&self, reason: crate::refusal::Refusal) {
+        add(&self.rejected[reason as usize], 1);
+    }
 }
 
 /// Every counter of the daemon.
@@ -394,19 +401,31 @@ impl Registry {
             .zip(self.listeners.iter())
             .map(|(url, l)| (format!("listener=\"{}\"", escape_label(url)), l))
             .collect();
+        let name = "rpcrdma_listener_rejected_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Connection attempts refused on the listener, by reason.",
+        );
+        for (labels, l) in &listeners {
+            for r in crate::refusal::Refusal::ALL {
+                let labels = format!("{labels},reason=\"{}\"", r.label());
+                sample(
+                    &mut out,
+                    name,
+                    &labels,
+                    l.rejected[r as usize].load(Relaxed),
+                );
+            }
+        }
         type LField = fn(&ListenerCounters) -> &AtomicU64;
-        let per_listener: [(&str, &str, &str, LField); 4] = [
+        let per_listener: [(&str, &str, &str, LField); 3] = [
             (
                 "rpcrdma_listener_connections_total",
                 "counter",
                 "Connections accepted on the listener.",
                 |l| &l.accepted,
-            ),
-            (
-                "rpcrdma_listener_rejected_total",
-                "counter",
-                "Connection attempts refused on the listener.",
-                |l| &l.rejected,
             ),
             (
                 "rpcrdma_listener_connections",

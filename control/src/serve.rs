@@ -25,11 +25,13 @@
 //! other builds refuse them at start with one line naming the schemes
 //! that are served.
 
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dataplane::engine;
 use dataplane::mem::Backing;
@@ -47,6 +49,7 @@ use dataplane::worker::{
 
 use crate::config::{Config, Hugepages, IdleStrategy, ProviderUrl};
 use crate::metrics::{self, ErrorKind, PoolKind, Registry};
+use crate::refusal::{Refusal, RefusalLog};
 
 /// How long an acceptor waits for a connection request before it looks at
 /// the stop flag again.
@@ -184,6 +187,7 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
         max_connections: c.workers.max_connections as usize,
         bulk_buffers: c.workers.bulk_buffers,
         shared_receives: c.workers.shared_receives,
+        ring_capacity: c.workers.control_ring as usize,
         ..WorkerConfig::default()
     }
 }
@@ -404,6 +408,7 @@ fn spawn_acceptor<P: PoolProvider>(
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
             let counters = registry.listener(index);
+            let mut log = RefusalLog::new(url.to_string());
             while !stop.load(Ordering::SeqCst) {
                 match set.accept::<P>(&listener, ACCEPT_POLL) {
                     Ok(worker) => {
@@ -412,8 +417,9 @@ fn spawn_acceptor<P: PoolProvider>(
                     }
                     Err(WorkerError::Verbs(VerbsError::Timeout)) => {}
                     Err(e) => {
-                        metrics::add(&counters.rejected, 1);
-                        tracing::warn!("{url}: connection refused: {e}");
+                        let reason = Refusal::of(&e);
+                        counters.refused(reason);
+                        log.refused(Instant::now(), reason, || e.to_string());
                     }
                 }
             }
@@ -425,6 +431,10 @@ fn spawn_acceptor<P: PoolProvider>(
 /// Accepts per wake-up of a tcp acceptor, so that a connect storm is
 /// handed out in bounded batches.
 const TCP_ACCEPT_BATCH: usize = 16;
+
+/// How often a tcp acceptor with streams waiting for a worker's ring
+/// tries again.
+const TCP_HAND_OFF_RETRY: Duration = Duration::from_millis(1);
 
 fn spawn_tcp_acceptor(
     url: &ProviderUrl,
@@ -442,22 +452,47 @@ fn spawn_tcp_acceptor(
         Arc::clone(registry),
     );
     let wait = PollTimeout::try_from(ACCEPT_POLL).unwrap_or(PollTimeout::MAX);
+    let retry = PollTimeout::try_from(TCP_HAND_OFF_RETRY).unwrap_or(PollTimeout::MAX);
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
             let counters = registry.listener(index);
+            let mut log = RefusalLog::new(url.to_string());
+            // Streams accepted while every worker's control ring was full,
+            // oldest first: a connect burst waits here for the rings to
+            // drain instead of being closed unread. Counted against
+            // workers.max_connections like the connections served.
+            let mut waiting: VecDeque<(TcpStream, SocketAddr)> = VecDeque::new();
             while !stop.load(Ordering::SeqCst) {
+                while let Some((stream, peer)) = waiting.pop_front() {
+                    match set.hand_off_tcp(stream) {
+                        Ok(worker) => {
+                            metrics::add(&counters.accepted, 1);
+                            tracing::debug!("{url}: {peer} handed to worker {worker}");
+                        }
+                        Err(stream) => {
+                            waiting.push_front((stream, peer));
+                            break;
+                        }
+                    }
+                }
                 // Sleep until a connection waits (or look at the stop flag
-                // again); the socket itself is non-blocking.
+                // again, or at the streams waiting for a ring); the socket
+                // itself is non-blocking.
                 let mut fds = [PollFd::new(acceptor.as_fd(), PollFlags::POLLIN)];
-                if !matches!(poll(&mut fds, wait), Ok(n) if n > 0) {
+                let timeout = if waiting.is_empty() { wait } else { retry };
+                if !matches!(poll(&mut fds, timeout), Ok(n) if n > 0) {
                     continue;
                 }
                 let accepted = acceptor.accept_ready(TCP_ACCEPT_BATCH, |stream, peer| {
-                    if let Err(e) = set.admit() {
-                        metrics::add(&counters.rejected, 1);
-                        tracing::warn!("{url}: {peer} refused: {e}");
+                    if let Err(e) = set.admit_more(waiting.len()) {
+                        counters.refused(Refusal::Limit);
+                        log.refused(Instant::now(), Refusal::Limit, || format!("{peer}: {e}"));
                         drop(stream);
+                        return;
+                    }
+                    if !waiting.is_empty() {
+                        waiting.push_back((stream, peer));
                         return;
                     }
                     match set.hand_off_tcp(stream) {
@@ -465,21 +500,21 @@ fn spawn_tcp_acceptor(
                             metrics::add(&counters.accepted, 1);
                             tracing::debug!("{url}: {peer} handed to worker {worker}");
                         }
-                        Err(stream) => {
-                            metrics::add(&counters.rejected, 1);
-                            tracing::warn!("{url}: {peer} refused: every worker is busy");
-                            drop(stream);
-                        }
+                        Err(stream) => waiting.push_back((stream, peer)),
                     }
                 });
                 if let Err(e) = accepted {
                     // E.g. out of file descriptors: the connection stays
                     // queued, so wait before trying again.
-                    metrics::add(&counters.rejected, 1);
-                    tracing::warn!("{url}: accept failed: {e}");
+                    counters.refused(Refusal::Accept);
+                    log.refused(Instant::now(), Refusal::Accept, || {
+                        format!("accept failed: {e}")
+                    });
                     std::thread::sleep(ACCEPT_POLL);
                 }
             }
+            // Streams never handed out close with the acceptor.
+            drop(waiting);
             drop(acceptor);
         })
 }

@@ -18,7 +18,6 @@ use dataplane::tcp::{TcpClient, TcpClientConfig};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::Provider;
-use dataplane::worker::{IdleStrategy, Idler};
 use nix::sys::signal::Signal;
 use support::bench_calls::*;
 use support::*;
@@ -82,39 +81,6 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
     stop_cleanly(&mut d);
 }
 
-/// One call over TCP, waited for with the adaptive idler (a generous
-/// timeout catches a hang); returns the data of ECHO and SOURCE.
-fn tcp_call(client: &mut TcpClient, args: Args<'_>) -> Vec<u8> {
-    let xid = client
-        .call(args, 0)
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-        .expect("a free slot (one call at a time)");
-    let mut out = None;
-    let mut idler = Idler::new(IdleStrategy::default());
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while out.is_none() {
-        let work = client
-            .poll(|r| {
-                assert_eq!(r.xid, xid);
-                out = Some(match args {
-                    Args::Null | Args::Sink(_) => {
-                        r.check_void().expect("void reply");
-                        Vec::new()
-                    }
-                    _ => r.data().expect("data reply").to_vec(),
-                });
-            })
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        if work == 0 {
-            assert!(std::time::Instant::now() < deadline, "{args:?}: no reply");
-            idler.idle(None);
-        } else {
-            idler.reset();
-        }
-    }
-    out.unwrap_or_default()
-}
-
 /// The TCP counterpart of [`rdma_calls`]: NULL, ECHO of every size,
 /// SOURCE, SINK, every byte checked. Returns the number of calls made and
 /// the connected client.
@@ -156,26 +122,6 @@ fn expect_metrics(metrics: SocketAddr, calls: u64, bytes: u64) {
     );
     assert_eq!(metric(&body, "rpcrdma_listener_connections{"), 1, "{body}");
     promtool_accepts(&body);
-}
-
-/// Scrapes `/metrics` until the sum of `name` reaches `at_least` (a worker
-/// folds its TCP counters in just after the pass that wrote the replies,
-/// so a client can be ahead of them); PATIENCE only catches a hang.
-fn scrape_until(metrics: SocketAddr, name: &str, at_least: u64) -> String {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let (status, body) = http_get(metrics, "/metrics");
-        assert_eq!(status, "HTTP/1.1 200 OK");
-        let v = metric(&body, name);
-        if v >= at_least {
-            return body;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} {v} < {at_least}:\n{body}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 /// SIGTERM: exit 0 with every pool back to full.
@@ -383,7 +329,7 @@ fn tcp_connections_beyond_max_connections_are_refused() {
     assert_eq!(
         metric(
             &body,
-            &format!("rpcrdma_listener_rejected_total{{listener=\"{tcp}\"}}")
+            &format!("rpcrdma_listener_rejected_total{{listener=\"{tcp}\",reason=\"limit\"}}")
         ),
         1,
         "{body}"

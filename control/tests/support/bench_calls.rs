@@ -8,6 +8,7 @@
 use dataplane::client::{CallOutcome, Client, ClientConfig, ReplyTarget};
 use dataplane::engine::{self, CallHandle, DdpItem};
 use dataplane::service::bench::{self, Args};
+use dataplane::tcp::TcpClient;
 use dataplane::verbs::Provider;
 use dataplane::wire::rpc::{CallHeader, OpaqueAuth};
 use dataplane::wire::xdr::Encoder;
@@ -227,4 +228,37 @@ pub fn rdma_calls<P: Provider>(
         ReplyTarget::Inline,
     );
     (calls + 7, client)
+}
+
+/// One call over TCP, waited for with the adaptive idler (a generous
+/// timeout catches a hang); returns the data of ECHO and SOURCE.
+pub fn tcp_call(client: &mut TcpClient, args: Args<'_>) -> Vec<u8> {
+    let xid = client
+        .call(args, 0)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .expect("a free slot (one call at a time)");
+    let mut out = None;
+    let mut idler = dataplane::worker::Idler::new(IdleStrategy::default());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while out.is_none() {
+        let work = client
+            .poll(|r| {
+                assert_eq!(r.xid, xid);
+                out = Some(match args {
+                    Args::Null | Args::Sink(_) => {
+                        r.check_void().expect("void reply");
+                        Vec::new()
+                    }
+                    _ => r.data().expect("data reply").to_vec(),
+                });
+            })
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        if work == 0 {
+            assert!(std::time::Instant::now() < deadline, "{args:?}: no reply");
+            idler.idle(None);
+        } else {
+            idler.reset();
+        }
+    }
+    out.unwrap_or_default()
 }

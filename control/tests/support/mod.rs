@@ -329,3 +329,24 @@ pub fn tshark_out(tshark: &Path, file: &Path, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+#[allow(dead_code)]
+/// Scrapes `/metrics` until the sum of `name` reaches `at_least` (a worker
+/// folds its TCP counters in just after the pass that wrote the replies,
+/// so a client can be ahead of them); PATIENCE only catches a hang.
+pub fn scrape_until(metrics: SocketAddr, name: &str, at_least: u64) -> String {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = http_get(metrics, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let v = metric(&body, name);
+        if v >= at_least {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} {v} < {at_least}:\n{body}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -691,6 +691,10 @@ pub enum VerbsError {
     /// Nothing happened within the timeout.
     #[error("timed out")]
     Timeout,
+    /// A peer connected but sent no setup message within the setup
+    /// timeout (listener side): its connection was closed.
+    #[error("no setup message within the setup timeout")]
+    SetupTimeout,
     /// The queue pair is not connected / in error.
     #[error("queue pair not connected")]
     NotConnected,

@@ -574,8 +574,18 @@ impl WorkerSet {
     /// # Errors
     /// [`WorkerError::ConnectionLimit`].
     pub fn admit(&self) -> Result<(), WorkerError> {
+        self.admit_more(0)
+    }
+
+    /// [`admit`](Self::admit) for an acceptor that holds `held`
+    /// connections of its own not handed to a worker yet (waiting for a
+    /// full control ring to drain): they count against the limit too.
+    ///
+    /// # Errors
+    /// [`WorkerError::ConnectionLimit`].
+    pub fn admit_more(&self, held: usize) -> Result<(), WorkerError> {
         let limit = self.config.max_connections;
-        if self.connections() >= limit {
+        if self.connections().saturating_add(held) >= limit {
             return Err(WorkerError::ConnectionLimit { limit });
         }
         Ok(())

@@ -37,7 +37,7 @@
 //! bytes as untrusted input; nor punching holes in it (a SIGBUS risk on
 //! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -251,6 +251,7 @@ impl Context<Shm> for ShmContext {
             sock,
             path,
             allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
+            pending: Mutex::new(VecDeque::new()),
         })
     }
 }
@@ -1603,12 +1604,41 @@ impl PreparedQp<Shm> for ShmPreparedQp {
     }
 }
 
+/// How long an accepted connection may take to send its HELLO.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accepted connections waiting for their HELLO at once. When full, the
+/// one that has waited longest is closed (a client sends its HELLO right
+/// after connecting, so the oldest is the likeliest to be silent), and a
+/// newcomer gets its place.
+pub const MAX_PENDING_SETUPS: usize = 64;
+
 /// Passive side of connection setup: a listening Unix socket.
+///
+/// Setup costs a peer nothing it can hold on to: its credentials are
+/// checked right after `accept` (a peer whose uid is not allowed is
+/// refused before anything is read), and connections waiting for their
+/// HELLO wait together, each with its own deadline
+/// ([`SETUP_TIMEOUT`]), in a bounded set ([`MAX_PENDING_SETUPS`]), so a
+/// silent peer never delays another.
 #[derive(Debug)]
 pub struct ShmListener {
     sock: OwnedFd,
     path: PathBuf,
     allowed: Mutex<Vec<u32>>,
+    pending: Mutex<VecDeque<PendingSetup>>,
+}
+
+/// An accepted connection before its HELLO.
+#[derive(Debug)]
+struct PendingSetup {
+    sock: OwnedFd,
+    uid: u32,
+    deadline: Instant,
+    /// Its uid is not allowed: it was sent its REJECT at once and is kept
+    /// only until its HELLO is read (closing a socket with unread data
+    /// would turn the REJECT into a connection reset at the peer).
+    refused: bool,
 }
 
 impl ShmListener {
@@ -1631,49 +1661,130 @@ impl Drop for ShmListener {
 impl Listener<Shm> for ShmListener {
     fn accept(&self, timeout: Duration) -> Result<ShmIncoming, VerbsError> {
         let deadline = Instant::now() + timeout;
-        let raw = loop {
-            match accept4(self.sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-                Ok(fd) => break fd,
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(VerbsError::Timeout);
+        let mut pending = lock(&self.pending);
+        loop {
+            // New connections first: their credentials cost one getsockopt.
+            loop {
+                let raw = match accept4(self.sock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                    Ok(fd) => fd,
+                    Err(nix::errno::Errno::EAGAIN) => break,
+                    Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => continue,
+                    Err(source) => {
+                        return Err(VerbsError::Os {
+                            what: "accept",
+                            source,
+                        })
                     }
-                    wait_readable(self.sock.as_fd(), left)?;
+                };
+                // SAFETY: accept4 returned a new fd that nothing else owns.
+                let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+                let uid = getsockopt(&sock, PeerCredentials)
+                    .map_err(os("SO_PEERCRED"))?
+                    .uid();
+                let refused = !lock(&self.allowed).contains(&uid);
+                if refused {
+                    let _ =
+                        Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
+                    if matches!(Msg::recv(sock.as_fd()), Ok(Some(_))) {
+                        // Its HELLO was there (its outbox fd closes with
+                        // it): nothing left to wait for.
+                        return Err(VerbsError::PeerNotAllowed { uid });
+                    }
                 }
-                Err(source) => {
-                    return Err(VerbsError::Os {
-                        what: "accept",
-                        source,
-                    })
+                let evicted = (pending.len() >= MAX_PENDING_SETUPS)
+                    .then(|| pending.pop_front())
+                    .flatten();
+                pending.push_back(PendingSetup {
+                    sock,
+                    uid,
+                    deadline: Instant::now() + SETUP_TIMEOUT,
+                    refused,
+                });
+                if refused {
+                    return Err(VerbsError::PeerNotAllowed { uid });
+                }
+                if evicted.is_some_and(|e| !e.refused) {
+                    return Err(VerbsError::SetupTimeout);
                 }
             }
-        };
-        // SAFETY: accept4 returned a new fd that nothing else owns.
-        let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-        let uid = getsockopt(&sock, PeerCredentials)
-            .map_err(os("SO_PEERCRED"))?
-            .uid();
-        // Read the HELLO even from a refused peer (its fd is closed unused):
-        // closing a socket with unread data would turn our REJECT into a
-        // connection reset at the peer.
-        let hello = Msg::recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
-        if !lock(&self.allowed).contains(&uid) {
-            let _ = Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
-            return Err(VerbsError::PeerNotAllowed { uid });
+            // Then every connection waiting for its HELLO.
+            let now = Instant::now();
+            let mut i = 0;
+            while i < pending.len() {
+                let refused = pending[i].refused;
+                match (Msg::recv(pending[i].sock.as_fd()), refused) {
+                    (Ok(None), _) if now < pending[i].deadline => i += 1,
+                    (Ok(Some(hello)), false) => {
+                        if let Some(p) = pending.remove(i) {
+                            return setup(p, hello);
+                        }
+                    }
+                    // A refused peer's HELLO, end or timeout: it was
+                    // counted when refused.
+                    (_, true) => {
+                        pending.remove(i);
+                    }
+                    (Ok(None), false) => {
+                        pending.remove(i);
+                        return Err(VerbsError::SetupTimeout);
+                    }
+                    (Err(e), false) => {
+                        pending.remove(i);
+                        return Err(e);
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                return Err(VerbsError::Timeout);
+            }
+            let next_expiry = pending
+                .iter()
+                .map(|p| p.deadline.saturating_duration_since(now))
+                .min()
+                .unwrap_or(left);
+            wait_any_readable(
+                std::iter::once(self.sock.as_fd()).chain(pending.iter().map(|p| p.sock.as_fd())),
+                left.min(next_expiry),
+            )?;
         }
-        if hello.kind != M_HELLO {
-            return Err(VerbsError::Protocol("expected HELLO"));
-        }
-        let private_data = hello.private_data().to_vec();
-        let (peer, peer_layout) = map_peer_outbox(hello.fd, hello.args)?;
-        Ok(ShmIncoming {
-            sock,
-            uid,
-            peer,
-            peer_layout,
-            private_data,
-        })
+    }
+}
+
+/// The HELLO of an allowed connection: the peer's outbox mapped.
+fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
+    if hello.kind != M_HELLO {
+        return Err(VerbsError::Protocol("expected HELLO"));
+    }
+    let private_data = hello.private_data().to_vec();
+    let (peer, peer_layout) = map_peer_outbox(hello.fd, hello.args)?;
+    Ok(ShmIncoming {
+        sock: p.sock,
+        uid: p.uid,
+        peer,
+        peer_layout,
+        private_data,
+    })
+}
+
+/// Blocks until one of `fds` is readable or `timeout` passes (no error on
+/// timeout).
+fn wait_any_readable<'a>(
+    fds: impl Iterator<Item = BorrowedFd<'a>>,
+    timeout: Duration,
+) -> Result<(), VerbsError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds: Vec<PollFd<'a>> = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    match poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(source) => Err(VerbsError::Os {
+            what: "poll",
+            source,
+        }),
     }
 }
 

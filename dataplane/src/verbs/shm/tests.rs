@@ -348,6 +348,76 @@ fn a_live_socket_is_never_replaced() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A raw connection to the setup socket that never says anything.
+fn silent(listener: &ShmListener) -> OwnedFd {
+    let s = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(s.as_raw_fd(), &UnixAddr::new(listener.path()).unwrap()).unwrap();
+    s
+}
+
+/// Silent connections wait together, each on its own deadline: a good
+/// client that comes after fifty of them is accepted first, and a silent
+/// one beyond the bound gives its place to a newcomer.
+#[test]
+fn silent_setup_connections_never_delay_a_good_client() {
+    let url = format!("shm:///tmp/rpcrdma-silent-{}.sock", std::process::id());
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let quiet: Vec<OwnedFd> = (0..50).map(|_| silent(&listener)).collect();
+    let (pqp, _cq, _pd, _s, _r, _ro, _m) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"good", T).map(|_| ()));
+    // Its HELLO is the first thing to complete: no error comes before it
+    // (the silent ones have SETUP_TIMEOUT, far longer than this takes).
+    let inc = listener.accept(T).expect("the good client first");
+    assert_eq!(inc.private_data(), b"good");
+    drop(inc);
+    let _ = h.join().unwrap();
+    // Past the bound, the longest-waiting silent one goes.
+    let more: Vec<OwnedFd> = (0..MAX_PENDING_SETUPS + 1 - quiet.len())
+        .map(|_| silent(&listener))
+        .collect();
+    assert!(matches!(listener.accept(T), Err(VerbsError::SetupTimeout)));
+    assert_eq!(lock(&listener.pending).len(), MAX_PENDING_SETUPS);
+    // The first silent connection was the one closed.
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        nix::sys::socket::recv(
+            quiet[0].as_raw_fd(),
+            &mut byte,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT
+        ),
+        Ok(0),
+        "closed by the listener"
+    );
+    drop(more);
+}
+
+/// A peer whose uid is not allowed is refused on its credentials, before
+/// it sends anything.
+#[test]
+fn a_foreign_uid_is_refused_before_it_says_anything() {
+    let url = format!("shm:///tmp/rpcrdma-foreign-{}.sock", std::process::id());
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let me = nix::unistd::getuid().as_raw();
+    listener.allow_uids(&[me.wrapping_add(4242)]);
+    let s = silent(&listener);
+    match listener.accept(T) {
+        Err(VerbsError::PeerNotAllowed { uid }) => assert_eq!(uid, me),
+        other => panic!("expected PeerNotAllowed, got {:?}", other.map(|_| ())),
+    }
+    // Its REJECT is waiting for it.
+    let reply = Msg::recv_timeout(s.as_fd(), T).unwrap();
+    assert_eq!(reply.kind, M_REJECT);
+}
+
 #[test]
 fn uid_allow_list() {
     let url = format!("shm:///tmp/rpcrdma-hostile-uid-{}.sock", std::process::id());

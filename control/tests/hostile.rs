@@ -1,0 +1,219 @@
+//! The daemon against peers that do not play along, as an outside tester
+//! would try them against a running `rpcrdmad`: each case checks that the
+//! daemon stays up, that a good client is served during and after, and
+//! that every refusal is counted under its reason. No timing assertion:
+//! deadlines only catch a hang.
+//!
+//! * `a_tcp_connect_burst_is_served_not_refused`: 1,000 connections opened
+//!   at once to the tcp listener, against a control ring of 2 entries,
+//!   are all served: the acceptor holds what the ring cannot take.
+//! * `silent_shm_setups_cost_only_themselves`: 50 connections to the shm
+//!   setup socket that never say anything do not delay a good client,
+//!   and are closed and counted as `setup_timeout` when their time is up.
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+
+use dataplane::client::{Client, ReplyTarget};
+use dataplane::service::bench::Args;
+use dataplane::verbs::shm::Shm;
+use nix::sys::signal::Signal;
+use support::bench_calls::*;
+use support::*;
+
+fn config(
+    dir: &std::path::Path,
+    url: &str,
+    metrics: SocketAddr,
+    workers: &str,
+) -> std::path::PathBuf {
+    write_file(
+        dir,
+        "hostile.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{url}\"\n\n[workers]\ncores = [0]\nidle = \"adaptive\"\n{workers}\n\
+             [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n"
+        ),
+    )
+}
+
+/// SIGTERM: exit 0 with every pool back to full.
+fn stop_cleanly(d: &mut Daemon) {
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    assert!(
+        d.stderr().contains("every pool back to full"),
+        "{}",
+        d.stderr()
+    );
+}
+
+/// The sum of `rpcrdma_listener_rejected_total` for `reason`.
+fn rejected(body: &str, reason: &str) -> u64 {
+    body.lines()
+        .filter(|l| {
+            l.starts_with("rpcrdma_listener_rejected_total{")
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A NULL call of the bench program, record-marked, with `xid`.
+fn null_record(xid: u32) -> Vec<u8> {
+    let words = [
+        0x8000_0028, // last fragment, 40 bytes
+        xid,
+        0, // CALL
+        2,
+        dataplane::service::bench::PROGRAM,
+        dataplane::service::bench::VERSION,
+        0, // NULL
+        0,
+        0, // AUTH_NONE
+        0,
+        0, // AUTH_NONE verifier
+    ];
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+#[test]
+fn a_tcp_connect_burst_is_served_not_refused() {
+    const CONNECTIONS: usize = 1000;
+    const THREADS: usize = 20;
+    let dir = scratch_dir("hostile-burst");
+    let url = "tcp://127.0.0.42:20342";
+    let addr: SocketAddr = "127.0.0.42:20342".parse().unwrap();
+    let metrics: SocketAddr = "127.0.0.1:19491".parse().unwrap();
+    // A control ring of 2 entries: the burst is sure to find it full.
+    let cfg = config(&dir, url, metrics, "control_ring = 2\n");
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+
+    // Every thread connects its share as fast as it can (bare connects,
+    // nothing else in between), and only then calls on each: the daemon
+    // sees one burst, far larger than the worker's control ring.
+    let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let mut streams: Vec<TcpStream> = (0..CONNECTIONS / THREADS)
+                    .map(|i| {
+                        TcpStream::connect(addr)
+                            .unwrap_or_else(|e| panic!("thread {t} connection {i}: {e}"))
+                    })
+                    .collect();
+                for (i, s) in streams.iter_mut().enumerate() {
+                    let xid = (t * 10_000 + i) as u32;
+                    s.set_read_timeout(Some(PATIENCE)).unwrap();
+                    s.write_all(&null_record(xid)).unwrap();
+                    // The accepted reply: mark, xid, REPLY, MSG_ACCEPTED,
+                    // AUTH_NONE verifier, SUCCESS.
+                    let mut reply = [0u8; 28];
+                    s.read_exact(&mut reply).unwrap_or_else(|e| {
+                        panic!("thread {t} connection {i}: no reply ({e}): refused?")
+                    });
+                    assert_eq!(reply[4..8], xid.to_be_bytes());
+                    assert_eq!(reply[24..28], [0; 4], "SUCCESS");
+                }
+                streams
+            })
+        })
+        .collect();
+    let streams: Vec<TcpStream> = threads
+        .into_iter()
+        .flat_map(|h| h.join().expect("a connection of the burst was not served"))
+        .collect();
+    assert_eq!(streams.len(), CONNECTIONS);
+
+    let body = scrape_until(
+        metrics,
+        "rpcrdma_listener_connections_total",
+        CONNECTIONS as u64,
+    );
+    assert_eq!(
+        metric(&body, "rpcrdma_listener_rejected_total"),
+        0,
+        "{body}"
+    );
+    drop(streams);
+    stop_cleanly(&mut d);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn silent_shm_setups_cost_only_themselves() {
+    const SILENT: usize = 50;
+    let dir = scratch_dir("hostile-silent");
+    let url = format!("shm://{}/d.sock", dir.display());
+    let metrics: SocketAddr = "127.0.0.1:19492".parse().unwrap();
+    let cfg = config(&dir, &url, metrics, "");
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let sock = dir.join("d.sock");
+
+    // Connected, never a word (the setup socket is SOCK_SEQPACKET; a
+    // stream socket cannot connect to it, so use the same type).
+    let silent: Vec<UnixStream> = (0..SILENT)
+        .map(|_| {
+            let fd = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::SeqPacket,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .unwrap();
+            let addr = nix::sys::socket::UnixAddr::new(&sock).unwrap();
+            nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).unwrap();
+            UnixStream::from(fd)
+        })
+        .collect();
+
+    // A good client comes after them and is served at once: its connect
+    // would time out if it queued behind fifty 5-second setup timeouts.
+    let mut good = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("good client");
+    simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+
+    // The silent ones are closed when their setup time is up, and counted.
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", SILENT as u64);
+    assert_eq!(rejected(&body, "setup_timeout"), SILENT as u64, "{body}");
+    assert_eq!(
+        metric(&body, "rpcrdma_listener_connections_total"),
+        1,
+        "{body}"
+    );
+    for s in &silent {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            nix::sys::socket::recv(
+                std::os::fd::AsRawFd::as_raw_fd(s),
+                &mut byte,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT
+            ),
+            Ok(0),
+            "a silent connection left open"
+        );
+    }
+    // Fifty refusals in a flood: a line at once, the rest summed up later
+    // (rate-limited), never a line each.
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("connection refused"))
+        .count();
+    assert!(
+        (1..SILENT).contains(&lines),
+        "{lines} refusal lines:\n{}",
+        d.stderr()
+    );
+    // The good client is still served.
+    simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    good.close().expect("close");
+    drop(silent);
+    stop_cleanly(&mut d);
+    let _ = std::fs::remove_dir_all(dir);
+}
