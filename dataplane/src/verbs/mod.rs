@@ -45,6 +45,7 @@ use crate::mem::{Arena, Buf, WrId};
 
 #[cfg(feature = "ibverbs")]
 pub mod ibverbs;
+mod random;
 pub mod roce;
 pub mod shm;
 mod soft_mr;

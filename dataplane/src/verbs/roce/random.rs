@@ -1,31 +1,5 @@
-//! Random bits for the provider's keys, PSNs, QPNs and CM ids.
-use crate::verbs::VerbsError;
-
+//! The provider's random bits come from the verbs layer's (shared with
+//! `shm`).
 #[cfg(test)]
-thread_local! {
-    /// Tests: make `random_u32` fail on this thread.
-    pub(super) static FAIL_RANDOM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Random bits for keys, PSNs, QPNs and CM ids, which must not be
-/// predictable.
-///
-/// # Errors
-/// `VerbsError::Os` ("getrandom") if the OS has no randomness to give.
-pub(super) fn random_u32() -> Result<u32, VerbsError> {
-    let err = |raw: Option<i32>| VerbsError::Os {
-        what: "getrandom",
-        source: nix::Error::from_raw(raw.unwrap_or(libc::EIO)),
-    };
-    #[cfg(test)]
-    if FAIL_RANDOM.with(|f| f.get()) {
-        return Err(err(Some(libc::ENOSYS)));
-    }
-    let mut b = [0u8; 4];
-    getrandom::fill(&mut b).map_err(|e| err(e.raw_os_error()))?;
-    Ok(u32::from_le_bytes(b))
-}
-
-pub(super) fn random_u64() -> Result<u64, VerbsError> {
-    Ok((random_u32()? as u64) << 32 | random_u32()? as u64)
-}
+pub(super) use crate::verbs::random::FAIL_RANDOM;
+pub(super) use crate::verbs::random::{random_u32, random_u64};

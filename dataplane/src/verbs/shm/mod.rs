@@ -173,20 +173,6 @@ fn os(what: &'static str) -> impl Fn(nix::Error) -> VerbsError {
     move |source| VerbsError::Os { what, source }
 }
 
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // getrandom only fails if the kernel has no entropy source at all; a
-    // fixed fallback would make keys predictable, so mix in the clock.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        b = t.to_le_bytes();
-    }
-    u32::from_le_bytes(b)
-}
-
 #[derive(Debug)]
 struct CtxInner {
     next_qpn: AtomicU32,
@@ -1091,7 +1077,7 @@ impl Conn {
     /// Grants the peer access to a registration; returns its rkey.
     fn expose(&mut self, mr: &MrInfo) -> Result<RemoteKey, VerbsError> {
         let region = self.ensure_region(&mr.arena, mr.access.contains(Access::REMOTE_WRITE))?;
-        let rkey = self.keys.expose(|| Ok(random_u32()))?;
+        let rkey = self.keys.expose(super::random::random_u32)?;
         let off = mr.addr - mr.arena.as_ptr() as u64;
         self.publish_key(rkey, mr.access, region, mr.addr, off, mr.len);
         Ok(RemoteKey {

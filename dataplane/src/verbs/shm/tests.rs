@@ -816,3 +816,25 @@ fn window_keys_keep_their_slot_and_are_never_zero() {
         .unwrap_err();
     assert_eq!(e.error, PostError::Invalid);
 }
+
+/// Without randomness an exposure fails with the OS error: a key derived
+/// from something guessable (the clock) would let a peer forge access.
+#[test]
+fn exposing_without_randomness_fails_instead_of_guessable_keys() {
+    let (mut a, _b) = pair();
+    crate::verbs::random::FAIL_RANDOM.with(|f| f.set(true));
+    let exposed = a.qp.expose(&a.ro_mr);
+    crate::verbs::random::FAIL_RANDOM.with(|f| f.set(false));
+    assert!(
+        matches!(
+            exposed,
+            Err(VerbsError::Os {
+                what: "getrandom",
+                ..
+            })
+        ),
+        "{exposed:?}"
+    );
+    // With randomness back, the same exposure works.
+    assert!(a.qp.expose(&a.ro_mr).is_ok());
+}
