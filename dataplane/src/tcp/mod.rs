@@ -133,6 +133,11 @@ pub struct TcpConfig {
     pub max_connections: usize,
     /// Close a connection that moved no byte for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Close a connection that sent no byte for this long after it was
+    /// added (`None`: only `idle_timeout` applies). A client sends its
+    /// first call as soon as it connects; a connection that says nothing
+    /// only holds a descriptor and buffers.
+    pub first_byte_timeout: Option<Duration>,
     /// How a pass finds ready connections.
     pub readiness: Readiness,
 }
@@ -149,6 +154,7 @@ impl Default for TcpConfig {
             // The period on which Linux's RPC server ages out idle TCP
             // transports (svc_conn_age_period).
             idle_timeout: Some(Duration::from_secs(6 * 60)),
+            first_byte_timeout: Some(Duration::from_secs(10)),
             readiness: Readiness::default(),
         }
     }
@@ -199,7 +205,7 @@ pub struct TcpStats {
     /// records (after its replies were written), or
     /// [`TcpConnections::close_all`].
     pub connections_closed: u64,
-    /// Connections closed for an error: the sum of the four counters below.
+    /// Connections closed for an error: the sum of the five counters below.
     pub connections_dropped: u64,
     /// Records over `max_record_len` (garbage or hostile record marks).
     pub oversized_records: u64,
@@ -209,6 +215,9 @@ pub struct TcpStats {
     pub io_errors: u64,
     /// Connections closed by the idle timeout.
     pub idle_timeouts: u64,
+    /// Connections closed by the first-byte timeout: they never sent
+    /// anything.
+    pub silent_timeouts: u64,
     /// Calls answered (every reply written, errors like `PROG_UNAVAIL`
     /// included).
     pub rpcs: u64,

@@ -115,6 +115,8 @@ pub(crate) enum CloseReason {
     Io(io::ErrorKind),
     /// No byte moved for `idle_timeout`.
     IdleTimeout,
+    /// No byte came in `first_byte_timeout` after the connection was added.
+    SilentTimeout,
     /// [`TcpConnections::close_all`].
     Shutdown,
 }
@@ -182,6 +184,9 @@ struct Conn {
     stalled: bool,
     /// Last time a byte moved either way.
     last_active: Instant,
+    /// A byte came from the peer (the first-byte timeout no longer
+    /// applies).
+    heard: bool,
     /// Shutting down: every reply is written and our side of the stream
     /// is shut (FIN sent); input is read only to see the peer's end.
     write_shut: bool,
@@ -199,6 +204,16 @@ struct Conn {
 }
 
 impl Conn {
+    /// Why the connection is due to close for silence at `now`, if it is.
+    fn timed_out(&self, cfg: &TcpConfig, now: Instant) -> Option<CloseReason> {
+        let quiet = now.saturating_duration_since(self.last_active);
+        match (self.heard, cfg.first_byte_timeout, cfg.idle_timeout) {
+            (false, Some(t), _) if quiet >= t => Some(CloseReason::SilentTimeout),
+            (_, _, Some(t)) if quiet >= t => Some(CloseReason::IdleTimeout),
+            _ => None,
+        }
+    }
+
     fn new(stream: TcpStream, peer: SocketAddr, cfg: &TcpConfig, now: Instant) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
         // Each pass writes whole replies at once; Nagle would only hold
@@ -214,6 +229,7 @@ impl Conn {
             peer_closed: false,
             stalled: false,
             last_active: now,
+            heard: false,
             write_shut: false,
             registered: Interest::NONE,
             pass: 0,
@@ -292,6 +308,7 @@ impl Conn {
                         self.input.filled(n);
                         stats.bytes_in += n as u64;
                         self.last_active = now;
+                        self.heard = true;
                         work += 1;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -420,6 +437,7 @@ impl Conn {
                     self.input.filled(n);
                     stats.bytes_in += n as u64;
                     self.last_active = now;
+                    self.heard = true;
                     return Ok(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
@@ -775,10 +793,8 @@ impl TcpConnections {
                 (true, false) => conn.service(services, relay, &self.cfg, &mut self.stats, now),
                 (true, true) => conn.finish(services, relay, &self.cfg, &mut self.stats, now),
             };
-            let outcome = outcome.and_then(|w| match self.cfg.idle_timeout {
-                Some(t) if w == 0 && now.saturating_duration_since(conn.last_active) >= t => {
-                    Err(CloseReason::IdleTimeout)
-                }
+            let outcome = outcome.and_then(|w| match conn.timed_out(&self.cfg, now) {
+                Some(reason) if w == 0 => Err(reason),
                 _ => Ok(w),
             });
             match outcome {
@@ -856,11 +872,16 @@ impl TcpConnections {
         work + self.close_idle(now)
     }
 
-    /// Closes connections idle for `idle_timeout`, looking at most four
-    /// times per timeout period (an idle connection closes within 1.25
-    /// timeouts, and a pass costs nothing per connection otherwise).
+    /// Closes connections idle for `idle_timeout`, or silent for
+    /// `first_byte_timeout`, looking at most four times per (shorter)
+    /// timeout period (a connection closes within 1.25 timeouts, and a
+    /// pass costs nothing per connection otherwise).
     fn close_idle(&mut self, now: Instant) -> usize {
-        let Some(timeout) = self.cfg.idle_timeout else {
+        let Some(timeout) = [self.cfg.idle_timeout, self.cfg.first_byte_timeout]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return 0;
         };
         if now < self.next_idle_scan {
@@ -870,8 +891,8 @@ impl TcpConnections {
         let mut closed = 0;
         let mut i = 0;
         while i < self.conns.len() {
-            if now.saturating_duration_since(self.conns[i].last_active) >= timeout {
-                self.close(i, CloseReason::IdleTimeout);
+            if let Some(reason) = self.conns[i].timed_out(&self.cfg, now) {
+                self.close(i, reason);
                 closed += 1;
             } else {
                 i += 1;
@@ -921,6 +942,10 @@ impl TcpConnections {
             }
             CloseReason::IdleTimeout => {
                 s.idle_timeouts += 1;
+                s.connections_dropped += 1;
+            }
+            CloseReason::SilentTimeout => {
+                s.silent_timeouts += 1;
                 s.connections_dropped += 1;
             }
         }

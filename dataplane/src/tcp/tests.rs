@@ -532,6 +532,7 @@ fn connections_over_the_limit_are_refused() {
 fn an_idle_connection_is_closed_after_the_timeout_only() {
     let mut rig = Rig::new(TcpConfig {
         idle_timeout: Some(Duration::from_secs(10)),
+        first_byte_timeout: None,
         ..TcpConfig::default()
     });
     let client = TcpStream::connect(rig.addr()).unwrap();
@@ -546,6 +547,42 @@ fn an_idle_connection_is_closed_after_the_timeout_only() {
     drop(client);
 }
 
+/// A connection that never sends a byte is closed after the first-byte
+/// timeout, long before the idle timeout; one that has sent a call is
+/// held to the idle timeout only.
+#[test]
+fn a_silent_connection_is_closed_after_the_first_byte_timeout() {
+    let mut rig = Rig::new(TcpConfig {
+        readiness: Readiness::Epoll,
+        idle_timeout: Some(Duration::from_secs(360)),
+        first_byte_timeout: Some(Duration::from_secs(10)),
+        ..TcpConfig::default()
+    });
+    let silent = TcpStream::connect(rig.addr()).unwrap();
+    let (s, _) = rig.listener.accept().unwrap();
+    rig.conns.add(s, Instant(0)).unwrap();
+    let mut talker = TcpStream::connect(rig.addr()).unwrap();
+    let (s, _) = rig.listener.accept().unwrap();
+    rig.conns.add(s, Instant(0)).unwrap();
+    let services = ServiceTable::builtin();
+    let second = 1_000_000_000u64;
+    // The talker's NULL is answered at 1 s.
+    talker.write_all(&record(&call(7, Args::Null))).unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    while rig.conns.stats().rpcs < 1 {
+        assert!(std::time::Instant::now() < deadline, "no reply");
+        rig.conns.poll(&services, Instant(second));
+    }
+    assert_eq!(rig.conns.poll(&services, Instant(9 * second)), 0);
+    assert_eq!(rig.conns.len(), 2);
+    // Within a quarter timeout past 10 s: only the silent one goes.
+    assert_eq!(rig.conns.poll(&services, Instant(13 * second)), 1);
+    assert_eq!(rig.conns.len(), 1);
+    assert_eq!(rig.conns.stats().silent_timeouts, 1);
+    assert_eq!(rig.conns.stats().idle_timeouts, 0);
+    drop(silent);
+}
+
 #[test]
 fn with_epoll_an_idle_connection_is_closed_within_a_quarter_timeout_late() {
     // Epoll passes look for idle connections four times per timeout
@@ -553,6 +590,7 @@ fn with_epoll_an_idle_connection_is_closed_within_a_quarter_timeout_late() {
     let mut rig = Rig::new(TcpConfig {
         readiness: Readiness::Epoll,
         idle_timeout: Some(Duration::from_secs(8)),
+        first_byte_timeout: None,
         ..TcpConfig::default()
     });
     let mut clients = Vec::new();
