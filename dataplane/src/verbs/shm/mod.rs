@@ -356,7 +356,7 @@ impl ShmPd {
                 rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
                 recv_done: VecDeque::with_capacity(caps.max_recv_wr as usize),
                 conn: None,
-                rnr_since: None,
+                waits: SendWaits::default(),
                 polls: 0,
                 staging: None,
             }),
@@ -842,7 +842,7 @@ struct QpInner {
     rq: VecDeque<RecvWr>,
     recv_done: VecDeque<Completion>,
     conn: Option<Conn>,
-    rnr_since: Option<Instant>,
+    waits: SendWaits,
     polls: u32,
     /// On a shared receive queue: `rq` holds this connection's staging
     /// slots instead of the application's receives.
@@ -1316,7 +1316,7 @@ impl QpInner {
                 self.sq.push_front(wr);
                 break;
             };
-            match exec_one(&self.pd, conn, &self.caps, &mut self.rnr_since, &mut wr) {
+            match exec_one(&self.pd, conn, &self.caps, &mut self.waits, &mut wr) {
                 Step::Wait => {
                     self.sq.push_front(wr);
                     break;
@@ -1383,11 +1383,26 @@ impl QpInner {
     }
 }
 
+/// How long a Send may wait for room in the peer's descriptor ring
+/// (the peer not consuming at all) before it fails with `RetryExcErr`:
+/// in IB terms the transport timeout times the retry count, here a fixed
+/// budget far above any scheduling delay of a live peer.
+pub const PEER_STALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Since when the head of a send queue has been waiting, and for what.
+#[derive(Debug, Default)]
+struct SendWaits {
+    /// For a receive at the peer (RNR).
+    rnr_since: Option<Instant>,
+    /// For room in the peer's descriptor ring.
+    stall_since: Option<Instant>,
+}
+
 fn exec_one(
     pd: &PdInner,
     conn: &mut Conn,
     caps: &QpCaps,
-    rnr_since: &mut Option<Instant>,
+    waits: &mut SendWaits,
     wr: &mut SendWr,
 ) -> Step {
     let need_local = if matches!(wr.op, SendOp::Read(_)) {
@@ -1440,8 +1455,19 @@ fn exec_one(
         | SendOp::SendWithInv(_)
         | SendOp::WriteWithImm(..) => {
             if !conn.desc_space() {
+                // The peer takes none of our descriptors: as an RC
+                // transport whose peer stops acknowledging, give up after
+                // the retry budget, with the status IB gives then.
+                let now = Instant::now();
+                let since = *waits.stall_since.get_or_insert(now);
+                if now.duration_since(since) > PEER_STALL_TIMEOUT {
+                    waits.stall_since = None;
+                    return Step::Done(WcStatus::RetryExcErr, 0);
+                }
                 return Step::Wait;
             }
+            waits.stall_since = None;
+            let rnr_since = &mut waits.rnr_since;
             match conn.peer_recvs() {
                 Err(st) => return Step::Done(st, 0),
                 Ok(0) => {

@@ -19,6 +19,19 @@ struct Side {
 }
 
 fn side(ctx: &ShmContext) -> (ShmPreparedQp, ShmCq, ShmPd, Slab, Slab, ShmMr, Vec<ShmMr>) {
+    side_with(
+        ctx,
+        QpCaps {
+            rnr_retry: 7,
+            ..QpCaps::default()
+        },
+    )
+}
+
+fn side_with(
+    ctx: &ShmContext,
+    caps: QpCaps,
+) -> (ShmPreparedQp, ShmCq, ShmPd, Slab, Slab, ShmMr, Vec<ShmMr>) {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let arena = Arena::with_backing(1 << 20, Backing::Small).unwrap();
@@ -40,10 +53,6 @@ fn side(ctx: &ShmContext) -> (ShmPreparedQp, ShmCq, ShmPd, Slab, Slab, ShmMr, Ve
         .unwrap();
     let send = Slab::new(arena, 0, 4096, 64, mr.lkey(), WrKind::Send).unwrap();
     let recv = Slab::new(recv_arena, 0, 4096, 64, rmr.lkey(), WrKind::Recv).unwrap();
-    let caps = QpCaps {
-        rnr_retry: 7,
-        ..QpCaps::default()
-    };
     let pqp = pd.create_qp(&cq, &cq, caps).unwrap();
     (pqp, cq, pd, send, recv, ro_mr, vec![mr, rmr])
 }
@@ -52,6 +61,14 @@ static N: AtomicUsize = AtomicUsize::new(0);
 
 /// A connected pair; `b` has 4 receives posted, `a` none.
 fn pair() -> (Side, Side) {
+    pair_with(QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    })
+}
+
+/// [`pair`] with `a` created with `caps_a`.
+fn pair_with(caps_a: QpCaps) -> (Side, Side) {
     let url = format!(
         "shm:///tmp/rpcrdma-hostile-{}-{}.sock",
         std::process::id(),
@@ -59,7 +76,7 @@ fn pair() -> (Side, Side) {
     );
     let ctx = Shm::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let (pa, cqa, pda, sa, ra, roa, ma) = side(&ctx);
+    let (pa, cqa, pda, sa, ra, roa, ma) = side_with(&ctx, caps_a);
     let (mut pb, cqb, pdb, sb, rb, rob, mb) = side(&ctx);
     for _ in 0..4 {
         let b = rb.alloc().unwrap();
@@ -837,4 +854,58 @@ fn exposing_without_randomness_fails_instead_of_guessable_keys() {
     );
     // With randomness back, the same exposure works.
     assert!(a.qp.expose(&a.ro_mr).is_ok());
+}
+
+/// A peer that stops taking our Sends (its descriptor ring stays full
+/// though it has receives posted) fails the waiting Send with
+/// `RetryExcErr` after `PEER_STALL_TIMEOUT`, and the queue pair enters
+/// the error state: the connection ends instead of pinning its sender.
+#[test]
+fn a_peer_that_stops_taking_sends_fails_them_with_retry_exceeded() {
+    // A descriptor ring of 16 toward b, which has 36 receives: the ring
+    // fills before b runs out of receives (that would be RNR instead).
+    let (mut a, mut b) = pair_with(QpCaps {
+        max_send_wr: 16,
+        rnr_retry: 7,
+        ..QpCaps::default()
+    });
+    for _ in 0..32 {
+        let buf = b.recv.alloc().unwrap();
+        b.qp.post_recv(RecvWr {
+            wr_id: buf.wr_id(),
+            sgl: SgeList::one(Sge::whole(buf)),
+        })
+        .unwrap();
+    }
+    let mut wcs: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
+    let deadline = Instant::now() + T;
+    // Sixteen go out and complete; b never looks at them.
+    let mut done = 0;
+    for _ in 0..16 {
+        send(&mut a, SendOp::Send);
+    }
+    while done < 16 {
+        assert!(
+            Instant::now() < deadline,
+            "broken: {done} of 16 sends completed"
+        );
+        let n = a.cq.poll(&mut wcs);
+        assert!(wcs[..n].iter().all(|c| c.status == WcStatus::Success));
+        done += n;
+    }
+    // The seventeenth finds the ring full, and stays so.
+    send(&mut a, SendOp::Send);
+    let failed = loop {
+        assert!(
+            Instant::now() < deadline,
+            "broken: the stalled Send never failed"
+        );
+        let n = a.cq.poll(&mut wcs);
+        if let Some(c) = wcs[..n].iter().find(|c| c.status != WcStatus::Success) {
+            break c.status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(failed, WcStatus::RetryExcErr);
+    drop(b);
 }
