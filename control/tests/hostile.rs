@@ -19,7 +19,6 @@ use std::os::unix::net::UnixStream;
 use dataplane::client::{Client, ReplyTarget};
 use dataplane::service::bench::Args;
 use dataplane::verbs::shm::Shm;
-use nix::sys::signal::Signal;
 use support::bench_calls::*;
 use support::*;
 
@@ -37,17 +36,6 @@ fn config(
              [metrics]\naddress = \"{metrics}\"\n\n[rpcbind]\nregister = false\n"
         ),
     )
-}
-
-/// SIGTERM: exit 0 with every pool back to full.
-fn stop_cleanly(d: &mut Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
-    assert!(
-        d.stderr().contains("every pool back to full"),
-        "{}",
-        d.stderr()
-    );
 }
 
 /// The sum of `rpcrdma_listener_rejected_total` for `reason`.
@@ -141,7 +129,7 @@ fn a_tcp_connect_burst_is_served_not_refused() {
         "{body}"
     );
     drop(streams);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -214,6 +202,6 @@ fn silent_shm_setups_cost_only_themselves() {
     simple_call(&mut good, Args::Null, ReplyTarget::Inline);
     good.close().expect("close");
     drop(silent);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }

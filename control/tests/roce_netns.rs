@@ -205,16 +205,6 @@ fn start_daemon(ns: &Namespaces, dir: &Path) -> Daemon {
     d
 }
 
-fn stop_daemon(mut d: Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
-    assert!(
-        d.stderr().contains("every pool back to full"),
-        "{}",
-        d.stderr()
-    );
-}
-
 /// Runs this test binary's `test` in namespace B with `ROLE_ENV=role`;
 /// returns its stdout once it passed.
 fn run_client(ns: &Namespaces, test: &str, role: &str, env: &[(&str, &str)]) -> String {
@@ -356,9 +346,9 @@ fn bench_program_between_namespaces() {
         return;
     };
     let dir = scratch_dir("netns-session");
-    let d = start_daemon(&ns, &dir);
+    let mut d = start_daemon(&ns, &dir);
     run_client(&ns, "bench_program_between_namespaces", "full", &[]);
-    stop_daemon(d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -522,9 +512,9 @@ fn tshark_decodes_a_whole_session_between_namespaces() {
     let Some((cap, drain)) = start_capture(&ns, &dumpcap, &file) else {
         return;
     };
-    let d = start_daemon(&ns, &dir);
+    let mut d = start_daemon(&ns, &dir);
     let out = run_client(&ns, TEST, "capture", &[(PCAP_ENV, file.to_str().unwrap())]);
-    stop_daemon(d);
+    d.stop_cleanly();
     cap.finish();
     println!("dumpcap: {}", drain.join().unwrap_or_default().trim());
     let xids: Vec<(u32, String)> = out

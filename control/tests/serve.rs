@@ -18,7 +18,6 @@ use dataplane::tcp::{TcpClient, TcpClientConfig};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use dataplane::verbs::Provider;
-use nix::sys::signal::Signal;
 use support::bench_calls::*;
 use support::*;
 
@@ -78,7 +77,7 @@ fn every_size_and_path<P: Provider>(dir: &std::path::Path, url: &str, metrics: S
     let (calls, client) = rdma_calls::<P>(url, max_message, &SIZES, 0);
     expect_metrics(metrics, calls, 3 * (16 << 20));
     drop(client);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
 }
 
 /// The TCP counterpart of [`rdma_calls`]: NULL, ECHO of every size,
@@ -124,17 +123,6 @@ fn expect_metrics(metrics: SocketAddr, calls: u64, bytes: u64) {
     promtool_accepts(&body);
 }
 
-/// SIGTERM: exit 0 with every pool back to full.
-fn stop_cleanly(d: &mut Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
-    assert!(
-        d.stderr().contains("every pool back to full"),
-        "{}",
-        d.stderr()
-    );
-}
-
 /// The same calls over ONC RPC/TCP with record marking: the
 /// daemon's `tcp://` listener, served by its workers.
 #[test]
@@ -154,7 +142,7 @@ fn bench_program_over_tcp_every_size() {
     let (calls, client) = tcp_calls(url, &SIZES, 0);
     expect_metrics(metrics, calls, 2 * (16 << 20));
     drop(client);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -229,7 +217,7 @@ fn one_worker_thread_serves_shm_roce_and_tcp_at_once() {
         );
     }
     promtool_accepts(&body);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -277,13 +265,7 @@ fn sixty_four_concurrent_clients() {
         "{body}"
     );
 
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
-    assert!(
-        d.stderr().contains("every pool back to full"),
-        "{}",
-        d.stderr()
-    );
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -337,7 +319,7 @@ fn tcp_connections_beyond_max_connections_are_refused() {
     // The first connection still works.
     tcp_call(&mut served, Args::Null);
     drop(served);
-    stop_cleanly(&mut d);
+    d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -377,7 +359,7 @@ fn a_second_daemon_on_the_same_shm_path_refuses_and_the_first_keeps_serving() {
         b"still here"
     );
     drop((client, again));
-    stop_cleanly(&mut first);
+    first.stop_cleanly();
     assert!(!sock.exists(), "the first daemon left its socket behind");
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(second_dir);

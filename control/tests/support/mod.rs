@@ -134,6 +134,17 @@ impl Daemon {
         {}
         status
     }
+
+    /// SIGTERM: the daemon exits 0 with every pool back to full.
+    pub fn stop_cleanly(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(self.wait().code(), Some(0), "{}", self.stderr());
+        assert!(
+            self.stderr().contains("every pool back to full"),
+            "{}",
+            self.stderr()
+        );
+    }
 }
 
 impl Drop for Daemon {

@@ -37,7 +37,7 @@
 //! bytes as untrusted input; nor punching holes in it (a SIGBUS risk on
 //! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1777,27 +1777,6 @@ fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
         peer_layout,
         private_data,
     })
-}
-
-/// Blocks until one of `fds` is readable or `timeout` passes (no error on
-/// timeout).
-fn wait_any_readable<'a>(
-    fds: impl Iterator<Item = BorrowedFd<'a>>,
-    timeout: Duration,
-) -> Result<(), VerbsError> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds: Vec<PollFd<'a>> = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    match poll(
-        &mut fds,
-        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-    ) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-        Err(source) => Err(VerbsError::Os {
-            what: "poll",
-            source,
-        }),
-    }
 }
 
 /// A connection request that passed the uid check.

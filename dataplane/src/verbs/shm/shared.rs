@@ -22,7 +22,7 @@
 //! Everything read from the peer's outbox is validated before use; the
 //! peer controls those bytes.
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
@@ -372,9 +372,18 @@ pub(crate) fn wait_readable(
     fd: BorrowedFd<'_>,
     timeout: std::time::Duration,
 ) -> Result<(), VerbsError> {
+    wait_any_readable(std::iter::once(fd), timeout)
+}
+
+/// Blocks until one of `fds` is readable or `timeout` passes (no error on
+/// timeout).
+pub(crate) fn wait_any_readable<'a>(
+    fds: impl Iterator<Item = BorrowedFd<'a>>,
+    timeout: std::time::Duration,
+) -> Result<(), VerbsError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds: Vec<PollFd<'a>> = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
     match poll(
         &mut fds,
         PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),

@@ -265,7 +265,6 @@ fn garbage_on_the_setup_socket() {
     );
     let ctx = Shm::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let addr = UnixAddr::new(listener.path()).unwrap();
     let junk: [&[u8]; 4] = [
         b"",
         b"abc",
@@ -275,14 +274,7 @@ fn garbage_on_the_setup_socket() {
         ],
     ];
     for j in junk {
-        let s = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        connect(s.as_raw_fd(), &addr).unwrap();
+        let s = silent(&listener);
         let iov = [std::io::IoSlice::new(j)];
         let _ = nix::sys::socket::sendmsg::<()>(
             s.as_raw_fd(),
@@ -295,14 +287,7 @@ fn garbage_on_the_setup_socket() {
         assert!(listener.accept(T).is_err(), "junk {j:?} accepted");
     }
     // A HELLO whose outbox is an unsealed memfd is refused too.
-    let s = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .unwrap();
-    connect(s.as_raw_fd(), &addr).unwrap();
+    let s = silent(&listener);
     let fd =
         nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
     nix::unistd::ftruncate(&fd, 1 << 20).unwrap();
@@ -365,7 +350,8 @@ fn a_live_socket_is_never_replaced() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// A raw connection to the setup socket that never says anything.
+/// A raw connection to the setup socket that says nothing (until the
+/// test writes to it).
 fn silent(listener: &ShmListener) -> OwnedFd {
     let s = socket(
         AddressFamily::Unix,
