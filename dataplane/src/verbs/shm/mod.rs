@@ -626,6 +626,8 @@ struct Conn {
     peer_desc_tail_seen: u64,
     out_regions: Vec<OutRegion>,
     in_regions: Vec<Option<Mapping>>,
+    /// Bytes of `in_regions` mapped, at most [`MAX_PEER_MAPPED`].
+    in_mapped: u64,
     keys: KeySlots,
 }
 
@@ -665,6 +667,11 @@ impl Conn {
                     }
                     let map = Mapping::map_peer(fd.as_fd(), writable)
                         .map_err(|_| WcStatus::RemInvReqErr)?;
+                    let mapped = self.in_mapped.saturating_add(map.len() as u64);
+                    if mapped > MAX_PEER_MAPPED {
+                        return Err(WcStatus::RemInvReqErr);
+                    }
+                    self.in_mapped = mapped;
                     self.in_regions[id] = Some(map);
                 }
                 Ok(Some(_)) => return Err(WcStatus::RemInvReqErr),
@@ -1542,6 +1549,7 @@ impl ShmPreparedQp {
                 peer_desc_tail_seen: 0,
                 out_regions: Vec::new(),
                 in_regions: Vec::new(),
+                in_mapped: 0,
                 keys: KeySlots::new(),
             };
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());

@@ -51,6 +51,30 @@ pub(crate) const MAX_KEYS: u32 = crate::verbs::soft_mr::KEY_SLOTS as u32;
 pub(crate) const MAX_REGIONS: usize = 1024;
 /// Largest region a peer may hand us (1 TiB).
 pub(crate) const MAX_REGION_LEN: u64 = 1 << 40;
+/// Most bytes of a peer's regions one connection maps, all regions
+/// together (1 TiB): sparse memfds cost a peer nothing, so without a
+/// bound 1,024 regions of 1 TiB would use up our address space.
+pub(crate) const MAX_PEER_MAPPED: u64 = MAX_REGION_LEN;
+/// Most bytes of peers' memory this process maps at once, every
+/// connection together (32 TiB, a quarter of x86-64's 128 TiB of user
+/// address space): many connections each at their own bound must still
+/// leave the process room for its own mappings.
+pub(crate) const PEER_MAPPED_BUDGET: u64 = 32 << 40;
+
+/// Bytes of peer memory mapped by this process now ([`Mapping`]s).
+static PEER_MAPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Takes `len` bytes of `budget` in `counter`; false (nothing taken) when
+/// they do not fit.
+pub(crate) fn reserve(counter: &std::sync::atomic::AtomicU64, len: u64, budget: u64) -> bool {
+    counter
+        .fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |used| used.checked_add(len).filter(|&n| n <= budget),
+        )
+        .is_ok()
+}
 
 /// Descriptor kinds in the desc ring.
 pub(crate) const D_SEND: u64 = 1;
@@ -140,16 +164,25 @@ impl Mapping {
         if len == 0 || len > MAX_REGION_LEN {
             return Err(VerbsError::Protocol("peer region size out of range"));
         }
+        let nz = std::num::NonZeroUsize::new(len as usize)
+            .ok_or(VerbsError::Protocol("empty region"))?;
+        if !reserve(&PEER_MAPPED, len, PEER_MAPPED_BUDGET) {
+            return Err(VerbsError::Limit("peer memory mapped by this process"));
+        }
         let len = len as usize;
         let mut prot = ProtFlags::PROT_READ;
         if writable {
             prot |= ProtFlags::PROT_WRITE;
         }
-        let nz = std::num::NonZeroUsize::new(len).ok_or(VerbsError::Protocol("empty region"))?;
         // SAFETY: a fresh shared mapping at a kernel-chosen address of a
         // sealed memfd of exactly `len` bytes.
-        let ptr = unsafe { mmap(None, nz, prot, MapFlags::MAP_SHARED, fd, 0) }
-            .map_err(os("mmap peer memory"))?;
+        let ptr = match unsafe { mmap(None, nz, prot, MapFlags::MAP_SHARED, fd, 0) } {
+            Ok(p) => p,
+            Err(e) => {
+                PEER_MAPPED.fetch_sub(len as u64, std::sync::atomic::Ordering::AcqRel);
+                return Err(os("mmap peer memory")(e));
+            }
+        };
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
@@ -195,6 +228,7 @@ impl Drop for Mapping {
         unsafe {
             let _ = munmap(self.ptr.cast(), self.len);
         }
+        PEER_MAPPED.fetch_sub(self.len as u64, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -895,3 +895,54 @@ fn a_peer_that_stops_taking_sends_fails_them_with_retry_exceeded() {
     assert_eq!(failed, WcStatus::RetryExcErr);
     drop(b);
 }
+
+/// A sparse memfd costs a peer nothing: the bytes of peer memory one
+/// connection maps are bounded (a region past the bound errors that
+/// connection), and so are those of the whole process.
+#[test]
+fn peer_regions_are_bounded_per_connection_and_per_process() {
+    use std::sync::atomic::AtomicU64;
+    let (mut a, b) = pair();
+    // As a hostile b: two size-sealed 1 TiB sparse regions.
+    let sparse = || {
+        let fd = nix::sys::memfd::memfd_create(
+            c"sparse",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .unwrap();
+        nix::unistd::ftruncate(&fd, MAX_REGION_LEN as libc::off_t).unwrap();
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
+        fd
+    };
+    {
+        let inner = lock(&b.qp.shared.inner);
+        let sock = &inner.conn.as_ref().unwrap().sock;
+        for id in 0..2u32 {
+            let fd = sparse();
+            Msg::new(M_REGION, [100 + id, 1, 0, 0], b"")
+                .unwrap()
+                .send(sock.as_fd(), Some(fd.as_fd()))
+                .unwrap();
+        }
+    }
+    // a reads them at its next progress: the first fits (1 TiB), the
+    // second is past the bound, and a's connection errors.
+    send(&mut a, SendOp::Send);
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    let deadline = Instant::now() + T;
+    let status = loop {
+        assert!(Instant::now() < deadline, "broken: no error completion");
+        let n = a.cq.poll(&mut out);
+        if let Some(c) = out[..n].iter().find(|c| c.status != WcStatus::Success) {
+            break c.status;
+        }
+    };
+    assert_eq!(status, WcStatus::RemInvReqErr);
+    // The process-wide budget: reservations past it are refused whole.
+    let used = AtomicU64::new(0);
+    assert!(reserve(&used, 30 << 40, PEER_MAPPED_BUDGET));
+    assert!(!reserve(&used, 3 << 40, PEER_MAPPED_BUDGET));
+    assert!(reserve(&used, 2 << 40, PEER_MAPPED_BUDGET));
+    assert!(!reserve(&used, 1, PEER_MAPPED_BUDGET));
+    assert!(!reserve(&used, u64::MAX, PEER_MAPPED_BUDGET));
+}
