@@ -57,6 +57,19 @@ pub struct Args {
     /// and exit (0 or 2).
     #[arg(long, value_name = "FILE")]
     pub check_config: Option<PathBuf>,
+    /// Log lines as text (for people) or as one JSON object per line (for
+    /// log shippers: `timestamp`, `level`, `fields.message`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `TIMESTAMP LEVEL message`, colored on a terminal.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// How often the main thread looks for closed connections whose memory
@@ -66,7 +79,7 @@ const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis
 /// The daemon's entry point; returns the process exit code.
 pub fn main() -> i32 {
     let args = Args::parse();
-    init_logging();
+    init_logging(args.log_format);
 
     if let Some(path) = &args.check_config {
         return check_config(path);
@@ -121,18 +134,22 @@ pub fn main() -> i32 {
     EXIT_OK
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let level = std::env::var("RPCRDMAD_LOG")
         .ok()
         .and_then(|l| l.parse::<tracing::Level>().ok())
         .unwrap_or(tracing::Level::INFO);
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
-        .with_max_level(level)
-        .try_init();
+        .with_max_level(level);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }
 
 /// SIGINT, SIGTERM (and SIGHUP, with ctrlc's `termination` feature) send

@@ -341,3 +341,39 @@ fn ibverbs_listener_without_a_device_is_one_clear_line() {
         &[head, "built without the `ibverbs` feature"],
     );
 }
+
+/// `--log-format json`: every line the daemon logs, from start to a clean
+/// stop, is one JSON object with a level and a message.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let dir = scratch_dir("json-logs");
+    let cfg = write_file(
+        &dir,
+        "json.toml",
+        &format!(
+            "[[listeners]]\nurl = \"shm://{}/d.sock\"\n\n[metrics]\naddress = \"127.0.0.1:19493\"\n\n\
+             [rpcbind]\nregister = false\n",
+            dir.display()
+        ),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap(), "--log-format", "json"]);
+    d.wait_for_line("started");
+    d.stop_cleanly();
+    let log = d.stderr();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(lines.len() >= 3, "{log}");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string(), "{line}");
+        assert!(v["timestamp"].is_string(), "{line}");
+        assert!(v["fields"]["message"].is_string(), "{line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"level\":\"INFO\"") && l.contains("rpcrdmad stopped")),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
