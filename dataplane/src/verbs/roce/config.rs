@@ -23,8 +23,9 @@ pub struct RoceConfig {
     pub udp_port: u16,
     /// Source address for `connect` (else chosen by routing, see docs).
     pub local: Option<Ipv4Addr>,
-    /// Path MTU (payload bytes per packet).
-    pub mtu: Mtu,
+    /// Path MTU (payload bytes per packet); `None` follows the link the
+    /// route to the peer takes (see `io::path_mtu`).
+    pub mtu: Option<Mtu>,
     /// Retransmission timeout.
     pub ack_timeout: Duration,
     /// Transport retries before `RetryExcErr`.
@@ -50,7 +51,7 @@ impl Default for RoceConfig {
         RoceConfig {
             udp_port: ROCEV2_UDP_PORT,
             local: None,
-            mtu: Mtu::Mtu1024,
+            mtu: None,
             ack_timeout: Duration::from_millis(64),
             retry_count: 7,
             verify_icrc: false,
@@ -62,6 +63,13 @@ impl Default for RoceConfig {
 }
 
 impl RoceConfig {
+    /// The path MTU toward `peer`: the configured one, else what the
+    /// route's link carries (1024 when the kernel cannot say).
+    pub(super) fn mtu_toward(&self, peer: Ipv4Addr) -> Mtu {
+        self.mtu
+            .unwrap_or_else(|| super::io::path_mtu(peer, self.udp_port).unwrap_or(Mtu::Mtu1024))
+    }
+
     pub(super) fn from_env() -> RoceConfig {
         let mut c = RoceConfig::default();
         if let Some(p) = std::env::var(ENV_UDP_PORT)
@@ -124,11 +132,12 @@ pub(super) fn parse_url(
             "udp_port" => cfg.udp_port = v.parse().map_err(|_| bad("bad udp_port"))?,
             "local" => cfg.local = Some(v.parse().map_err(|_| bad("bad local address"))?),
             "mtu" => {
-                cfg.mtu = v
-                    .parse()
-                    .ok()
-                    .and_then(Mtu::from_bytes)
-                    .ok_or_else(|| bad("mtu must be 256, 512, 1024, 2048 or 4096"))?
+                cfg.mtu = Some(
+                    v.parse()
+                        .ok()
+                        .and_then(Mtu::from_bytes)
+                        .ok_or_else(|| bad("mtu must be 256, 512, 1024, 2048 or 4096"))?,
+                )
             }
             "ack_timeout_ms" => {
                 let ms: u64 = v.parse().map_err(|_| bad("bad ack_timeout_ms"))?;

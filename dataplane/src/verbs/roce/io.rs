@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
+use crate::wire::roce::seg::Mtu;
 use crate::wire::roce::ICRC_LEN;
 
 /// Bytes per packet slot: BTH + RETH + ImmDt + 4096 payload + pad + ICRC,
@@ -94,6 +95,68 @@ pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// Bytes a RoCEv2 packet adds to its payload on an IPv4 link, at most:
+/// IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + pad 3 + ICRC 4 = 67,
+/// rounded up to rxe's own allowance (`RXE_MAX_HDR_LENGTH`, 80), so that
+/// both ends derive the same path MTU from the same link MTU.
+const ROCE_OVERHEAD: u32 = 80;
+
+/// The IB path MTU a link of IP MTU `ip_mtu` carries: the largest of
+/// 256..4096 whose packets fit, as rxe sets a port's active MTU from its
+/// netdev's (`rxe_set_mtu`): 1500 gives 1024, loopback's 65536 gives 4096
+/// (IBTA's maximum, vol. 1 9.7.2). A link too small for 256 still gets
+/// 256: the kernel then refuses the packets and they are counted.
+pub(super) fn mtu_for_link(ip_mtu: u32) -> Mtu {
+    let room = ip_mtu.saturating_sub(ROCE_OVERHEAD);
+    Mtu::ALL
+        .iter()
+        .rev()
+        .copied()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
+}
+
+/// The path MTU toward `dst`: the MTU of the route the kernel picks
+/// (`IP_MTU` of a UDP socket connected to it, which also reflects a
+/// learnt path MTU), mapped by [`mtu_for_link`]. `None` if the kernel
+/// has no route or refuses the query; the caller then keeps 1024, what a
+/// 1500-byte Ethernet link carries.
+pub(super) fn path_mtu(dst: Ipv4Addr, port: u16) -> Option<Mtu> {
+    // SAFETY: plain socket(2) call; the fd is owned right after.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let sa = sockaddr(SocketAddrV4::new(dst, port));
+    // SAFETY: valid fd and a sockaddr_in of the right size. A UDP
+    // connect sends nothing; it only picks the route.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd, pointer to an int and its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU,
+            &mut mtu as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && mtu > 0).then(|| mtu_for_link(mtu as u32))
 }
 
 /// Test-only packet faults: per-mille probabilities of dropping,

@@ -230,6 +230,9 @@ impl PreparedQp<Roce> for RocePreparedQp {
         }
         let dev = Device::for_connect(*target.ip(), &cfg)?;
         let local_ip = *dev.local.ip();
+        // Before the control lock: a route lookup. The REQ announces it;
+        // the passive side sends within the smaller of it and its own.
+        let path_mtu = cfg.mtu_toward(*target.ip());
         let deadline = Instant::now() + timeout;
         let tid = random_u64()?;
         let src_port = 0x8000 | (random_u32()? as u16 & 0x7FFF);
@@ -265,7 +268,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 self.install(&mut ctl, &dev, |qp| {
                     // Options in the connect URL apply to this connection.
                     qp.configure(
-                        cfg.mtu,
+                        path_mtu,
                         Timers {
                             ack_timeout: cfg.ack_timeout,
                             retry_count: cfg.retry_count,
