@@ -37,7 +37,7 @@ use crossbeam_queue::ArrayQueue;
 
 use super::cm::{Cm, QueuePairs};
 use super::config::RoceConfig;
-use super::io::{bind_udp, Rx, Tx, RX_BATCH, SLOT};
+use super::io::{bind_udp, Rx, SocketBuffers, Tx, RX_BATCH, SLOT};
 use super::random::random_u32;
 use super::rc::RcQp;
 use crate::verbs::{lock, VerbsError};
@@ -286,6 +286,9 @@ pub(super) struct Control {
 pub(super) struct Device {
     pub(super) local: SocketAddrV4,
     socket: Arc<OwnedFd>,
+    /// What the kernel granted the socket (queue pairs fit their window
+    /// to it).
+    pub(super) buffers: SocketBuffers,
     verify_icrc: bool,
     /// See `RoceConfig::idle_after`.
     idle_after: Duration,
@@ -354,6 +357,19 @@ impl Device {
                 Err(e) => return Err(os_err("bind RoCE UDP socket", e)),
             }
         };
+        let buffers = SocketBuffers::of(fd.as_raw_fd());
+        if buffers.short() {
+            // Once per device: the host caps socket buffers below what a
+            // window of full packets needs and we may not override it.
+            let mtu = crate::wire::roce::seg::Mtu::Mtu4096;
+            eprintln!(
+                "roce {local}: socket buffers granted {} / {} bytes (receive / send; raise net.core.rmem_max and wmem_max, or run with CAP_NET_ADMIN), send window fitted to {} packets of {} bytes",
+                buffers.rcv,
+                buffers.snd,
+                buffers.fit(mtu, super::rc::WINDOW as u32),
+                mtu.bytes()
+            );
+        }
         let gsi_psn = Psn::from_masked(random_u32()?);
         devs.retain(|(a, w)| w.strong_count() > 0 || *a != local);
         let socket = Arc::new(fd);
@@ -368,6 +384,7 @@ impl Device {
                 next_cm_timers: Instant::now(),
             }),
             socket,
+            buffers,
             verify_icrc: cfg.verify_icrc,
             idle_after: cfg.idle_after,
             shards: Mutex::new(Vec::new()),

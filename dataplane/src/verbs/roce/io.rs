@@ -79,9 +79,16 @@ pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
         libc::IP_MTU_DISCOVER,
         libc::IP_PMTUDISC_DO,
     )?;
-    // Best effort: larger buffers absorb bursts of a 1 MiB message.
-    let _ = set(libc::SOL_SOCKET, libc::SO_RCVBUF, SOCK_BUF);
-    let _ = set(libc::SOL_SOCKET, libc::SO_SNDBUF, SOCK_BUF);
+    // Larger buffers absorb a window of packets from every peer at once.
+    // The FORCE variants pass `net.core.[rw]mem_max` but need
+    // CAP_NET_ADMIN; without it the plain ones are capped there, silently,
+    // so the caller reads back what was granted (`SocketBuffers::of`).
+    if set(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCK_BUF).is_err() {
+        let _ = set(libc::SOL_SOCKET, libc::SO_RCVBUF, SOCK_BUF);
+    }
+    if set(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCK_BUF).is_err() {
+        let _ = set(libc::SOL_SOCKET, libc::SO_SNDBUF, SOCK_BUF);
+    }
     let sa = sockaddr(local);
     // SAFETY: valid fd and a sockaddr_in of the right size.
     let r = unsafe {
@@ -95,6 +102,71 @@ pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// The socket buffer sizes the kernel granted (as `getsockopt` reports
+/// them: twice what was set, the kernel's allowance for its own
+/// bookkeeping, in the same unit it charges received packets in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SocketBuffers {
+    /// Receive buffer, bytes.
+    pub rcv: usize,
+    /// Send buffer, bytes.
+    pub snd: usize,
+}
+
+impl SocketBuffers {
+    /// No limit: what a queue pair assumes before it is installed.
+    pub const UNLIMITED: SocketBuffers = SocketBuffers {
+        rcv: usize::MAX,
+        snd: usize::MAX,
+    };
+
+    /// Reads back the sizes of `fd`'s buffers (0 where the kernel does not
+    /// say).
+    pub fn of(fd: i32) -> SocketBuffers {
+        let get = |name| {
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: valid fd, pointer to an int and its size.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    name,
+                    &mut v as *mut libc::c_int as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            if r == 0 {
+                v.max(0) as usize
+            } else {
+                0
+            }
+        };
+        SocketBuffers {
+            rcv: get(libc::SO_RCVBUF),
+            snd: get(libc::SO_SNDBUF),
+        }
+    }
+
+    /// Whether the kernel granted less than asked for (it reports double).
+    pub fn short(&self) -> bool {
+        self.rcv < 2 * SOCK_BUF as usize || self.snd < 2 * SOCK_BUF as usize
+    }
+
+    /// The send window and read burst, in packets of `mtu`, that this
+    /// buffer takes from one queue pair without dropping: half the
+    /// receive buffer (peers usually run the same configuration, so ours
+    /// stands for theirs; the rest is for other queue pairs and ACKs), at
+    /// a charge per packet of its payload and headers rounded up to a
+    /// power of two (the kernel charges the allocation, not the
+    /// datagram) plus the socket buffer's own structure. Never more than
+    /// `max` nor fewer than 8 packets.
+    pub fn fit(&self, mtu: Mtu, max: u32) -> u32 {
+        let charge = (mtu.bytes() as usize + ROCE_OVERHEAD as usize).next_power_of_two() + 512;
+        (self.rcv / 2 / charge).clamp(8, max.max(8) as usize) as u32
+    }
 }
 
 /// Bytes a RoCEv2 packet adds to its payload on an IPv4 link, at most:

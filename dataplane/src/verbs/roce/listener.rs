@@ -150,6 +150,7 @@ impl Incoming<Roce> for RoceIncoming {
         );
         let (qpn, shard, (my_psn, rnr)) = qp.install(&mut ctl, &dev, |rc| {
             rc.awaiting_rtu = true;
+            rc.buffers = dev.buffers;
             let my_psn = rc.initial_psn();
             // We send from the PSN the REQ announced (the first the
             // requester expects); the requester sends from the one in our

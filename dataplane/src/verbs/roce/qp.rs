@@ -275,6 +275,7 @@ impl PreparedQp<Roce> for RocePreparedQp {
                         },
                     );
                     qp.faults = Faults::new(cfg.faults, qp.qpn);
+                    qp.buffers = dev.buffers;
                     (qp.initial_psn(), qp.mtu, qp.caps.rnr_retry.min(7))
                 })?;
             let req = Req {

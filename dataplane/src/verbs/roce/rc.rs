@@ -9,7 +9,7 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Faults, Tx};
+use super::io::{Faults, SocketBuffers, Tx};
 use super::pd::PdInner;
 use super::ready::{Announce, Ready};
 use crate::mem::Arena;
@@ -143,6 +143,15 @@ pub(super) struct RcQp {
     /// In its shard's list of queue pairs to tick (`ShardState::active`).
     pub ticking: bool,
     pub mtu: Mtu,
+    /// The device socket's buffers (set at install), which the window
+    /// and read burst are fitted to at [`bind`](Self::bind).
+    pub buffers: SocketBuffers,
+    /// Most PSNs in flight: [`WINDOW`], or fewer if the socket buffers
+    /// would not hold them.
+    window: i32,
+    /// Read responses per progress step: [`READ_BURST`], or fewer
+    /// likewise.
+    read_burst: u32,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
     /// The UDP source port the peer's QP sends from (pinned by its first
@@ -306,6 +315,9 @@ impl RcQp {
             announced: [false; 2],
             ticking: false,
             mtu,
+            buffers: SocketBuffers::UNLIMITED,
+            window: WINDOW,
+            read_burst: READ_BURST,
             timers,
             peer: None,
             peer_src_port: None,
@@ -369,6 +381,8 @@ impl RcQp {
         self.peer = Some(peer);
         self.conn = Some(conn);
         self.mtu = mtu;
+        self.window = self.buffers.fit(mtu, WINDOW as u32) as i32;
+        self.read_burst = self.buffers.fit(mtu, READ_BURST);
         self.next_psn = peer_psn;
         self.una = peer_psn;
         self.sent_end = peer_psn;
@@ -644,7 +658,7 @@ impl RcQp {
     }
 
     fn emit_read_responses(&mut self, tx: &mut Tx, peer: PeerPath) {
-        let mut budget = READ_BURST;
+        let mut budget = self.read_burst;
         while budget > 0 {
             let Some(job) = self.read_jobs.front_mut() else {
                 return;
@@ -729,7 +743,9 @@ impl RcQp {
                     continue;
                 }
                 Kind::Read => {
-                    if self.sq[idx].first.distance(self.una) >= WINDOW || reads_out >= self.max_rd {
+                    if self.sq[idx].first.distance(self.una) >= self.window
+                        || reads_out >= self.max_rd
+                    {
                         break;
                     }
                     self.emit_read_request(tx, peer, idx);
@@ -741,7 +757,7 @@ impl RcQp {
                 Kind::Msg(kind) => {
                     let e = &self.sq[idx];
                     let psn = e.first.add(e.sent);
-                    if psn.distance(self.una) >= WINDOW {
+                    if psn.distance(self.una) >= self.window {
                         break;
                     }
                     self.emit_data(tx, peer, idx, kind);

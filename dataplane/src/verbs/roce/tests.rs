@@ -1338,3 +1338,33 @@ fn a_packet_of_the_peer_stands_for_a_lost_rtu() {
         );
     }
 }
+
+#[test]
+fn the_window_fits_the_granted_socket_buffer() {
+    use super::io::SocketBuffers;
+    use super::rc::WINDOW;
+    // The kernel's default cap (net.core.rmem_max 212992, reported
+    // doubled): a window of 4096-byte packets shrinks to what half of it
+    // holds.
+    let small = SocketBuffers {
+        rcv: 425_984,
+        snd: 425_984,
+    };
+    assert!(small.short());
+    assert_eq!(small.fit(Mtu::Mtu4096, WINDOW as u32), 24);
+    assert_eq!(small.fit(Mtu::Mtu1024, WINDOW as u32), 83);
+    // 4 MiB granted (reported as 8 MiB): the full window.
+    let big = SocketBuffers {
+        rcv: 8 << 20,
+        snd: 8 << 20,
+    };
+    assert!(!big.short());
+    assert_eq!(big.fit(Mtu::Mtu4096, WINDOW as u32), WINDOW as u32);
+    // Never below 8 packets.
+    let tiny = SocketBuffers { rcv: 0, snd: 0 };
+    assert_eq!(tiny.fit(Mtu::Mtu4096, WINDOW as u32), 8);
+    // A device bound here reads back what it got.
+    let fd = super::io::bind_udp(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let got = SocketBuffers::of(fd.as_raw_fd());
+    assert!(got.rcv > 0 && got.snd > 0);
+}
