@@ -13,6 +13,8 @@ pub const ENV_UDP_PORT: &str = "RPCRDMA_ROCE_UDP_PORT";
 pub const ENV_LOCAL_IP: &str = "RPCRDMA_ROCE_LOCAL_IP";
 /// Environment variable: `1` verifies inbound ICRCs (see module docs).
 pub const ENV_VERIFY_ICRC: &str = "RPCRDMA_ROCE_VERIFY_ICRC";
+/// Environment variable: `0` turns UDP GSO/GRO off (see `RoceConfig::gso`).
+pub const ENV_GSO: &str = "RPCRDMA_ROCE_GSO";
 /// Environment variable (tests): `drop,dup,reorder[,seed]` per mille.
 pub const ENV_FAULTS: &str = "RPCRDMA_ROCE_FAULTS";
 
@@ -44,6 +46,11 @@ pub struct RoceConfig {
     /// it (a device option: the first context to bind the address sets
     /// it).
     pub idle_after: Duration,
+    /// UDP GSO on send and GRO on receive (a device option, like
+    /// `idle_after`). Off, every packet is its own datagram everywhere,
+    /// which a capture on loopback or a veth needs to show one RoCE
+    /// packet per frame.
+    pub gso: bool,
 }
 
 impl Default for RoceConfig {
@@ -58,6 +65,7 @@ impl Default for RoceConfig {
             faults: FaultPolicy::default(),
             initial_psn: None,
             idle_after: Duration::from_millis(1),
+            gso: true,
         }
     }
 }
@@ -85,6 +93,9 @@ impl RoceConfig {
             c.local = Some(ip);
         }
         c.verify_icrc = std::env::var(ENV_VERIFY_ICRC).is_ok_and(|v| v == "1");
+        if std::env::var(ENV_GSO).is_ok_and(|v| v == "0") {
+            c.gso = false;
+        }
         if let Some(f) = std::env::var(ENV_FAULTS)
             .ok()
             .and_then(|v| FaultPolicy::parse(&v))
@@ -154,6 +165,7 @@ pub(super) fn parse_url(
                     .ok_or_else(|| bad("retry must be 0..=7"))?
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
+            "gso" => cfg.gso = v != "0",
             "idle_ms" => {
                 let ms: u64 = v.parse().map_err(|_| bad("bad idle_ms"))?;
                 if ms == 0 {
