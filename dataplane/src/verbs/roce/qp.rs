@@ -122,6 +122,15 @@ impl RoceQp {
             .map_or([0; 3], |q| q.faults.counts)
     }
 
+    /// How this QP's requester recovered from losses so far: tail probes
+    /// after a quiet period, retransmission timeouts, sequence NAKs.
+    pub fn recovery_counts(&self) -> super::RoceRecovery {
+        lock(&self.shard.state)
+            .qps
+            .get(&self.qpn)
+            .map_or_else(Default::default, |q| q.recovery)
+    }
+
     /// The local address of the device this QP runs on.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.dev.local

@@ -24,12 +24,36 @@ use crate::wire::roce::{Aeth, Bth, NakCode, Opcode, Position, Psn, Reth, RocePac
 pub(super) const WINDOW: i32 = 128;
 /// Ask for an ACK at least every this many packets inside long messages.
 const ACKREQ_EVERY: u32 = 32;
+/// How long a requester with packets unacknowledged waits in silence
+/// before it sends its last packet again (at most; a quarter of a
+/// shorter ACK timeout). A lost tail has nothing after it to make the
+/// responder NAK (IBTA 9.7.5.1.5 only NAKs a PSN that is ahead), so
+/// without this it waits for the whole ACK timeout (64 ms). The probe is
+/// one packet, and it does not spend a retry: if only the ACK was slow
+/// the responder answers a duplicate with a repeated ACK, if the tail was
+/// lost it arrives now, and if more was lost the responder NAKs the
+/// first PSN it misses and the requester goes back to it (the same idea
+/// as TCP's tail loss probe, RFC 8985). Longer than the device's thread
+/// takes to drive a responder nobody polls (about 1 ms).
+const QUIET_PROBE: Duration = Duration::from_millis(4);
 /// Most RDMA Reads outstanding (initiator depth / responder resources).
 pub(super) const MAX_RD: u32 = 16;
 /// Read response packets a responder emits per progress call (pacing: a
 /// 1 MiB read would otherwise overrun the peer's socket buffer at once).
 const READ_BURST: u32 = 64;
 static ZEROS: [u8; 4096] = [0; 4096];
+
+/// How a requester recovered from losses (for tests and logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Last packets sent again after a quiet period (`QUIET_PROBE`).
+    pub tail_probes: u64,
+    /// Retransmission timer expiries (go back to the oldest unacknowledged
+    /// PSN, a retry spent).
+    pub timeouts: u64,
+    /// PSN sequence error NAKs received (go back to the PSN named).
+    pub sequence_naks: u64,
+}
 
 /// Where the peer of a connected QP is.
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +170,12 @@ pub(super) struct RcQp {
     /// The device socket's buffers (set at install), which the window
     /// and read burst are fitted to at [`bind`](Self::bind).
     pub buffers: SocketBuffers,
+    /// When to send the last packet again if nothing is heard (see
+    /// [`QUIET_PROBE`]); armed with the retransmission timer.
+    probe_at: Option<Instant>,
+    /// How losses were recovered: tail probes sent, retransmission
+    /// timeouts, sequence NAKs received.
+    pub recovery: Recovery,
     /// Most PSNs in flight: [`WINDOW`], or fewer if the socket buffers
     /// would not hold them.
     window: i32,
@@ -316,6 +346,8 @@ impl RcQp {
             ticking: false,
             mtu,
             buffers: SocketBuffers::UNLIMITED,
+            probe_at: None,
+            recovery: Recovery::default(),
             window: WINDOW,
             read_burst: READ_BURST,
             timers,
@@ -616,6 +648,12 @@ impl RcQp {
             || !self.sq.is_empty()
     }
 
+    /// The silence after which the tail is probed: [`QUIET_PROBE`], or a
+    /// quarter of a shorter ACK timeout.
+    fn quiet(&self) -> Duration {
+        QUIET_PROBE.min(self.timers.ack_timeout / 4)
+    }
+
     pub fn tick(&mut self, now: Instant, tx: &mut Tx) {
         if self.state != QpState::Rts {
             return;
@@ -632,9 +670,23 @@ impl RcQp {
                     return;
                 }
                 self.retry_left -= 1;
+                self.recovery.timeouts += 1;
                 let una = self.una;
                 self.go_back(una);
                 self.timer = None;
+                self.probe_at = None;
+            }
+        }
+        if let Some(t) = self.probe_at {
+            if self.timer.is_none() {
+                self.probe_at = None;
+            } else if now >= t && self.sent_end.distance(self.una) > 0 {
+                // Silence since the last packet or progress: send the
+                // last packet sent again (see QUIET_PROBE).
+                self.recovery.tail_probes += 1;
+                let last = self.sent_end.sub(1);
+                self.go_back(last);
+                self.probe_at = Some(now + self.quiet());
             }
         }
         if self.ack_due {
@@ -770,6 +822,9 @@ impl RcQp {
             }
             if self.timer.is_none() {
                 self.timer = Some(now + self.timers.ack_timeout);
+            }
+            if self.probe_at.is_none() {
+                self.probe_at = Some(now + self.quiet());
             }
         }
         self.complete_head();
@@ -967,6 +1022,7 @@ impl RcQp {
             self.una = new_una;
             self.retry_left = self.timers.retry_count;
             self.timer = Some(now + self.timers.ack_timeout);
+            self.probe_at = Some(now + self.quiet());
         }
         if let Some(p) = implicit_nak {
             if self.reread_at != Some(p) {
@@ -1013,6 +1069,7 @@ impl RcQp {
                 self.ack_through(psn.sub(1), now);
                 match code {
                     NakCode::PsnSequenceError => {
+                        self.recovery.sequence_naks += 1;
                         self.go_back(psn);
                         self.emit_requests(now, tx, peer);
                     }
