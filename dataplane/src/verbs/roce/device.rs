@@ -594,7 +594,7 @@ impl Device {
             // Not marked as progress: that records threads driving it, and
             // the shard stays idle until one does.
             if let Ok(mut st) = s.state.try_lock() {
-                st.progress(self, s, now);
+                st.progress(self, s, now, false);
                 s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
                 pass.drove += 1;
                 pass.nobody_reads = false;
@@ -883,7 +883,7 @@ impl QueuePairs for QpRoutes<'_> {
 impl ShardState {
     /// Takes the packets handed over, receives, runs the queue pairs
     /// that need it, sends.
-    pub(super) fn progress(&mut self, dev: &Device, shard: &Shard, now: Instant) {
+    pub(super) fn progress(&mut self, dev: &Device, shard: &Shard, now: Instant, hold_ack: bool) {
         let mut right = dev.try_read();
         let mut dreq = self.take_inbox(dev, shard, now);
         let fd = dev.socket.as_raw_fd();
@@ -940,7 +940,7 @@ impl ShardState {
                 active.swap_remove(i);
                 continue;
             };
-            qp.tick(now, tx);
+            qp.tick(now, tx, hold_ack);
             dreq |= qp.dreq_due;
             if qp.needs_tick() {
                 i += 1;

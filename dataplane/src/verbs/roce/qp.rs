@@ -175,7 +175,7 @@ impl RoceQp {
         mark_ticking(active, qp);
         let r = f(qp, tx);
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now);
+        st.progress(&self.dev, &self.shard, now, true);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         Some(r)
@@ -481,7 +481,7 @@ impl QueuePair<Roce> for RoceQp {
             });
         }
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now);
+        st.progress(&self.dev, &self.shard, now, true);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         res.map(|()| n)

@@ -222,6 +222,9 @@ pub(super) struct RcQp {
     msn: u32,
     nak_sent: bool,
     ack_due: bool,
+    /// The ACK owed was marked in the progress step now running: a
+    /// polling caller holds it one step (see [`tick`](Self::tick)).
+    ack_fresh: bool,
     cur: Cur,
     read_jobs: VecDeque<ReadJob>,
     read_res: VecDeque<ReadJob>,
@@ -377,6 +380,7 @@ impl RcQp {
             msn: 0,
             nak_sent: false,
             ack_due: false,
+            ack_fresh: false,
             cur: Cur::Idle,
             read_jobs: VecDeque::with_capacity(MAX_RD as usize),
             read_res: VecDeque::with_capacity(MAX_RD as usize),
@@ -654,7 +658,7 @@ impl RcQp {
         QUIET_PROBE.min(self.timers.ack_timeout / 4)
     }
 
-    pub fn tick(&mut self, now: Instant, tx: &mut Tx) {
+    pub fn tick(&mut self, now: Instant, tx: &mut Tx, hold_ack: bool) {
         if self.state != QpState::Rts {
             return;
         }
@@ -689,12 +693,32 @@ impl RcQp {
                 self.probe_at = Some(now + self.quiet());
             }
         }
+        // Coalesced ACK (IBTA 9.7.5.1.1 lets a responder acknowledge
+        // several packets with one). Marked by this step's packets, it is
+        // held to the end of the caller's next step when a thread polls:
+        // that step is usually the application's post of its answer (a
+        // reply Send), and the ACK then leaves in the same `sendmmsg` as
+        // that, one system call per round trip less on each side. The
+        // device's thread (`hold_ack` false) never holds one: nobody may
+        // drive the shard again soon.
+        // Whatever this QP sends itself goes after the ACK (`ack_first`):
+        // a peer must see its Send acknowledged before our answer to it,
+        // or it may be asked to reuse what that Send still holds.
+        let hold = hold_ack && self.ack_fresh;
+        self.ack_fresh = false;
+        if !hold {
+            self.ack_first(tx, peer);
+        }
+        self.emit_read_responses(tx, peer);
+        self.emit_requests(now, tx, peer);
+    }
+
+    /// Sends the coalesced ACK owed, if any, ahead of whatever follows.
+    fn ack_first(&mut self, tx: &mut Tx, peer: PeerPath) {
         if self.ack_due {
             self.ack_due = false;
             self.send_ack(tx, peer, Syndrome::ACK, self.epsn.sub(1));
         }
-        self.emit_read_responses(tx, peer);
-        self.emit_requests(now, tx, peer);
     }
 
     fn send_ack(&mut self, tx: &mut Tx, peer: PeerPath, syn: Syndrome, psn: Psn) {
@@ -710,6 +734,9 @@ impl RcQp {
     }
 
     fn emit_read_responses(&mut self, tx: &mut Tx, peer: PeerPath) {
+        if !self.read_jobs.is_empty() {
+            self.ack_first(tx, peer);
+        }
         let mut budget = self.read_burst;
         while budget > 0 {
             let Some(job) = self.read_jobs.front_mut() else {
@@ -831,6 +858,7 @@ impl RcQp {
     }
 
     fn emit_read_request(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize) {
+        self.ack_first(tx, peer);
         let e = &self.sq[idx];
         let done_bytes = e.got * self.mtu.bytes();
         let mut bth = Bth::new(Opcode::RcReadRequest, peer.qpn, e.first.add(e.got));
@@ -863,6 +891,7 @@ impl RcQp {
     }
 
     fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
+        self.ack_first(tx, peer);
         let mtu = self.mtu;
         let e = &self.sq[idx];
         let i = e.sent;
@@ -1168,6 +1197,7 @@ impl RcQp {
                 self.replay_read(p, tx, peer);
             } else {
                 self.ack_due = true;
+                self.ack_fresh = true;
             }
             return;
         }
@@ -1268,6 +1298,7 @@ impl RcQp {
                 }
                 if p.bth.ack_req {
                     self.ack_due = true;
+                    self.ack_fresh = true;
                 }
             }
             ReqClass::Write => {
@@ -1339,6 +1370,7 @@ impl RcQp {
                 }
                 if p.bth.ack_req {
                     self.ack_due = true;
+                    self.ack_fresh = true;
                 }
             }
         }
@@ -1349,6 +1381,7 @@ impl RcQp {
     /// same rkey, range within the original, FIRST only when replaying
     /// from the start, MIDDLE/LAST otherwise). Unknown ones are dropped.
     fn replay_read(&mut self, p: &RocePacket<'_>, tx: &mut Tx, peer: PeerPath) {
+        self.ack_first(tx, peer);
         let Some(reth) = p.reth else { return };
         let psn = p.bth.psn;
         let mtu = self.mtu.bytes() as u64;
