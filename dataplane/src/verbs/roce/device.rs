@@ -346,8 +346,14 @@ impl Device {
         // (its last reference just went): wait for its socket to close.
         let ours_before = devs.iter().any(|(a, _)| *a == local);
         let deadline = Instant::now() + Duration::from_millis(500);
+        // GSO and GRO on loopback devices only: there the kernel never
+        // puts a GSO send on a wire. Toward Linux rxe peers behind a tap,
+        // GRO on our socket broke the Linux NFS client's connections to
+        // our gateway (control/tests/linux_gateway.rs; cause not found),
+        // so a device on any other address keeps one datagram per packet.
+        let offload = cfg.gso && local.ip().is_loopback();
         let fd = loop {
-            match bind_udp(local, cfg.gso) {
+            match bind_udp(local, offload) {
                 Ok(fd) => break fd,
                 Err(e)
                     if ours_before
@@ -379,7 +385,7 @@ impl Device {
         let dev = Arc::new(Device {
             local,
             control: Mutex::new(Control {
-                tx: Tx::new(socket.clone(), local, oversized.clone(), cfg.gso),
+                tx: Tx::new(socket.clone(), local, oversized.clone(), offload),
                 cm: Cm::default(),
                 gsi_psn,
                 routes: HashMap::new(),
@@ -387,13 +393,13 @@ impl Device {
             }),
             socket,
             buffers,
-            gso: cfg.gso,
+            gso: offload,
             verify_icrc: cfg.verify_icrc,
             idle_after: cfg.idle_after,
             shards: Mutex::new(Vec::new()),
             mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
             dreq_wake: AtomicBool::new(false),
-            rx: Mutex::new(Rx::new(cfg.gso)),
+            rx: Mutex::new(Rx::new(offload)),
             spare: {
                 let spare = ArrayQueue::new(HANDOFF_BUFFERS);
                 for _ in 0..HANDOFF_BUFFERS {

@@ -36,6 +36,11 @@ const ACKREQ_EVERY: u32 = 32;
 /// as TCP's tail loss probe, RFC 8985). Longer than the device's thread
 /// takes to drive a responder nobody polls (about 1 ms).
 const QUIET_PROBE: Duration = Duration::from_millis(4);
+/// Probes without progress before only the retransmission timer is left,
+/// each after twice the silence of the one before (4, 8, 16, 32 ms: all
+/// inside the default 64 ms timeout), so a slow peer gets a handful of
+/// duplicates, not one every few milliseconds.
+const MAX_PROBES: u32 = 4;
 /// Most RDMA Reads outstanding (initiator depth / responder resources).
 pub(super) const MAX_RD: u32 = 16;
 /// Read response packets a responder emits per progress call (pacing: a
@@ -173,6 +178,8 @@ pub(super) struct RcQp {
     /// When to send the last packet again if nothing is heard (see
     /// [`QUIET_PROBE`]); armed with the retransmission timer.
     probe_at: Option<Instant>,
+    /// Probes sent since the last progress (see [`MAX_PROBES`]).
+    probes_in_row: u32,
     /// How losses were recovered: tail probes sent, retransmission
     /// timeouts, sequence NAKs received.
     pub recovery: Recovery,
@@ -350,6 +357,7 @@ impl RcQp {
             mtu,
             buffers: SocketBuffers::UNLIMITED,
             probe_at: None,
+            probes_in_row: 0,
             recovery: Recovery::default(),
             window: WINDOW,
             read_burst: READ_BURST,
@@ -688,9 +696,11 @@ impl RcQp {
                 // Silence since the last packet or progress: send the
                 // last packet sent again (see QUIET_PROBE).
                 self.recovery.tail_probes += 1;
+                self.probes_in_row += 1;
                 let last = self.sent_end.sub(1);
                 self.go_back(last);
-                self.probe_at = Some(now + self.quiet());
+                self.probe_at = (self.probes_in_row < MAX_PROBES)
+                    .then(|| now + self.quiet() * (1 << self.probes_in_row));
             }
         }
         // Coalesced ACK (IBTA 9.7.5.1.1 lets a responder acknowledge
@@ -850,7 +860,7 @@ impl RcQp {
             if self.timer.is_none() {
                 self.timer = Some(now + self.timers.ack_timeout);
             }
-            if self.probe_at.is_none() {
+            if self.probe_at.is_none() && self.probes_in_row == 0 {
                 self.probe_at = Some(now + self.quiet());
             }
         }
@@ -1052,6 +1062,7 @@ impl RcQp {
             self.retry_left = self.timers.retry_count;
             self.timer = Some(now + self.timers.ack_timeout);
             self.probe_at = Some(now + self.quiet());
+            self.probes_in_row = 0;
         }
         if let Some(p) = implicit_nak {
             if self.reread_at != Some(p) {
