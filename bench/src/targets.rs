@@ -210,6 +210,11 @@ pub fn run(
     let read = spec(Op::Read, 256 << 10, 8, Idle::Spin);
     let shm_read = measure("shm", &read, options, &mut skipped, &mut runs)?;
     let tcp_read = measure("tcp", &read, options, &mut skipped, &mut runs)?;
+    // Software RoCEv2 against RPC over TCP on the same loopback, back to
+    // back: the NULL latency pair first, then the READ next to TCP's.
+    let roce_lat = measure("roce", &null, options, &mut skipped, &mut runs)?;
+    let tcp_lat = measure("tcp", &null, options, &mut skipped, &mut runs)?;
+    let roce_read = measure("roce", &read, options, &mut skipped, &mut runs)?;
     let read_cpu = spec(Op::Read, 256 << 10, 8, Idle::Adaptive);
     let shm_cpu = measure("shm", &read_cpu, options, &mut skipped, &mut runs)?;
     let tcp_cpu = measure("tcp", &read_cpu, options, &mut skipped, &mut runs)?;
@@ -242,6 +247,7 @@ pub fn run(
     let div = |a: Option<f64>, b: Option<f64>| Some(a? / b?.max(f64::MIN_POSITIVE));
     let show =
         |x: Option<f64>, unit: &str| x.map_or("n/a".to_owned(), |v| format!("{v:.0} {unit}"));
+    let p99 = |r: &Option<RunResult>| r.as_ref().map(|r| r.latency.p99_ns as f64);
     let show_cpu = |x: Option<f64>| x.map_or("n/a".to_owned(), |v| format!("{v:.3} s/GB"));
 
     let targets = vec![
@@ -304,6 +310,39 @@ pub fn run(
             0.4,
             true,
             format!("{} / {}", show_cpu(cpu(&shm_cpu)), show_cpu(cpu(&tcp_cpu))),
+        ),
+        TargetRow::new(
+            "roce READ 256 KiB depth 8 / RPC over TCP",
+            div(mb(&roce_read), mb(&tcp_read)),
+            1.0,
+            false,
+            format!(
+                "{} / {}",
+                show(mb(&roce_read), "MB/s"),
+                show(mb(&tcp_read), "MB/s")
+            ),
+        ),
+        TargetRow::new(
+            "roce NULL p50 / RPC over TCP NULL p50",
+            div(p50(&roce_lat), p50(&tcp_lat)),
+            1.3,
+            true,
+            format!(
+                "{} / {}",
+                show(p50(&roce_lat), "ns"),
+                show(p50(&tcp_lat), "ns")
+            ),
+        ),
+        TargetRow::new(
+            "roce NULL p99 / RPC over TCP NULL p99",
+            div(p99(&roce_lat), p99(&tcp_lat)),
+            3.0,
+            true,
+            format!(
+                "{} / {}",
+                show(p99(&roce_lat), "ns"),
+                show(p99(&tcp_lat), "ns")
+            ),
         ),
     ];
     print_table(&targets);

@@ -310,14 +310,15 @@ fn targets_reports_every_target_with_a_verdict() {
     let tirpc = bench::tirpc::binaries().is_ok();
     let runs = t["runs"].as_array().expect("runs");
     // shm NULL, rate, READ spin + adaptive; tcp READ spin + adaptive;
-    // libtirpc NULL when built.
-    assert_eq!(runs.len(), 6 + usize::from(tirpc), "{runs:?}");
+    // roce NULL and READ, tcp NULL; libtirpc NULL when built.
+    assert_eq!(runs.len(), 9 + usize::from(tirpc), "{runs:?}");
     for r in runs {
         positive(r, "calls_per_s");
         positive(&r["latency"], "p50_ns");
     }
     let rows = t["targets"].as_array().expect("targets");
-    assert_eq!(rows.len(), 7, "{rows:?}");
+    // Seven shm and libtirpc rows, three roce against TCP.
+    assert_eq!(rows.len(), 10, "{rows:?}");
     for row in rows {
         let verdict = &row["verdict"];
         let tirpc_row = row["target"].as_str().unwrap().contains("libtirpc");

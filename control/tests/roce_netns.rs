@@ -189,6 +189,11 @@ fn remove_stale_namespaces(ip_tool: &Path) {
 // The daemon (namespace A) and the client process (namespace B)
 
 fn start_daemon(ns: &Namespaces, dir: &Path) -> Daemon {
+    start_daemon_with(ns, dir, &[])
+}
+
+/// [`start_daemon`] with extra environment variables.
+fn start_daemon_with(ns: &Namespaces, dir: &Path, env: &[(&str, &str)]) -> Daemon {
     let cfg = write_file(
         dir,
         "netns.toml",
@@ -199,7 +204,7 @@ fn start_daemon(ns: &Namespaces, dir: &Path) -> Daemon {
         ),
     );
     let mut cmd = ns.command(&ns.a, Path::new(BIN));
-    cmd.arg("--config").arg(cfg);
+    cmd.arg("--config").arg(cfg).envs(env.iter().copied());
     let mut d = Daemon::spawn_command(cmd);
     d.wait_for_line("started");
     d
@@ -512,8 +517,17 @@ fn tshark_decodes_a_whole_session_between_namespaces() {
     let Some((cap, drain)) = start_capture(&ns, &dumpcap, &file) else {
         return;
     };
-    let mut d = start_daemon(&ns, &dir);
-    let out = run_client(&ns, TEST, "capture", &[(PCAP_ENV, file.to_str().unwrap())]);
+    // GSO off on both sides: a veth passes a GSO send on unsegmented, so
+    // the capture would show several RoCE packets in one frame, which
+    // neither tshark nor a per-frame ICRC check reads as RoCE.
+    let no_gso = (dataplane::verbs::roce::ENV_GSO, "0");
+    let mut d = start_daemon_with(&ns, &dir, &[no_gso]);
+    let out = run_client(
+        &ns,
+        TEST,
+        "capture",
+        &[(PCAP_ENV, file.to_str().unwrap()), no_gso],
+    );
     d.stop_cleanly();
     cap.finish();
     println!("dumpcap: {}", drain.join().unwrap_or_default().trim());

@@ -116,3 +116,34 @@ fn smallest_and_largest_path_mtu_under_loss() {
         assert!(fa[0] + fb[0] > 0, "mtu {mtu}: nothing dropped");
     }
 }
+
+/// A lost last packet has nothing after it to make the responder NAK: it
+/// is recovered by the requester's tail probe (its last packet sent again
+/// after a few milliseconds of silence), not by the retransmission
+/// timeout. One-packet Sends make every drop a tail drop; the ACK timeout
+/// is set far beyond what the probes need, so any timeout shows up in the
+/// counts (a timeout needs four probes in a row lost, or their answers:
+/// about (6 %)^4 per lost tail at 3 % drop each way).
+#[test]
+fn a_dropped_tail_is_recovered_by_a_probe_not_the_ack_timeout() {
+    let url = support::roce_pair::loopback_url(
+        "faults=30,0,0,5&ack_timeout_ms=5000&verify_icrc=1&mtu=1024",
+    );
+    let (mut a, mut b) = pair(&url, 0);
+    for i in 0..200u64 {
+        b.post_recv();
+        a.post(SendOp::Send, &pattern(i, 100), 0);
+        let c = wait(&a, is_send);
+        assert_eq!(c.status, WcStatus::Success, "send {i}");
+        let c = wait(&b, |c| !is_send(c));
+        assert_eq!(c.status, WcStatus::Success);
+        assert!(c.sgl.iter().next().unwrap().buf.to_vec() == pattern(i, 100));
+    }
+    let (fa, fb) = (a.qp.fault_counts(), b.qp.fault_counts());
+    assert!(fa[0] > 0 && fb[0] > 0, "nothing dropped: {fa:?} {fb:?}");
+    let r = a.qp.recovery_counts();
+    assert!(r.tail_probes > 0, "no tail probe: {r:?}");
+    assert_eq!(r.timeouts, 0, "a tail waited for the ACK timeout: {r:?}");
+    assert_eq!(b.qp.recovery_counts().timeouts, 0);
+    assert_eq!(a.qp.state(), QpState::Rts);
+}

@@ -13,6 +13,8 @@ pub const ENV_UDP_PORT: &str = "RPCRDMA_ROCE_UDP_PORT";
 pub const ENV_LOCAL_IP: &str = "RPCRDMA_ROCE_LOCAL_IP";
 /// Environment variable: `1` verifies inbound ICRCs (see module docs).
 pub const ENV_VERIFY_ICRC: &str = "RPCRDMA_ROCE_VERIFY_ICRC";
+/// Environment variable: `0` turns UDP GSO/GRO off (see `RoceConfig::gso`).
+pub const ENV_GSO: &str = "RPCRDMA_ROCE_GSO";
 /// Environment variable (tests): `drop,dup,reorder[,seed]` per mille.
 pub const ENV_FAULTS: &str = "RPCRDMA_ROCE_FAULTS";
 
@@ -23,8 +25,9 @@ pub struct RoceConfig {
     pub udp_port: u16,
     /// Source address for `connect` (else chosen by routing, see docs).
     pub local: Option<Ipv4Addr>,
-    /// Path MTU (payload bytes per packet).
-    pub mtu: Mtu,
+    /// Path MTU (payload bytes per packet); `None` follows the link the
+    /// route to the peer takes (see `io::path_mtu`).
+    pub mtu: Option<Mtu>,
     /// Retransmission timeout.
     pub ack_timeout: Duration,
     /// Transport retries before `RetryExcErr`.
@@ -43,6 +46,11 @@ pub struct RoceConfig {
     /// it (a device option: the first context to bind the address sets
     /// it).
     pub idle_after: Duration,
+    /// UDP GSO on send and GRO on receive (a device option, like
+    /// `idle_after`). Off, every packet is its own datagram everywhere,
+    /// which a capture on loopback or a veth needs to show one RoCE
+    /// packet per frame.
+    pub gso: bool,
 }
 
 impl Default for RoceConfig {
@@ -50,18 +58,26 @@ impl Default for RoceConfig {
         RoceConfig {
             udp_port: ROCEV2_UDP_PORT,
             local: None,
-            mtu: Mtu::Mtu1024,
+            mtu: None,
             ack_timeout: Duration::from_millis(64),
             retry_count: 7,
             verify_icrc: false,
             faults: FaultPolicy::default(),
             initial_psn: None,
             idle_after: Duration::from_millis(1),
+            gso: true,
         }
     }
 }
 
 impl RoceConfig {
+    /// The path MTU toward `peer`: the configured one, else what the
+    /// route's link carries (1024 when the kernel cannot say).
+    pub(super) fn mtu_toward(&self, peer: Ipv4Addr) -> Mtu {
+        self.mtu
+            .unwrap_or_else(|| super::io::path_mtu(peer, self.udp_port).unwrap_or(Mtu::Mtu1024))
+    }
+
     pub(super) fn from_env() -> RoceConfig {
         let mut c = RoceConfig::default();
         if let Some(p) = std::env::var(ENV_UDP_PORT)
@@ -77,6 +93,9 @@ impl RoceConfig {
             c.local = Some(ip);
         }
         c.verify_icrc = std::env::var(ENV_VERIFY_ICRC).is_ok_and(|v| v == "1");
+        if std::env::var(ENV_GSO).is_ok_and(|v| v == "0") {
+            c.gso = false;
+        }
         if let Some(f) = std::env::var(ENV_FAULTS)
             .ok()
             .and_then(|v| FaultPolicy::parse(&v))
@@ -124,11 +143,12 @@ pub(super) fn parse_url(
             "udp_port" => cfg.udp_port = v.parse().map_err(|_| bad("bad udp_port"))?,
             "local" => cfg.local = Some(v.parse().map_err(|_| bad("bad local address"))?),
             "mtu" => {
-                cfg.mtu = v
-                    .parse()
-                    .ok()
-                    .and_then(Mtu::from_bytes)
-                    .ok_or_else(|| bad("mtu must be 256, 512, 1024, 2048 or 4096"))?
+                cfg.mtu = Some(
+                    v.parse()
+                        .ok()
+                        .and_then(Mtu::from_bytes)
+                        .ok_or_else(|| bad("mtu must be 256, 512, 1024, 2048 or 4096"))?,
+                )
             }
             "ack_timeout_ms" => {
                 let ms: u64 = v.parse().map_err(|_| bad("bad ack_timeout_ms"))?;
@@ -145,6 +165,7 @@ pub(super) fn parse_url(
                     .ok_or_else(|| bad("retry must be 0..=7"))?
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
+            "gso" => cfg.gso = v != "0",
             "idle_ms" => {
                 let ms: u64 = v.parse().map_err(|_| bad("bad idle_ms"))?;
                 if ms == 0 {

@@ -22,6 +22,7 @@ use crate::mem::Arena;
 use crate::verbs::{
     check_queue_depths, lock, Access, Context, ProtectionDomain, QpCaps, SrqCaps, VerbsError,
 };
+use crate::wire::roce::seg::Mtu;
 use crate::wire::roce::Psn;
 
 /// An opened roce context (devices are bound lazily by `listen` and
@@ -143,7 +144,8 @@ impl ProtectionDomain<Roce> for RocePd {
                 self.inner.clone(),
                 send_cq.inner.id,
                 recv_cq.inner.id,
-                self.cfg.mtu,
+                // Replaced at connect or accept by the path's MTU.
+                self.cfg.mtu.unwrap_or(Mtu::Mtu1024),
                 timers,
                 match self.cfg.initial_psn {
                     Some(psn) => psn,

@@ -132,7 +132,7 @@ impl CompletionQueue for RoceCq {
         let ready = &*self.inner.ready;
         for s in shards.iter() {
             let mut st = lock(&s.shard.state);
-            st.progress(&s.dev, &s.shard, now);
+            st.progress(&s.dev, &s.shard, now, true);
             s.shard.mark_progress(&s.dev, now);
             s.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
             let me = s.shard.id;

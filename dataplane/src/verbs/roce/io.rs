@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
-use crate::wire::roce::ICRC_LEN;
+use crate::wire::roce::seg::Mtu;
+use crate::wire::roce::{BTH_LEN, ICRC_LEN};
 
 /// Bytes per packet slot: BTH + RETH + ImmDt + 4096 payload + pad + ICRC,
 /// rounded up.
@@ -42,7 +43,7 @@ fn from_sockaddr(s: &libc::sockaddr_in) -> SocketAddrV4 {
 ///
 /// # Errors
 /// The OS error of `socket`, `setsockopt` or `bind`.
-pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
+pub(super) fn bind_udp(local: SocketAddrV4, gro: bool) -> std::io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the fd is owned right after.
     let raw = unsafe {
         libc::socket(
@@ -78,9 +79,21 @@ pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
         libc::IP_MTU_DISCOVER,
         libc::IP_PMTUDISC_DO,
     )?;
-    // Best effort: larger buffers absorb bursts of a 1 MiB message.
-    let _ = set(libc::SOL_SOCKET, libc::SO_RCVBUF, SOCK_BUF);
-    let _ = set(libc::SOL_SOCKET, libc::SO_SNDBUF, SOCK_BUF);
+    if gro {
+        // Best effort (Linux 5.0+): coalesced receives are split in
+        // `Rx::recv`; without it every packet is its own datagram.
+        let _ = set(libc::SOL_UDP, libc::UDP_GRO, 1);
+    }
+    // Larger buffers absorb a window of packets from every peer at once.
+    // The FORCE variants pass `net.core.[rw]mem_max` but need
+    // CAP_NET_ADMIN; without it the plain ones are capped there, silently,
+    // so the caller reads back what was granted (`SocketBuffers::of`).
+    if set(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCK_BUF).is_err() {
+        let _ = set(libc::SOL_SOCKET, libc::SO_RCVBUF, SOCK_BUF);
+    }
+    if set(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCK_BUF).is_err() {
+        let _ = set(libc::SOL_SOCKET, libc::SO_SNDBUF, SOCK_BUF);
+    }
     let sa = sockaddr(local);
     // SAFETY: valid fd and a sockaddr_in of the right size.
     let r = unsafe {
@@ -94,6 +107,133 @@ pub(super) fn bind_udp(local: SocketAddrV4) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// The socket buffer sizes the kernel granted (as `getsockopt` reports
+/// them: twice what was set, the kernel's allowance for its own
+/// bookkeeping, in the same unit it charges received packets in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SocketBuffers {
+    /// Receive buffer, bytes.
+    pub rcv: usize,
+    /// Send buffer, bytes.
+    pub snd: usize,
+}
+
+impl SocketBuffers {
+    /// No limit: what a queue pair assumes before it is installed.
+    pub const UNLIMITED: SocketBuffers = SocketBuffers {
+        rcv: usize::MAX,
+        snd: usize::MAX,
+    };
+
+    /// Reads back the sizes of `fd`'s buffers (0 where the kernel does not
+    /// say).
+    pub fn of(fd: i32) -> SocketBuffers {
+        let get = |name| {
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: valid fd, pointer to an int and its size.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    name,
+                    &mut v as *mut libc::c_int as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            if r == 0 {
+                v.max(0) as usize
+            } else {
+                0
+            }
+        };
+        SocketBuffers {
+            rcv: get(libc::SO_RCVBUF),
+            snd: get(libc::SO_SNDBUF),
+        }
+    }
+
+    /// Whether the kernel granted less than asked for (it reports double).
+    pub fn short(&self) -> bool {
+        self.rcv < 2 * SOCK_BUF as usize || self.snd < 2 * SOCK_BUF as usize
+    }
+
+    /// The send window and read burst, in packets of `mtu`, that this
+    /// buffer takes from one queue pair without dropping: half the
+    /// receive buffer (peers usually run the same configuration, so ours
+    /// stands for theirs; the rest is for other queue pairs and ACKs), at
+    /// a charge per packet of its payload and headers rounded up to a
+    /// power of two (the kernel charges the allocation, not the
+    /// datagram) plus the socket buffer's own structure. Never more than
+    /// `max` nor fewer than 8 packets.
+    pub fn fit(&self, mtu: Mtu, max: u32) -> u32 {
+        let charge = (mtu.bytes() as usize + ROCE_OVERHEAD as usize).next_power_of_two() + 512;
+        (self.rcv / 2 / charge).clamp(8, max.max(8) as usize) as u32
+    }
+}
+
+/// Bytes a RoCEv2 packet adds to its payload on an IPv4 link, at most:
+/// IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + pad 3 + ICRC 4 = 67,
+/// rounded up to rxe's own allowance (`RXE_MAX_HDR_LENGTH`, 80), so that
+/// both ends derive the same path MTU from the same link MTU.
+const ROCE_OVERHEAD: u32 = 80;
+
+/// The IB path MTU a link of IP MTU `ip_mtu` carries: the largest of
+/// 256..4096 whose packets fit, as rxe sets a port's active MTU from its
+/// netdev's (`rxe_set_mtu`): 1500 gives 1024, loopback's 65536 gives 4096
+/// (IBTA's maximum, vol. 1 9.7.2). A link too small for 256 still gets
+/// 256: the kernel then refuses the packets and they are counted.
+pub(super) fn mtu_for_link(ip_mtu: u32) -> Mtu {
+    let room = ip_mtu.saturating_sub(ROCE_OVERHEAD);
+    Mtu::ALL
+        .iter()
+        .rev()
+        .copied()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
+}
+
+/// The path MTU toward `dst`: the MTU of the route the kernel picks
+/// (`IP_MTU` of a UDP socket connected to it, which also reflects a
+/// learnt path MTU), mapped by [`mtu_for_link`]. `None` if the kernel
+/// has no route or refuses the query; the caller then keeps 1024, what a
+/// 1500-byte Ethernet link carries.
+pub(super) fn path_mtu(dst: Ipv4Addr, port: u16) -> Option<Mtu> {
+    // SAFETY: plain socket(2) call; the fd is owned right after.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let sa = sockaddr(SocketAddrV4::new(dst, port));
+    // SAFETY: valid fd and a sockaddr_in of the right size. A UDP
+    // connect sends nothing; it only picks the route.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd, pointer to an int and its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU,
+            &mut mtu as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && mtu > 0).then(|| mtu_for_link(mtu as u32))
 }
 
 /// Test-only packet faults: per-mille probabilities of dropping,
@@ -206,9 +346,30 @@ impl Faults {
     }
 }
 
-/// The transmit side: a batch of sealed packets waiting for `sendmmsg`.
-/// A device has several (one per shard and one for the connection
-/// manager), all sending through the device's one socket.
+/// Most segments one GSO send may carry (the kernel's
+/// `UDP_MAX_SEGMENTS`).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes one GSO send may carry: a UDP datagram's payload limit.
+const GSO_MAX_BYTES: usize = 65_507;
+/// Receive buffer per datagram with GRO on: the largest datagram the
+/// kernel may hand over after coalescing.
+const GRO_SLOT: usize = 65_536;
+/// Room for one control message of an int (CMSG_SPACE of 4 is 24 bytes
+/// on 64-bit Linux; u64s keep it aligned for `cmsghdr`).
+const CMSG_WORDS: usize = 4;
+
+/// The transmit side: a batch of packets waiting for `sendmmsg`, sealed
+/// when the batch leaves. A device has several (one per shard and one for
+/// the connection manager), all sending through the device's one socket.
+///
+/// With `gso`, consecutive packets to one destination whose sizes allow
+/// it (all full but the last) leave as one UDP GSO send (`UDP_SEGMENT`):
+/// one system call and one trip through the stack for up to 15 packets of
+/// 4096 bytes. The kernel segments it where it must (a device without
+/// the offload) and gives segment k of a send from an unconnected socket
+/// with DF the IP ID k (the first header's ID, 0, then one more per
+/// segment: `ip_select_ident_segs`, `inet_gso_segment`); the ICRC covers
+/// the IP ID (IBTA A17.4.1.1), so each segment is sealed for its own.
 pub(super) struct Tx {
     /// Shared with the device and its other batches: the socket stays
     /// open while any batch may still send.
@@ -220,10 +381,17 @@ pub(super) struct Tx {
     /// Packets the kernel refused with EMSGSIZE (larger than the route's
     /// MTU with DF set), counted for the whole device.
     oversized: Arc<AtomicU64>,
+    /// Whether to send runs of packets as one GSO send; cleared for good
+    /// when the kernel refuses one (no `UDP_SEGMENT`, or a route that
+    /// cannot take it).
+    gso: bool,
+    /// GSO sends that left, and packets in them (for tests and logs).
+    pub gso_sends: u64,
+    pub gso_packets: u64,
 }
 
 impl Tx {
-    pub fn new(fd: Arc<OwnedFd>, local: SocketAddrV4, oversized: Arc<AtomicU64>) -> Tx {
+    pub fn new(fd: Arc<OwnedFd>, local: SocketAddrV4, oversized: Arc<AtomicU64>, gso: bool) -> Tx {
         Tx {
             fd,
             local,
@@ -231,6 +399,9 @@ impl Tx {
             meta: [(0, local); TX_BATCH],
             n: 0,
             oversized,
+            gso,
+            gso_sends: 0,
+            gso_packets: 0,
         }
     }
 
@@ -242,21 +413,16 @@ impl Tx {
         &mut self.buf[self.n * SLOT..(self.n + 1) * SLOT]
     }
 
-    /// Seals the ICRC of the `len` bytes written into [`Tx::slot`] and
-    /// queues them for `dst`, subject to `faults`.
+    /// Queues the `len` bytes written into [`Tx::slot`] for `dst`, subject
+    /// to `faults`; the ICRC is sealed when the batch leaves.
     pub fn commit(&mut self, len: usize, dst: SocketAddrV4, faults: Option<&mut Faults>) {
         debug_assert!(self.n < TX_BATCH && (ICRC_LEN..=SLOT).contains(&len));
-        let at = self.n * SLOT;
-        let ip = Ipv4Header::plain_udp_socket(self.local.ip().octets(), dst.ip().octets());
-        let ports = UdpPorts {
-            src: self.local.port(),
-            dst: dst.port(),
-        };
-        // Only fails for a packet shorter than BTH + ICRC or over 64 KiB,
-        // which the emitters never produce; such a packet is not sent.
-        if icrc::seal_ipv4(&ip, ports, &mut self.buf[at..at + len]).is_err() {
+        // Shorter than BTH + ICRC or over a slot: the emitters never
+        // produce one, and sealing would refuse it; it is not sent.
+        if !(BTH_LEN + ICRC_LEN..=SLOT).contains(&len) {
             return;
         }
+        let at = self.n * SLOT;
         let fate = faults.map_or(Fate::Send, |f| f.fate());
         match fate {
             Fate::Drop => return,
@@ -268,8 +434,7 @@ impl Tx {
                     self.flush();
                 }
                 let to = self.n * SLOT;
-                // Copy the sealed packet into the next slot (the original
-                // is at `at` unless flush moved nothing: flush resets n to 0
+                // Copy the packet into the next slot (flush resets n to 0
                 // but leaves the bytes, so copy from the saved offset).
                 if to != at {
                     self.buf.copy_within(at..at + len, to);
@@ -289,30 +454,104 @@ impl Tx {
         self.n += 1;
     }
 
+    /// Seals packet `i` for IP ID `ident`.
+    fn seal(&mut self, i: usize, ident: u16) {
+        let (len, dst) = self.meta[i];
+        let mut ip = Ipv4Header::plain_udp_socket(self.local.ip().octets(), dst.ip().octets());
+        ip.ident = ident;
+        let ports = UdpPorts {
+            src: self.local.port(),
+            dst: dst.port(),
+        };
+        let at = i * SLOT;
+        // Cannot fail: `commit` only queues lengths sealing accepts.
+        let _ = icrc::seal_ipv4(&ip, ports, &mut self.buf[at..at + len as usize]);
+    }
+
+    /// Where the run of packets starting at `i` that can leave as one
+    /// send ends (exclusive): all the same size to the same destination,
+    /// the last possibly shorter, within the kernel's GSO limits.
+    fn run_end(&self, i: usize) -> usize {
+        let (seg, dst) = self.meta[i];
+        let mut j = i + 1;
+        // Only toward loopback, where the kernel never segments a GSO
+        // send onto a wire (our own GRO socket takes it whole; a socket
+        // without GRO gets it segmented by the receiving stack); see
+        // `Device::at` for why other links get one datagram per packet.
+        if !self.gso || !dst.ip().is_loopback() {
+            return j;
+        }
+        let mut total = seg as usize;
+        while j < self.n
+            && j - i < GSO_MAX_SEGMENTS
+            && self.meta[j].1 == dst
+            && self.meta[j - 1].0 == seg
+            && self.meta[j].0 <= seg
+            && total + self.meta[j].0 as usize <= GSO_MAX_BYTES
+        {
+            total += self.meta[j].0 as usize;
+            j += 1;
+        }
+        j
+    }
+
     /// Sends the batch. Packets the kernel refuses (full socket buffer)
     /// are lost, exactly as on a congested link: the transport retries.
     pub fn flush(&mut self) {
+        // Runs: (first, end) packet indices, each one `msghdr`.
+        let mut runs = [(0u16, 0u16); TX_BATCH];
+        let mut nruns = 0;
+        let mut i = 0;
+        while i < self.n {
+            let j = self.run_end(i);
+            for k in i..j {
+                self.seal(k, (k - i) as u16);
+            }
+            runs[nruns] = (i as u16, j as u16);
+            nruns += 1;
+            i = j;
+        }
         let mut off = 0;
-        while off < self.n {
-            let cnt = self.n - off;
-            // SAFETY: zeroed mmsghdr/iovec/sockaddr arrays are valid
+        while off < nruns {
+            let cnt = nruns - off;
+            // SAFETY: zeroed mmsghdr/iovec/sockaddr/cmsg arrays are valid
             // initial values; every pointer set below points into `self`
             // or these stack arrays, alive for the call.
             let mut addrs: [libc::sockaddr_in; TX_BATCH] = unsafe { std::mem::zeroed() };
             let mut iov: [libc::iovec; TX_BATCH] = unsafe { std::mem::zeroed() };
             let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
-            for i in 0..cnt {
-                let (len, dst) = self.meta[off + i];
-                addrs[i] = sockaddr(dst);
-                iov[i] = libc::iovec {
-                    iov_base: self.buf[(off + i) * SLOT..].as_mut_ptr() as *mut libc::c_void,
-                    iov_len: len as usize,
-                };
-                hdrs[i].msg_hdr.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
-                hdrs[i].msg_hdr.msg_namelen =
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-                hdrs[i].msg_hdr.msg_iov = &mut iov[i];
-                hdrs[i].msg_hdr.msg_iovlen = 1;
+            let mut cmsgs = [[0u64; CMSG_WORDS]; TX_BATCH];
+            for r in 0..cnt {
+                let (a, b) = runs[off + r];
+                let (a, b) = (a as usize, b as usize);
+                let (seg, dst) = self.meta[a];
+                addrs[r] = sockaddr(dst);
+                for (k, v) in iov.iter_mut().enumerate().take(b).skip(a) {
+                    *v = libc::iovec {
+                        iov_base: self.buf[k * SLOT..].as_mut_ptr() as *mut libc::c_void,
+                        iov_len: self.meta[k].0 as usize,
+                    };
+                }
+                let h = &mut hdrs[r].msg_hdr;
+                h.msg_name = &mut addrs[r] as *mut _ as *mut libc::c_void;
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                h.msg_iov = &mut iov[a];
+                h.msg_iovlen = b - a;
+                if b - a > 1 {
+                    // SAFETY: the buffer is CMSG_SPACE(2) bytes or more and
+                    // aligned; CMSG_FIRSTHDR of a msghdr whose control
+                    // length covers it is in bounds.
+                    unsafe {
+                        let space = libc::CMSG_SPACE(2) as usize;
+                        h.msg_control = cmsgs[r].as_mut_ptr() as *mut libc::c_void;
+                        h.msg_controllen = space;
+                        let c = libc::CMSG_FIRSTHDR(h);
+                        (*c).cmsg_level = libc::SOL_UDP;
+                        (*c).cmsg_type = libc::UDP_SEGMENT;
+                        (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+                    }
+                }
             }
             // SAFETY: `hdrs[..cnt]` are initialised as above.
             let r = unsafe {
@@ -323,69 +562,166 @@ impl Tx {
                     libc::MSG_DONTWAIT,
                 )
             };
-            if r <= 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
+            if r > 0 {
+                for &(a, b) in &runs[off..off + r as usize] {
+                    if b - a > 1 {
+                        self.gso_sends += 1;
+                        self.gso_packets += u64::from(b - a);
+                    }
                 }
-                // EAGAIN (buffer full), ECONNREFUSED from an earlier ICMP,
-                // EMSGSIZE...: skip the head packet and go on (the
-                // transport retransmits); count EMSGSIZE, which no retry
-                // can cure (MTU above the route's, see docs/ROCE.md).
-                if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                    self.oversized.fetch_add(1, Ordering::Relaxed);
+                off += r as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            let code = e.raw_os_error();
+            if code == Some(libc::EINTR) {
+                continue;
+            }
+            let (a, b) = runs[off];
+            if b - a > 1 && code != Some(libc::EAGAIN) {
+                // The kernel refused the GSO send itself (no
+                // `UDP_SEGMENT`, or segments the route cannot carry):
+                // stop using it, and send this run's packets one by one,
+                // sealed for a lone packet's IP ID 0, so a size problem
+                // shows as the EMSGSIZE counted below.
+                self.gso = false;
+                for k in a..b {
+                    self.seal(k as usize, 0);
+                }
+                let (first, end) = (a as usize, b as usize);
+                for k in first..end {
+                    self.send_one(k);
                 }
                 off += 1;
-            } else {
-                off += r as usize;
+                continue;
             }
+            // EAGAIN (buffer full), ECONNREFUSED from an earlier ICMP,
+            // EMSGSIZE...: skip the head run and go on (the transport
+            // retransmits); count EMSGSIZE, which no retry can cure (MTU
+            // above the route's, see docs/ROCE.md).
+            if code == Some(libc::EMSGSIZE) {
+                self.oversized.fetch_add(1, Ordering::Relaxed);
+            }
+            off += 1;
         }
         self.n = 0;
     }
+
+    /// Sends packet `i` alone (the fallback of a refused GSO send).
+    fn send_one(&mut self, i: usize) {
+        let (len, dst) = self.meta[i];
+        let sa = sockaddr(dst);
+        loop {
+            // SAFETY: pointer and length into `self.buf`, a valid
+            // sockaddr_in.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    self.buf[i * SLOT..].as_ptr() as *const libc::c_void,
+                    len as usize,
+                    libc::MSG_DONTWAIT,
+                    &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if r >= 0 {
+                return;
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EMSGSIZE) => {
+                    self.oversized.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                _ => return,
+            }
+        }
+    }
 }
 
-/// The receive side: one `recvmmsg` batch (one per shard and one for the
-/// connection manager, all reading the device's one socket).
+/// One packet of a receive batch: where it is in the batch's buffer,
+/// which datagram it came in, and its index among that datagram's GRO
+/// segments.
+#[derive(Debug, Clone, Copy, Default)]
+struct RxPacket {
+    at: u32,
+    len: u16,
+    datagram: u16,
+    segment: u16,
+}
+
+/// The receive side: one `recvmmsg` batch (the device's one, reading its
+/// socket for every shard and the connection manager).
+///
+/// With UDP GRO on the socket the kernel may hand over several packets
+/// of one sender coalesced into one datagram, with their segment size in
+/// a `UDP_GRO` control message (a GSO send on loopback or a veth arrives
+/// that way, never segmented); they are split here, so every consumer
+/// still sees one RoCE packet at a time.
 pub(super) struct Rx {
     buf: Box<[u8]>,
-    pub lens: [usize; RX_BATCH],
-    pub srcs: [SocketAddrV4; RX_BATCH],
-    pub n: usize,
+    /// Bytes per datagram buffer: [`GRO_SLOT`] with GRO, else [`SLOT`].
+    slot: usize,
+    srcs: [SocketAddrV4; RX_BATCH],
+    pkts: Vec<RxPacket>,
+    /// Whether the last `recvmmsg` filled every datagram buffer (more may
+    /// be queued).
+    pub full: bool,
 }
 
 impl Rx {
-    pub fn new() -> Rx {
+    pub fn new(gro: bool) -> Rx {
+        let slot = if gro { GRO_SLOT } else { SLOT };
         Rx {
-            buf: vec![0u8; SLOT * RX_BATCH].into_boxed_slice(),
-            lens: [0; RX_BATCH],
+            buf: vec![0u8; slot * RX_BATCH].into_boxed_slice(),
+            slot,
             srcs: [SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0); RX_BATCH],
-            n: 0,
+            // The most packets one batch splits into (a coalesced
+            // datagram holds at most the kernel's 64 segments).
+            pkts: Vec::with_capacity(RX_BATCH * GSO_MAX_SEGMENTS),
+            full: false,
         }
     }
 
     /// Packet `i` of the last batch.
     pub fn packet(&self, i: usize) -> &[u8] {
-        &self.buf[i * SLOT..i * SLOT + self.lens[i]]
+        let p = self.pkts[i];
+        &self.buf[p.at as usize..p.at as usize + p.len as usize]
+    }
+
+    /// Who sent packet `i`.
+    pub fn src(&self, i: usize) -> SocketAddrV4 {
+        self.srcs[self.pkts[i].datagram as usize]
+    }
+
+    /// Packet `i`'s index among the GRO segments of its datagram (0 for a
+    /// datagram that was not coalesced).
+    pub fn segment(&self, i: usize) -> u16 {
+        self.pkts[i].segment
     }
 
     /// Receives up to [`RX_BATCH`] datagrams without blocking; returns how
-    /// many (0 when none is queued). Truncated datagrams get length 0.
+    /// many packets they hold (0 when none is queued). Truncated
+    /// datagrams, and packets larger than a slot, are dropped.
     pub fn recv(&mut self, fd: i32) -> usize {
         // SAFETY: as in `Tx::flush`: zeroed C structs, pointers into
         // `self.buf` and stack arrays alive for the call.
         let mut addrs: [libc::sockaddr_in; RX_BATCH] = unsafe { std::mem::zeroed() };
         let mut iov: [libc::iovec; RX_BATCH] = unsafe { std::mem::zeroed() };
         let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { std::mem::zeroed() };
+        let mut cmsgs = [[0u64; CMSG_WORDS]; RX_BATCH];
         for i in 0..RX_BATCH {
             iov[i] = libc::iovec {
-                iov_base: self.buf[i * SLOT..].as_mut_ptr() as *mut libc::c_void,
-                iov_len: SLOT,
+                iov_base: self.buf[i * self.slot..].as_mut_ptr() as *mut libc::c_void,
+                iov_len: self.slot,
             };
-            hdrs[i].msg_hdr.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
-            hdrs[i].msg_hdr.msg_namelen =
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            hdrs[i].msg_hdr.msg_iov = &mut iov[i];
-            hdrs[i].msg_hdr.msg_iovlen = 1;
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = CMSG_WORDS * 8;
         }
         // SAFETY: initialised above; null timeout with MSG_DONTWAIT.
         let r = unsafe {
@@ -398,16 +734,54 @@ impl Rx {
             )
         };
         let n = if r < 0 { 0 } else { r as usize };
-        for i in 0..n {
-            let truncated = hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            self.lens[i] = if truncated {
-                0
-            } else {
-                hdrs[i].msg_len as usize
-            };
-            self.srcs[i] = from_sockaddr(&addrs[i]);
+        self.pkts.clear();
+        for (d, hdr) in hdrs.iter().enumerate().take(n) {
+            self.srcs[d] = from_sockaddr(&addrs[d]);
+            if hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                continue;
+            }
+            let len = hdr.msg_len as usize;
+            let seg = gro_segment(&hdr.msg_hdr).unwrap_or(len).max(1);
+            if seg > SLOT {
+                continue;
+            }
+            let mut at = 0;
+            let mut k = 0u16;
+            while at < len && self.pkts.len() < self.pkts.capacity() {
+                let l = seg.min(len - at);
+                self.pkts.push(RxPacket {
+                    at: (d * self.slot + at) as u32,
+                    len: l as u16,
+                    datagram: d as u16,
+                    segment: k,
+                });
+                at += l;
+                k = k.wrapping_add(1);
+            }
         }
-        self.n = n;
-        n
+        self.full = n == RX_BATCH;
+        self.pkts.len()
     }
+}
+
+/// The segment size of a coalesced datagram, from its `UDP_GRO` control
+/// message.
+fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+    if h.msg_controllen == 0 || h.msg_control.is_null() {
+        return None;
+    }
+    // SAFETY: the kernel filled `msg_control` up to `msg_controllen`;
+    // CMSG_FIRSTHDR/NXTHDR stay within it and CMSG_DATA of a UDP_GRO
+    // message holds an int.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                return (v > 0).then_some(v as usize);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
 }

@@ -15,6 +15,7 @@ use super::rc::{ConnRef, PeerPath, MAX_RD};
 use super::Roce;
 use crate::verbs::{Incoming, Listener, VerbsError};
 use crate::wire::ibcm::{self, CmMad, CmMessage, Rep};
+use crate::wire::roce::seg::Mtu;
 
 /// A service port listening on a device.
 #[derive(Debug)]
@@ -123,6 +124,11 @@ impl Incoming<Roce> for RoceIncoming {
         }
         let pd = qp.qp.as_ref().map(|q| q.pd.clone()).expect("not installed");
         let dev = self.dev.clone();
+        // Before the control lock: a route lookup toward the requester.
+        let own_mtu = match self.req.as_ref() {
+            Some(r) => qp.cfg.mtu_toward(r.peer_ip),
+            None => qp.cfg.mtu.unwrap_or(Mtu::Mtu1024),
+        };
         let mut ctl = dev.control();
         let port = dev.local.port();
         let local_ip = *dev.local.ip();
@@ -144,11 +150,12 @@ impl Incoming<Roce> for RoceIncoming {
         );
         let (qpn, shard, (my_psn, rnr)) = qp.install(&mut ctl, &dev, |rc| {
             rc.awaiting_rtu = true;
+            rc.buffers = dev.buffers;
             let my_psn = rc.initial_psn();
             // We send from the PSN the REQ announced (the first the
             // requester expects); the requester sends from the one in our
             // REP.
-            let mtu = rc.mtu;
+            let mtu = own_mtu;
             rc.bind(
                 PeerPath {
                     addr: SocketAddrV4::new(peer_ip, port),

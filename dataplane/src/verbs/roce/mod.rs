@@ -41,13 +41,16 @@ use std::sync::Mutex;
 
 pub use self::cm::MAX_REQ_PRIVATE_DATA;
 use self::config::parse_url;
-pub use self::config::{RoceConfig, ENV_FAULTS, ENV_LOCAL_IP, ENV_UDP_PORT, ENV_VERIFY_ICRC};
+pub use self::config::{
+    RoceConfig, ENV_FAULTS, ENV_GSO, ENV_LOCAL_IP, ENV_UDP_PORT, ENV_VERIFY_ICRC,
+};
 pub use self::context::RoceContext;
 pub use self::cq::RoceCq;
 pub use self::io::FaultPolicy;
 pub use self::listener::{RoceIncoming, RoceListener};
 pub use self::pd::{RoceMr, RocePd};
 pub use self::qp::{RocePreparedQp, RoceQp};
+pub use self::rc::Recovery as RoceRecovery;
 pub use self::srq::RoceSrq;
 use super::{Provider, VerbsError};
 

@@ -122,6 +122,15 @@ impl RoceQp {
             .map_or([0; 3], |q| q.faults.counts)
     }
 
+    /// How this QP's requester recovered from losses so far: tail probes
+    /// after a quiet period, retransmission timeouts, sequence NAKs.
+    pub fn recovery_counts(&self) -> super::RoceRecovery {
+        lock(&self.shard.state)
+            .qps
+            .get(&self.qpn)
+            .map_or_else(Default::default, |q| q.recovery)
+    }
+
     /// The local address of the device this QP runs on.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.dev.local
@@ -166,7 +175,7 @@ impl RoceQp {
         mark_ticking(active, qp);
         let r = f(qp, tx);
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now);
+        st.progress(&self.dev, &self.shard, now, true);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         Some(r)
@@ -230,6 +239,9 @@ impl PreparedQp<Roce> for RocePreparedQp {
         }
         let dev = Device::for_connect(*target.ip(), &cfg)?;
         let local_ip = *dev.local.ip();
+        // Before the control lock: a route lookup. The REQ announces it;
+        // the passive side sends within the smaller of it and its own.
+        let path_mtu = cfg.mtu_toward(*target.ip());
         let deadline = Instant::now() + timeout;
         let tid = random_u64()?;
         let src_port = 0x8000 | (random_u32()? as u16 & 0x7FFF);
@@ -265,13 +277,14 @@ impl PreparedQp<Roce> for RocePreparedQp {
                 self.install(&mut ctl, &dev, |qp| {
                     // Options in the connect URL apply to this connection.
                     qp.configure(
-                        cfg.mtu,
+                        path_mtu,
                         Timers {
                             ack_timeout: cfg.ack_timeout,
                             retry_count: cfg.retry_count,
                         },
                     );
                     qp.faults = Faults::new(cfg.faults, qp.qpn);
+                    qp.buffers = dev.buffers;
                     (qp.initial_psn(), qp.mtu, qp.caps.rnr_retry.min(7))
                 })?;
             let req = Req {
@@ -468,7 +481,7 @@ impl QueuePair<Roce> for RoceQp {
             });
         }
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now);
+        st.progress(&self.dev, &self.shard, now, true);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         res.map(|()| n)

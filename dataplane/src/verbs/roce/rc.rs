@@ -9,7 +9,7 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Faults, Tx};
+use super::io::{Faults, SocketBuffers, Tx};
 use super::pd::PdInner;
 use super::ready::{Announce, Ready};
 use crate::mem::Arena;
@@ -24,12 +24,41 @@ use crate::wire::roce::{Aeth, Bth, NakCode, Opcode, Position, Psn, Reth, RocePac
 pub(super) const WINDOW: i32 = 128;
 /// Ask for an ACK at least every this many packets inside long messages.
 const ACKREQ_EVERY: u32 = 32;
+/// How long a requester with packets unacknowledged waits in silence
+/// before it sends its last packet again (at most; a quarter of a
+/// shorter ACK timeout). A lost tail has nothing after it to make the
+/// responder NAK (IBTA 9.7.5.1.5 only NAKs a PSN that is ahead), so
+/// without this it waits for the whole ACK timeout (64 ms). The probe is
+/// one packet, and it does not spend a retry: if only the ACK was slow
+/// the responder answers a duplicate with a repeated ACK, if the tail was
+/// lost it arrives now, and if more was lost the responder NAKs the
+/// first PSN it misses and the requester goes back to it (the same idea
+/// as TCP's tail loss probe, RFC 8985). Longer than the device's thread
+/// takes to drive a responder nobody polls (about 1 ms).
+const QUIET_PROBE: Duration = Duration::from_millis(4);
+/// Probes without progress before only the retransmission timer is left,
+/// each after twice the silence of the one before (4, 8, 16, 32 ms: all
+/// inside the default 64 ms timeout), so a slow peer gets a handful of
+/// duplicates, not one every few milliseconds.
+const MAX_PROBES: u32 = 4;
 /// Most RDMA Reads outstanding (initiator depth / responder resources).
 pub(super) const MAX_RD: u32 = 16;
 /// Read response packets a responder emits per progress call (pacing: a
 /// 1 MiB read would otherwise overrun the peer's socket buffer at once).
 const READ_BURST: u32 = 64;
 static ZEROS: [u8; 4096] = [0; 4096];
+
+/// How a requester recovered from losses (for tests and logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Last packets sent again after a quiet period (`QUIET_PROBE`).
+    pub tail_probes: u64,
+    /// Retransmission timer expiries (go back to the oldest unacknowledged
+    /// PSN, a retry spent).
+    pub timeouts: u64,
+    /// PSN sequence error NAKs received (go back to the PSN named).
+    pub sequence_naks: u64,
+}
 
 /// Where the peer of a connected QP is.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +172,23 @@ pub(super) struct RcQp {
     /// In its shard's list of queue pairs to tick (`ShardState::active`).
     pub ticking: bool,
     pub mtu: Mtu,
+    /// The device socket's buffers (set at install), which the window
+    /// and read burst are fitted to at [`bind`](Self::bind).
+    pub buffers: SocketBuffers,
+    /// When to send the last packet again if nothing is heard (see
+    /// [`QUIET_PROBE`]); armed with the retransmission timer.
+    probe_at: Option<Instant>,
+    /// Probes sent since the last progress (see [`MAX_PROBES`]).
+    probes_in_row: u32,
+    /// How losses were recovered: tail probes sent, retransmission
+    /// timeouts, sequence NAKs received.
+    pub recovery: Recovery,
+    /// Most PSNs in flight: [`WINDOW`], or fewer if the socket buffers
+    /// would not hold them.
+    window: i32,
+    /// Read responses per progress step: [`READ_BURST`], or fewer
+    /// likewise.
+    read_burst: u32,
     pub timers: Timers,
     pub peer: Option<PeerPath>,
     /// The UDP source port the peer's QP sends from (pinned by its first
@@ -183,6 +229,9 @@ pub(super) struct RcQp {
     msn: u32,
     nak_sent: bool,
     ack_due: bool,
+    /// The ACK owed was marked in the progress step now running: a
+    /// polling caller holds it one step (see [`tick`](Self::tick)).
+    ack_fresh: bool,
     cur: Cur,
     read_jobs: VecDeque<ReadJob>,
     read_res: VecDeque<ReadJob>,
@@ -306,6 +355,12 @@ impl RcQp {
             announced: [false; 2],
             ticking: false,
             mtu,
+            buffers: SocketBuffers::UNLIMITED,
+            probe_at: None,
+            probes_in_row: 0,
+            recovery: Recovery::default(),
+            window: WINDOW,
+            read_burst: READ_BURST,
             timers,
             peer: None,
             peer_src_port: None,
@@ -333,6 +388,7 @@ impl RcQp {
             msn: 0,
             nak_sent: false,
             ack_due: false,
+            ack_fresh: false,
             cur: Cur::Idle,
             read_jobs: VecDeque::with_capacity(MAX_RD as usize),
             read_res: VecDeque::with_capacity(MAX_RD as usize),
@@ -369,6 +425,8 @@ impl RcQp {
         self.peer = Some(peer);
         self.conn = Some(conn);
         self.mtu = mtu;
+        self.window = self.buffers.fit(mtu, WINDOW as u32) as i32;
+        self.read_burst = self.buffers.fit(mtu, READ_BURST);
         self.next_psn = peer_psn;
         self.una = peer_psn;
         self.sent_end = peer_psn;
@@ -602,7 +660,13 @@ impl RcQp {
             || !self.sq.is_empty()
     }
 
-    pub fn tick(&mut self, now: Instant, tx: &mut Tx) {
+    /// The silence after which the tail is probed: [`QUIET_PROBE`], or a
+    /// quarter of a shorter ACK timeout.
+    fn quiet(&self) -> Duration {
+        QUIET_PROBE.min(self.timers.ack_timeout / 4)
+    }
+
+    pub fn tick(&mut self, now: Instant, tx: &mut Tx, hold_ack: bool) {
         if self.state != QpState::Rts {
             return;
         }
@@ -618,17 +682,53 @@ impl RcQp {
                     return;
                 }
                 self.retry_left -= 1;
+                self.recovery.timeouts += 1;
                 let una = self.una;
                 self.go_back(una);
                 self.timer = None;
+                self.probe_at = None;
             }
         }
+        if let Some(t) = self.probe_at {
+            if self.timer.is_none() {
+                self.probe_at = None;
+            } else if now >= t && self.sent_end.distance(self.una) > 0 {
+                // Silence since the last packet or progress: send the
+                // last packet sent again (see QUIET_PROBE).
+                self.recovery.tail_probes += 1;
+                self.probes_in_row += 1;
+                let last = self.sent_end.sub(1);
+                self.go_back(last);
+                self.probe_at = (self.probes_in_row < MAX_PROBES)
+                    .then(|| now + self.quiet() * (1 << self.probes_in_row));
+            }
+        }
+        // Coalesced ACK (IBTA 9.7.5.1.1 lets a responder acknowledge
+        // several packets with one). Marked by this step's packets, it is
+        // held to the end of the caller's next step when a thread polls:
+        // that step is usually the application's post of its answer (a
+        // reply Send), and the ACK then leaves in the same `sendmmsg` as
+        // that, one system call per round trip less on each side. The
+        // device's thread (`hold_ack` false) never holds one: nobody may
+        // drive the shard again soon.
+        // Whatever this QP sends itself goes after the ACK (`ack_first`):
+        // a peer must see its Send acknowledged before our answer to it,
+        // or it may be asked to reuse what that Send still holds.
+        let hold = hold_ack && self.ack_fresh;
+        self.ack_fresh = false;
+        if !hold {
+            self.ack_first(tx, peer);
+        }
+        self.emit_read_responses(tx, peer);
+        self.emit_requests(now, tx, peer);
+    }
+
+    /// Sends the coalesced ACK owed, if any, ahead of whatever follows.
+    fn ack_first(&mut self, tx: &mut Tx, peer: PeerPath) {
         if self.ack_due {
             self.ack_due = false;
             self.send_ack(tx, peer, Syndrome::ACK, self.epsn.sub(1));
         }
-        self.emit_read_responses(tx, peer);
-        self.emit_requests(now, tx, peer);
     }
 
     fn send_ack(&mut self, tx: &mut Tx, peer: PeerPath, syn: Syndrome, psn: Psn) {
@@ -644,7 +744,10 @@ impl RcQp {
     }
 
     fn emit_read_responses(&mut self, tx: &mut Tx, peer: PeerPath) {
-        let mut budget = READ_BURST;
+        if !self.read_jobs.is_empty() {
+            self.ack_first(tx, peer);
+        }
+        let mut budget = self.read_burst;
         while budget > 0 {
             let Some(job) = self.read_jobs.front_mut() else {
                 return;
@@ -729,7 +832,9 @@ impl RcQp {
                     continue;
                 }
                 Kind::Read => {
-                    if self.sq[idx].first.distance(self.una) >= WINDOW || reads_out >= self.max_rd {
+                    if self.sq[idx].first.distance(self.una) >= self.window
+                        || reads_out >= self.max_rd
+                    {
                         break;
                     }
                     self.emit_read_request(tx, peer, idx);
@@ -741,7 +846,7 @@ impl RcQp {
                 Kind::Msg(kind) => {
                     let e = &self.sq[idx];
                     let psn = e.first.add(e.sent);
-                    if psn.distance(self.una) >= WINDOW {
+                    if psn.distance(self.una) >= self.window {
                         break;
                     }
                     self.emit_data(tx, peer, idx, kind);
@@ -755,11 +860,15 @@ impl RcQp {
             if self.timer.is_none() {
                 self.timer = Some(now + self.timers.ack_timeout);
             }
+            if self.probe_at.is_none() && self.probes_in_row == 0 {
+                self.probe_at = Some(now + self.quiet());
+            }
         }
         self.complete_head();
     }
 
     fn emit_read_request(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize) {
+        self.ack_first(tx, peer);
         let e = &self.sq[idx];
         let done_bytes = e.got * self.mtu.bytes();
         let mut bth = Bth::new(Opcode::RcReadRequest, peer.qpn, e.first.add(e.got));
@@ -792,6 +901,7 @@ impl RcQp {
     }
 
     fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
+        self.ack_first(tx, peer);
         let mtu = self.mtu;
         let e = &self.sq[idx];
         let i = e.sent;
@@ -951,6 +1061,8 @@ impl RcQp {
             self.una = new_una;
             self.retry_left = self.timers.retry_count;
             self.timer = Some(now + self.timers.ack_timeout);
+            self.probe_at = Some(now + self.quiet());
+            self.probes_in_row = 0;
         }
         if let Some(p) = implicit_nak {
             if self.reread_at != Some(p) {
@@ -997,6 +1109,7 @@ impl RcQp {
                 self.ack_through(psn.sub(1), now);
                 match code {
                     NakCode::PsnSequenceError => {
+                        self.recovery.sequence_naks += 1;
                         self.go_back(psn);
                         self.emit_requests(now, tx, peer);
                     }
@@ -1095,6 +1208,7 @@ impl RcQp {
                 self.replay_read(p, tx, peer);
             } else {
                 self.ack_due = true;
+                self.ack_fresh = true;
             }
             return;
         }
@@ -1195,6 +1309,7 @@ impl RcQp {
                 }
                 if p.bth.ack_req {
                     self.ack_due = true;
+                    self.ack_fresh = true;
                 }
             }
             ReqClass::Write => {
@@ -1266,6 +1381,7 @@ impl RcQp {
                 }
                 if p.bth.ack_req {
                     self.ack_due = true;
+                    self.ack_fresh = true;
                 }
             }
         }
@@ -1276,6 +1392,7 @@ impl RcQp {
     /// same rkey, range within the original, FIRST only when replaying
     /// from the start, MIDDLE/LAST otherwise). Unknown ones are dropped.
     fn replay_read(&mut self, p: &RocePacket<'_>, tx: &mut Tx, peer: PeerPath) {
+        self.ack_first(tx, peer);
         let Some(reth) = p.reth else { return };
         let psn = p.bth.psn;
         let mtu = self.mtu.bytes() as u64;
