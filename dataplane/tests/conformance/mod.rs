@@ -1283,7 +1283,7 @@ fn many_active<P: Provider>(mut p: Peer<P>) {
         ))
         .unwrap();
         let c = p.next_send();
-        assert!(c.is_ok());
+        assert!(c.is_ok(), "reply on connection {idx}: {c:?}");
     }
     join_peer(&mut p);
     for (_, qp) in &mut qps {

@@ -517,8 +517,14 @@ impl QueuePair<Roce> for RoceQp {
     fn disconnect(&mut self) {
         let owes_dreq = {
             let mut st = lock(&self.shard.state);
-            let ShardState { qps, active, .. } = &mut *st;
+            let ShardState {
+                qps, active, tx, ..
+            } = &mut *st;
             qps.get_mut(&self.qpn).is_some_and(|qp| {
+                // The ACK held for the next step goes first: it leaves
+                // before the DREQ sent below.
+                qp.send_held_ack(tx);
+                tx.flush();
                 mark_ticking(active, qp);
                 qp.enter_error(None, true);
                 qp.dreq_due

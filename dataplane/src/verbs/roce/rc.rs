@@ -723,6 +723,19 @@ impl RcQp {
         self.emit_requests(now, tx, peer);
     }
 
+    /// Sends the ACK this QP holds for its next step, if any, now: a
+    /// local disconnect ends the QP before that step, and a peer that
+    /// gets our DREQ with its last Send unacknowledged flushes that Send
+    /// (`WrFlushErr`) although we received it.
+    pub fn send_held_ack(&mut self, tx: &mut Tx) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        if let Some(peer) = self.peer {
+            self.ack_first(tx, peer);
+        }
+    }
+
     /// Sends the coalesced ACK owed, if any, ahead of whatever follows.
     fn ack_first(&mut self, tx: &mut Tx, peer: PeerPath) {
         if self.ack_due {
