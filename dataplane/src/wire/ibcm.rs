@@ -105,6 +105,8 @@ pub mod attr {
 pub mod rej_reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;
+    /// No resources available.
+    pub const NO_RESOURCES: u16 = 3;
     /// Timeout: the peer did not answer (here: no RTU after our REPs).
     pub const TIMEOUT: u16 = 4;
     /// Invalid service ID (nobody listens).

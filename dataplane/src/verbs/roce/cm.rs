@@ -42,6 +42,11 @@ const DREQ_RETRIES: u8 = 3;
 pub(super) const REP_RETRIES: u8 = 3;
 /// Connection requests a listener queues before rejecting.
 const LISTEN_BACKLOG: usize = 1024;
+/// Connections one peer address may have half-open at once (REQ queued
+/// or held, or REP sent and no RTU yet). A client opens its connections
+/// one after another, or a few at once (the Linux NFS client: two); a
+/// peer past this is flooding.
+pub(super) const MAX_HALF_OPEN_PER_PEER: usize = 16;
 
 /// Private data as handed to the application: IB CM carries fixed-size
 /// areas with no length, so trailing zero bytes are removed.
@@ -121,6 +126,15 @@ impl Cm {
     }
 }
 
+/// The device counters the connection manager adds to.
+#[derive(Clone, Copy)]
+pub(super) struct CmCounters<'a> {
+    /// REQs whose path does not name their sender.
+    pub spoofed: &'a AtomicU64,
+    /// REQs refused for too many half-open connections of their peer.
+    pub half_open_refused: &'a AtomicU64,
+}
+
 pub(super) fn send_mad(tx: &mut Tx, gsi_psn: &mut Psn, dst: Ipv4Addr, port: u16, mad: &[u8]) {
     let psn = *gsi_psn;
     *gsi_psn = psn.next();
@@ -196,7 +210,7 @@ impl Cm {
         tx: &mut Tx,
         gsi_psn: &mut Psn,
         now: Instant,
-        spoofed: &AtomicU64,
+        counters: CmCounters<'_>,
     ) {
         let Ok(mad) = CmMad::parse(payload) else {
             return;
@@ -208,10 +222,12 @@ impl Cm {
                 // the sender's, or anyone could aim our REPs (and bind a
                 // connection) at a third party.
                 if ibcm::gid_to_ip(r.primary_path.local_gid) != IpAddr::V4(*src.ip()) {
-                    spoofed.fetch_add(1, Ordering::Relaxed);
+                    counters.spoofed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                self.on_req(&r, mad.tid, src, tx, gsi_psn)
+                if !self.on_req(&r, mad.tid, src, tx, gsi_psn) {
+                    counters.half_open_refused.fetch_add(1, Ordering::Relaxed);
+                }
             }
             CmMessage::Rep(r) => {
                 let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
@@ -346,7 +362,16 @@ impl Cm {
         }
     }
 
-    fn on_req(&mut self, r: &Req<'_>, tid: u64, src: SocketAddrV4, tx: &mut Tx, gsi_psn: &mut Psn) {
+    /// Answers or queues a REQ. False when it was refused because its
+    /// peer has too many connections half-open.
+    fn on_req(
+        &mut self,
+        r: &Req<'_>,
+        tid: u64,
+        src: SocketAddrV4,
+        tx: &mut Tx,
+        gsi_psn: &mut Psn,
+    ) -> bool {
         let port = tx.local.port();
         // Checked against the path GID by the caller.
         let peer_ip = *src.ip();
@@ -364,7 +389,7 @@ impl Cm {
                 let mad = *rec.mad;
                 send_mad(tx, gsi_psn, peer_ip, port, &mad);
             }
-            return;
+            return true;
         }
         let pending = self.listeners.values().any(|q| {
             q.iter()
@@ -385,25 +410,55 @@ impl Cm {
             if let Some(b) = emit_mad(&m) {
                 send_mad(tx, gsi_psn, peer_ip, port, &b);
             }
-            return;
+            return true;
         }
         let reject = |tx: &mut Tx, gsi_psn: &mut Psn, reason| {
             send_rej(tx, gsi_psn, peer_ip, tid, 0, r.local_comm_id, reason, &[]);
         };
-        let queue =
-            ibcm::tcp_port_of_service_id(r.service_id).and_then(|p| self.listeners.get_mut(&p));
-        let Some(queue) = queue else {
-            return reject(tx, gsi_psn, ibcm::rej_reason::INVALID_SERVICE_ID);
+        let listener =
+            ibcm::tcp_port_of_service_id(r.service_id).filter(|p| self.listeners.contains_key(p));
+        let Some(listener) = listener else {
+            reject(tx, gsi_psn, ibcm::rej_reason::INVALID_SERVICE_ID);
+            return true;
         };
         if r.transport_type != 0 || r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
-            return reject(tx, gsi_psn, ibcm::rej_reason::NO_QP);
+            reject(tx, gsi_psn, ibcm::rej_reason::NO_QP);
+            return true;
         }
         let Ok((_hdr, user)) = RdmaCmHeader::parse(r.private_data) else {
-            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+            reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+            return true;
         };
-        if queue.len() >= LISTEN_BACKLOG {
-            return reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+        if self.listeners.get(&listener).map_or(0, VecDeque::len) >= LISTEN_BACKLOG {
+            reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
+            return true;
         }
+        // A connection costs its memory from the application's accept on,
+        // and a peer that never sends its RTU would hold it until the REP
+        // retries run out: a flood of REQs from one address (any source
+        // ports) must not take every connection a server can hold, so
+        // each address gets a bounded number half-open at once. Counted
+        // by the caller.
+        let half_open = self
+            .conns
+            .values()
+            .filter(|c| {
+                !c.active && c.peer_ip == peer_ip && matches!(c.state, ConnState::RepSent { .. })
+            })
+            .count()
+            + self
+                .listeners
+                .values()
+                .map(|q| q.iter().filter(|p| p.peer_ip == peer_ip).count())
+                .sum::<usize>()
+            + self.held.iter().filter(|(ip, _)| *ip == peer_ip).count();
+        if half_open >= MAX_HALF_OPEN_PER_PEER {
+            reject(tx, gsi_psn, ibcm::rej_reason::NO_RESOURCES);
+            return false;
+        }
+        let Some(queue) = self.listeners.get_mut(&listener) else {
+            return true;
+        };
         queue.push_back(PendingReq {
             peer_ip,
             remote_comm_id: r.local_comm_id,
@@ -414,6 +469,7 @@ impl Cm {
             responder_resources: r.responder_resources,
             private: trim_private(user),
         });
+        true
     }
 }
 

@@ -256,6 +256,9 @@ pub(super) struct DeviceCounters {
     pub spoofed: AtomicU64,
     /// MADs dropped because the control part's queue was full.
     pub mads_dropped: AtomicU64,
+    /// REQs rejected because their peer already had
+    /// `MAX_HALF_OPEN_PER_PEER` connections half-open.
+    pub half_open_refused: AtomicU64,
     /// Times the control lock was taken, and of those, by a thread inside
     /// a data-path call (a poll or a post): none by design.
     pub control_locks: AtomicU64,
@@ -530,6 +533,7 @@ impl Device {
             bad_icrc: c.bad_icrc.load(Ordering::Relaxed),
             spoofed: c.spoofed.load(Ordering::Relaxed),
             mads_dropped: c.mads_dropped.load(Ordering::Relaxed),
+            half_open_refused: c.half_open_refused.load(Ordering::Relaxed),
             control_locks: c.control_locks.load(Ordering::Relaxed),
             control_locks_on_data_path: c.control_locks_on_data_path.load(Ordering::Relaxed),
             handed_out_by_control: c.control_handed_out.load(Ordering::Relaxed),
@@ -838,7 +842,11 @@ impl Control {
 
     fn on_mad(&mut self, dev: &Device, payload: &[u8], src: SocketAddrV4, now: Instant) {
         let (cm, qps, tx, gsi_psn) = self.cm_parts(dev);
-        cm.on_mad(payload, src, &qps, tx, gsi_psn, now, &dev.counters.spoofed);
+        let counters = super::cm::CmCounters {
+            spoofed: &dev.counters.spoofed,
+            half_open_refused: &dev.counters.half_open_refused,
+        };
+        cm.on_mad(payload, src, &qps, tx, gsi_psn, now, counters);
     }
 
     /// Runs the connection manager's timers ([`Cm::timers`]); with

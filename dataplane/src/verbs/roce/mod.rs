@@ -85,6 +85,11 @@ pub struct RoceDeviceStats {
     pub spoofed: u64,
     /// CM MADs dropped because the connection manager's queue was full.
     pub mads_dropped: u64,
+    /// Connection requests rejected (`NO_RESOURCES`) because their peer
+    /// address already had `MAX_HALF_OPEN_PER_PEER` connections half-open
+    /// (queued for the application, held by it, or answered and waiting
+    /// for their RTU).
+    pub half_open_refused: u64,
     /// Times the control lock (connection manager, QPN map) was taken.
     pub control_locks: u64,
     /// Of those, by a thread inside a completion queue poll or a post:

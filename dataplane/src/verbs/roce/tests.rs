@@ -1377,3 +1377,73 @@ fn the_window_fits_the_granted_socket_buffer() {
     let got = SocketBuffers::of(fd.as_raw_fd());
     assert!(got.rcv > 0 && got.snd > 0);
 }
+
+/// A flood of REQs from one address (the application never answers):
+/// past `MAX_HALF_OPEN_PER_PEER` half-open connections the REQs get a REJ
+/// (no resources) and are counted, and a REQ from another address is
+/// still queued for the application.
+#[test]
+fn a_req_flood_from_one_address_is_capped_and_others_still_get_in() {
+    use super::cm::MAX_HALF_OPEN_PER_PEER;
+    let (pip, fip) = addrs();
+    let (_, other_ip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let mut other = Fake::new(other_ip, pip);
+    let url = format!("roce://{pip}:7005?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let private_from = |ip: Ipv4Addr| {
+        let mut private = [0u8; ibcm::private_len::REQ];
+        RdmaCmHeader {
+            src_port: 40000,
+            src: IpAddr::V4(ip),
+            dst: IpAddr::V4(pip),
+        }
+        .emit(&mut private)
+        .unwrap();
+        private
+    };
+    let private = private_from(fip);
+    let flood = MAX_HALF_OPEN_PER_PEER + 4;
+    for i in 0..flood as u32 {
+        fake.send_mad(&CmMad::new(
+            0x100 + u64::from(i),
+            CmMessage::Req(fake_req(0x7000 + i, 7005, fip, pip, &private)),
+        ));
+    }
+    // The ones past the bound are rejected, each with its own REJ.
+    let mut rejected = Vec::new();
+    while rejected.len() < flood - MAX_HALF_OPEN_PER_PEER {
+        let m = fake.recv_mad();
+        let m = CmMad::parse(&m).unwrap();
+        if let CmMessage::Rej(j) = m.message {
+            assert_eq!(j.reason, ibcm::rej_reason::NO_RESOURCES);
+            rejected.push(j.remote_comm_id);
+        }
+    }
+    rejected.sort_unstable();
+    let first_refused = 0x7000 + MAX_HALF_OPEN_PER_PEER as u32;
+    assert_eq!(
+        rejected,
+        (first_refused..0x7000 + flood as u32).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        listener.dev.stats().half_open_refused,
+        (flood - MAX_HALF_OPEN_PER_PEER) as u64
+    );
+    // Another address is not held to the first one's bound.
+    let private = private_from(other_ip);
+    other.send_mad(&CmMad::new(
+        0x999,
+        CmMessage::Req(fake_req(0x9999, 7005, other_ip, pip, &private)),
+    ));
+    let mut peers = Vec::new();
+    for _ in 0..=MAX_HALF_OPEN_PER_PEER {
+        peers.push(listener.accept(LONG).unwrap().peer_ip());
+    }
+    assert_eq!(
+        peers.iter().filter(|p| **p == Some(fip)).count(),
+        MAX_HALF_OPEN_PER_PEER
+    );
+    assert!(peers.contains(&Some(other_ip)), "{peers:?}");
+}
