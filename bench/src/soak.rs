@@ -373,7 +373,10 @@ impl ClientState {
                 if polls % 1024 == 0 && last_progress.elapsed() > CALL_DEADLINE {
                     self.totals.hung += in_flight;
                     self.last_error = Some(format!(
-                        "{in_flight} call(s) unanswered for {} s",
+                        "{in_flight} call(s) of {:?} {} B at depth {} unanswered for {} s",
+                        spec.op,
+                        spec.size,
+                        spec.depth,
                         CALL_DEADLINE.as_secs()
                     ));
                     // The next phase's prepare drops this connection.
@@ -733,7 +736,13 @@ pub fn run(spec: &SoakSpec, exe: &std::path::Path) -> Result<SoakReport, BenchEr
 
     // The run: absorb reports, kill and replace, sample.
     loop {
-        while let Ok(m) = rx.recv_timeout(Duration::from_millis(100)) {
+        // Wait for a report for at most a tick, then take what else is
+        // there: the kills and samples below run every tick, however
+        // busy the clients are.
+        if let Ok(m) = rx.recv_timeout(Duration::from_millis(100)) {
+            absorb(&mut running, &mut hist, &mut report.errors, m);
+        }
+        while let Ok(m) = rx.try_recv() {
             absorb(&mut running, &mut hist, &mut report.errors, m);
         }
         let now = Instant::now();
