@@ -1,6 +1,5 @@
 //! Listeners and incoming connection requests: the passive side of
 //! connection setup (accept with a REP, refuse with a REJ).
-use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,13 +67,7 @@ impl Listener<Roce> for RoceListener {
             self.dev.control_step(now, true);
             {
                 let mut ctl = self.dev.control();
-                if let Some(req) = ctl
-                    .cm
-                    .listeners
-                    .get_mut(&self.port)
-                    .and_then(VecDeque::pop_front)
-                {
-                    ctl.cm.held.push((req.peer_ip, req.remote_comm_id));
+                if let Some(req) = ctl.cm.take_request(self.port) {
                     return Ok(RoceIncoming {
                         dev: self.dev.clone(),
                         req: Some(req),
