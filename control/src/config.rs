@@ -47,6 +47,8 @@ pub struct Config {
     pub shm: Shm,
     /// Shutdown behaviour.
     pub shutdown: Shutdown,
+    /// The local control socket (`rpcrdmad status`).
+    pub control: Control,
     /// Programs relayed to ONC RPC servers over TCP (`[[gateway]]`).
     pub gateway: Vec<GatewayRoute>,
 }
@@ -67,6 +69,7 @@ impl Default for Config {
             metrics: Metrics::default(),
             shm: Shm::default(),
             shutdown: Shutdown::default(),
+            control: Control::default(),
             gateway: Vec::new(),
         }
     }
@@ -537,6 +540,27 @@ impl Default for Shutdown {
     }
 }
 
+/// `[control]`: the local socket `rpcrdmad status` talks to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    /// Path of the Unix stream socket (absolute). Mode 0600: only root
+    /// and the daemon's user reach it, and the daemon checks the peer's
+    /// uid as well.
+    pub socket: PathBuf,
+}
+
+/// The default control socket.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rpcrdma/rpcrdmad.ctl";
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
+        }
+    }
+}
+
 /// Facts about the host that a configuration is checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
@@ -730,6 +754,29 @@ impl Config {
                     ));
                 }
             }
+        }
+
+        if !self.control.socket.is_absolute() {
+            return Err(sem(
+                &[Key("control"), Key("socket")],
+                format!(
+                    "control.socket = {:?} is not an absolute path",
+                    self.control.socket.display().to_string()
+                ),
+            ));
+        }
+        if self
+            .listeners
+            .iter()
+            .any(|l| matches!(&l.url, ProviderUrl::Shm { path } if *path == self.control.socket))
+        {
+            return Err(sem(
+                &[Key("control"), Key("socket")],
+                format!(
+                    "control.socket {} is the socket of an shm listener; choose another path",
+                    self.control.socket.display()
+                ),
+            ));
         }
 
         let t = &self.transport;

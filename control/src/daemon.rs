@@ -36,6 +36,7 @@ use crate::metrics::{MetricsServer, Registry};
 use crate::programs::SERVED_PROGRAMS;
 use crate::rpcbind::{universal_address, Mapping, RpcbindAddress, RpcbindClient, RpcbindError};
 use crate::serve::{DataPath, ServeError};
+use crate::status::StatusServer;
 
 /// Exit code of a clean run.
 pub const EXIT_OK: i32 = 0;
@@ -61,6 +62,28 @@ pub struct Args {
     /// log shippers: `timestamp`, `level`, `fields.message`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// A command for the running daemon instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Subcommand>,
+}
+
+/// Commands for a running daemon.
+#[derive(Debug, clap::Subcommand)]
+pub enum Subcommand {
+    /// Show the running daemon's workers, listeners, connections and
+    /// pools (asked over its control socket).
+    Status {
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// The daemon's configuration file: its control.socket is asked.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        config: Option<PathBuf>,
+        /// The control socket to ask (default: control.socket of the
+        /// built-in configuration).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
 }
 
 /// `--log-format`.
@@ -83,6 +106,25 @@ pub fn main() -> i32 {
 
     if let Some(path) = &args.check_config {
         return check_config(path);
+    }
+    if let Some(Subcommand::Status {
+        json,
+        config,
+        socket,
+    }) = &args.command
+    {
+        let socket = match (socket, config) {
+            (Some(s), _) => s.clone(),
+            (None, Some(file)) => match Config::load(file) {
+                Ok(c) => c.control.socket,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return EXIT_CONFIG;
+                }
+            },
+            (None, None) => Config::default().control.socket,
+        };
+        return crate::status::run(&socket, *json);
     }
 
     let config = match &args.config {
@@ -233,6 +275,7 @@ pub struct Daemon {
     data: DataPath,
     metrics: Option<MetricsServer>,
     registration: Registration,
+    status: Option<StatusServer>,
 }
 
 impl Daemon {
@@ -269,6 +312,22 @@ impl Daemon {
         // After the metrics listener (its port is the likelier conflict,
         // and nothing is served yet if it fails), before rpcbind.
         let data = DataPath::start(&config, &registry)?;
+        // The status socket is for operators: a daemon that cannot open it
+        // still serves, and says why in one line.
+        let status = match StatusServer::start(
+            &config.control.socket,
+            crate::status::Sources {
+                workers: data.workers(),
+                registry: Arc::clone(&registry),
+                cores: config.workers.cores.clone(),
+            },
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("{e}; `rpcrdmad status` will not reach this daemon");
+                None
+            }
+        };
 
         let registration = if config.rpcbind.register {
             Registration::register(&config)
@@ -300,6 +359,7 @@ impl Daemon {
             data,
             metrics,
             registration,
+            status,
         })
     }
 
@@ -323,7 +383,11 @@ impl Daemon {
             mut data,
             metrics,
             registration,
+            status,
         } = self;
+        if let Some(s) = status {
+            s.stop();
+        }
         // 1. Stop accepting (listeners close, shm sockets disappear).
         data.stop_accepting(&registry);
         // 2. Stop being found.

@@ -16,3 +16,4 @@ pub mod programs;
 pub mod refusal;
 pub mod rpcbind;
 pub mod serve;
+pub mod status;

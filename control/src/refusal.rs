@@ -31,11 +31,15 @@ pub enum Refusal {
     Resources,
     /// The listening socket's accept failed (e.g. out of descriptors).
     Accept,
+    /// roce: the requester's address already had the most connections
+    /// half-open that the provider allows per address (rejected by its
+    /// connection manager before the daemon saw the request).
+    HalfOpen,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -43,6 +47,7 @@ impl Refusal {
         Refusal::BadSetup,
         Refusal::Resources,
         Refusal::Accept,
+        Refusal::HalfOpen,
     ];
 
     /// The metrics label.
@@ -55,6 +60,7 @@ impl Refusal {
             Refusal::BadSetup => "bad_setup",
             Refusal::Resources => "resources",
             Refusal::Accept => "accept",
+            Refusal::HalfOpen => "half_open",
         }
     }
 

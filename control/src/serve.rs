@@ -253,13 +253,15 @@ impl DataPath {
                 ProviderUrl::Shm { .. } => {
                     let listener = listen::<Shm>(&set, url, index)?;
                     listener.allow_uids(&uids);
-                    spawn_acceptor::<Shm>(url, index, &set, listener, &path.stop, registry)
+                    spawn_acceptor::<Shm>(url, index, &set, listener, &path.stop, registry, |_| 0)
                         .map_err(thread)?
                 }
                 ProviderUrl::Roce(_) => {
                     let listener = listen::<Roce>(&set, url, index)?;
-                    spawn_acceptor::<Roce>(url, index, &set, listener, &path.stop, registry)
-                        .map_err(thread)?
+                    spawn_acceptor::<Roce>(url, index, &set, listener, &path.stop, registry, |l| {
+                        l.device_stats().half_open_refused
+                    })
+                    .map_err(thread)?
                 }
                 ProviderUrl::Tcp(addr) => {
                     let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
@@ -273,8 +275,16 @@ impl DataPath {
                 #[cfg(feature = "ibverbs")]
                 ProviderUrl::Ibverbs(_) => {
                     let listener = listen::<Ibverbs>(&set, url, index)?;
-                    spawn_acceptor::<Ibverbs>(url, index, &set, listener, &path.stop, registry)
-                        .map_err(thread)?
+                    spawn_acceptor::<Ibverbs>(
+                        url,
+                        index,
+                        &set,
+                        listener,
+                        &path.stop,
+                        registry,
+                        |_| 0,
+                    )
+                    .map_err(thread)?
                 }
                 // Refused above.
                 #[cfg(not(feature = "ibverbs"))]
@@ -285,6 +295,14 @@ impl DataPath {
         }
         install_metrics_bridge(config, &set, registry);
         Ok(path)
+    }
+
+    /// The workers, for readers that must not keep them alive (the
+    /// status socket).
+    pub fn workers(&self) -> std::sync::Weak<WorkerSet> {
+        self.workers
+            .as_ref()
+            .map_or_else(std::sync::Weak::new, Arc::downgrade)
     }
 
     /// Connections closed so far, every worker and transport (opened
@@ -390,6 +408,12 @@ fn tcp_io_error(e: TcpError) -> std::io::Error {
     }
 }
 
+/// Refusals a provider made on its own, before the daemon saw the
+/// request (roce: connection requests over the per-address half-open
+/// bound), as a running total for the listener's device.
+type ProviderRefusals<L> = fn(&L) -> u64;
+
+#[allow(clippy::too_many_arguments)]
 fn spawn_acceptor<P: PoolProvider>(
     url: &ProviderUrl,
     index: usize,
@@ -397,6 +421,7 @@ fn spawn_acceptor<P: PoolProvider>(
     listener: P::Listener,
     stop: &Arc<AtomicBool>,
     registry: &Arc<Registry>,
+    provider_refusals: ProviderRefusals<P::Listener>,
 ) -> std::io::Result<JoinHandle<()>> {
     let (url, set, stop, registry) = (
         url.clone(),
@@ -409,7 +434,20 @@ fn spawn_acceptor<P: PoolProvider>(
         .spawn(move || {
             let counters = registry.listener(index);
             let mut log = RefusalLog::new(url.to_string());
+            let mut provider_seen = provider_refusals(&listener);
             while !stop.load(Ordering::SeqCst) {
+                let refused = provider_refusals(&listener);
+                if refused > provider_seen {
+                    let n = refused - provider_seen;
+                    provider_seen = refused;
+                    metrics::add(&counters.rejected[Refusal::HalfOpen as usize], n);
+                    log.refused(Instant::now(), Refusal::HalfOpen, || {
+                        format!(
+                            "{n} connection request(s) rejected: their address already has \
+                             the most connections half-open the provider allows"
+                        )
+                    });
+                }
                 match set.accept::<P>(&listener, ACCEPT_POLL) {
                     Ok(worker) => {
                         metrics::add(&counters.accepted, 1);
@@ -524,6 +562,7 @@ fn spawn_tcp_acceptor(
 /// registry is the exporter's view).
 fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
     let counters = set.counters();
+    let latency = set.latency();
     let bulk = set.bulk_pools();
     let credits = set.credit_pools();
     let gateway = set.config().gateway.clone();
@@ -553,6 +592,9 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             metrics::set(&w.bytes_received, sum.bytes_in);
             metrics::set(&w.bytes_sent, sum.bytes_out);
             metrics::set(&w.credits_in_use, sum.credits_in_use);
+            metrics::set(&w.busy_ns, sum.busy_ns);
+            metrics::set(&w.closed_clean, sum.closed_clean);
+            metrics::set(&w.closed_fault, sum.closed_fault);
             metrics::set(&w.pool_in_use[PoolKind::Leases as usize], sum.pool_in_use);
             let mine = bulk
                 .iter()
@@ -590,6 +632,7 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
         if let Some(g) = &gateway {
             reg.set_gateway(gateway_samples(g));
         }
+        reg.set_latency(latency_samples(&latency));
         for (t, listeners) in &by_transport {
             if let [only] = listeners[..] {
                 let open = counters
@@ -600,6 +643,37 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             }
         }
     })));
+}
+
+/// The workers' latency tables merged: one sample per program, version
+/// and procedure that has calls.
+fn latency_samples(
+    tables: &[Arc<dataplane::service::latency::LatencyTable>],
+) -> Vec<metrics::LatencySample> {
+    use dataplane::service::latency::BOUNDS_NS;
+    let mut merged: std::collections::BTreeMap<(u32, u32, Option<u32>), metrics::LatencySample> =
+        std::collections::BTreeMap::new();
+    for t in tables {
+        for s in t.samples() {
+            let m = merged
+                .entry((s.program, s.version, s.procedure))
+                .or_insert_with(|| metrics::LatencySample {
+                    program: s.program,
+                    version: s.version,
+                    procedure: s
+                        .procedure
+                        .map_or_else(|| "other".to_owned(), |p| p.to_string()),
+                    bounds_ns: BOUNDS_NS.to_vec(),
+                    buckets: vec![0; BOUNDS_NS.len() + 1],
+                    sum_ns: 0,
+                });
+            for (a, b) in m.buckets.iter_mut().zip(s.buckets) {
+                *a += b;
+            }
+            m.sum_ns += s.sum_ns;
+        }
+    }
+    merged.into_values().collect()
 }
 
 /// The gateway's counters as the metrics show them, one per route.

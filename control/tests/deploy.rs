@@ -76,3 +76,71 @@ fn systemd_accepts_the_unit() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The Grafana dashboard is JSON Grafana can import (a title, a uid,
+/// panels with Prometheus queries), and every metric a query names is one
+/// the daemon exports.
+#[test]
+fn grafana_dashboard_parses_and_queries_only_exported_metrics() {
+    use control::metrics::{GatewayRouteSample, LatencySample, Registry};
+    let text = include_str!("../../deploy/grafana/rpcrdma-dashboard.json");
+    let dash: serde_json::Value = serde_json::from_str(text).expect("dashboard JSON");
+    assert!(
+        dash["title"].is_string() && dash["uid"].is_string(),
+        "{dash}"
+    );
+
+    // Every family the daemon can export, gateway and latency included.
+    let reg = Registry::new(&[0], &["tcp://127.0.0.1:1".into()]);
+    reg.set_gateway(vec![GatewayRouteSample {
+        program: 100_003,
+        backend: "127.0.0.1:2049".into(),
+        latency_bounds_us: vec![10],
+        latency_buckets: vec![0, 0],
+        ..GatewayRouteSample::default()
+    }]);
+    reg.set_latency(vec![LatencySample {
+        program: 1,
+        version: 1,
+        procedure: "0".into(),
+        bounds_ns: vec![1000],
+        buckets: vec![1, 0],
+        sum_ns: 10,
+    }]);
+    let exposition = reg.render();
+    let exported: std::collections::HashSet<&str> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+
+    let mut queries = 0;
+    for panel in dash["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert!(panel["title"].is_string(), "{panel}");
+        for t in panel["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            queries += 1;
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("rpcrdma_"))
+                .collect();
+            assert!(!names.is_empty(), "query names no rpcrdma metric: {expr}");
+            for n in names {
+                assert!(exported.contains(n), "{n} in {expr:?} is not exported");
+            }
+        }
+    }
+    assert!(queries >= 10, "{queries} queries");
+    let titles: Vec<&str> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for row in ["Workers", "Rates", "Latency", "Errors"] {
+        assert!(titles.contains(&row), "no {row} row: {titles:?}");
+    }
+}

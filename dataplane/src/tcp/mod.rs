@@ -60,7 +60,9 @@ use std::net::SocketAddr;
 
 pub use buf::ZeroedBuf;
 pub use client::{Reply, TcpClient, TcpClientConfig, TcpClientError, TcpClientStats};
-pub use server::{NoRelay, Relayed, TcpAcceptor, TcpCallId, TcpConnections, TcpRelay, TcpServer};
+pub use server::{
+    NoRelay, Relayed, TcpAcceptor, TcpCallId, TcpConnCounts, TcpConnections, TcpRelay, TcpServer,
+};
 
 use crate::service::bench::MAX_DATA;
 use crate::wire::rpc::{RecordMarker, MAX_CALL_HEADER_LEN};

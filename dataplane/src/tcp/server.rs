@@ -201,6 +201,23 @@ struct Conn {
     /// Calls a relay took and has not answered yet: the connection does
     /// not shut its side while any remain.
     deferred: u32,
+    /// This connection's own figures (`rpcrdmad status`).
+    counts: TcpConnCounts,
+}
+
+/// One TCP connection's figures, as `rpcrdmad status` shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConnCounts {
+    /// Call records received whole.
+    pub calls: u64,
+    /// Replies written into the output (the relay's included).
+    pub replies: u64,
+    /// Bytes read from the socket.
+    pub bytes_in: u64,
+    /// Bytes written to the socket.
+    pub bytes_out: u64,
+    /// When the connection was added (the worker's clock).
+    pub opened: Instant,
 }
 
 impl Conn {
@@ -235,6 +252,13 @@ impl Conn {
             pass: 0,
             serial: 0,
             deferred: 0,
+            counts: TcpConnCounts {
+                calls: 0,
+                replies: 0,
+                bytes_in: 0,
+                bytes_out: 0,
+                opened: now,
+            },
         })
     }
 
@@ -253,14 +277,18 @@ impl Conn {
             fd: self.fd,
             serial: self.serial,
         };
-        if answer(
+        self.counts.calls += 1;
+        let replies_before = stats.rpcs;
+        let taken = answer(
             services,
             relay,
             (id, self.peer),
             record,
             &mut self.output,
             stats,
-        ) {
+        );
+        self.counts.replies += stats.rpcs - replies_before;
+        if taken {
             self.deferred += 1;
         }
         true
@@ -307,6 +335,7 @@ impl Conn {
                     Ok(n) => {
                         self.input.filled(n);
                         stats.bytes_in += n as u64;
+                        self.counts.bytes_in += n as u64;
                         self.last_active = now;
                         self.heard = true;
                         work += 1;
@@ -436,6 +465,7 @@ impl Conn {
                 Ok(n) => {
                     self.input.filled(n);
                     stats.bytes_in += n as u64;
+                    self.counts.bytes_in += n as u64;
                     self.last_active = now;
                     self.heard = true;
                     return Ok(n);
@@ -458,6 +488,7 @@ impl Conn {
                 Ok(n) => {
                     self.output.consume(n);
                     stats.bytes_out += n as u64;
+                    self.counts.bytes_out += n as u64;
                     self.last_active = now;
                     work += 1;
                 }
@@ -630,6 +661,12 @@ impl TcpConnections {
         self.conns.iter().map(|c| c.peer)
     }
 
+    /// Each open connection's peer and figures (for a status report; the
+    /// data path never calls it).
+    pub fn connection_counts(&self) -> impl Iterator<Item = (SocketAddr, TcpConnCounts)> + '_ {
+        self.conns.iter().map(|c| (c.peer, c.counts))
+    }
+
     /// Takes an accepted stream: makes it non-blocking, disables Nagle and
     /// reserves its buffers (the only allocation a connection makes).
     ///
@@ -741,6 +778,7 @@ impl TcpConnections {
         body[..reply.len()].copy_from_slice(reply);
         conn.output.commit(RecordMarker::LEN + reply.len());
         self.stats.rpcs += 1;
+        conn.counts.replies += 1;
         conn.last_active = now;
         // Written now if the socket takes it; otherwise the connection
         // waits for writability like any other.

@@ -32,11 +32,13 @@ use crate::verbs::{Completion, VerbsError};
 pub mod endpoint;
 mod pool;
 mod run;
+pub mod status;
 
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
 pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
+pub use status::{ConnectionStatus, WorkerStatus};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
 /// `Dispatched` is the name the worker's users know for `service::Dispatch`.
@@ -289,6 +291,17 @@ pub struct WorkerCounters {
     /// Gauge: connections on this worker per transport (index
     /// [`Transport::index`]).
     pub connections_by_transport: [Counter; 4],
+    /// Nanoseconds spent in loop iterations that did work (the worker's
+    /// busy time; from the clock the loop reads anyway, once per
+    /// iteration).
+    pub busy_ns: Counter,
+    /// Connections that ended cleanly: the peer disconnected in order or
+    /// ended its stream between calls, or we closed it (shutdown, idle
+    /// timeout).
+    pub closed_clean: Counter,
+    /// Connections that ended in a fault: a protocol violation, a
+    /// transport error, a truncated or oversized record, a socket error.
+    pub closed_fault: Counter,
 }
 
 /// A point-in-time copy of [`WorkerCounters`].
@@ -315,6 +328,9 @@ pub struct WorkerSnapshot {
     pub connections: u64,
     pub connections_total: u64,
     pub connections_by_transport: [u64; 4],
+    pub busy_ns: u64,
+    pub closed_clean: u64,
+    pub closed_fault: u64,
 }
 
 impl WorkerCounters {
@@ -343,6 +359,9 @@ impl WorkerCounters {
             connections_by_transport: core::array::from_fn(|i| {
                 self.connections_by_transport[i].get()
             }),
+            busy_ns: self.busy_ns.get(),
+            closed_clean: self.closed_clean.get(),
+            closed_fault: self.closed_fault.get(),
         }
     }
 }
@@ -364,6 +383,8 @@ pub enum Command {
     /// Serve this accepted ONC RPC/TCP stream (the worker makes it
     /// non-blocking).
     AddTcp(TcpStream),
+    /// Report every connection ([`status`]) on this channel.
+    Status(std::sync::mpsc::SyncSender<WorkerStatus>),
     /// Stop: let calls in progress finish for at most `grace`, then close
     /// everything and exit.
     Stop {
@@ -380,6 +401,7 @@ impl core::fmt::Debug for Command {
             #[cfg(feature = "ibverbs")]
             Command::AddIbverbs(ep) => f.debug_tuple("AddIbverbs").field(ep).finish(),
             Command::AddTcp(s) => f.debug_tuple("AddTcp").field(s).finish(),
+            Command::Status(_) => f.write_str("Status"),
             Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
         }
     }

@@ -124,6 +124,46 @@ pub(crate) mod sealed {
             pools.collect()
         }
 
+        /// Every bulk pool and shared receive queue, for a status report.
+        pub fn pool_status(&self) -> Vec<crate::worker::status::PoolStatus> {
+            use crate::worker::status::PoolStatus;
+            fn of<P: Provider>(a: &Option<Attached<P>>, out: &mut Vec<PoolStatus>) {
+                let Some(a) = a else {
+                    return;
+                };
+                for (worker, b) in a.bulk.iter().enumerate() {
+                    let p = b.pool();
+                    out.push(PoolStatus {
+                        pool: "bulk",
+                        provider: P::SCHEME,
+                        worker,
+                        buffers: u64::from(p.count()),
+                        used: u64::from(p.count() - p.available()),
+                        buffer_bytes: u64::from(p.buf_len()),
+                        hugepages: p.is_hugepage_backed(),
+                    });
+                }
+                for (worker, q) in a.srqs.iter().enumerate() {
+                    let c = q.credits();
+                    out.push(PoolStatus {
+                        pool: "shared_receives",
+                        provider: P::SCHEME,
+                        worker,
+                        buffers: u64::from(c.total()),
+                        used: u64::from(c.reserved()),
+                        buffer_bytes: u64::from(q.buf_size()),
+                        hugepages: q.is_hugepage_backed(),
+                    });
+                }
+            }
+            let mut out = Vec::new();
+            of(&self.shm, &mut out);
+            of(&self.roce, &mut out);
+            #[cfg(feature = "ibverbs")]
+            of(&self.ibverbs, &mut out);
+            out
+        }
+
         /// (scheme, worker) of every bulk pool not back to full.
         pub fn bulk_short(&self) -> Vec<(&'static str, usize)> {
             let mut short: Vec<(&'static str, usize)> = Vec::new();
@@ -234,6 +274,7 @@ const SHARED_CQ_DEPTH: usize = 4096;
 struct WorkerHandle {
     ring: Arc<ArrayQueue<Command>>,
     counters: Arc<WorkerCounters>,
+    latency: Arc<crate::service::latency::LatencyTable>,
     thread: Option<JoinHandle<WorkerReport>>,
 }
 
@@ -316,15 +357,22 @@ impl WorkerSet {
             providers: sealed::Providers::default(),
             config: config.clone(),
         };
+        let programs = dispatcher.programs();
         for (index, core) in cores.iter().copied().enumerate() {
             let ring = Arc::new(ArrayQueue::new(config.ring_capacity.max(1)));
             let counters = Arc::new(WorkerCounters::default());
+            // Each worker times its calls into a table of its own.
+            let latency = Arc::new(crate::service::latency::LatencyTable::new(&programs));
+            let timed: Arc<dyn Dispatcher> = Arc::new(crate::service::latency::Timed::new(
+                dispatcher.clone(),
+                latency.clone(),
+            ));
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let worker = Worker {
                 index,
                 ring: ring.clone(),
                 counters: counters.clone(),
-                dispatcher: dispatcher.clone(),
+                dispatcher: timed,
                 config: config.clone(),
             };
             let thread = std::thread::Builder::new()
@@ -372,6 +420,7 @@ impl WorkerSet {
             set.workers.push(WorkerHandle {
                 ring,
                 counters,
+                latency,
                 thread: Some(thread),
             });
             // On error the set (and its started workers) stops on drop.
@@ -443,6 +492,12 @@ impl WorkerSet {
     /// index of the worker that owns each: for gauges.
     pub fn bulk_pools(&self) -> Vec<(usize, Arc<crate::engine::BulkPool>)> {
         self.providers.bulk_pools()
+    }
+
+    /// Every worker's bulk pools and shared receive queues: size, use,
+    /// hugepages (for a status report).
+    pub fn pool_status(&self) -> Vec<super::status::PoolStatus> {
+        self.providers.pool_status()
     }
 
     /// Every worker's shared receive queues as credits (one per attached
@@ -717,6 +772,51 @@ impl WorkerSet {
     /// The shared counters of every worker (for a metrics exporter).
     pub fn counters(&self) -> Vec<Arc<WorkerCounters>> {
         self.workers.iter().map(|w| w.counters.clone()).collect()
+    }
+
+    /// Every worker's latency table (each written by its worker only;
+    /// a reader merges them).
+    pub fn latency(&self) -> Vec<Arc<crate::service::latency::LatencyTable>> {
+        self.workers.iter().map(|w| w.latency.clone()).collect()
+    }
+
+    /// Asks every worker for its connections and waits for the answers,
+    /// at most `timeout` in all; a worker that did not answer in time (its
+    /// ring stayed full, or it is gone) is left out.
+    pub fn status(&self, timeout: Duration) -> Vec<super::WorkerStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let (tx, rx) = std::sync::mpsc::sync_channel(self.workers.len());
+        let mut asked = 0;
+        for w in &self.workers {
+            let mut cmd = Command::Status(tx.clone());
+            loop {
+                match w.ring.push(cmd) {
+                    Ok(()) => {
+                        asked += 1;
+                        break;
+                    }
+                    Err(back) if std::time::Instant::now() < deadline => {
+                        cmd = back;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(t) = &w.thread {
+                t.thread().unpark();
+            }
+        }
+        drop(tx);
+        let mut out: Vec<super::WorkerStatus> = Vec::with_capacity(asked);
+        while out.len() < asked {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(s) => out.push(s),
+                Err(_) => break,
+            }
+        }
+        out.sort_by_key(|s| s.worker);
+        out
     }
 
     /// Stops every worker: calls in progress get `grace` to finish (TCP

@@ -28,6 +28,12 @@ impl RoceListener {
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.dev.local
     }
+
+    /// The counters of the device the listener is on (its connection
+    /// requests refused among them), for a daemon's metrics.
+    pub fn device_stats(&self) -> super::RoceDeviceStats {
+        self.dev.stats()
+    }
 }
 
 impl Drop for RoceListener {
