@@ -30,12 +30,14 @@ use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, VerbsError};
 
 pub mod endpoint;
+mod fuzz;
 mod pool;
 mod run;
 
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
+pub use fuzz::{fuzz_endpoint, FuzzProvider};
 pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
