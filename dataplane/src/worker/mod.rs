@@ -30,6 +30,7 @@ use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, VerbsError};
 
 pub mod endpoint;
+mod fuzz;
 mod pool;
 mod run;
 pub mod status;
@@ -37,6 +38,7 @@ pub mod status;
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
+pub use fuzz::{fuzz_endpoint, FuzzProvider};
 pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 pub use status::{ConnectionStatus, WorkerStatus};
 
