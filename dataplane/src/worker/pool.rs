@@ -304,6 +304,9 @@ pub struct WorkerSet {
     workers: Vec<WorkerHandle>,
     providers: sealed::Providers,
     config: WorkerConfig,
+    /// [`WorkerConfig::max_connections`], changeable while serving
+    /// ([`WorkerSet::set_max_connections`]).
+    max_connections: std::sync::atomic::AtomicUsize,
 }
 
 impl core::fmt::Debug for WorkerSet {
@@ -356,6 +359,7 @@ impl WorkerSet {
             workers: Vec::with_capacity(cores.len()),
             providers: sealed::Providers::default(),
             config: config.clone(),
+            max_connections: std::sync::atomic::AtomicUsize::new(config.max_connections),
         };
         let programs = dispatcher.programs();
         for (index, core) in cores.iter().copied().enumerate() {
@@ -621,6 +625,20 @@ impl WorkerSet {
             .sum()
     }
 
+    /// The connection limit in force.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the connection limit while serving: connections above a
+    /// lowered limit stay; new ones are refused until the count is below
+    /// it.
+    pub fn set_max_connections(&self, limit: usize) {
+        self.max_connections
+            .store(limit, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether one more connection may be taken
     /// ([`WorkerConfig::max_connections`]). Acceptors ask before setting a
     /// connection up; concurrent acceptors of several listeners may
@@ -639,7 +657,7 @@ impl WorkerSet {
     /// # Errors
     /// [`WorkerError::ConnectionLimit`].
     pub fn admit_more(&self, held: usize) -> Result<(), WorkerError> {
-        let limit = self.config.max_connections;
+        let limit = self.max_connections();
         if self.connections().saturating_add(held) >= limit {
             return Err(WorkerError::ConnectionLimit { limit });
         }
