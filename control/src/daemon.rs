@@ -548,6 +548,13 @@ impl Daemon {
             ));
         }
         let mut done: Vec<String> = Vec::new();
+        // The new relays are built before anything changes: a backend
+        // rpcbind does not know refuses the reload.
+        let gateway = if new.gateway == self.config.gateway {
+            None
+        } else {
+            Some(self.data.prepare_gateway(&new).map_err(|e| e.to_string())?)
+        };
         if new.listeners != self.config.listeners {
             for (index, l) in new.listeners.iter().enumerate() {
                 if !self.config.listeners.contains(l) {
@@ -569,6 +576,10 @@ impl Daemon {
             for u in &changes.removed {
                 done.push(format!("-{u}"));
             }
+        }
+        if let Some(prepared) = gateway {
+            self.data.swap_gateway(prepared);
+            done.push(format!("gateway: {} route(s)", new.gateway.len()));
         }
         if new.workers.max_connections != self.config.workers.max_connections {
             self.data
@@ -594,7 +605,10 @@ impl Daemon {
             ));
         }
         let old = std::mem::replace(&mut self.config, new);
-        if old.rpcbind != self.config.rpcbind || old.listeners != self.config.listeners {
+        if old.rpcbind != self.config.rpcbind
+            || old.listeners != self.config.listeners
+            || old.gateway != self.config.gateway
+        {
             let (set, unset) = self.registration.follow(&self.config);
             self.registry
                 .rpcbind_registrations
@@ -614,13 +628,12 @@ impl Daemon {
 
 /// The first key that differs between `old` and `new` and cannot change
 /// while serving: what sizes memory or threads at start (cores, pools,
-/// the engine's buffers), the exporters' and sockets' addresses, and the
-/// gateway's relays, which the workers build at start.
+/// the engine's buffers), and the exporters' and sockets' addresses.
 fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
     let (o, n) = (&old.workers, &new.workers);
     let (ot, nt) = (&old.transport, &new.transport);
     let (oc, nc) = (&old.chunks, &new.chunks);
-    let checks: [(&'static str, bool); 22] = [
+    let checks: [(&'static str, bool); 21] = [
         ("workers.cores", o.cores != n.cores),
         ("workers.idle", o.idle != n.idle),
         ("workers.park_max_us", o.park_max_us != n.park_max_us),
@@ -678,7 +691,6 @@ fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
             old.shm.allowed_uids != new.shm.allowed_uids,
         ),
         ("control.socket", old.control.socket != new.control.socket),
-        ("gateway", old.gateway != new.gateway),
     ];
     checks.iter().find(|(_, changed)| *changed).map(|(k, _)| *k)
 }

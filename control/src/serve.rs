@@ -409,6 +409,33 @@ impl DataPath {
         Ok(changes)
     }
 
+    /// Relays for `config`'s `[[gateway]]` routes, built for every worker
+    /// (backends asked of rpcbind, buffers mapped) without changing what
+    /// is served.
+    ///
+    /// # Errors
+    /// [`ServeError`]: a backend rpcbind does not know, a relay that
+    /// cannot be built.
+    pub fn prepare_gateway(
+        &self,
+        config: &Config,
+    ) -> Result<dataplane::worker::PreparedGateway, ServeError> {
+        let setup = crate::gateway::setup(config)?;
+        let set = self
+            .workers
+            .as_ref()
+            .ok_or(ServeError::Workers(WorkerError::Busy))?;
+        Ok(set.prepare_gateway(setup)?)
+    }
+
+    /// Makes the workers relay with `prepared` (calls at the old backends
+    /// are still answered).
+    pub fn swap_gateway(&self, prepared: dataplane::worker::PreparedGateway) {
+        if let Some(set) = &self.workers {
+            set.swap_gateway(prepared);
+        }
+    }
+
     /// Changes the connection limit of the workers.
     pub fn set_max_connections(&self, limit: usize) {
         if let Some(set) = &self.workers {
@@ -680,7 +707,7 @@ fn install_metrics_bridge(set: &WorkerSet, registry: &Arc<Registry>) {
     let latency = set.latency();
     let bulk = set.bulk_pools();
     let credits = set.credit_pools();
-    let gateway = set.config().gateway.clone();
+    let gateway = set.gateway();
     registry.set_refresher(Some(Box::new(move |reg: &Registry| {
         for (i, c) in counters.iter().enumerate() {
             let sum = c.snapshot();
@@ -729,9 +756,12 @@ fn install_metrics_bridge(set: &WorkerSet, registry: &Arc<Registry>) {
                 metrics::set(&w.errors[kind as usize], v);
             }
         }
-        if let Some(g) = &gateway {
-            reg.set_gateway(gateway_samples(g));
-        }
+        // The routes a reload may have changed.
+        let routes = match &*gateway.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(g) => gateway_samples(g),
+            None => Vec::new(),
+        };
+        reg.set_gateway(routes);
         reg.set_latency(latency_samples(&latency));
         // Per transport, its listeners (they change with a reload): a
         // transport with one listener (the usual case) gets an exact

@@ -136,3 +136,111 @@ fn sighup_adds_and_removes_listeners_while_clients_keep_calling() {
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A backend in this process: the bench program over ONC RPC/TCP, polled
+/// by a thread until `stop`.
+fn backend(addr: &str, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    use dataplane::engine::Instant as EngineInstant;
+    use dataplane::service::ServiceTable;
+    use dataplane::tcp::{TcpConfig, TcpServer};
+    let mut server = TcpServer::bind(addr.parse().unwrap(), TcpConfig::default()).unwrap();
+    let stop = Arc::clone(stop);
+    std::thread::spawn(move || {
+        let services = ServiceTable::builtin();
+        let start = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let now = EngineInstant(start.elapsed().as_nanos() as u64);
+            if server.poll(&services, now) == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    })
+}
+
+/// Calls of the bench program relayed by route `backend`, from a scrape.
+fn relayed(body: &str, backend: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with("rpcrdma_gateway_calls_total{"))
+        .filter(|l| l.contains(&format!("backend=\"{backend}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A `[[gateway]]` route moves to another backend, then goes away, while
+/// an shm client keeps calling the routed program: no call fails, the new
+/// backend gets the calls after the reload, and without the route the
+/// daemon answers them itself.
+#[test]
+fn sighup_moves_a_gateway_route_while_a_client_keeps_calling() {
+    let dir = scratch_dir("reload-gateway");
+    let shm = format!("shm://{}/g.sock", dir.display());
+    let (a, b) = ("127.0.0.63:20631", "127.0.0.63:20632");
+    let stop_backends = Arc::new(AtomicBool::new(false));
+    let backends = [backend(a, &stop_backends), backend(b, &stop_backends)];
+    let route = |backend: &str| {
+        format!(
+            "[[gateway]]\nprogram = {}\nversions = [1]\nbackend = \"{backend}\"\n",
+            dataplane::service::bench::PROGRAM
+        )
+    };
+    let text =
+        |extra: &str| config(&dir, &[&shm], extra).replace("127.0.0.1:19504", "127.0.0.1:19505");
+    let file = dir.join("rpcrdmad.toml");
+    std::fs::write(&file, text(&route(a))).unwrap();
+    let mut d = Daemon::spawn(&["--config", file.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let metrics: SocketAddr = "127.0.0.1:19505".parse().unwrap();
+
+    let calls = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut rdma = Client::<Shm>::connect(&shm, client_config(1 << 20, 4)).unwrap();
+    let caller = {
+        let (calls, stop) = (Arc::clone(&calls), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let data = test_data(64 + i % 256, i);
+                assert_eq!(
+                    simple_call(&mut rdma, Args::Echo(&data), ReplyTarget::Inline),
+                    data,
+                    "call {i}"
+                );
+                calls.fetch_add(1, Ordering::SeqCst);
+                i += 1;
+            }
+            rdma
+        })
+    };
+    wait_for_calls(&calls, 50);
+    let body = scrape_until(metrics, "rpcrdma_gateway_calls_total", 50);
+    assert!(relayed(&body, a) >= 50, "{body}");
+
+    // To the other backend.
+    std::fs::write(&file, text(&route(b))).unwrap();
+    d.signal(Signal::SIGHUP);
+    let line = d.wait_for_line("reload: ");
+    assert!(line.contains("gateway: 1 route(s)"), "{line}");
+    wait_for_calls(&calls, 50);
+    let body = scrape_until(metrics, "rpcrdma_gateway_calls_total", 50);
+    assert!(relayed(&body, b) >= 50, "{body}");
+    assert_eq!(relayed(&body, a), 0, "{body}");
+
+    // No route: the daemon answers the bench program itself.
+    std::fs::write(&file, text("")).unwrap();
+    d.signal(Signal::SIGHUP);
+    let line = d.wait_for_line("reload: ");
+    assert!(line.contains("gateway: 0 route(s)"), "{line}");
+    wait_for_calls(&calls, 50);
+    let (_, body) = http_get(metrics, "/metrics");
+    assert!(!body.contains("rpcrdma_gateway_calls_total{"), "{body}");
+
+    stop.store(true, Ordering::SeqCst);
+    let rdma = caller.join().expect("the client saw an error");
+    drop(rdma);
+    d.stop_cleanly();
+    stop_backends.store(true, Ordering::SeqCst);
+    for b in backends {
+        b.join().unwrap();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
