@@ -139,6 +139,10 @@ pub struct Totals {
     pub connects: u64,
     /// Connection attempts that failed.
     pub connect_errors: u64,
+    /// Starts deferred because every call slot was in use (a Send not
+    /// yet acknowledged holds its slot after its reply arrived).
+    #[serde(default)]
+    pub busy: u64,
 }
 
 impl Totals {
@@ -150,6 +154,7 @@ impl Totals {
         self.wrong += o.wrong;
         self.connects += o.connects;
         self.connect_errors += o.connect_errors;
+        self.busy += o.busy;
     }
 }
 
@@ -316,6 +321,9 @@ impl ClientState {
             if starting && Instant::now() >= phase_end {
                 starting = false;
             }
+            // A start refused for want of a call slot: polled for below,
+            // like a call in flight.
+            let mut deferred = false;
             if starting {
                 for (slot, entry) in slots.iter_mut().enumerate() {
                     if entry.is_some() {
@@ -326,6 +334,13 @@ impl ClientState {
                             *entry = Some(s);
                             in_flight += 1;
                         }
+                        // Back-pressure: this slot starts after a
+                        // completion frees room (polled below).
+                        Err(BenchError::Busy { .. }) => {
+                            self.totals.busy += 1;
+                            deferred = true;
+                            break;
+                        }
                         Err(e) => {
                             self.connection_failed(e, &mut in_flight);
                             return;
@@ -333,7 +348,7 @@ impl ClientState {
                     }
                 }
             }
-            if in_flight == 0 {
+            if in_flight == 0 && !deferred {
                 return;
             }
             let mut done = 0u64;
@@ -371,7 +386,8 @@ impl ClientState {
             } else {
                 idle(Idle::Adaptive, &mut polls);
                 if polls % 1024 == 0 && last_progress.elapsed() > CALL_DEADLINE {
-                    self.totals.hung += in_flight;
+                    // A slot that never frees is a hang too.
+                    self.totals.hung += in_flight.max(u64::from(deferred));
                     self.last_error = Some(format!(
                         "{in_flight} call(s) of {:?} {} B at depth {} unanswered for {} s",
                         spec.op,

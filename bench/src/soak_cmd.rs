@@ -140,8 +140,8 @@ fn print(
     for (url, t) in &r.per_url {
         writeln!(
             out,
-            "  {url}: {} answered, {} failed, {} hung, {} duplicated, {} wrong, {} connects ({} refused)",
-            t.ok, t.failed, t.hung, t.duplicated, t.wrong, t.connects, t.connect_errors
+            "  {url}: {} answered, {} failed, {} hung, {} duplicated, {} wrong, {} connects ({} refused), {} starts deferred for want of a call slot",
+            t.ok, t.failed, t.hung, t.duplicated, t.wrong, t.connects, t.connect_errors, t.busy
         )?;
     }
     writeln!(
