@@ -49,6 +49,8 @@ pub struct Config {
     pub shutdown: Shutdown,
     /// The local control socket (`rpcrdmad status`).
     pub control: Control,
+    /// Logging.
+    pub log: Log,
     /// Programs relayed to ONC RPC servers over TCP (`[[gateway]]`).
     pub gateway: Vec<GatewayRoute>,
 }
@@ -70,6 +72,7 @@ impl Default for Config {
             shm: Shm::default(),
             shutdown: Shutdown::default(),
             control: Control::default(),
+            log: Log::default(),
             gateway: Vec::new(),
         }
     }
@@ -561,6 +564,52 @@ impl Default for Control {
     fn default() -> Self {
         Control {
             socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
+        }
+    }
+}
+
+/// `[log]`: what is logged.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// The least severe level written: `error`, `warn`, `info`, `debug`
+    /// or `trace` (`RPCRDMAD_LOG`, when set, wins).
+    pub level: LogLevel,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            level: LogLevel::Info,
+        }
+    }
+}
+
+/// `log.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// What the daemon does (the default).
+    Info,
+    /// Details of connection setup and teardown.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The `tracing` level.
+    pub fn level(self) -> tracing::Level {
+        match self {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
         }
     }
 }

@@ -873,6 +873,7 @@ impl Drop for MetricsServer {
 }
 
 fn serve(listener: TcpListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) {
+    let mut failures = crate::ratelimit::Warnings::default();
     while !stop.load(Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
@@ -882,7 +883,9 @@ fn serve(listener: TcpListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) 
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
             Err(e) => {
-                tracing::warn!("metrics accept failed: {e}");
+                failures.warn(std::time::Instant::now(), || {
+                    format!("metrics accept failed: {e}")
+                });
                 std::thread::sleep(ACCEPT_POLL);
             }
         }

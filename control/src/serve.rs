@@ -197,19 +197,57 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
 /// The running data path.
 pub struct DataPath {
     workers: Option<Arc<WorkerSet>>,
-    acceptors: Vec<JoinHandle<()>>,
-    /// Every `[[listeners]]` index (all are served).
-    listeners: usize,
+    /// The listeners served, each with its own acceptor thread.
+    listeners: Vec<Served>,
+    /// Peer uids allowed on shm listeners (ours and `shm.allowed_uids`).
+    uids: Vec<u32>,
+}
+
+/// One listener being served: its acceptor thread and what stops it.
+struct Served {
+    url: ProviderUrl,
     stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<metrics::ListenerCounters>,
+}
+
+impl Served {
+    /// Ends the acceptor thread; its listener closes (an shm socket is
+    /// removed). Connections it accepted stay with their workers.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        metrics::set(&self.counters.serving, 0);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl std::fmt::Debug for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataPath")
             .field("workers", &self.workers)
-            .field("listeners", &self.listeners)
+            .field(
+                "listeners",
+                &self.listeners.iter().map(|l| &l.url).collect::<Vec<_>>(),
+            )
             .finish()
     }
+}
+
+/// What a change of `[[listeners]]` did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ListenerChanges {
+    /// Listeners now served that were not.
+    pub added: Vec<ProviderUrl>,
+    /// Listeners no longer served.
+    pub removed: Vec<ProviderUrl>,
 }
 
 impl DataPath {
@@ -239,64 +277,172 @@ impl DataPath {
         #[cfg(feature = "ibverbs")]
         attach::<Ibverbs>(config, &mut set)?;
         let set = Arc::new(set);
-        let mut path = DataPath {
-            workers: Some(Arc::clone(&set)),
-            acceptors: Vec::new(),
-            listeners: config.listeners.len(),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
         // shm.allowed_uids come in addition to our own uid.
         let mut uids = vec![nix::unistd::getuid().as_raw()];
         uids.extend(&config.shm.allowed_uids);
+        let mut path = DataPath {
+            workers: Some(Arc::clone(&set)),
+            listeners: Vec::new(),
+            uids,
+        };
         for (index, l) in config.listeners.iter().enumerate() {
-            let url = &l.url;
-            let thread = |e| ServeError::Thread(url.clone(), e);
-            let handle = match url {
-                ProviderUrl::Shm { .. } => {
-                    let listener = listen::<Shm>(&set, url, index)?;
-                    listener.allow_uids(&uids);
-                    spawn_acceptor::<Shm>(url, index, &set, listener, &path.stop, registry, |_| 0)
-                        .map_err(thread)?
-                }
-                ProviderUrl::Roce(_) => {
-                    let listener = listen::<Roce>(&set, url, index)?;
-                    spawn_acceptor::<Roce>(url, index, &set, listener, &path.stop, registry, |l| {
-                        l.device_stats().half_open_refused
-                    })
-                    .map_err(thread)?
-                }
-                ProviderUrl::Tcp(addr) => {
-                    let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
-                        url: url.clone(),
-                        index,
-                        source: tcp_io_error(e),
-                    })?;
-                    spawn_tcp_acceptor(url, index, &set, acceptor, &path.stop, registry)
-                        .map_err(thread)?
-                }
-                #[cfg(feature = "ibverbs")]
-                ProviderUrl::Ibverbs(_) => {
-                    let listener = listen::<Ibverbs>(&set, url, index)?;
-                    spawn_acceptor::<Ibverbs>(
-                        url,
-                        index,
-                        &set,
-                        listener,
-                        &path.stop,
-                        registry,
-                        |_| 0,
-                    )
-                    .map_err(thread)?
-                }
-                // Refused above.
-                #[cfg(not(feature = "ibverbs"))]
-                ProviderUrl::Ibverbs(_) => continue,
-            };
-            metrics::set(&registry.listener(index).serving, 1);
-            path.acceptors.push(handle);
+            let served = path.open(&l.url, index, registry)?;
+            path.listeners.push(served);
         }
-        install_metrics_bridge(config, &set, registry);
+        install_metrics_bridge(&set, registry);
         Ok(path)
+    }
+
+    /// Listens on `url` (listener `index` of the configuration) and starts
+    /// its acceptor thread.
+    fn open(
+        &self,
+        url: &ProviderUrl,
+        index: usize,
+        registry: &Registry,
+    ) -> Result<Served, ServeError> {
+        let Some(set) = self.workers.as_ref() else {
+            return Err(ServeError::Workers(WorkerError::Busy));
+        };
+        if !served(url) {
+            return Err(ServeError::Unserved {
+                url: url.clone(),
+                index,
+                scheme: url.scheme(),
+                served: SERVED_SCHEMES,
+            });
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = registry.add_listener(&url.to_string());
+        let thread = |e| ServeError::Thread(url.clone(), e);
+        let handle = match url {
+            ProviderUrl::Shm { .. } => {
+                let listener = listen::<Shm>(set, url, index)?;
+                listener.allow_uids(&self.uids);
+                spawn_acceptor::<Shm>(url, index, set, listener, &stop, &counters, |_| 0)
+                    .map_err(thread)?
+            }
+            ProviderUrl::Roce(_) => {
+                let listener = listen::<Roce>(set, url, index)?;
+                spawn_acceptor::<Roce>(url, index, set, listener, &stop, &counters, |l| {
+                    l.device_stats().half_open_refused
+                })
+                .map_err(thread)?
+            }
+            ProviderUrl::Tcp(addr) => {
+                let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
+                    url: url.clone(),
+                    index,
+                    source: tcp_io_error(e),
+                })?;
+                spawn_tcp_acceptor(url, index, set, acceptor, &stop, &counters).map_err(thread)?
+            }
+            #[cfg(feature = "ibverbs")]
+            ProviderUrl::Ibverbs(_) => {
+                let listener = listen::<Ibverbs>(set, url, index)?;
+                spawn_acceptor::<Ibverbs>(url, index, set, listener, &stop, &counters, |_| 0)
+                    .map_err(thread)?
+            }
+            // Refused above.
+            #[cfg(not(feature = "ibverbs"))]
+            ProviderUrl::Ibverbs(_) => unreachable!("unserved providers are refused first"),
+        };
+        metrics::set(&counters.serving, 1);
+        Ok(Served {
+            url: url.clone(),
+            stop,
+            thread: Some(handle),
+            counters,
+        })
+    }
+
+    /// Serves exactly the listeners `wanted` (a reload): the new ones are
+    /// opened first, and if any cannot be, those just opened are closed
+    /// again and nothing changes; then the ones no longer wanted stop
+    /// accepting. Established connections are never touched: they belong
+    /// to their workers, whichever listener accepted them.
+    ///
+    /// # Errors
+    /// [`ServeError`] for the first new listener that cannot be opened
+    /// (address in use, a provider the daemon was not started with).
+    pub fn set_listeners(
+        &mut self,
+        wanted: &[crate::config::Listener],
+        registry: &Registry,
+    ) -> Result<ListenerChanges, ServeError> {
+        let mut opened = Vec::new();
+        for (index, l) in wanted.iter().enumerate() {
+            if self.listeners.iter().any(|s| s.url == l.url) {
+                continue;
+            }
+            match self.open(&l.url, index, registry) {
+                Ok(s) => opened.push(s),
+                Err(e) => {
+                    for s in &opened {
+                        registry.remove_listener(&s.url.to_string());
+                    }
+                    // Dropping them stops their acceptors.
+                    drop(opened);
+                    return Err(e);
+                }
+            }
+        }
+        let mut changes = ListenerChanges {
+            added: opened.iter().map(|s| s.url.clone()).collect(),
+            removed: Vec::new(),
+        };
+        let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .partition(|s| wanted.iter().any(|l| l.url == s.url));
+        for mut s in gone {
+            s.stop();
+            registry.remove_listener(&s.url.to_string());
+            changes.removed.push(s.url.clone());
+        }
+        self.listeners = keep;
+        self.listeners.extend(opened);
+        // In configuration order, as the status and metrics list them.
+        self.listeners.sort_by_key(|s| {
+            wanted
+                .iter()
+                .position(|l| l.url == s.url)
+                .unwrap_or(usize::MAX)
+        });
+        Ok(changes)
+    }
+
+    /// Relays for `config`'s `[[gateway]]` routes, built for every worker
+    /// (backends asked of rpcbind, buffers mapped) without changing what
+    /// is served.
+    ///
+    /// # Errors
+    /// [`ServeError`]: a backend rpcbind does not know, a relay that
+    /// cannot be built.
+    pub fn prepare_gateway(
+        &self,
+        config: &Config,
+    ) -> Result<dataplane::worker::PreparedGateway, ServeError> {
+        let setup = crate::gateway::setup(config)?;
+        let set = self
+            .workers
+            .as_ref()
+            .ok_or(ServeError::Workers(WorkerError::Busy))?;
+        Ok(set.prepare_gateway(setup)?)
+    }
+
+    /// Makes the workers relay with `prepared` (calls at the old backends
+    /// are still answered).
+    pub fn swap_gateway(&self, prepared: dataplane::worker::PreparedGateway) {
+        if let Some(set) = &self.workers {
+            set.swap_gateway(prepared);
+        }
+    }
+
+    /// Changes the connection limit of the workers.
+    pub fn set_max_connections(&self, limit: usize) {
+        if let Some(set) = &self.workers {
+            set.set_max_connections(limit);
+        }
     }
 
     /// The workers, for readers that must not keep them alive (the
@@ -319,13 +465,13 @@ impl DataPath {
     }
 
     /// Stops accepting: every acceptor thread ends and its listener closes.
-    pub fn stop_accepting(&mut self, registry: &Registry) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.acceptors.drain(..) {
-            let _ = h.join();
+    pub fn stop_accepting(&mut self) {
+        // Every flag first, so that the acceptors wind down together.
+        for s in &self.listeners {
+            s.stop.store(true, Ordering::SeqCst);
         }
-        for i in 0..self.listeners {
-            metrics::set(&registry.listener(i).serving, 0);
+        for s in &mut self.listeners {
+            s.stop();
         }
     }
 
@@ -333,7 +479,8 @@ impl DataPath {
     /// connection and stops the workers. The report names any pool that
     /// did not come back full.
     pub fn finish(mut self, registry: &Registry, grace: Duration) -> ShutdownReport {
-        self.stop_accepting(registry);
+        self.stop_accepting();
+        self.listeners.clear();
         registry.set_refresher(None);
         match self.workers.take().map(Arc::try_unwrap) {
             Some(Ok(set)) => set.stop(grace),
@@ -351,10 +498,7 @@ impl Drop for DataPath {
     /// failed at start, or an embedding application lets go of it) still
     /// stops its acceptors; the workers stop when their set is dropped.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.acceptors.drain(..) {
-            let _ = h.join();
-        }
+        self.stop_accepting();
     }
 }
 
@@ -422,19 +566,18 @@ fn spawn_acceptor<P: PoolProvider>(
     set: &Arc<WorkerSet>,
     listener: P::Listener,
     stop: &Arc<AtomicBool>,
-    registry: &Arc<Registry>,
+    counters: &Arc<metrics::ListenerCounters>,
     provider_refusals: ProviderRefusals<P::Listener>,
 ) -> std::io::Result<JoinHandle<()>> {
-    let (url, set, stop, registry) = (
+    let (url, set, stop, counters) = (
         url.clone(),
         Arc::clone(set),
         Arc::clone(stop),
-        Arc::clone(registry),
+        Arc::clone(counters),
     );
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
-            let counters = registry.listener(index);
             let mut log = RefusalLog::new(url.to_string());
             let mut provider_seen = provider_refusals(&listener);
             while !stop.load(Ordering::SeqCst) {
@@ -482,21 +625,20 @@ fn spawn_tcp_acceptor(
     set: &Arc<WorkerSet>,
     acceptor: TcpAcceptor,
     stop: &Arc<AtomicBool>,
-    registry: &Arc<Registry>,
+    counters: &Arc<metrics::ListenerCounters>,
 ) -> std::io::Result<JoinHandle<()>> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let (url, set, stop, registry) = (
+    let (url, set, stop, counters) = (
         url.clone(),
         Arc::clone(set),
         Arc::clone(stop),
-        Arc::clone(registry),
+        Arc::clone(counters),
     );
     let wait = PollTimeout::try_from(ACCEPT_POLL).unwrap_or(PollTimeout::MAX);
     let retry = PollTimeout::try_from(TCP_HAND_OFF_RETRY).unwrap_or(PollTimeout::MAX);
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
-            let counters = registry.listener(index);
             let mut log = RefusalLog::new(url.to_string());
             // Streams accepted while every worker's control ring was full,
             // oldest first: a connect burst waits here for the rings to
@@ -574,27 +716,12 @@ fn spawn_tcp_acceptor(
 /// Makes every `/metrics` scrape copy the workers' counters into the
 /// registry first (the workers write their own cache-padded counters; the
 /// registry is the exporter's view).
-fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
+fn install_metrics_bridge(set: &WorkerSet, registry: &Arc<Registry>) {
     let counters = set.counters();
     let latency = set.latency();
     let bulk = set.bulk_pools();
     let credits = set.credit_pools();
-    let gateway = set.config().gateway.clone();
-    // Per transport, its listeners: a transport with one listener (the
-    // usual case) gets an exact per-listener connection gauge.
-    let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
-        .iter()
-        .map(|&t| {
-            let listeners = config
-                .listeners
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.url.scheme() == t.scheme())
-                .map(|(i, _)| i)
-                .collect();
-            (t, listeners)
-        })
-        .collect();
+    let gateway = set.gateway();
     registry.set_refresher(Some(Box::new(move |reg: &Registry| {
         for (i, c) in counters.iter().enumerate() {
             let sum = c.snapshot();
@@ -643,17 +770,26 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
                 metrics::set(&w.errors[kind as usize], v);
             }
         }
-        if let Some(g) = &gateway {
-            reg.set_gateway(gateway_samples(g));
-        }
+        // The routes a reload may have changed.
+        let routes = match &*gateway.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(g) => gateway_samples(g),
+            None => Vec::new(),
+        };
+        reg.set_gateway(routes);
         reg.set_latency(latency_samples(&latency));
-        for (t, listeners) in &by_transport {
-            if let [only] = listeners[..] {
+        // Per transport, its listeners (they change with a reload): a
+        // transport with one listener (the usual case) gets an exact
+        // per-listener connection gauge.
+        let listeners = reg.listeners();
+        for t in Transport::ALL {
+            let prefix = format!("{}://", t.scheme());
+            let mut of_t = listeners.iter().filter(|(u, _)| u.starts_with(&prefix));
+            if let (Some((_, only)), None) = (of_t.next(), of_t.next()) {
                 let open = counters
                     .iter()
                     .map(|c| c.connections_by_transport[t.index()].get())
                     .sum();
-                metrics::set(&reg.listener(only).active, open);
+                metrics::set(&only.active, open);
             }
         }
     })));

@@ -258,6 +258,7 @@ fn serve(listener: UnixListener, sources: Sources, stop: Arc<AtomicBool>) {
     // Rates are taken against a sample one to two seconds old.
     let (mut older, mut newer): (Option<Sample>, Option<Sample>) = (None, None);
     let mut next_sample = Instant::now();
+    let mut failures = crate::ratelimit::Warnings::default();
     while !stop.load(Ordering::SeqCst) {
         if Instant::now() >= next_sample {
             if let Some(set) = sources.workers.upgrade() {
@@ -275,7 +276,9 @@ fn serve(listener: UnixListener, sources: Sources, stop: Arc<AtomicBool>) {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
             Err(e) => {
-                tracing::warn!("control socket accept failed: {e}");
+                failures.warn(Instant::now(), || {
+                    format!("control socket accept failed: {e}")
+                });
                 std::thread::sleep(ACCEPT_POLL);
             }
         }

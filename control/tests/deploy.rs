@@ -144,3 +144,140 @@ fn grafana_dashboard_parses_and_queries_only_exported_metrics() {
         assert!(titles.contains(&row), "no {row} row: {titles:?}");
     }
 }
+
+/// The Kubernetes manifests (`deploy/k8s/`) are valid for the API
+/// versions `kubernetes-validate` ships schemas of (strict: no unknown
+/// field). The ServiceMonitor is a custom resource it has no schema for;
+/// its selector and port are checked against the Service here.
+#[test]
+fn kubernetes_manifests_validate() {
+    let Some(tool) = require_peer("kubernetes-validate") else {
+        return;
+    };
+    let dir = std::path::Path::new("../deploy/k8s");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    for f in &files {
+        let out = Command::new(&tool)
+            .arg("--strict")
+            .arg(f)
+            .output()
+            .expect("run kubernetes-validate");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{}: {text}", f.display());
+        assert!(!text.contains("ERROR"), "{}: {text}", f.display());
+        for warn in text.lines().filter(|l| l.contains("WARN")) {
+            assert!(
+                warn.contains("kind ServiceMonitor"),
+                "{}: unexpected warning {warn}",
+                f.display()
+            );
+        }
+    }
+    let service = std::fs::read_to_string(dir.join("service.yaml")).unwrap();
+    let monitor = std::fs::read_to_string(dir.join("servicemonitor.yaml")).unwrap();
+    assert!(monitor.contains("app.kubernetes.io/name: rpcrdmad"));
+    assert!(service.contains("    app.kubernetes.io/name: rpcrdmad\n  ports:"));
+    assert!(monitor.contains("- port: metrics") && service.contains("- name: metrics"));
+}
+
+/// The block scalar `key: |` of a YAML file, unindented (our ConfigMap's
+/// two files; a full YAML parser is not needed for them).
+fn block_scalar(yaml: &str, key: &str) -> String {
+    let head = format!("  {key}: |");
+    let mut lines = yaml.lines().skip_while(|l| *l != head).skip(1);
+    let mut out = String::new();
+    for l in lines.by_ref() {
+        if l.is_empty() {
+            out.push('\n');
+        } else if let Some(rest) = l.strip_prefix("    ") {
+            out.push_str(rest);
+            out.push('\n');
+        } else {
+            break;
+        }
+    }
+    assert!(!out.is_empty(), "no {key} in the ConfigMap");
+    out
+}
+
+/// The CPUs of a `Cpus_allowed_list` ("0-3,8").
+fn cpu_list(list: &str) -> Vec<usize> {
+    list.split(',')
+        .flat_map(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            lo.trim().parse::<usize>().unwrap()..=hi.trim().parse::<usize>().unwrap()
+        })
+        .collect()
+}
+
+/// The container's entrypoint turns the ConfigMap's template into a file
+/// `rpcrdmad --check-config` accepts, with one worker per CPU of the
+/// affinity mask it runs under (the pod's exclusive cpuset).
+#[test]
+fn k8s_entrypoint_renders_a_config_with_the_pods_cpus() {
+    let yaml = std::fs::read_to_string("../deploy/k8s/configmap.yaml").unwrap();
+    let dir = scratch_dir("k8s-entrypoint");
+    let template = write_file(
+        &dir,
+        "rpcrdmad.toml.in",
+        &block_scalar(&yaml, "rpcrdmad.toml.in"),
+    );
+    let entrypoint = write_file(&dir, "entrypoint.sh", &block_scalar(&yaml, "entrypoint.sh"));
+    let out = Command::new("sh")
+        .arg(&entrypoint)
+        .env("NODE_IP", "127.0.0.1")
+        .env("RPCRDMA_TEMPLATE", &template)
+        .env("RPCRDMA_RENDER_ONLY", "1")
+        .output()
+        .expect("run the entrypoint");
+    let rendered = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{rendered}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let want = format!(
+        "cores = [{}]",
+        cpu_list(allowed)
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(rendered.contains(&want), "{want} not in:\n{rendered}");
+    assert!(!rendered.contains('@'), "placeholder left:\n{rendered}");
+    // This host may have no free hugepages; the pod requests its own.
+    let cfg = write_file(
+        &dir,
+        "rpcrdmad.toml",
+        &rendered.replace("hugepages = \"required\"", "hugepages = \"prefer\""),
+    );
+    let check = Command::new(BIN)
+        .arg("--check-config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -493,3 +493,63 @@ fn clean_closes_and_faults_are_counted_apart() {
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Nothing is logged per RPC, even at the most verbose level: a few
+/// hundred calls over shm and tcp add no line to the daemon's log
+/// between its start and its stop but the two connections' hand-offs.
+#[test]
+fn no_log_line_per_rpc_even_at_trace() {
+    let dir = scratch_dir("serve-quiet");
+    let shm = format!("shm://{}/d.sock", dir.display());
+    let tcp = "tcp://127.0.0.54:20541";
+    let cfg = write_file(
+        &dir,
+        "quiet.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{shm}\"\n\n[[listeners]]\nurl = \"{tcp}\"\n\n\
+             [workers]\ncores = [0]\nidle = \"adaptive\"\n\n[metrics]\nenabled = false\n\n\
+             [rpcbind]\nregister = false\n\n[control]\nsocket = \"{}/ctl.sock\"\n",
+            dir.display()
+        ),
+    );
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["--config", cfg.to_str().unwrap()])
+        .env("RPCRDMAD_LOG", "trace");
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    let before = d.stderr().lines().count();
+    let mut c = Client::<Shm>::connect(&shm, client_config(1 << 20, 4)).expect("shm connect");
+    let mut t = TcpClient::connect_url(tcp, TcpClientConfig::for_data(4096, 1)).expect("tcp");
+    const CALLS: usize = 300;
+    for i in 0..CALLS {
+        let data = test_data(32, i);
+        assert_eq!(
+            simple_call(&mut c, Args::Echo(&data), ReplyTarget::Inline),
+            data
+        );
+        assert_eq!(tcp_call(&mut t, Args::Echo(&data)), data);
+    }
+    // A marker after the last call: the hand-off of a third connection
+    // (a debug line naming its peer). Every line the calls caused came
+    // before it.
+    let marker = std::net::TcpStream::connect("127.0.0.54:20541").unwrap();
+    let peer = marker.local_addr().unwrap().to_string();
+    d.wait_for_line(&format!("{peer} handed to worker"));
+    let during: Vec<String> = d
+        .stderr()
+        .lines()
+        .skip(before)
+        .take_while(|l| !l.contains(&peer))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        during.len() <= 4,
+        "{} lines for {} calls:\n{}",
+        during.len(),
+        2 * CALLS,
+        during.join("\n")
+    );
+    drop((c, t, marker));
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -39,7 +39,7 @@ pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
 pub use fuzz::{fuzz_endpoint, FuzzProvider};
-pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
+pub use pool::{PoolProvider, PreparedGateway, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 pub use status::{ConnectionStatus, WorkerStatus};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
@@ -392,6 +392,8 @@ pub enum Command {
     AddTcp(TcpStream),
     /// Report every connection ([`status`]) on this channel.
     Status(std::sync::mpsc::SyncSender<WorkerStatus>),
+    /// Relay routed programs with this relay from now on (a reload).
+    Gateway(Box<run::RelaySwap>),
     /// Stop: let calls in progress finish for at most `grace`, then close
     /// everything and exit.
     Stop {
@@ -409,6 +411,7 @@ impl core::fmt::Debug for Command {
             Command::AddIbverbs(ep) => f.debug_tuple("AddIbverbs").field(ep).finish(),
             Command::AddTcp(s) => f.debug_tuple("AddTcp").field(s).finish(),
             Command::Status(_) => f.write_str("Status"),
+            Command::Gateway(g) => f.debug_tuple("Gateway").field(g).finish(),
             Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
         }
     }

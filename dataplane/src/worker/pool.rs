@@ -12,8 +12,8 @@ use crossbeam_queue::ArrayQueue;
 use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint, SharedRecvs};
 use super::run::Worker;
 use super::{
-    Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
-    WorkerReport, WorkerSnapshot,
+    Command, Dispatcher, GatewaySetup, ShutdownReport, Transport, WorkerConfig, WorkerCounters,
+    WorkerError, WorkerReport, WorkerSnapshot,
 };
 use crate::gateway::Forwarder;
 #[cfg(feature = "ibverbs")]
@@ -304,6 +304,20 @@ pub struct WorkerSet {
     workers: Vec<WorkerHandle>,
     providers: sealed::Providers,
     config: WorkerConfig,
+    /// [`WorkerConfig::max_connections`], changeable while serving
+    /// ([`WorkerSet::set_max_connections`]).
+    max_connections: std::sync::atomic::AtomicUsize,
+    /// The gateway's routes and counters now ([`WorkerConfig::gateway`]
+    /// at spawn; [`WorkerSet::swap_gateway`] changes them).
+    gateway: Arc<std::sync::Mutex<Option<GatewaySetup>>>,
+}
+
+/// Relays built for every worker, ready to replace theirs
+/// ([`WorkerSet::prepare_gateway`], [`WorkerSet::swap_gateway`]).
+#[derive(Debug)]
+pub struct PreparedGateway {
+    relays: Vec<super::run::RelaySwap>,
+    setup: Option<GatewaySetup>,
 }
 
 impl core::fmt::Debug for WorkerSet {
@@ -356,6 +370,8 @@ impl WorkerSet {
             workers: Vec::with_capacity(cores.len()),
             providers: sealed::Providers::default(),
             config: config.clone(),
+            max_connections: std::sync::atomic::AtomicUsize::new(config.max_connections),
+            gateway: Arc::new(std::sync::Mutex::new(config.gateway.clone())),
         };
         let programs = dispatcher.programs();
         for (index, core) in cores.iter().copied().enumerate() {
@@ -621,6 +637,71 @@ impl WorkerSet {
             .sum()
     }
 
+    /// The gateway's routes and counters in force, shared with whoever
+    /// reads them (the metrics); a reload replaces what it holds.
+    pub fn gateway(&self) -> Arc<std::sync::Mutex<Option<GatewaySetup>>> {
+        Arc::clone(&self.gateway)
+    }
+
+    /// Builds a relay for `setup` for every worker (its buffers mapped,
+    /// no connection made yet), without changing anything.
+    ///
+    /// # Errors
+    /// [`WorkerError::GatewayConfig`] for bad routes,
+    /// [`WorkerError::Gateway`] when a relay's buffers cannot be mapped.
+    pub fn prepare_gateway(
+        &self,
+        setup: Option<GatewaySetup>,
+    ) -> Result<PreparedGateway, WorkerError> {
+        let mut relays = Vec::with_capacity(self.workers.len());
+        for worker in 0..self.workers.len() {
+            let relay = match setup.as_ref() {
+                None => None,
+                Some(g) => {
+                    g.config.validate()?;
+                    Some(
+                        Forwarder::new(g.config.clone(), g.counters.clone())
+                            .map_err(|source| WorkerError::Gateway { worker, source })?,
+                    )
+                }
+            };
+            relays.push(super::run::RelaySwap(relay));
+        }
+        Ok(PreparedGateway { relays, setup })
+    }
+
+    /// Hands every worker its new relay: calls of routed programs go to
+    /// the new routes from the worker's next iteration, and the calls the
+    /// old relay has at its backends are still answered through it.
+    pub fn swap_gateway(&self, prepared: PreparedGateway) {
+        for (w, relay) in self.workers.iter().zip(prepared.relays) {
+            let mut cmd = Command::Gateway(Box::new(relay));
+            // A full ring drains quickly: the worker is running.
+            while let Err(back) = w.ring.push(cmd) {
+                cmd = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if let Some(t) = &w.thread {
+                t.thread().unpark();
+            }
+        }
+        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = prepared.setup;
+    }
+
+    /// The connection limit in force.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the connection limit while serving: connections above a
+    /// lowered limit stay; new ones are refused until the count is below
+    /// it.
+    pub fn set_max_connections(&self, limit: usize) {
+        self.max_connections
+            .store(limit, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether one more connection may be taken
     /// ([`WorkerConfig::max_connections`]). Acceptors ask before setting a
     /// connection up; concurrent acceptors of several listeners may
@@ -639,7 +720,7 @@ impl WorkerSet {
     /// # Errors
     /// [`WorkerError::ConnectionLimit`].
     pub fn admit_more(&self, held: usize) -> Result<(), WorkerError> {
-        let limit = self.config.max_connections;
+        let limit = self.max_connections();
         if self.connections().saturating_add(held) >= limit {
             return Err(WorkerError::ConnectionLimit { limit });
         }
@@ -782,7 +863,12 @@ impl WorkerSet {
     /// reconnect (docs/GATEWAY.md, "Reply cache").
     fn worker_for(&self, peer: u64) -> usize {
         let n = self.workers.len() as u64;
-        if self.config.gateway.is_none() || peer == 0 || n <= 1 {
+        let routed = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !routed || peer == 0 || n <= 1 {
             return self.least_loaded();
         }
         // Fibonacci hashing: consecutive addresses spread over workers.

@@ -61,6 +61,21 @@ struct Scratch {
     reply: Box<[u8]>,
     /// The relay to the gateway's backends, when programs are routed.
     forwarder: Option<Forwarder<Origin>>,
+    /// Relays a reload replaced, kept until their calls in flight are
+    /// answered (they take no new call).
+    retiring: Vec<Forwarder<Origin>>,
+}
+
+/// A worker's new relay (the gateway's routes changed): `None` when no
+/// program is routed any more. Built by the control plane
+/// ([`WorkerSet::prepare_gateway`](super::WorkerSet::prepare_gateway)),
+/// so that a failure changes nothing.
+pub struct RelaySwap(pub(super) Option<Forwarder<Origin>>);
+
+impl core::fmt::Debug for RelaySwap {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("RelaySwap").field(&self.0.is_some()).finish()
+    }
 }
 
 /// Where a forwarded call came from: enough to find its connection (and
@@ -409,6 +424,7 @@ impl Worker {
             reply: vec![0u8; self.config.endpoint.engine.max_reply_size as usize]
                 .into_boxed_slice(),
             forwarder,
+            retiring: Vec::new(),
         };
         let mut idler = Idler::new(self.config.idle);
         let mut phase = Phase::Running;
@@ -464,6 +480,14 @@ impl Worker {
                         }
                         self.fold_tcp(&mut conns);
                     }
+                    Command::Gateway(swap) => {
+                        // New calls go to the new relay; the old one keeps
+                        // answering the calls it has at its backends.
+                        let old = std::mem::replace(&mut scratch.forwarder, swap.0);
+                        if let Some(old) = old.filter(|f| f.in_flight() > 0) {
+                            scratch.retiring.push(old);
+                        }
+                    }
                     Command::Status(reply) => {
                         // The asker waits with a deadline; an answer it no
                         // longer wants is dropped here.
@@ -492,6 +516,12 @@ impl Worker {
             }
             if let Some(fw) = scratch.forwarder.as_mut() {
                 work += self.poll_gateway(fw, &mut conns, now);
+            }
+            if !scratch.retiring.is_empty() {
+                for fw in scratch.retiring.iter_mut() {
+                    work += self.poll_gateway(fw, &mut conns, now);
+                }
+                scratch.retiring.retain(|fw| fw.in_flight() > 0);
             }
             if let Some(tcp) = conns.tcp.as_mut() {
                 work += match scratch.forwarder.as_mut() {
