@@ -94,6 +94,9 @@ pub struct Workers {
     /// Connections (every listener, every transport) served at once;
     /// requests beyond it are refused.
     pub max_connections: u32,
+    /// TCP connections one peer address may have open at once; more are
+    /// refused. 0: no limit per address.
+    pub max_connections_per_peer: u32,
     /// Buffers of `transport.max_message` in each worker's bulk pool, per
     /// RDMA provider: large calls and replies of every connection lease
     /// them one exchange at a time. 0: no pool.
@@ -115,6 +118,7 @@ impl Default for Workers {
             idle: IdleStrategy::Adaptive,
             park_max_us: 1000,
             max_connections: 1024,
+            max_connections_per_peer: 128,
             bulk_buffers: 64,
             shared_receives: 4096,
             control_ring: 256,
@@ -763,6 +767,13 @@ impl Config {
             "workers.max_connections",
             w.max_connections.into(),
             1,
+            1_000_000,
+        )?;
+        range(
+            &[Key("workers"), Key("max_connections_per_peer")],
+            "workers.max_connections_per_peer",
+            w.max_connections_per_peer.into(),
+            0,
             1_000_000,
         )?;
         range(

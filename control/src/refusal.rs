@@ -35,11 +35,14 @@ pub enum Refusal {
     /// half-open that the provider allows per address (rejected by its
     /// connection manager before the daemon saw the request).
     HalfOpen,
+    /// tcp: the peer's address already had
+    /// `workers.max_connections_per_peer` connections.
+    PeerLimit,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -48,6 +51,7 @@ impl Refusal {
         Refusal::Resources,
         Refusal::Accept,
         Refusal::HalfOpen,
+        Refusal::PeerLimit,
     ];
 
     /// The metrics label.
@@ -61,6 +65,7 @@ impl Refusal {
             Refusal::Resources => "resources",
             Refusal::Accept => "accept",
             Refusal::HalfOpen => "half_open",
+            Refusal::PeerLimit => "peer_limit",
         }
     }
 
@@ -68,6 +73,7 @@ impl Refusal {
     pub fn of(e: &WorkerError) -> Refusal {
         match e {
             WorkerError::ConnectionLimit { .. } => Refusal::Limit,
+            WorkerError::PeerLimit { .. } => Refusal::PeerLimit,
             WorkerError::Busy => Refusal::Busy,
             WorkerError::Verbs(v) => match v {
                 VerbsError::PeerNotAllowed { .. } => Refusal::NotAllowed,

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use dataplane::engine;
 use dataplane::mem::Backing;
 use dataplane::service::ServiceTable;
-use dataplane::tcp::{TcpAcceptor, TcpConfig, TcpError};
+use dataplane::tcp::{PeerCounts, TcpAcceptor, TcpConfig, TcpError};
 #[cfg(feature = "ibverbs")]
 use dataplane::verbs::ibverbs::Ibverbs;
 use dataplane::verbs::roce::Roce;
@@ -188,6 +188,8 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
         bulk_buffers: c.workers.bulk_buffers,
         shared_receives: c.workers.shared_receives,
         ring_capacity: c.workers.control_ring as usize,
+        tcp_peers: (c.workers.max_connections_per_peer > 0)
+            .then(|| Arc::new(PeerCounts::new(c.workers.max_connections_per_peer))),
         ..WorkerConfig::default()
     }
 }
@@ -671,6 +673,15 @@ fn spawn_tcp_acceptor(
                         drop(stream);
                         return;
                     }
+                    // Counted in here, out by the worker that closes it.
+                    if let Err(e) = set.admit_tcp_peer(peer.ip()) {
+                        counters.refused(Refusal::PeerLimit);
+                        log.refused(Instant::now(), Refusal::PeerLimit, || {
+                            format!("{peer}: {e}")
+                        });
+                        drop(stream);
+                        return;
+                    }
                     if !waiting.is_empty() {
                         waiting.push_back((stream, peer));
                         return;
@@ -694,7 +705,10 @@ fn spawn_tcp_acceptor(
                 }
             }
             // Streams never handed out close with the acceptor.
-            drop(waiting);
+            for (stream, peer) in waiting.drain(..) {
+                set.tcp_peer_gone(peer.ip());
+                drop(stream);
+            }
             drop(acceptor);
         })
 }

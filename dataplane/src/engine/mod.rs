@@ -43,7 +43,7 @@ mod bulk;
 mod conf;
 mod connection;
 mod credits;
-mod fuzz;
+pub(crate) mod fuzz;
 mod heap;
 mod inval;
 mod msgp;
@@ -70,7 +70,7 @@ pub use conf::{
 };
 pub use connection::{Connection, Resources, Stats};
 pub use credits::{CreditPool, CREDIT_FLOOR};
-pub use fuzz::fuzz_recv;
+pub use fuzz::{fuzz_recv, Coverage};
 pub use msgp::{MessagePadding, MAX_AUTH_BYTES};
 pub use time::{Instant, Timer, TimerTable};
 pub use wr::{WcStatus, WorkRequest, WrId, WrKind};

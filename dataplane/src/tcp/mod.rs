@@ -49,6 +49,7 @@
 pub(crate) mod buf;
 mod client;
 mod epoll;
+mod peers;
 mod server;
 
 #[cfg(test)]
@@ -60,6 +61,7 @@ use std::net::SocketAddr;
 
 pub use buf::ZeroedBuf;
 pub use client::{Reply, TcpClient, TcpClientConfig, TcpClientError, TcpClientStats};
+pub use peers::PeerCounts;
 pub use server::{
     NoRelay, Relayed, TcpAcceptor, TcpCallId, TcpConnCounts, TcpConnections, TcpRelay, TcpServer,
 };

@@ -4,11 +4,13 @@
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
 
 use nix::sys::socket::{send, MsgFlags};
 
 use super::buf::{InBuf, OutBuf, ZeroedBuf};
 use super::epoll::{EpollSet, Interest};
+use super::peers::PeerCounts;
 use super::{Readiness, TcpConfig, TcpError, TcpStats};
 use crate::engine::Instant;
 use crate::service::{Dispatch, Dispatcher};
@@ -599,6 +601,9 @@ pub struct TcpConnections {
     pass: u64,
     /// When an epoll pass next looks for idle connections.
     next_idle_scan: Instant,
+    /// The per-address counts an acceptor counted each connection into:
+    /// a connection closed here, for whatever reason, is counted out.
+    peers: Option<Arc<PeerCounts>>,
 }
 
 /// `slot_of_fd` entry of a descriptor that is not one of ours.
@@ -633,7 +638,20 @@ impl TcpConnections {
             carry: Vec::with_capacity(cfg.max_connections.min(1024)),
             pass: 0,
             next_idle_scan: Instant(0),
+            peers: None,
         })
+    }
+
+    /// Counts every connection closed from now on out of `peers` (the
+    /// acceptor counted it in before handing it over).
+    pub fn count_peers_out_of(&mut self, peers: Option<Arc<PeerCounts>>) {
+        self.peers = peers;
+    }
+
+    fn count_out(&self, peer: SocketAddr) {
+        if let Some(p) = &self.peers {
+            p.remove(peer.ip());
+        }
     }
 
     /// The configuration.
@@ -680,6 +698,7 @@ impl TcpConnections {
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         if self.conns.len() >= self.cfg.max_connections {
             self.stats.connections_refused += 1;
+            self.count_out(peer);
             return Err(TcpError::TooManyConnections {
                 max: self.cfg.max_connections,
                 peer,
@@ -707,6 +726,7 @@ impl TcpConnections {
             }
             Err(source) => {
                 self.stats.connections_refused += 1;
+                self.count_out(peer);
                 Err(TcpError::Io {
                     what: "set up an accepted connection",
                     source,
@@ -998,7 +1018,9 @@ impl TcpConnections {
         }
         // Dropping the stream closes the socket; unread input makes the
         // kernel answer with a reset, which is what a broken peer gets.
-        drop(self.conns.swap_remove(i));
+        let closed = self.conns.swap_remove(i);
+        self.count_out(closed.peer);
+        drop(closed);
         if let Some(moved) = self.conns.get(i) {
             if let Some(slot) = self.slot_of_fd.get_mut(moved.fd as usize) {
                 *slot = i as u32;

@@ -30,6 +30,7 @@ use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, VerbsError};
 
 pub mod endpoint;
+mod fuzz;
 mod pool;
 mod run;
 pub mod status;
@@ -37,6 +38,7 @@ pub mod status;
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
+pub use fuzz::{fuzz_endpoint, FuzzProvider};
 pub use pool::{PoolProvider, PreparedGateway, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
 pub use status::{ConnectionStatus, WorkerStatus};
 
@@ -179,6 +181,10 @@ pub struct WorkerConfig {
     /// backend and relays the replies. `None`: every call is served by
     /// the dispatcher.
     pub gateway: Option<GatewaySetup>,
+    /// Live TCP connections per peer address, shared with the acceptors
+    /// that count connections in ([`WorkerSet::admit_tcp_peer`]); each
+    /// worker counts out the ones it closes. `None`: no limit per address.
+    pub tcp_peers: Option<std::sync::Arc<crate::tcp::PeerCounts>>,
 }
 
 /// What every worker's relay is built from: the routes and limits. Each
@@ -230,6 +236,7 @@ impl Default for WorkerConfig {
             bulk_buffers: DEFAULT_BULK_BUFFERS,
             shared_receives: DEFAULT_SHARED_RECEIVES,
             gateway: None,
+            tcp_peers: None,
         }
     }
 }
@@ -561,6 +568,13 @@ pub enum WorkerError {
     /// The set already serves `max_connections`; the request was refused.
     #[error("connection limit reached: {limit} connections already served (raise `workers.max_connections` if the node has memory for more)")]
     ConnectionLimit {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The peer address already has the most connections one address may
+    /// have; the request was refused.
+    #[error("per-address limit reached: this address already has {limit} connections (raise `workers.max_connections_per_peer` if one client host needs more)")]
+    PeerLimit {
         /// The configured limit.
         limit: usize,
     },

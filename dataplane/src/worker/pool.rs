@@ -740,6 +740,31 @@ impl WorkerSet {
         Ok(())
     }
 
+    /// Counts a TCP connection from `peer` in before it is handed to a
+    /// worker ([`hand_off_tcp`](Self::hand_off_tcp)), which counts it out
+    /// when it closes it; the caller that drops the stream instead counts
+    /// it out itself ([`tcp_peer_gone`](Self::tcp_peer_gone)).
+    ///
+    /// # Errors
+    /// [`WorkerError::PeerLimit`] when `peer` already has
+    /// `workers.max_connections_per_peer` connections.
+    pub fn admit_tcp_peer(&self, peer: std::net::IpAddr) -> Result<(), WorkerError> {
+        match &self.config.tcp_peers {
+            Some(p) if !p.try_add(peer) => Err(WorkerError::PeerLimit {
+                limit: p.limit() as usize,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts out a TCP connection that was counted in but never handed
+    /// to a worker.
+    pub fn tcp_peer_gone(&self, peer: std::net::IpAddr) {
+        if let Some(p) = &self.config.tcp_peers {
+            p.remove(peer);
+        }
+    }
+
     /// Hands `ep` to worker `worker` (the one whose completion queue it
     /// is on, [`prepare_for`](Self::prepare_for)).
     ///

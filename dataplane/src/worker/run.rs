@@ -464,6 +464,9 @@ impl Worker {
                             // the stream is dropped (closed) and the
                             // gauges corrected below.
                             conns.tcp = TcpConnections::new(self.config.tcp).ok();
+                            if let Some(tcp) = conns.tcp.as_mut() {
+                                tcp.count_peers_out_of(self.config.tcp_peers.clone());
+                            }
                         }
                         if let Some(tcp) = conns.tcp.as_mut() {
                             if phase != Phase::Running {

@@ -1460,7 +1460,9 @@ fn a_req_flood_from_many_addresses_is_bounded_and_a_newcomer_gets_a_fair_turn() 
     use super::cm::{MAX_ACCEPTING, MAX_HALF_OPEN_PER_PEER};
     const LISTEN_BACKLOG: usize = 1024;
     let flooders = LISTEN_BACKLOG / MAX_HALF_OPEN_PER_PEER;
-    let (pip, _) = addrs();
+    // A device of its own: its bounds and counters are per device, and
+    // other tests of this process use the common one.
+    let (_, pip) = addrs();
     let url = format!("roce://{pip}:7006?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
@@ -1554,7 +1556,8 @@ fn a_req_flood_from_many_addresses_is_bounded_and_a_newcomer_gets_a_fair_turn() 
 #[test]
 fn a_request_left_in_the_queue_is_refused_after_the_queue_timeout() {
     use super::cm::QUEUE_TIMEOUT;
-    let (pip, fip) = addrs();
+    let (_, pip) = addrs(); // a device of its own, as above
+    let (_, fip) = addrs();
     let mut fake = Fake::new(fip, pip);
     let url = format!("roce://{pip}:7007?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();

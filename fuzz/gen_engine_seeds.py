@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Writes the hand-built seeds of the engine_recv and engine_worker targets
+(fuzz/seeds/engine_recv/, fuzz/seeds/engine_worker/), one per engine path,
+in the input format `dataplane::engine::fuzz_recv` and
+`dataplane::worker::fuzz_endpoint` document: a configuration byte, then
+operations (a control byte: low four bits the operation, high four its
+parameter; then its arguments). Run from the repository root; the seeds are
+committed, this only documents and regenerates them."""
+import os
+import struct
+
+RAW, COMPLETE, STALE, REPLY, CALL, ANSWER, TIME, RELEASE, ENGINE_CALL, \
+    SCRIBBLE, PEER_MEMORY, DONE, RECV_ERROR, DISCONNECT, COMPLETE_ALL, \
+    RAW_INVALIDATE = range(16)
+
+# Configuration bits.
+READ_CHUNKS, WINDOWS, REMOTE_INV, CONF_RDMA, ONE_CREDIT, ONE_READ, IDLE, SMALL = \
+    (1 << i for i in range(8))
+
+
+def op(code, param=0, *args):
+    out = bytes([code | (param << 4)])
+    for a in args:
+        out += a
+    return out
+
+
+def b(*xs):
+    return bytes(xs)
+
+
+def u16(n):
+    return struct.pack(">H", n)
+
+
+def u32(n):
+    return struct.pack(">I", n)
+
+
+def all_done():
+    return op(COMPLETE_ALL)
+
+
+def reply(sel, kind, credits=4, body=b"\0" * 8):
+    return op(REPLY, 0, b(sel, kind, credits), u16(len(body)), body)
+
+
+def call(shape, proc=0, body=b"\0" * 8):
+    return op(CALL, 0, b(shape, proc), u16(len(body)), body)
+
+
+def answer(sel, shape):
+    return op(ANSWER, 0, b(sel, shape))
+
+
+def raw(msg):
+    return op(RAW, 0, u16(len(msg)), msg)
+
+
+def rdma_hdr(xid, credits, proc, chunks=b"\0\0\0\0" * 3):
+    return u32(xid) + u32(1) + u32(credits) + u32(proc) + chunks
+
+
+def rpc_reply(xid, extra=b""):
+    return u32(xid) + u32(1) + u32(0) + u32(0) + u32(0) + u32(0) + extra
+
+
+# The engine sends three calls before the input (XIDs 1, 2, 3); the grant
+# starts at one credit, so only call 1 is on the wire until a reply grants
+# more. Replies pick a call among those the peer saw, in order.
+first = reply(0, 0) + all_done()
+seeds = {
+    "reply_inline": b(0) + first + op(RELEASE, 0, b(0)),
+    "reply_write_chunk": b(0) + first + reply(2, 1, body=b"\x11" * 3000) + all_done(),
+    "reply_reply_chunk": b(0) + first + reply(2, 2, body=b"\x22" * 20000) + all_done(),
+    "reply_reply_chunk_and_inline": b(0) + first + reply(2, 7, body=b"\x22" * 500) + all_done(),
+    "reply_msgp": b(0) + first + reply(1, 3, body=b"\x08" * 64),
+    "reply_err_vers": b(0) + first + reply(1, 4),
+    "reply_err_chunk_and_other": b(0) + first + reply(1, 5, credits=2) + reply(2, 5, credits=3),
+    "reply_read_chunk_done": b(READ_CHUNKS) + first + reply(2, 6, body=b"\x33" * 5000)
+    + all_done() + all_done() + op(RELEASE, 0, b(0)),
+    "reply_read_chunk_unnegotiated": b(0) + first + reply(2, 6, body=b"\x33" * 100) + all_done(),
+    "peer_call_inline": b(0) + call(0) + answer(0, 0) + all_done(),
+    "peer_call_read_chunk": b(0) + call(1 | 4, body=b"\x44" * 3000) + all_done()
+    + answer(0, 4) + all_done(),
+    "peer_call_nomsg": b(ONE_READ) + call(2, body=b"\x55" * 6000) + all_done()
+    + answer(0, 1 | 0x10) + all_done(),
+    "peer_call_reply_chunk": b(0) + call(0x10) + answer(0, 2) + all_done(),
+    "peer_call_two_ddp": b(0) + call(8) + answer(0, 8 | 1) + all_done(),
+    "peer_call_msgp": b(0) + call(3, body=b"\x66" * 100) + answer(0, 0) + all_done(),
+    "peer_call_unknown_type": b(0) + call(0x40) + all_done(),
+    "exposed_reply_done": b(READ_CHUNKS) + call(0) + answer(0, 3) + all_done()
+    + op(DONE, 0, b(0)) + all_done(),
+    "exposed_reply_done_invalidate": b(READ_CHUNKS | WINDOWS | REMOTE_INV) + call(0)
+    + answer(0, 3) + all_done() + op(DONE, 1, b(0)) + all_done(),
+    "exposed_reply_timeout": b(READ_CHUNKS) + call(0) + answer(0, 3) + all_done()
+    + op(TIME, 15) + all_done(),
+    "conf_rdma": b(CONF_RDMA) + call(0x80, proc=1) + all_done() + call(0x80, proc=1)
+    + all_done(),
+    "timeout_then_late_reply": b(0) + first + op(TIME, 15) + op(TIME, 15) + reply(1, 0)
+    + reply(2, 2) + all_done(),
+    "key_windows_write_chunk": b(WINDOWS) + first + reply(2, 1, body=b"\x77" * 2000)
+    + all_done() + op(RELEASE, 0, b(0)) + all_done(),
+    "credit_overrun": b(ONE_CREDIT) + call(0) + call(0) + call(0) + all_done(),
+    "parked_calls": b(0) + call(0) * 4 + answer(0, 0) * 4 + call(0) * 4 + all_done()
+    + answer(0, 0) * 4 + all_done(),
+    "idle_close": b(IDLE) + reply(0, 0) + all_done() + reply(1, 0) + reply(2, 0) + all_done()
+    + op(RELEASE, 0, b(0)) * 3 + all_done() + op(TIME, 15) * 3,
+    "completions_any_order": b(0) + call(1 | 4, body=b"\x44" * 9000)
+    + op(COMPLETE, 0, b(2)) + op(COMPLETE, 0, b(0)) + op(COMPLETE, 11, b(0))
+    + op(STALE, 0, b(0)) + op(STALE, 1, b(0), struct.pack(">Q", (4 << 60) | 3)),
+    "stale_and_errors": b(0) + first + op(STALE, 2, b(10)) + op(STALE, 0, b(0))
+    + op(RECV_ERROR, 0) + op(RECV_ERROR, 13),
+    "scribble_peer_memory": b(0) + first + reply(2, 1, body=b"\x11" * 3000)
+    + op(SCRIBBLE, 0, b(5), u16(0), b(8), b"\xff" * 8) + op(PEER_MEMORY, 0, u16(0), b(4), b"\1\2\3\4")
+    + all_done(),
+    "small_inline_chunks": b(SMALL) + first + reply(2, 2, body=b"\x22" * 4000) + all_done()
+    + op(ENGINE_CALL, 0, b(3 | 4 | 8 | 16)) + all_done(),
+    "disconnect": b(0) + first + op(DISCONNECT, 0),
+    "qp_failure": b(0) + first + op(DISCONNECT, 1),
+    "qp_failure_while_pulling": b(0) + call(1, body=b"\x44" * 3000) + op(DISCONNECT, 1)
+    + all_done(),
+    "reply_read_chunk_pulled_by_requester": b(READ_CHUNKS | ONE_CREDIT) + reply(0, 0)
+    + all_done() + call(0) + reply(2, 6, body=b"\x33" * 3000) + all_done() + all_done(),
+    "reply_read_chunk_too_large": b(READ_CHUNKS | ONE_CREDIT) + reply(0, 0) + all_done()
+    + call(0) + reply(2, 6, credits=0x80, body=b"\x33" * 100) + all_done() + all_done(),
+    "reply_nomsg_without_reply_chunk": b(0) + first + reply(1, 2),
+    "reply_send_with_invalidate": b(REMOTE_INV) + call(4 | 0x10) + answer(0, 4) + all_done(),
+    "one_key_window": b(WINDOWS | SMALL) + first + op(ENGINE_CALL, 0, b(3 | 8 | 16))
+    + op(ENGINE_CALL, 0, b(3 | 8 | 16)) + all_done(),
+    "error_buffers_exhausted": b(0) + raw(u32(9) + u32(2) + u32(1) + u32(0) + b"\0" * 12) * 12,
+    "raw_reply_unknown_xid": b(0) + raw(rdma_hdr(77, 4, 0) + rpc_reply(77)),
+    # Raw messages, built by hand (what the structured operations cannot say).
+    "raw_reply_msg_xid1": b(0) + raw(rdma_hdr(1, 4, 0) + rpc_reply(1)) + all_done(),
+    "raw_done_unknown_xid": b(0) + raw(rdma_hdr(77, 0, 3)),
+    "raw_runt": b(0) + raw(b"\0\0\0\1\0\0\0\1"),
+    "raw_vers2": b(0) + raw(u32(9) + u32(2) + u32(1) + u32(0) + b"\0" * 12),
+    "raw_invalidate_unknown_key": b(WINDOWS) + op(RAW_INVALIDATE, 0, u32(0x1234),
+                                                  u16(28 + 24), rdma_hdr(1, 4, 0) + rpc_reply(1)),
+}
+
+
+def write(d, seeds):
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    for name, data in seeds.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    print(d, len(seeds), "seeds")
+
+
+write("fuzz/seeds/engine_recv", seeds)
+
+# engine_worker: the same operations through the endpoint; its
+# configuration bits differ, and operation 15 sets the send queue's room.
+W_READ_CHUNKS, W_WINDOWS, W_SMALL_SQ, W_NO_PD, W_REMOTE_INV, W_ONE_CREDIT, W_CONF_RDMA, \
+    W_ONE_READ = (1 << i for i in range(8))
+SEND_ROOM = 15
+flag_map = {READ_CHUNKS: W_READ_CHUNKS, WINDOWS: W_WINDOWS, REMOTE_INV: W_REMOTE_INV,
+            CONF_RDMA: W_CONF_RDMA, ONE_CREDIT: W_ONE_CREDIT, ONE_READ: W_ONE_READ}
+worker = {}
+for name, data in seeds.items():
+    if name in ("raw_invalidate_unknown_key", "idle_close", "one_key_window",
+                "small_inline_chunks", "error_buffers_exhausted"):
+        continue
+    f = sum(w for e, w in flag_map.items() if data[0] & e)
+    worker[name] = bytes([f]) + data[1:]
+worker.update({
+    "small_send_queue_backlog": b(W_SMALL_SQ) + first + reply(2, 1, body=b"\x11" * 3000)
+    + all_done() + op(SEND_ROOM, 0) + all_done(),
+    "no_private_data": b(W_NO_PD) + first + reply(2, 2, body=b"\x22" * 3000) + all_done(),
+    "foreign_and_stale_ids": b(0) + first
+    + op(STALE, 1, b(0), struct.pack(">Q", (1 << 56) | 5)) + op(STALE, 0, b(0))
+    + op(STALE, 3, b(9), struct.pack(">Q", (5 << 56) | (3 << 32) | 1)),
+    "every_status": b(0) + call(1 | 4, body=b"\x44" * 9000)
+    + b"".join(op(COMPLETE, st, b(0)) for st in range(6, 15)),
+    "recv_longer_than_buffer": b(0) + raw(b"\0" * 5000),
+    "done_invalidating_unknown_key": b(W_WINDOWS) + op(DONE, 1, b(0)),
+    "windows_scribble": b(W_WINDOWS) + first + reply(2, 1, body=b"\x11" * 300)
+    + op(SCRIBBLE, 0, b(1), u16(8), b(16), b"\xee" * 16) + all_done(),
+})
+write("fuzz/seeds/engine_worker", worker)
