@@ -826,35 +826,46 @@ fn latency_samples(
     merged.into_values().collect()
 }
 
-/// The gateway's counters as the metrics show them, one per route.
-fn gateway_samples(g: &dataplane::worker::GatewaySetup) -> Vec<metrics::GatewayRouteSample> {
-    use std::sync::atomic::Ordering::Relaxed;
+/// The gateway's counters as the metrics show them, one per route, every
+/// worker's summed.
+fn gateway_samples(g: &dataplane::worker::GatewayState) -> Vec<metrics::GatewayRouteSample> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     g.config
         .routes
         .iter()
-        .zip(&g.counters.routes)
-        .map(|(r, c)| metrics::GatewayRouteSample {
-            program: r.program,
-            backend: r.backend.to_string(),
-            calls: c.calls.load(Relaxed),
-            replies: c.replies.load(Relaxed),
-            bytes_sent: c.bytes_out.load(Relaxed),
-            bytes_received: c.bytes_in.load(Relaxed),
-            resends: c.resends.load(Relaxed),
-            output_waits: c.output_waits.load(Relaxed),
-            errors: [
-                ("timeout", c.errors_timeout.load(Relaxed)),
-                ("busy", c.errors_busy.load(Relaxed)),
-                ("connection", c.errors_connection.load(Relaxed)),
-                ("stray_reply", c.stray_replies.load(Relaxed)),
-            ],
-            reply_cache: [
-                ("hit", c.cache_hits.load(Relaxed)),
-                ("joined", c.cache_joins.load(Relaxed)),
-            ],
-            latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
-            latency_buckets: c.latency.iter().map(|b| b.load(Relaxed)).collect(),
-            latency_sum_ns: c.latency_sum_ns.load(Relaxed),
+        .enumerate()
+        .map(|(i, r)| {
+            let routes: Vec<&dataplane::gateway::RouteCounters> =
+                g.counters.iter().filter_map(|c| c.routes.get(i)).collect();
+            let sum = |f: fn(&dataplane::gateway::RouteCounters) -> &AtomicU64| -> u64 {
+                routes.iter().map(|c| f(c).load(Relaxed)).sum()
+            };
+            let buckets = dataplane::gateway::LATENCY_BOUNDS_US.len() + 1;
+            metrics::GatewayRouteSample {
+                program: r.program,
+                backend: r.backend.to_string(),
+                calls: sum(|c| &c.calls),
+                replies: sum(|c| &c.replies),
+                bytes_sent: sum(|c| &c.bytes_out),
+                bytes_received: sum(|c| &c.bytes_in),
+                resends: sum(|c| &c.resends),
+                output_waits: sum(|c| &c.output_waits),
+                errors: [
+                    ("timeout", sum(|c| &c.errors_timeout)),
+                    ("busy", sum(|c| &c.errors_busy)),
+                    ("connection", sum(|c| &c.errors_connection)),
+                    ("stray_reply", sum(|c| &c.stray_replies)),
+                ],
+                reply_cache: [
+                    ("hit", sum(|c| &c.cache_hits)),
+                    ("joined", sum(|c| &c.cache_joins)),
+                ],
+                latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
+                latency_buckets: (0..buckets)
+                    .map(|b| routes.iter().map(|c| c.latency[b].load(Relaxed)).sum())
+                    .collect(),
+                latency_sum_ns: sum(|c| &c.latency_sum_ns),
+            }
         })
         .collect()
 }

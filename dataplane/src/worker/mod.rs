@@ -187,14 +187,34 @@ pub struct WorkerConfig {
     pub tcp_peers: Option<std::sync::Arc<crate::tcp::PeerCounts>>,
 }
 
-/// What every worker's relay is built from: the routes, and the counters
-/// all workers share.
+/// What every worker's relay is built from: the routes and limits. Each
+/// worker counts into counters of its own ([`GatewayState`]).
 #[derive(Debug, Clone)]
 pub struct GatewaySetup {
     /// Routes and limits (validated).
     pub config: std::sync::Arc<crate::gateway::GatewayConfig>,
-    /// Counters per route, shared by the workers.
-    pub counters: std::sync::Arc<crate::gateway::GatewayCounters>,
+}
+
+/// The routes the workers relay now and each worker's counters for them
+/// (written by that worker only; a reader sums them).
+#[derive(Debug, Clone)]
+pub struct GatewayState {
+    /// Routes and limits.
+    pub config: std::sync::Arc<crate::gateway::GatewayConfig>,
+    /// One per worker, in worker order.
+    pub counters: Vec<std::sync::Arc<crate::gateway::GatewayCounters>>,
+}
+
+impl GatewayState {
+    /// Fresh counters for every one of `workers` workers.
+    fn new(setup: &GatewaySetup, workers: usize) -> GatewayState {
+        GatewayState {
+            config: setup.config.clone(),
+            counters: (0..workers)
+                .map(|_| std::sync::Arc::new(crate::gateway::GatewayCounters::new(&setup.config)))
+                .collect(),
+        }
+    }
 }
 
 impl Default for WorkerConfig {

@@ -12,8 +12,8 @@ use crossbeam_queue::ArrayQueue;
 use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint, SharedRecvs};
 use super::run::Worker;
 use super::{
-    Command, Dispatcher, GatewaySetup, ShutdownReport, Transport, WorkerConfig, WorkerCounters,
-    WorkerError, WorkerReport, WorkerSnapshot,
+    Command, Dispatcher, GatewaySetup, GatewayState, ShutdownReport, Transport, WorkerConfig,
+    WorkerCounters, WorkerError, WorkerReport, WorkerSnapshot,
 };
 use crate::gateway::Forwarder;
 #[cfg(feature = "ibverbs")]
@@ -307,9 +307,10 @@ pub struct WorkerSet {
     /// [`WorkerConfig::max_connections`], changeable while serving
     /// ([`WorkerSet::set_max_connections`]).
     max_connections: std::sync::atomic::AtomicUsize,
-    /// The gateway's routes and counters now ([`WorkerConfig::gateway`]
-    /// at spawn; [`WorkerSet::swap_gateway`] changes them).
-    gateway: Arc<std::sync::Mutex<Option<GatewaySetup>>>,
+    /// The gateway's routes and each worker's counters now
+    /// ([`WorkerConfig::gateway`] at spawn; [`WorkerSet::swap_gateway`]
+    /// changes them).
+    gateway: Arc<std::sync::Mutex<Option<GatewayState>>>,
 }
 
 /// Relays built for every worker, ready to replace theirs
@@ -317,7 +318,7 @@ pub struct WorkerSet {
 #[derive(Debug)]
 pub struct PreparedGateway {
     relays: Vec<super::run::RelaySwap>,
-    setup: Option<GatewaySetup>,
+    state: Option<GatewayState>,
 }
 
 impl core::fmt::Debug for WorkerSet {
@@ -371,8 +372,12 @@ impl WorkerSet {
             providers: sealed::Providers::default(),
             config: config.clone(),
             max_connections: std::sync::atomic::AtomicUsize::new(config.max_connections),
-            gateway: Arc::new(std::sync::Mutex::new(config.gateway.clone())),
+            gateway: Arc::new(std::sync::Mutex::new(None)),
         };
+        let state = config
+            .gateway
+            .as_ref()
+            .map(|g| GatewayState::new(g, cores.len()));
         let programs = dispatcher.programs();
         for (index, core) in cores.iter().copied().enumerate() {
             let ring = Arc::new(ArrayQueue::new(config.ring_capacity.max(1)));
@@ -384,6 +389,10 @@ impl WorkerSet {
                 latency.clone(),
             ));
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            // This worker's relay counts into counters of its own.
+            let relay_counters = state
+                .as_ref()
+                .map(|g| (g.config.clone(), g.counters[index].clone()));
             let worker = Worker {
                 index,
                 ring: ring.clone(),
@@ -409,9 +418,9 @@ impl WorkerSet {
                     // The relay's buffers are mapped here, so that a
                     // failure stops the start instead of leaving the
                     // routed programs unserved.
-                    let forwarder = match worker.config.gateway.as_ref() {
+                    let forwarder = match relay_counters {
                         None => None,
-                        Some(g) => match Forwarder::new(g.config.clone(), g.counters.clone()) {
+                        Some((config, counters)) => match Forwarder::new(config, counters) {
                             Ok(f) => Some(f),
                             Err(source) => {
                                 let _ = ready_tx.send(Err(WorkerError::Gateway {
@@ -442,6 +451,7 @@ impl WorkerSet {
             // On error the set (and its started workers) stops on drop.
             started?;
         }
+        *set.gateway.lock().unwrap_or_else(|e| e.into_inner()) = state;
         Ok(set)
     }
 
@@ -639,7 +649,7 @@ impl WorkerSet {
 
     /// The gateway's routes and counters in force, shared with whoever
     /// reads them (the metrics); a reload replaces what it holds.
-    pub fn gateway(&self) -> Arc<std::sync::Mutex<Option<GatewaySetup>>> {
+    pub fn gateway(&self) -> Arc<std::sync::Mutex<Option<GatewayState>>> {
         Arc::clone(&self.gateway)
     }
 
@@ -653,21 +663,24 @@ impl WorkerSet {
         &self,
         setup: Option<GatewaySetup>,
     ) -> Result<PreparedGateway, WorkerError> {
+        if let Some(g) = setup.as_ref() {
+            g.config.validate()?;
+        }
+        let state = setup
+            .as_ref()
+            .map(|g| GatewayState::new(g, self.workers.len()));
         let mut relays = Vec::with_capacity(self.workers.len());
         for worker in 0..self.workers.len() {
-            let relay = match setup.as_ref() {
+            let relay = match state.as_ref() {
                 None => None,
-                Some(g) => {
-                    g.config.validate()?;
-                    Some(
-                        Forwarder::new(g.config.clone(), g.counters.clone())
-                            .map_err(|source| WorkerError::Gateway { worker, source })?,
-                    )
-                }
+                Some(g) => Some(
+                    Forwarder::new(g.config.clone(), g.counters[worker].clone())
+                        .map_err(|source| WorkerError::Gateway { worker, source })?,
+                ),
             };
             relays.push(super::run::RelaySwap(relay));
         }
-        Ok(PreparedGateway { relays, setup })
+        Ok(PreparedGateway { relays, state })
     }
 
     /// Hands every worker its new relay: calls of routed programs go to
@@ -685,7 +698,7 @@ impl WorkerSet {
                 t.thread().unpark();
             }
         }
-        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = prepared.setup;
+        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = prepared.state;
     }
 
     /// The connection limit in force.
