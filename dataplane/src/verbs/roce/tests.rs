@@ -668,14 +668,7 @@ fn passive_side_rejects_unknown_services_mras_repeats_and_binds_the_right_way_ro
     let url = format!("roce://{pip}:7001?udp_port={UDP}&verify_icrc=1");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(fip),
-        dst: IpAddr::V4(pip),
-    }
-    .emit(&mut private)
-    .unwrap();
+    let mut private = req_private(fip, pip);
     private[RDMA_CM_HEADER_LEN..RDMA_CM_HEADER_LEN + 2].copy_from_slice(b"hi");
     let req = |service: u16| Req {
         local_comm_id: 0x5150 + service as u32,
@@ -924,6 +917,20 @@ fn an_ack_for_psns_posted_but_never_sent_is_ignored() {
     }
 }
 
+/// The rdma_cm private data of a REQ from `src` to `dst` (RFC 8797's
+/// header in the IB CM private data, as librdmacm sends it).
+fn req_private(src: Ipv4Addr, dst: Ipv4Addr) -> [u8; ibcm::private_len::REQ] {
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(src),
+        dst: IpAddr::V4(dst),
+    }
+    .emit(&mut private)
+    .unwrap();
+    private
+}
+
 /// A REQ from the fake peer for `service`, naming `gid_ip` as its source.
 fn fake_req<'a>(
     comm_id: u32,
@@ -970,14 +977,7 @@ fn a_req_naming_another_source_address_is_dropped() {
     let url = format!("roce://{pip}:7004?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(fip),
-        dst: IpAddr::V4(pip),
-    }
-    .emit(&mut private)
-    .unwrap();
+    let private = req_private(fip, pip);
     // Claims to come from a third host: REPs would be reflected at it.
     let victim = Ipv4Addr::new(127, 0, 0, 99);
     fake.send_mad(&CmMad::new(
@@ -1042,14 +1042,7 @@ fn accept_sends_within_the_smaller_of_its_own_and_the_requesters_mtu() {
     let url = format!("roce://{pip}:7005?udp_port={UDP}&mtu=256");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(fip),
-        dst: IpAddr::V4(pip),
-    }
-    .emit(&mut private)
-    .unwrap();
+    let private = req_private(fip, pip);
     // The requester announces 1024; we are configured for 256.
     fake.send_mad(&CmMad::new(
         0xBB,
@@ -1235,14 +1228,7 @@ fn accepted_without_rtu(port: u16) -> Accepted {
     let url = format!("roce://{pip}:{port}?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(fip),
-        dst: IpAddr::V4(pip),
-    }
-    .emit(&mut private)
-    .unwrap();
+    let private = req_private(fip, pip);
     let fake_comm_id = 0x4000 + u32::from(port);
     fake.send_mad(&CmMad::new(
         0xCC,
@@ -1392,17 +1378,7 @@ fn a_req_flood_from_one_address_is_capped_and_others_still_get_in() {
     let url = format!("roce://{pip}:7005?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let private_from = |ip: Ipv4Addr| {
-        let mut private = [0u8; ibcm::private_len::REQ];
-        RdmaCmHeader {
-            src_port: 40000,
-            src: IpAddr::V4(ip),
-            dst: IpAddr::V4(pip),
-        }
-        .emit(&mut private)
-        .unwrap();
-        private
-    };
+    let private_from = |ip: Ipv4Addr| req_private(ip, pip);
     let private = private_from(fip);
     let flood = MAX_HALF_OPEN_PER_PEER + 4;
     for i in 0..flood as u32 {
@@ -1466,17 +1442,7 @@ fn a_req_flood_from_many_addresses_is_bounded_and_a_newcomer_gets_a_fair_turn() 
     let url = format!("roce://{pip}:7006?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let private_from = |ip: Ipv4Addr| {
-        let mut private = [0u8; ibcm::private_len::REQ];
-        RdmaCmHeader {
-            src_port: 40000,
-            src: IpAddr::V4(ip),
-            dst: IpAddr::V4(pip),
-        }
-        .emit(&mut private)
-        .unwrap();
-        private
-    };
+    let private_from = |ip: Ipv4Addr| req_private(ip, pip);
     let mut fakes = Vec::new();
     let mut comm_id = 0x1_0000u32;
     for _ in 0..flooders {
@@ -1562,14 +1528,7 @@ fn a_request_left_in_the_queue_is_refused_after_the_queue_timeout() {
     let url = format!("roce://{pip}:7007?udp_port={UDP}");
     let ctx = Roce::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(fip),
-        dst: IpAddr::V4(pip),
-    }
-    .emit(&mut private)
-    .unwrap();
+    let private = req_private(fip, pip);
     fake.send_mad(&CmMad::new(
         0x77,
         CmMessage::Req(fake_req(0x7777, 7007, fip, pip, &private)),
