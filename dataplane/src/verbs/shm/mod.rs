@@ -463,9 +463,17 @@ impl CompletionQueue for ShmCq {
         let id = self.inner.id;
         let mut got = 0;
         let mut prune = false;
-        // The hot list, every poll.
+        // The hot list, every poll, from where the last full poll stopped:
+        // with `out` full the rest wait for the next poll, and go first
+        // then, so queue pairs early in the list cannot starve the others
+        // of completions (a worker's burst is 32; many busy connections
+        // fill it every poll).
         let mut i = 0;
         while i < st.hot.len() {
+            if got == out.len() {
+                st.hot.rotate_left(i);
+                break;
+            }
             let (qp, last) = &mut st.hot[i];
             let (active, gone) = drive(qp, id, out, &mut got);
             prune |= gone;

@@ -946,3 +946,88 @@ fn peer_regions_are_bounded_per_connection_and_per_process() {
     assert!(!reserve(&used, 1, PEER_MAPPED_BUDGET));
     assert!(!reserve(&used, u64::MAX, PEER_MAPPED_BUDGET));
 }
+
+/// Two connections on one CQ, the first with eight messages waiting and
+/// the second with one: polled one completion at a time, the second's
+/// comes within the first polls, not after all of the first's. The hot
+/// list is served round robin from where a full poll stopped, so busy
+/// connections early in it cannot starve a later one (a worker's CQ with
+/// many busy connections fills its burst every poll).
+#[test]
+fn a_full_poll_resumes_where_it_stopped_so_no_queue_pair_starves() {
+    let url = format!(
+        "shm:///tmp/rpcrdma-fair-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    // The accepting side: two queue pairs on one CQ.
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let recv_arena = Arena::with_backing(1 << 20, Backing::Small).unwrap();
+    let rmr = pd
+        .register(&recv_arena, 0, 1 << 20, Access::LOCAL_WRITE)
+        .unwrap();
+    let recv = Slab::new(recv_arena, 0, 4096, 64, rmr.lkey(), WrKind::Recv).unwrap();
+    let mut accepted = Vec::new();
+    let mut peers = Vec::new();
+    for posted in [8, 1] {
+        let mut pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+        for _ in 0..posted {
+            let b = recv.alloc().unwrap();
+            pqp.post_recv(RecvWr {
+                wr_id: b.wr_id(),
+                sgl: SgeList::one(Sge::whole(b)),
+            })
+            .unwrap();
+        }
+        let (peer, peer_cq, peer_pd, peer_send, _, _, peer_mrs) = side(&ctx);
+        let u = url.clone();
+        let h = std::thread::spawn(move || peer.connect(&u, b"", T).unwrap().0);
+        accepted.push(listener.accept(T).unwrap().accept(pqp, b"").unwrap());
+        let qp = h.join().unwrap();
+        peers.push((qp, peer_cq, peer_pd, peer_send, peer_mrs));
+    }
+    // The first peer sends eight, then the second one.
+    for (k, n) in [(0usize, 8), (1, 1)] {
+        let (qp, peer_cq, _, send_slab, _) = &mut peers[k];
+        for _ in 0..n {
+            let mut b = send_slab.alloc().unwrap();
+            b.fill(&[k as u8; 64]);
+            qp.post_send(SendWr::new(
+                b.wr_id(),
+                SendOp::Send,
+                SgeList::one(Sge::data(b)),
+            ))
+            .unwrap();
+        }
+        let mut wcs: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+        let mut done = 0;
+        let deadline = Instant::now() + T;
+        while done < n {
+            assert!(
+                Instant::now() < deadline,
+                "broken: the peer's Sends never completed"
+            );
+            done += peer_cq.poll(&mut wcs);
+        }
+    }
+    // One completion per poll: which queue pair each came from.
+    let second = accepted[1].qp_num();
+    let mut order = Vec::new();
+    let mut one = [Completion::default()];
+    let deadline = Instant::now() + T;
+    while order.len() < 9 {
+        assert!(Instant::now() < deadline, "broken: {order:?}");
+        if cq.poll(&mut one) == 1 {
+            assert_eq!(one[0].status, WcStatus::Success);
+            order.push(one[0].qp_num == second);
+        }
+    }
+    let at = order.iter().position(|&s| s).expect("the second's message");
+    assert!(
+        at <= 2,
+        "the second connection waited {at} polls: {order:?}"
+    );
+}
