@@ -370,7 +370,7 @@ fn wait_one<D: RpcDriver>(
 }
 
 #[inline]
-fn idle(policy: Idle, polls: &mut u32) {
+pub(crate) fn idle(policy: Idle, polls: &mut u32) {
     *polls = polls.wrapping_add(1);
     match policy {
         Idle::Spin => std::hint::spin_loop(),

@@ -10,6 +10,7 @@
 //! - [`rdma`]: RPC over RDMA (`shm`, `roce`) with `dataplane::client`;
 //! - [`tcp`]: RPC over TCP with `dataplane::tcp`;
 //! - [`conns`]: many idle connections against one busy one (`conns`);
+//! - [`soak`]: many client processes, killed at random, every reply checked (`soak`);
 //! - [`inproc`]: the no-transport reference driver;
 //! - [`tirpc`]: the libtirpc baseline peer (C server and client);
 //! - [`nfs`]: NFSv3 READ/WRITE through the gateway and over TCP (`nfs`);
@@ -23,6 +24,7 @@ pub mod membw;
 pub mod nfs;
 pub mod output;
 pub mod rdma;
+pub mod soak;
 pub mod spec;
 pub mod tcp;
 pub mod tirpc;

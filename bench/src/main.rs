@@ -24,6 +24,7 @@ use serde_json::json;
 
 mod floor;
 mod nfs_cmd;
+mod soak_cmd;
 mod targets;
 
 /// Measure RPC-over-RDMA latency, message rate and bulk throughput against
@@ -206,6 +207,21 @@ enum Cmd {
     Nfs {
         #[command(flatten)]
         args: nfs_cmd::Args,
+    },
+    /// A soak: many client processes (shm, roce, tcp) against a running
+    /// server for a long time, killed and restarted at random, mixed
+    /// operations, sizes and depths; every reply checked. Reports lost,
+    /// duplicated and wrong replies (none expected), the server's memory
+    /// over time (--server-pid) and p99.9 latency; exits 1 unless clean.
+    Soak {
+        #[command(flatten)]
+        args: soak_cmd::Args,
+    },
+    /// One client of `soak` (spawned by it).
+    #[command(hide = true)]
+    SoakClient {
+        #[command(flatten)]
+        args: soak_cmd::ClientArgs,
     },
     /// The responder half of `floor` (spawned by it).
     #[command(hide = true)]
@@ -579,6 +595,33 @@ fn main() -> ExitCode {
                 doc
             })
         }
+        Some(Cmd::Soak { args }) => match soak_cmd::run(args, cli.server_pid) {
+            Ok((body, clean)) => {
+                let mut doc = header("soak", &common);
+                doc["soak"] = body;
+                if let Some(path) = &cli.json {
+                    if let Err(e) = output::write_json(path, &doc) {
+                        eprintln!("rpcrdma-bench: cannot write {}: {e}", path.display());
+                        return ExitCode::FAILURE;
+                    }
+                }
+                return if clean {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                };
+            }
+            Err(e) => Err(e),
+        },
+        Some(Cmd::SoakClient { args }) => {
+            return match soak_cmd::client(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rpcrdma-bench soak-client: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Cmd::FloorPeer {
             url,
             page,
@@ -590,7 +633,7 @@ fn main() -> ExitCode {
         }
         None => {
             eprintln!(
-                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, nfs, conns, floor, targets (--help); transports: {}",
+                "rpcrdma-bench: give a subcommand: lat, rate, read, write, sweep, nfs, conns, soak, floor, targets (--help); transports: {}",
                 TRANSPORTS
                     .iter()
                     .map(|t| format!("{}{}", t.0, if t.2.is_some() { " (not built)" } else { "" }))

@@ -23,9 +23,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dataplane::client::{
-    CallOutcome, Client, ClientConfig, Directed, MemKey, MemRange, ReplyTarget,
+    CallOutcome, Client, ClientConfig, ClientError, Directed, MemKey, MemRange, ReplyTarget,
 };
-use dataplane::engine::{self, CallHandle};
+use dataplane::engine::{self, CallHandle, SendCallError};
 use dataplane::service::bench::{encode_call, encode_call_directed, Args};
 use dataplane::service::ServiceTable;
 use dataplane::verbs::{Context, VerbsError};
@@ -571,6 +571,10 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             transport: name,
             reason,
         };
+        let refused = |e: ClientError| match e {
+            ClientError::Call(SendCallError::NoSlot) => BenchError::Busy { transport: name },
+            e => fail(e.to_string()),
+        };
         let Some(client) = self.client.as_mut() else {
             return Err(fail("start before prepare".to_owned()));
         };
@@ -592,7 +596,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                         },
                         |xid, buf| encode_call(buf, xid, args).ok().map(|c| (c.len, c.ddp)),
                     )
-                    .map_err(|e| fail(e.to_string()))?
+                    .map_err(refused)?
                     .0
             }
             (Some(key), Args::Sink(data)) => {
@@ -621,14 +625,14 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                                 .map(|c| (c.len, c.ddp))
                         },
                     )
-                    .map_err(|e| fail(e.to_string()))?
+                    .map_err(refused)?
                     .0
             }
             _ => client
                 .call(self.target, |xid, buf| {
                     encode_call(buf, xid, args).ok().map(|c| (c.len, c.ddp))
                 })
-                .map_err(|e| fail(e.to_string()))?,
+                .map_err(refused)?,
         };
         *entry = Some(handle);
         self.in_flight += 1;

@@ -331,6 +331,14 @@ pub enum BenchError {
     /// The libtirpc peer failed.
     #[error(transparent)]
     Tirpc(#[from] TirpcError),
+    /// No room for another call now: every call slot is in use until a
+    /// completion frees one (a Send whose acknowledgement is late holds
+    /// its slot after the reply came). Back-pressure, not a failure.
+    #[error("{transport}: no free call slot")]
+    Busy {
+        /// The transport.
+        transport: &'static str,
+    },
     /// A call failed or its reply was wrong.
     #[error("{transport}: call failed: {reason}")]
     Call {

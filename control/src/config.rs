@@ -47,6 +47,10 @@ pub struct Config {
     pub shm: Shm,
     /// Shutdown behaviour.
     pub shutdown: Shutdown,
+    /// The local control socket (`rpcrdmad status`).
+    pub control: Control,
+    /// Logging.
+    pub log: Log,
     /// Programs relayed to ONC RPC servers over TCP (`[[gateway]]`).
     pub gateway: Vec<GatewayRoute>,
 }
@@ -67,6 +71,8 @@ impl Default for Config {
             metrics: Metrics::default(),
             shm: Shm::default(),
             shutdown: Shutdown::default(),
+            control: Control::default(),
+            log: Log::default(),
             gateway: Vec::new(),
         }
     }
@@ -88,6 +94,9 @@ pub struct Workers {
     /// Connections (every listener, every transport) served at once;
     /// requests beyond it are refused.
     pub max_connections: u32,
+    /// TCP connections one peer address may have open at once; more are
+    /// refused. 0: no limit per address.
+    pub max_connections_per_peer: u32,
     /// Buffers of `transport.max_message` in each worker's bulk pool, per
     /// RDMA provider: large calls and replies of every connection lease
     /// them one exchange at a time. 0: no pool.
@@ -109,6 +118,7 @@ impl Default for Workers {
             idle: IdleStrategy::Adaptive,
             park_max_us: 1000,
             max_connections: 1024,
+            max_connections_per_peer: 128,
             bulk_buffers: 64,
             shared_receives: 4096,
             control_ring: 256,
@@ -537,6 +547,73 @@ impl Default for Shutdown {
     }
 }
 
+/// `[control]`: the local socket `rpcrdmad status` talks to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    /// Path of the Unix stream socket (absolute). Mode 0600: only root
+    /// and the daemon's user reach it, and the daemon checks the peer's
+    /// uid as well.
+    pub socket: PathBuf,
+}
+
+/// The default control socket.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/rpcrdma/rpcrdmad.ctl";
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
+        }
+    }
+}
+
+/// `[log]`: what is logged.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// The least severe level written: `error`, `warn`, `info`, `debug`
+    /// or `trace` (`RPCRDMAD_LOG`, when set, wins).
+    pub level: LogLevel,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            level: LogLevel::Info,
+        }
+    }
+}
+
+/// `log.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// What the daemon does (the default).
+    Info,
+    /// Details of connection setup and teardown.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The `tracing` level.
+    pub fn level(self) -> tracing::Level {
+        match self {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
+        }
+    }
+}
+
 /// Facts about the host that a configuration is checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
@@ -693,6 +770,13 @@ impl Config {
             1_000_000,
         )?;
         range(
+            &[Key("workers"), Key("max_connections_per_peer")],
+            "workers.max_connections_per_peer",
+            w.max_connections_per_peer.into(),
+            0,
+            1_000_000,
+        )?;
+        range(
             &[Key("workers"), Key("control_ring")],
             "workers.control_ring",
             w.control_ring.into(),
@@ -730,6 +814,29 @@ impl Config {
                     ));
                 }
             }
+        }
+
+        if !self.control.socket.is_absolute() {
+            return Err(sem(
+                &[Key("control"), Key("socket")],
+                format!(
+                    "control.socket = {:?} is not an absolute path",
+                    self.control.socket.display().to_string()
+                ),
+            ));
+        }
+        if self
+            .listeners
+            .iter()
+            .any(|l| matches!(&l.url, ProviderUrl::Shm { path } if *path == self.control.socket))
+        {
+            return Err(sem(
+                &[Key("control"), Key("socket")],
+                format!(
+                    "control.socket {} is the socket of an shm listener; choose another path",
+                    self.control.socket.display()
+                ),
+            ));
         }
 
         let t = &self.transport;

@@ -25,7 +25,7 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use crate::metrics::{MetricsServer, Registry};
 use crate::programs::SERVED_PROGRAMS;
 use crate::rpcbind::{universal_address, Mapping, RpcbindAddress, RpcbindClient, RpcbindError};
 use crate::serve::{DataPath, ServeError};
+use crate::status::StatusServer;
 
 /// Exit code of a clean run.
 pub const EXIT_OK: i32 = 0;
@@ -61,6 +62,28 @@ pub struct Args {
     /// log shippers: `timestamp`, `level`, `fields.message`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// A command for the running daemon instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Subcommand>,
+}
+
+/// Commands for a running daemon.
+#[derive(Debug, clap::Subcommand)]
+pub enum Subcommand {
+    /// Show the running daemon's workers, listeners, connections and
+    /// pools (asked over its control socket).
+    Status {
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// The daemon's configuration file: its control.socket is asked.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        config: Option<PathBuf>,
+        /// The control socket to ask (default: control.socket of the
+        /// built-in configuration).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
 }
 
 /// `--log-format`.
@@ -79,10 +102,29 @@ const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis
 /// The daemon's entry point; returns the process exit code.
 pub fn main() -> i32 {
     let args = Args::parse();
-    init_logging(args.log_format);
 
     if let Some(path) = &args.check_config {
+        init_logging(args.log_format, crate::config::LogLevel::Info);
         return check_config(path);
+    }
+    if let Some(Subcommand::Status {
+        json,
+        config,
+        socket,
+    }) = &args.command
+    {
+        let socket = match (socket, config) {
+            (Some(s), _) => s.clone(),
+            (None, Some(file)) => match Config::load(file) {
+                Ok(c) => c.control.socket,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return EXIT_CONFIG;
+                }
+            },
+            (None, None) => Config::default().control.socket,
+        };
+        return crate::status::run(&socket, *json);
     }
 
     let config = match &args.config {
@@ -101,28 +143,45 @@ pub fn main() -> i32 {
         }
     };
 
+    let log_level = init_logging(args.log_format, config.log.level);
+
     // Signals first, so a SIGTERM that arrives while we register with
     // rpcbind still leads to an orderly unregistration.
-    let stop = match install_signal_handler() {
+    let signals = match install_signal_handler() {
         Ok(rx) => rx,
         Err(e) => {
-            eprintln!("rpcrdmad: cannot install the SIGINT/SIGTERM handler: {e}");
+            eprintln!("rpcrdmad: cannot install the SIGINT/SIGTERM/SIGHUP handler: {e}");
             return EXIT_STARTUP;
         }
     };
 
-    let daemon = match Daemon::start(config) {
+    let mut daemon = match Daemon::start(config) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("rpcrdmad: {e}");
             return EXIT_STARTUP;
         }
     };
-    // Any message, or the handler being dropped, means stop. Meanwhile,
-    // five times a second: memory of connections that closed goes back to the
-    // kernel.
+    // Until a stop (or the handler's end): SIGHUP reloads the
+    // configuration file, and five times a second the memory of
+    // connections that closed goes back to the kernel.
     let mut closed_seen = 0;
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(HOUSEKEEPING_EVERY) {
+    loop {
+        match signals.recv_timeout(HOUSEKEEPING_EVERY) {
+            Ok(Signal::Reload) => match &args.config {
+                Some(path) => {
+                    if let Err(line) = daemon.reload_file(path, &log_level) {
+                        tracing::warn!("{line}");
+                    }
+                }
+                None => tracing::info!(
+                    "SIGHUP: started without --config, nothing to reload (the built-in defaults \
+                     do not change)"
+                ),
+            },
+            Ok(Signal::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
         let closed = daemon.data.closed_connections();
         if closed != closed_seen {
             closed_seen = closed;
@@ -134,37 +193,105 @@ pub fn main() -> i32 {
     EXIT_OK
 }
 
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal;
-    let level = std::env::var("RPCRDMAD_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing::Level>().ok())
-        .unwrap_or(tracing::Level::INFO);
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_max_level(level);
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Changes the log level while running (a reload).
+pub struct LogLevelHandle {
+    handle: Option<
+        tracing_subscriber::reload::Handle<
+            tracing_subscriber::filter::LevelFilter,
+            tracing_subscriber::Registry,
+        >,
+    >,
+    /// `RPCRDMAD_LOG` was set: it wins over `log.level`.
+    from_env: bool,
 }
 
-/// SIGINT, SIGTERM (and SIGHUP, with ctrlc's `termination` feature) send
-/// one message; a second signal while shutting down exits at once with 1.
-fn install_signal_handler() -> Result<mpsc::Receiver<()>, ctrlc::Error> {
-    let (tx, rx) = mpsc::channel();
-    let count = AtomicUsize::new(0);
-    ctrlc::set_handler(move || {
-        if count.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = tx.send(());
-        } else {
-            eprintln!("rpcrdmad: second signal: exiting without finishing the shutdown");
-            std::process::exit(EXIT_STARTUP);
+impl std::fmt::Debug for LogLevelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogLevelHandle")
+            .field("from_env", &self.from_env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogLevelHandle {
+    /// Sets the level, unless `RPCRDMAD_LOG` chose it; returns whether it
+    /// changed.
+    fn set(&self, level: tracing::Level) -> bool {
+        if self.from_env {
+            return false;
         }
-    })?;
+        self.handle.as_ref().is_some_and(|h| {
+            h.modify(|f| *f = tracing_subscriber::filter::LevelFilter::from_level(level))
+                .is_ok()
+        })
+    }
+}
+
+/// Sets up logging to stderr at `RPCRDMAD_LOG`'s level, or else
+/// `configured`; returns the handle a reload changes the level with.
+fn init_logging(format: LogFormat, configured: crate::config::LogLevel) -> LogLevelHandle {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let env = std::env::var("RPCRDMAD_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok());
+    let level = env.unwrap_or(configured.level());
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(
+        tracing_subscriber::filter::LevelFilter::from_level(level),
+    );
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let registry = tracing_subscriber::registry().with(filter);
+    let ok = match format {
+        LogFormat::Text => registry
+            .with(layer.with_ansi(std::io::stderr().is_terminal()))
+            .try_init()
+            .is_ok(),
+        LogFormat::Json => registry.with(layer.json()).try_init().is_ok(),
+    };
+    LogLevelHandle {
+        handle: ok.then_some(handle),
+        from_env: env.is_some(),
+    }
+}
+
+/// What the signal thread reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGINT or SIGTERM: shut down.
+    Stop,
+    /// SIGHUP: reload the configuration file.
+    Reload,
+}
+
+/// SIGINT and SIGTERM send [`Signal::Stop`] (a second one while shutting
+/// down exits at once with 1); SIGHUP sends [`Signal::Reload`].
+fn install_signal_handler() -> std::io::Result<mpsc::Receiver<Signal>> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let (tx, rx) = mpsc::channel();
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut stops = 0;
+            for sig in signals.forever() {
+                let msg = if sig == SIGHUP {
+                    Signal::Reload
+                } else {
+                    stops += 1;
+                    if stops > 1 {
+                        eprintln!(
+                            "rpcrdmad: second signal: exiting without finishing the shutdown"
+                        );
+                        std::process::exit(EXIT_STARTUP);
+                    }
+                    Signal::Stop
+                };
+                let _ = tx.send(msg);
+            }
+        })?;
     Ok(rx)
 }
 
@@ -233,6 +360,7 @@ pub struct Daemon {
     data: DataPath,
     metrics: Option<MetricsServer>,
     registration: Registration,
+    status: Option<StatusServer>,
 }
 
 impl Daemon {
@@ -269,6 +397,22 @@ impl Daemon {
         // After the metrics listener (its port is the likelier conflict,
         // and nothing is served yet if it fails), before rpcbind.
         let data = DataPath::start(&config, &registry)?;
+        // The status socket is for operators: a daemon that cannot open it
+        // still serves, and says why in one line.
+        let status = match StatusServer::start(
+            &config.control.socket,
+            crate::status::Sources {
+                workers: data.workers(),
+                registry: Arc::clone(&registry),
+                cores: config.workers.cores.clone(),
+            },
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("{e}; `rpcrdmad status` will not reach this daemon");
+                None
+            }
+        };
 
         let registration = if config.rpcbind.register {
             Registration::register(&config)
@@ -300,6 +444,7 @@ impl Daemon {
             data,
             metrics,
             registration,
+            status,
         })
     }
 
@@ -323,9 +468,13 @@ impl Daemon {
             mut data,
             metrics,
             registration,
+            status,
         } = self;
+        if let Some(s) = status {
+            s.stop();
+        }
         // 1. Stop accepting (listeners close, shm sockets disappear).
-        data.stop_accepting(&registry);
+        data.stop_accepting();
         // 2. Stop being found.
         registration.unregister();
         registry.rpcbind_registrations.store(0, Ordering::Relaxed);
@@ -367,6 +516,189 @@ impl Daemon {
         }
         tracing::info!("rpcrdmad stopped");
     }
+}
+
+impl Daemon {
+    /// SIGHUP: reads `path` again and applies what changed, or refuses
+    /// the whole change with one line (the running configuration stays).
+    ///
+    /// # Errors
+    /// The line: a bad file (`FILE:LINE: message`), a key that cannot
+    /// change while running, or a new listener that cannot be opened.
+    pub fn reload_file(&mut self, path: &Path, log: &LogLevelHandle) -> Result<(), String> {
+        let file = path.display();
+        let new = Config::load(path).map_err(|e| format!("reload refused: {e}"))?;
+        self.reload(new, log)
+            .map_err(|e| format!("reload of {file} refused: {e}; nothing was changed"))
+    }
+
+    /// Applies `new` over the running configuration: listeners (opened
+    /// and closed, established connections kept), rpcbind registrations
+    /// (following the listeners), `workers.max_connections`,
+    /// `shutdown.grace_ms`, `log.level`, `[rpcbind]`. Anything else that
+    /// differs refuses the whole reload.
+    ///
+    /// # Errors
+    /// One line naming the first key that cannot change live, or the
+    /// listener that cannot be opened.
+    pub fn reload(&mut self, new: Config, log: &LogLevelHandle) -> Result<(), String> {
+        if let Some(key) = fixed_key_changed(&self.config, &new) {
+            return Err(format!(
+                "{key} cannot change while rpcrdmad runs (restart it to apply)"
+            ));
+        }
+        let mut done: Vec<String> = Vec::new();
+        // The new relays are built before anything changes: a backend
+        // rpcbind does not know refuses the reload.
+        let gateway = if new.gateway == self.config.gateway {
+            None
+        } else {
+            Some(self.data.prepare_gateway(&new).map_err(|e| e.to_string())?)
+        };
+        if new.listeners != self.config.listeners {
+            for (index, l) in new.listeners.iter().enumerate() {
+                if !self.config.listeners.contains(l) {
+                    check_listener(&l.url).map_err(|reason| {
+                        format!(
+                            "cannot listen on {} (listeners[{index}].url): {reason}",
+                            l.url
+                        )
+                    })?;
+                }
+            }
+            let changes = self
+                .data
+                .set_listeners(&new.listeners, &self.registry)
+                .map_err(|e| e.to_string())?;
+            for u in &changes.added {
+                done.push(format!("+{u}"));
+            }
+            for u in &changes.removed {
+                done.push(format!("-{u}"));
+            }
+        }
+        if let Some(prepared) = gateway {
+            self.data.swap_gateway(prepared);
+            done.push(format!("gateway: {} route(s)", new.gateway.len()));
+        }
+        if new.workers.max_connections != self.config.workers.max_connections {
+            self.data
+                .set_max_connections(new.workers.max_connections as usize);
+            done.push(format!(
+                "workers.max_connections {} -> {}",
+                self.config.workers.max_connections, new.workers.max_connections
+            ));
+        }
+        if new.shutdown.grace_ms != self.config.shutdown.grace_ms {
+            done.push(format!(
+                "shutdown.grace_ms {} -> {}",
+                self.config.shutdown.grace_ms, new.shutdown.grace_ms
+            ));
+        }
+        if new.log.level != self.config.log.level {
+            let applied = log.set(new.log.level.level());
+            done.push(format!(
+                "log.level {:?} -> {:?}{}",
+                self.config.log.level,
+                new.log.level,
+                if applied { "" } else { " (RPCRDMAD_LOG wins)" }
+            ));
+        }
+        let old = std::mem::replace(&mut self.config, new);
+        if old.rpcbind != self.config.rpcbind
+            || old.listeners != self.config.listeners
+            || old.gateway != self.config.gateway
+        {
+            let (set, unset) = self.registration.follow(&self.config);
+            self.registry
+                .rpcbind_registrations
+                .store(self.registration.mappings.len() as u64, Ordering::Relaxed);
+            if set + unset > 0 {
+                done.push(format!("rpcbind: {set} mapping(s) set, {unset} unset"));
+            }
+        }
+        if done.is_empty() {
+            tracing::info!("reload: no change");
+        } else {
+            tracing::info!("reload: {}", done.join("; "));
+        }
+        Ok(())
+    }
+}
+
+/// The first key that differs between `old` and `new` and cannot change
+/// while serving: what sizes memory or threads at start (cores, pools,
+/// the engine's buffers), and the exporters' and sockets' addresses.
+fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
+    let (o, n) = (&old.workers, &new.workers);
+    let (ot, nt) = (&old.transport, &new.transport);
+    let (oc, nc) = (&old.chunks, &new.chunks);
+    let checks: [(&'static str, bool); 22] = [
+        ("workers.cores", o.cores != n.cores),
+        // The workers count connections out against the limit they
+        // started with.
+        (
+            "workers.max_connections_per_peer",
+            o.max_connections_per_peer != n.max_connections_per_peer,
+        ),
+        ("workers.idle", o.idle != n.idle),
+        ("workers.park_max_us", o.park_max_us != n.park_max_us),
+        ("workers.bulk_buffers", o.bulk_buffers != n.bulk_buffers),
+        (
+            "workers.shared_receives",
+            o.shared_receives != n.shared_receives,
+        ),
+        ("workers.control_ring", o.control_ring != n.control_ring),
+        ("transport.credits", ot.credits != nt.credits),
+        (
+            "transport.inline_receive",
+            ot.inline_receive != nt.inline_receive,
+        ),
+        ("transport.inline_send", ot.inline_send != nt.inline_send),
+        (
+            "transport.max_rdma_read",
+            ot.max_rdma_read != nt.max_rdma_read,
+        ),
+        ("transport.max_message", ot.max_message != nt.max_message),
+        (
+            "transport.idle_timeout_s",
+            ot.idle_timeout_s != nt.idle_timeout_s,
+        ),
+        (
+            "chunks.max_read_segments",
+            oc.max_read_segments != nc.max_read_segments,
+        ),
+        (
+            "chunks.max_write_chunks",
+            oc.max_write_chunks != nc.max_write_chunks,
+        ),
+        (
+            "chunks.max_segments_per_chunk",
+            oc.max_segments_per_chunk != nc.max_segments_per_chunk,
+        ),
+        (
+            "chunks.max_reply_segments",
+            oc.max_reply_segments != nc.max_reply_segments,
+        ),
+        (
+            "memory.hugepages",
+            old.memory.hugepages != new.memory.hugepages,
+        ),
+        (
+            "metrics.enabled",
+            old.metrics.enabled != new.metrics.enabled,
+        ),
+        (
+            "metrics.address",
+            old.metrics.address != new.metrics.address,
+        ),
+        (
+            "shm.allowed_uids",
+            old.shm.allowed_uids != new.shm.allowed_uids,
+        ),
+        ("control.socket", old.control.socket != new.control.socket),
+    ];
+    checks.iter().find(|(_, changed)| *changed).map(|(k, _)| *k)
 }
 
 /// Reads `HugePages_Free` and `HugePages_Total` from `/proc/meminfo`.
@@ -813,6 +1145,69 @@ impl Registration {
             tracing::warn!("{e}; serving without rpcbind registration");
         }
         reg
+    }
+
+    /// Makes the registrations follow `config` (a reload): UNSETs the
+    /// mappings no longer planned, SETs the new ones, keeps the others.
+    /// Returns (set, unset); a failure is one warning line.
+    pub fn follow(&mut self, config: &Config) -> (usize, usize) {
+        self.address = config.rpcbind.address.clone();
+        self.timeout = Duration::from_millis(config.rpcbind.timeout_ms.into());
+        let planned = if config.rpcbind.register {
+            planned_mappings(config)
+        } else {
+            Vec::new()
+        };
+        let stale: Vec<Mapping> = self
+            .mappings
+            .iter()
+            .filter(|m| !planned.contains(m))
+            .cloned()
+            .collect();
+        let fresh: Vec<Mapping> = planned
+            .into_iter()
+            .filter(|m| !self.mappings.contains(m))
+            .collect();
+        if stale.is_empty() && fresh.is_empty() {
+            return (0, 0);
+        }
+        let (mut set, mut unset) = (0, 0);
+        let result = (|| -> Result<(), RpcbindError> {
+            let mut client = RpcbindClient::connect(&self.address, self.timeout)?;
+            for m in &stale {
+                client.unset(m)?;
+                self.mappings.retain(|k| k != m);
+                unset += 1;
+            }
+            for m in fresh {
+                let _ = client.unset(&m)?;
+                if client.set(&m)? {
+                    tracing::info!(
+                        "rpcbind: registered program {} version {} netid {} at {}",
+                        m.program,
+                        m.version,
+                        m.netid,
+                        m.addr
+                    );
+                    self.mappings.push(m);
+                    set += 1;
+                } else {
+                    tracing::warn!(
+                        "rpcbind refused program {} version {} netid {} at {}: another owner \
+                         holds it",
+                        m.program,
+                        m.version,
+                        m.netid,
+                        m.addr
+                    );
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!("{e}; rpcbind registrations may not follow the listeners");
+        }
+        (set, unset)
     }
 
     /// The mappings registered.

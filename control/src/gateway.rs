@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::gateway::{GatewayConfig, GatewayCounters, Route};
+use dataplane::gateway::{GatewayConfig, Route};
 use dataplane::worker::GatewaySetup;
 
 use crate::config::{Backend, Config, GatewayRoute, ProviderUrl};
@@ -90,10 +90,8 @@ pub fn setup(config: &Config) -> Result<Option<GatewaySetup>, GatewayError> {
         program: config.gateway[0].program,
         reason: e.to_string(),
     })?;
-    let counters = Arc::new(GatewayCounters::new(&relay));
     Ok(Some(GatewaySetup {
         config: Arc::new(relay),
-        counters,
     }))
 }
 

@@ -13,6 +13,8 @@ pub mod daemon;
 pub mod gateway;
 pub mod metrics;
 pub mod programs;
+pub mod ratelimit;
 pub mod refusal;
 pub mod rpcbind;
 pub mod serve;
+pub mod status;

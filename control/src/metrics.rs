@@ -19,11 +19,10 @@
 //!
 //! Metric names are listed in `docs/CONFIG.md` (section "Metrics").
 
-use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -143,6 +142,14 @@ pub struct WorkerCounters {
     pub pool_capacity: [AtomicU64; PoolKind::COUNT],
     /// Errors, indexed by [`ErrorKind`].
     pub errors: [AtomicU64; ErrorKind::COUNT],
+    /// Nanoseconds spent in loop iterations that found work.
+    pub busy_ns: AtomicU64,
+    /// Connections that ended cleanly (the peer's orderly close, our
+    /// close, an idle timeout).
+    pub closed_clean: AtomicU64,
+    /// Connections that ended in a fault (protocol violation, transport
+    /// or socket error, broken record).
+    pub closed_fault: AtomicU64,
 }
 
 impl WorkerCounters {
@@ -179,12 +186,15 @@ impl ListenerCounters {
 pub struct Registry {
     workers: Box<[CachePadded<WorkerCounters>]>,
     worker_cores: Vec<usize>,
-    listeners: Box<[ListenerCounters]>,
-    listener_urls: Vec<String>,
+    /// Listeners by URL, in `[[listeners]]` order; a reload adds and
+    /// removes entries (an acceptor keeps its own `Arc`).
+    listeners: RwLock<Vec<(String, Arc<ListenerCounters>)>>,
     /// Gauge: mappings registered with rpcbind now.
     pub rpcbind_registrations: AtomicU64,
     /// The gateway's routes, copied in at each scrape.
     gateway: Mutex<Vec<GatewayRouteSample>>,
+    /// The workers' latency histograms, merged at each scrape.
+    latency: Mutex<Vec<LatencySample>>,
     /// Called at the start of every [`Registry::render`]: copies counters
     /// kept elsewhere (the workers' own) into this registry.
     refresher: Mutex<Option<Refresher>>,
@@ -224,6 +234,24 @@ pub struct GatewayRouteSample {
     pub latency_sum_ns: u64,
 }
 
+/// The service latency of one program, version and procedure, every
+/// worker merged, as a scrape shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LatencySample {
+    /// Program number.
+    pub program: u32,
+    /// Version.
+    pub version: u32,
+    /// Procedure (`other` past the table's last row).
+    pub procedure: String,
+    /// Upper bounds of the buckets, nanoseconds.
+    pub bounds_ns: Vec<u64>,
+    /// Calls per bucket (not cumulative), one more than the bounds.
+    pub buckets: Vec<u64>,
+    /// Sum of the latencies, nanoseconds.
+    pub sum_ns: u64,
+}
+
 /// See [`Registry::set_refresher`].
 pub type Refresher = Box<dyn Fn(&Registry) + Send + Sync>;
 
@@ -231,7 +259,6 @@ impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("worker_cores", &self.worker_cores)
-            .field("listener_urls", &self.listener_urls)
             .finish_non_exhaustive()
     }
 }
@@ -246,13 +273,15 @@ impl Registry {
                 .map(|_| CachePadded::new(WorkerCounters::default()))
                 .collect(),
             worker_cores: worker_cores.to_vec(),
-            listeners: listener_urls
-                .iter()
-                .map(|_| ListenerCounters::default())
-                .collect(),
-            listener_urls: listener_urls.to_vec(),
+            listeners: RwLock::new(
+                listener_urls
+                    .iter()
+                    .map(|u| (u.clone(), Arc::new(ListenerCounters::default())))
+                    .collect(),
+            ),
             rpcbind_registrations: AtomicU64::new(0),
             gateway: Mutex::new(Vec::new()),
+            latency: Mutex::new(Vec::new()),
             refresher: Mutex::new(None),
         }
     }
@@ -261,12 +290,17 @@ impl Registry {
     /// first, e.g. to copy the workers' counters in. It runs on the
     /// exporter's thread, once per scrape.
     pub fn set_refresher(&self, refresher: Option<Refresher>) {
-        *self.refresher.lock().unwrap_or_else(|e| e.into_inner()) = refresher;
+        *lock(&self.refresher) = refresher;
     }
 
     /// Replaces the gateway's figures (the refresher's job).
     pub fn set_gateway(&self, routes: Vec<GatewayRouteSample>) {
-        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = routes;
+        *lock(&self.gateway) = routes;
+    }
+
+    /// Replaces the merged latency histograms (the refresher's job).
+    pub fn set_latency(&self, samples: Vec<LatencySample>) {
+        *lock(&self.latency) = samples;
     }
 
     /// The counters of worker `index` (in `workers.cores` order).
@@ -274,218 +308,288 @@ impl Registry {
         &self.workers[index]
     }
 
-    /// The counters of listener `index` (in `[[listeners]]` order).
-    pub fn listener(&self, index: usize) -> &ListenerCounters {
-        &self.listeners[index]
+    /// Every listener's URL and counters, in order.
+    pub fn listeners(&self) -> Vec<(String, Arc<ListenerCounters>)> {
+        self.listeners
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// The whole registry in the Prometheus text format 0.0.4.
+    /// The counters of listener `index` (in `[[listeners]]` order).
+    ///
+    /// # Panics
+    /// When there is no such listener.
+    pub fn listener(&self, index: usize) -> Arc<ListenerCounters> {
+        Arc::clone(&self.listeners.read().unwrap_or_else(|e| e.into_inner())[index].1)
+    }
+
+    /// The counters of the listener `url`, added (zero) at the end when
+    /// it is new.
+    pub fn add_listener(&self, url: &str) -> Arc<ListenerCounters> {
+        let mut l = self.listeners.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = l.iter().find(|(u, _)| u == url) {
+            return Arc::clone(c);
+        }
+        let c = Arc::new(ListenerCounters::default());
+        l.push((url.to_owned(), Arc::clone(&c)));
+        c
+    }
+
+    /// Forgets the listener `url` (a reload removed it).
+    pub fn remove_listener(&self, url: &str) {
+        self.listeners
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(u, _)| u != url);
+    }
+
+    /// The whole registry in the Prometheus text format 0.0.4, encoded by
+    /// the `prometheus-client` crate from a copy of every counter.
     pub fn render(&self) -> String {
-        if let Some(refresh) = &*self.refresher.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(refresh) = &*lock(&self.refresher) {
             refresh(self);
         }
-        let mut out = String::with_capacity(8192);
-        let workers: Vec<(String, &WorkerCounters)> = self
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register_collector(Box::new(Scrape(self.families())));
+        let mut out = String::with_capacity(16 << 10);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &reg);
+        out
+    }
+
+    /// Every family with its samples, copied now.
+    fn families(&self) -> Vec<Family> {
+        let mut out = Vec::new();
+        let workers: Vec<(Labels, &WorkerCounters)> = self
             .workers
             .iter()
             .zip(&self.worker_cores)
             .enumerate()
-            .map(|(i, (w, core))| (format!("worker=\"{i}\",core=\"{core}\""), &**w))
+            .map(|(i, (w, core))| {
+                (
+                    vec![("worker", i.to_string()), ("core", core.to_string())],
+                    &**w,
+                )
+            })
             .collect();
+        let with = |base: &Labels, k: &'static str, v: &str| {
+            let mut l = base.clone();
+            l.push((k, v.to_owned()));
+            l
+        };
 
         type Field = fn(&WorkerCounters) -> &AtomicU64;
-        let simple: [(&str, &str, &str, Field); 6] = [
+        let counters: [(&'static str, &'static str, Field); 5] = [
             (
                 "rpcrdma_worker_polls_total",
-                "counter",
                 "Completion queue polls by the worker.",
                 |w| &w.polls,
             ),
             (
                 "rpcrdma_worker_idle_polls_total",
-                "counter",
                 "Polls that found no work.",
                 |w| &w.idle_polls,
             ),
             (
                 "rpcrdma_worker_completions_total",
-                "counter",
                 "Work completions reaped.",
                 |w| &w.completions,
             ),
             (
                 "rpcrdma_worker_rpcs_total",
-                "counter",
                 "RPCs completed (replies sent).",
                 |w| &w.rpcs,
             ),
             (
-                "rpcrdma_worker_credits_in_use",
-                "gauge",
-                "Credits granted to peers and not yet used.",
-                |w| &w.credits_in_use,
-            ),
-            (
                 "rpcrdma_bulk_pool_empty_total",
-                "counter",
                 "Times a call found the worker's bulk pool empty and waited.",
                 |w| &w.bulk_pool_empty,
             ),
         ];
-        for (name, kind, help, field) in simple {
-            header(&mut out, name, kind, help);
-            for (labels, w) in &workers {
-                sample(&mut out, name, labels, field(w).load(Relaxed));
-            }
+        for (name, help, field) in counters {
+            out.push(Family::counter(
+                name,
+                help,
+                workers
+                    .iter()
+                    .map(|(l, w)| (l.clone(), field(w).load(Relaxed)))
+                    .collect(),
+            ));
         }
-
-        let name = "rpcrdma_worker_bytes_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Payload bytes moved by the worker.",
-        );
-        for (labels, w) in &workers {
+        out.push(Family {
+            name: "rpcrdma_worker_busy_seconds_total",
+            help: "Time the worker spent in loop iterations that found work.",
+            values: Values::Seconds(
+                workers
+                    .iter()
+                    .map(|(l, w)| (l.clone(), w.busy_ns.load(Relaxed) as f64 / 1e9))
+                    .collect(),
+            ),
+        });
+        out.push(Family::gauge(
+            "rpcrdma_worker_credits_in_use",
+            "Credits granted to peers and not yet used.",
+            workers
+                .iter()
+                .map(|(l, w)| (l.clone(), w.credits_in_use.load(Relaxed)))
+                .collect(),
+        ));
+        let mut bytes = Vec::new();
+        let mut errors = Vec::new();
+        let mut closed = Vec::new();
+        let mut in_use = Vec::new();
+        let mut capacity = Vec::new();
+        for (l, w) in &workers {
             for (dir, v) in [("received", &w.bytes_received), ("sent", &w.bytes_sent)] {
-                sample(
-                    &mut out,
-                    name,
-                    &format!("{labels},direction=\"{dir}\""),
-                    v.load(Relaxed),
-                );
+                bytes.push((with(l, "direction", dir), v.load(Relaxed)));
             }
-        }
-
-        let name = "rpcrdma_worker_errors_total";
-        header(&mut out, name, "counter", "Data-path errors by kind.");
-        for (labels, w) in &workers {
             for kind in ErrorKind::ALL {
-                sample(
-                    &mut out,
-                    name,
-                    &format!("{labels},kind=\"{}\"", kind.label()),
+                errors.push((
+                    with(l, "kind", kind.label()),
                     w.errors[kind as usize].load(Relaxed),
-                );
+                ));
+            }
+            for (how, v) in [("clean", &w.closed_clean), ("fault", &w.closed_fault)] {
+                closed.push((with(l, "how", how), v.load(Relaxed)));
+            }
+            for pool in PoolKind::ALL {
+                in_use.push((
+                    with(l, "pool", pool.label()),
+                    w.pool_in_use[pool as usize].load(Relaxed),
+                ));
+                capacity.push((
+                    with(l, "pool", pool.label()),
+                    w.pool_capacity[pool as usize].load(Relaxed),
+                ));
             }
         }
+        out.push(Family::counter(
+            "rpcrdma_worker_bytes_total",
+            "Payload bytes moved by the worker.",
+            bytes,
+        ));
+        out.push(Family::counter(
+            "rpcrdma_worker_errors_total",
+            "Data-path errors by kind.",
+            errors,
+        ));
+        out.push(Family::counter(
+            "rpcrdma_connections_closed_total",
+            "Connections ended, by how: clean (the peer's orderly close, our close, an idle timeout) or fault (protocol violation, transport or socket error, broken record).",
+            closed,
+        ));
+        out.push(Family::gauge(
+            "rpcrdma_pool_buffers_in_use",
+            "Buffers taken from the worker's pool.",
+            in_use,
+        ));
+        out.push(Family::gauge(
+            "rpcrdma_pool_buffers",
+            "Buffers in the worker's pool.",
+            capacity,
+        ));
 
-        for (name, help, field) in [
-            (
-                "rpcrdma_pool_buffers_in_use",
-                "Buffers taken from the worker's pool.",
-                (|w| &w.pool_in_use) as fn(&WorkerCounters) -> &[AtomicU64; PoolKind::COUNT],
-            ),
-            (
-                "rpcrdma_pool_buffers",
-                "Buffers in the worker's pool.",
-                |w| &w.pool_capacity,
-            ),
-        ] {
-            header(&mut out, name, "gauge", help);
-            for (labels, w) in &workers {
-                for pool in PoolKind::ALL {
-                    sample(
-                        &mut out,
-                        name,
-                        &format!("{labels},pool=\"{}\"", pool.label()),
-                        field(w)[pool as usize].load(Relaxed),
-                    );
-                }
-            }
-        }
-
-        let listeners: Vec<(String, &ListenerCounters)> = self
-            .listener_urls
-            .iter()
-            .zip(self.listeners.iter())
-            .map(|(url, l)| (format!("listener=\"{}\"", escape_label(url)), l))
-            .collect();
-        let name = "rpcrdma_listener_rejected_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Connection attempts refused on the listener, by reason.",
-        );
-        for (labels, l) in &listeners {
+        let listeners = self.listeners();
+        let label = |url: &str| -> Labels { vec![("listener", url.to_owned())] };
+        let mut rejected = Vec::new();
+        for (url, l) in &listeners {
             for r in crate::refusal::Refusal::ALL {
-                let labels = format!("{labels},reason=\"{}\"", r.label());
-                sample(
-                    &mut out,
-                    name,
-                    &labels,
+                rejected.push((
+                    with(&label(url), "reason", r.label()),
                     l.rejected[r as usize].load(Relaxed),
-                );
+                ));
             }
         }
+        out.push(Family::counter(
+            "rpcrdma_listener_rejected_total",
+            "Connection attempts refused on the listener, by reason.",
+            rejected,
+        ));
         type LField = fn(&ListenerCounters) -> &AtomicU64;
-        let per_listener: [(&str, &str, &str, LField); 3] = [
+        let per_listener: [(&'static str, bool, &'static str, LField); 3] = [
             (
                 "rpcrdma_listener_connections_total",
-                "counter",
+                true,
                 "Connections accepted on the listener.",
                 |l| &l.accepted,
             ),
             (
                 "rpcrdma_listener_connections",
-                "gauge",
+                false,
                 "Connections open on the listener.",
                 |l| &l.active,
             ),
             (
                 "rpcrdma_listener_serving",
-                "gauge",
+                false,
                 "1 while the data path serves the listener, 0 while it is pending.",
                 |l| &l.serving,
             ),
         ];
-        for (name, kind, help, field) in per_listener {
-            header(&mut out, name, kind, help);
-            for (labels, l) in &listeners {
-                sample(&mut out, name, labels, field(l).load(Relaxed));
-            }
+        for (name, counter, help, field) in per_listener {
+            let samples = listeners
+                .iter()
+                .map(|(url, l)| (label(url), field(l).load(Relaxed)))
+                .collect();
+            out.push(if counter {
+                Family::counter(name, help, samples)
+            } else {
+                Family::gauge(name, help, samples)
+            });
         }
 
-        self.render_gateway(&mut out);
+        let latency = lock(&self.latency).clone();
+        out.push(Family {
+            name: "rpcrdma_rpc_latency_seconds",
+            help: "Service latency of calls answered by the daemon's own programs, per program, version and procedure, from dispatch to reply encoded (every worker merged).",
+            values: Values::Histogram(
+                latency
+                    .iter()
+                    .map(|s| {
+                        (
+                            vec![
+                                ("program", s.program.to_string()),
+                                ("version", s.version.to_string()),
+                                ("procedure", s.procedure.clone()),
+                            ],
+                            Hist::from_ns(&s.bounds_ns, &s.buckets, s.sum_ns),
+                        )
+                    })
+                    .collect(),
+            ),
+        });
 
-        let name = "rpcrdma_rpcbind_registrations";
-        header(&mut out, name, "gauge", "Mappings registered with rpcbind.");
-        sample(&mut out, name, "", self.rpcbind_registrations.load(Relaxed));
+        self.gateway_families(&mut out);
 
-        let name = "rpcrdma_build_info";
-        header(&mut out, name, "gauge", "Version of rpcrdmad; always 1.");
-        sample(
-            &mut out,
-            name,
-            &format!("version=\"{}\"", escape_label(env!("CARGO_PKG_VERSION"))),
-            1,
-        );
+        out.push(Family::gauge(
+            "rpcrdma_rpcbind_registrations",
+            "Mappings registered with rpcbind.",
+            vec![(Vec::new(), self.rpcbind_registrations.load(Relaxed))],
+        ));
+        out.push(Family::gauge(
+            "rpcrdma_build_info",
+            "Version of rpcrdmad; always 1.",
+            vec![(vec![("version", env!("CARGO_PKG_VERSION").to_owned())], 1)],
+        ));
         out
     }
-}
 
-impl Registry {
     /// The gateway's families: per route (program, backend), counters and
     /// a latency histogram. Nothing when no program is routed.
-    fn render_gateway(&self, out: &mut String) {
-        let routes = self
-            .gateway
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+    fn gateway_families(&self, out: &mut Vec<Family>) {
+        let routes = lock(&self.gateway).clone();
         if routes.is_empty() {
             return;
         }
-        let labels = |r: &GatewayRouteSample| {
-            format!(
-                "program=\"{}\",backend=\"{}\"",
-                r.program,
-                escape_label(&r.backend)
-            )
+        let labels = |r: &GatewayRouteSample| -> Labels {
+            vec![
+                ("program", r.program.to_string()),
+                ("backend", r.backend.clone()),
+            ]
         };
         type Field = fn(&GatewayRouteSample) -> u64;
-        let families: [(&str, &str, Field); 6] = [
+        let families: [(&'static str, &'static str, Field); 6] = [
             (
                 "rpcrdma_gateway_calls_total",
                 "Calls relayed to the backend.",
@@ -518,85 +622,179 @@ impl Registry {
             ),
         ];
         for (name, help, field) in families {
-            header(out, name, "counter", help);
-            for r in &routes {
-                sample(out, name, &labels(r), field(r));
-            }
+            out.push(Family::counter(
+                name,
+                help,
+                routes.iter().map(|r| (labels(r), field(r))).collect(),
+            ));
         }
-        let name = "rpcrdma_gateway_errors_total";
-        header(
-            out,
-            name,
-            "counter",
+        let kinds = |f: fn(&GatewayRouteSample) -> &[(&'static str, u64)]| {
+            routes
+                .iter()
+                .flat_map(|r| {
+                    f(r).iter().map(move |(kind, v)| {
+                        let mut l = labels(r);
+                        l.push(("kind", (*kind).to_owned()));
+                        (l, *v)
+                    })
+                })
+                .collect()
+        };
+        out.push(Family::counter(
+            "rpcrdma_gateway_errors_total",
             "Relay errors by kind: timeout and busy calls were answered SYSTEM_ERR; connection counts lost or refused backend connections; stray_reply counts replies that matched no call.",
-        );
-        for r in &routes {
-            for (kind, v) in r.errors {
-                sample(out, name, &format!("{},kind=\"{kind}\"", labels(r)), v);
-            }
-        }
-        let name = "rpcrdma_gateway_reply_cache_total";
-        header(
-            out,
-            name,
-            "counter",
+            kinds(|r| &r.errors),
+        ));
+        out.push(Family::counter(
+            "rpcrdma_gateway_reply_cache_total",
             "Retransmitted non-idempotent calls the duplicate request cache handled: hit (answered from the cache), joined (answered with the reply of the call still at the backend).",
-        );
-        for r in &routes {
-            for (kind, v) in r.reply_cache {
-                sample(out, name, &format!("{},kind=\"{kind}\"", labels(r)), v);
-            }
+            kinds(|r| &r.reply_cache),
+        ));
+        out.push(Family {
+            name: "rpcrdma_gateway_latency_seconds",
+            help: "Backend reply latency, forward to reply.",
+            values: Values::Histogram(
+                routes
+                    .iter()
+                    .map(|r| {
+                        let bounds: Vec<u64> =
+                            r.latency_bounds_us.iter().map(|us| us * 1000).collect();
+                        (
+                            labels(r),
+                            Hist::from_ns(&bounds, &r.latency_buckets, r.latency_sum_ns),
+                        )
+                    })
+                    .collect(),
+            ),
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Label pairs of one sample.
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family as copied at a scrape.
+#[derive(Debug)]
+struct Family {
+    /// The exposed name (counters with their `_total`).
+    name: &'static str,
+    help: &'static str,
+    values: Values,
+}
+
+#[derive(Debug)]
+enum Values {
+    Counter(Vec<(Labels, u64)>),
+    /// A counter of seconds (a float).
+    Seconds(Vec<(Labels, f64)>),
+    Gauge(Vec<(Labels, i64)>),
+    Histogram(Vec<(Labels, Hist)>),
+}
+
+/// A histogram's buckets as the encoder takes them.
+#[derive(Debug)]
+struct Hist {
+    /// (upper bound in seconds, count in that bucket), not cumulative;
+    /// the last bound is +Inf.
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+    sum_s: f64,
+}
+
+impl Hist {
+    fn from_ns(bounds_ns: &[u64], counts: &[u64], sum_ns: u64) -> Hist {
+        let buckets: Vec<(f64, u64)> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let le = bounds_ns.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e9);
+                (le, n)
+            })
+            .collect();
+        Hist {
+            count: counts.iter().sum(),
+            buckets,
+            sum_s: sum_ns as f64 / 1e9,
         }
-        let name = "rpcrdma_gateway_latency_seconds";
-        header(
-            out,
+    }
+}
+
+impl Family {
+    fn counter(name: &'static str, help: &'static str, v: Vec<(Labels, u64)>) -> Family {
+        Family {
             name,
-            "histogram",
-            "Backend reply latency, forward to reply.",
-        );
-        for r in &routes {
-            let l = labels(r);
-            let mut cumulative = 0;
-            for (i, n) in r.latency_buckets.iter().enumerate() {
-                cumulative += n;
-                let le = match r.latency_bounds_us.get(i) {
-                    Some(us) => format!("{}", *us as f64 / 1e6),
-                    None => "+Inf".to_string(),
-                };
-                let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
+            help,
+            values: Values::Counter(v),
+        }
+    }
+
+    fn gauge(name: &'static str, help: &'static str, v: Vec<(Labels, u64)>) -> Family {
+        Family {
+            name,
+            help,
+            values: Values::Gauge(
+                v.into_iter()
+                    .map(|(l, x)| (l, i64::try_from(x).unwrap_or(i64::MAX)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// A scrape's copy of every family, encoded by `prometheus-client`.
+#[derive(Debug)]
+struct Scrape(Vec<Family>);
+
+impl prometheus_client::collector::Collector for Scrape {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType;
+        for f in &self.0 {
+            // The encoder appends `_total` to a counter's name itself.
+            let (name, kind) = match f.values {
+                Values::Counter(_) | Values::Seconds(_) => (
+                    f.name.strip_suffix("_total").unwrap_or(f.name),
+                    MetricType::Counter,
+                ),
+                Values::Gauge(_) => (f.name, MetricType::Gauge),
+                Values::Histogram(_) => (f.name, MetricType::Histogram),
+            };
+            let mut m = encoder.encode_descriptor(name, f.help, None, kind)?;
+            match &f.values {
+                Values::Counter(v) => {
+                    for (labels, x) in v {
+                        m.encode_family(labels)?
+                            .encode_counter::<NoLabelSet, u64, u64>(x, None)?;
+                    }
+                }
+                Values::Seconds(v) => {
+                    for (labels, x) in v {
+                        m.encode_family(labels)?
+                            .encode_counter::<NoLabelSet, f64, f64>(x, None)?;
+                    }
+                }
+                Values::Gauge(v) => {
+                    for (labels, x) in v {
+                        m.encode_family(labels)?.encode_gauge(x)?;
+                    }
+                }
+                Values::Histogram(v) => {
+                    for (labels, h) in v {
+                        m.encode_family(labels)?
+                            .encode_histogram::<NoLabelSet>(h.sum_s, h.count, &h.buckets, None)?;
+                    }
+                }
             }
-            let _ = writeln!(out, "{name}_sum{{{l}}} {}", r.latency_sum_ns as f64 / 1e9);
-            let _ = writeln!(out, "{name}_count{{{l}}} {cumulative}");
         }
+        Ok(())
     }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn sample(out: &mut String, name: &str, labels: &str, v: u64) {
-    if labels.is_empty() {
-        let _ = writeln!(out, "{name} {v}");
-    } else {
-        let _ = writeln!(out, "{name}{{{labels}}} {v}");
-    }
-}
-
-/// Escapes a label value (text format 0.0.4): backslash, double quote and
-/// line feed.
-pub fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
 }
 
 /// Longest request head read (request line and headers).
@@ -675,6 +873,7 @@ impl Drop for MetricsServer {
 }
 
 fn serve(listener: TcpListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) {
+    let mut failures = crate::ratelimit::Warnings::default();
     while !stop.load(Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
@@ -684,7 +883,9 @@ fn serve(listener: TcpListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) 
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
             Err(e) => {
-                tracing::warn!("metrics accept failed: {e}");
+                failures.warn(std::time::Instant::now(), || {
+                    format!("metrics accept failed: {e}")
+                });
                 std::thread::sleep(ACCEPT_POLL);
             }
         }
@@ -733,8 +934,9 @@ fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
 
 fn respond(stream: &mut TcpStream, status: &str, body: &str, send_body: bool) -> io::Result<()> {
     let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+        "HTTP/1.1 {status}\r\nContent-Type: {}\r\n\
          Content-Length: {}\r\nConnection: close\r\n",
+        prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
         body.len()
     );
     if status.starts_with("405") {
@@ -768,8 +970,12 @@ mod tests {
 
     #[test]
     fn labels_are_escaped() {
-        assert_eq!(escape_label(r#"a"b\c"#), r#"a\"b\\c"#);
-        assert_eq!(escape_label("x\ny"), "x\\ny");
+        let r = Registry::new(&[0], &["tcp://a\"b\\c".into()]);
+        let text = r.render();
+        assert!(
+            text.contains("rpcrdma_listener_serving{listener=\"tcp://a\\\"b\\\\c\"} 0\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -31,11 +31,18 @@ pub enum Refusal {
     Resources,
     /// The listening socket's accept failed (e.g. out of descriptors).
     Accept,
+    /// roce: the requester's address already had the most connections
+    /// half-open that the provider allows per address (rejected by its
+    /// connection manager before the daemon saw the request).
+    HalfOpen,
+    /// tcp: the peer's address already had
+    /// `workers.max_connections_per_peer` connections.
+    PeerLimit,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -43,6 +50,8 @@ impl Refusal {
         Refusal::BadSetup,
         Refusal::Resources,
         Refusal::Accept,
+        Refusal::HalfOpen,
+        Refusal::PeerLimit,
     ];
 
     /// The metrics label.
@@ -55,6 +64,8 @@ impl Refusal {
             Refusal::BadSetup => "bad_setup",
             Refusal::Resources => "resources",
             Refusal::Accept => "accept",
+            Refusal::HalfOpen => "half_open",
+            Refusal::PeerLimit => "peer_limit",
         }
     }
 
@@ -62,6 +73,7 @@ impl Refusal {
     pub fn of(e: &WorkerError) -> Refusal {
         match e {
             WorkerError::ConnectionLimit { .. } => Refusal::Limit,
+            WorkerError::PeerLimit { .. } => Refusal::PeerLimit,
             WorkerError::Busy => Refusal::Busy,
             WorkerError::Verbs(v) => match v {
                 VerbsError::PeerNotAllowed { .. } => Refusal::NotAllowed,

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use dataplane::engine;
 use dataplane::mem::Backing;
 use dataplane::service::ServiceTable;
-use dataplane::tcp::{TcpAcceptor, TcpConfig, TcpError};
+use dataplane::tcp::{PeerCounts, TcpAcceptor, TcpConfig, TcpError};
 #[cfg(feature = "ibverbs")]
 use dataplane::verbs::ibverbs::Ibverbs;
 use dataplane::verbs::roce::Roce;
@@ -188,6 +188,8 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
         bulk_buffers: c.workers.bulk_buffers,
         shared_receives: c.workers.shared_receives,
         ring_capacity: c.workers.control_ring as usize,
+        tcp_peers: (c.workers.max_connections_per_peer > 0)
+            .then(|| Arc::new(PeerCounts::new(c.workers.max_connections_per_peer))),
         ..WorkerConfig::default()
     }
 }
@@ -195,19 +197,57 @@ pub fn worker_config(c: &Config) -> WorkerConfig {
 /// The running data path.
 pub struct DataPath {
     workers: Option<Arc<WorkerSet>>,
-    acceptors: Vec<JoinHandle<()>>,
-    /// Every `[[listeners]]` index (all are served).
-    listeners: usize,
+    /// The listeners served, each with its own acceptor thread.
+    listeners: Vec<Served>,
+    /// Peer uids allowed on shm listeners (ours and `shm.allowed_uids`).
+    uids: Vec<u32>,
+}
+
+/// One listener being served: its acceptor thread and what stops it.
+struct Served {
+    url: ProviderUrl,
     stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<metrics::ListenerCounters>,
+}
+
+impl Served {
+    /// Ends the acceptor thread; its listener closes (an shm socket is
+    /// removed). Connections it accepted stay with their workers.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        metrics::set(&self.counters.serving, 0);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl std::fmt::Debug for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataPath")
             .field("workers", &self.workers)
-            .field("listeners", &self.listeners)
+            .field(
+                "listeners",
+                &self.listeners.iter().map(|l| &l.url).collect::<Vec<_>>(),
+            )
             .finish()
     }
+}
+
+/// What a change of `[[listeners]]` did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ListenerChanges {
+    /// Listeners now served that were not.
+    pub added: Vec<ProviderUrl>,
+    /// Listeners no longer served.
+    pub removed: Vec<ProviderUrl>,
 }
 
 impl DataPath {
@@ -237,54 +277,180 @@ impl DataPath {
         #[cfg(feature = "ibverbs")]
         attach::<Ibverbs>(config, &mut set)?;
         let set = Arc::new(set);
-        let mut path = DataPath {
-            workers: Some(Arc::clone(&set)),
-            acceptors: Vec::new(),
-            listeners: config.listeners.len(),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
         // shm.allowed_uids come in addition to our own uid.
         let mut uids = vec![nix::unistd::getuid().as_raw()];
         uids.extend(&config.shm.allowed_uids);
+        let mut path = DataPath {
+            workers: Some(Arc::clone(&set)),
+            listeners: Vec::new(),
+            uids,
+        };
         for (index, l) in config.listeners.iter().enumerate() {
-            let url = &l.url;
-            let thread = |e| ServeError::Thread(url.clone(), e);
-            let handle = match url {
-                ProviderUrl::Shm { .. } => {
-                    let listener = listen::<Shm>(&set, url, index)?;
-                    listener.allow_uids(&uids);
-                    spawn_acceptor::<Shm>(url, index, &set, listener, &path.stop, registry)
-                        .map_err(thread)?
-                }
-                ProviderUrl::Roce(_) => {
-                    let listener = listen::<Roce>(&set, url, index)?;
-                    spawn_acceptor::<Roce>(url, index, &set, listener, &path.stop, registry)
-                        .map_err(thread)?
-                }
-                ProviderUrl::Tcp(addr) => {
-                    let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
-                        url: url.clone(),
-                        index,
-                        source: tcp_io_error(e),
-                    })?;
-                    spawn_tcp_acceptor(url, index, &set, acceptor, &path.stop, registry)
-                        .map_err(thread)?
-                }
-                #[cfg(feature = "ibverbs")]
-                ProviderUrl::Ibverbs(_) => {
-                    let listener = listen::<Ibverbs>(&set, url, index)?;
-                    spawn_acceptor::<Ibverbs>(url, index, &set, listener, &path.stop, registry)
-                        .map_err(thread)?
-                }
-                // Refused above.
-                #[cfg(not(feature = "ibverbs"))]
-                ProviderUrl::Ibverbs(_) => continue,
-            };
-            metrics::set(&registry.listener(index).serving, 1);
-            path.acceptors.push(handle);
+            let served = path.open(&l.url, index, registry)?;
+            path.listeners.push(served);
         }
-        install_metrics_bridge(config, &set, registry);
+        install_metrics_bridge(&set, registry);
         Ok(path)
+    }
+
+    /// Listens on `url` (listener `index` of the configuration) and starts
+    /// its acceptor thread.
+    fn open(
+        &self,
+        url: &ProviderUrl,
+        index: usize,
+        registry: &Registry,
+    ) -> Result<Served, ServeError> {
+        let Some(set) = self.workers.as_ref() else {
+            return Err(ServeError::Workers(WorkerError::Busy));
+        };
+        if !served(url) {
+            return Err(ServeError::Unserved {
+                url: url.clone(),
+                index,
+                scheme: url.scheme(),
+                served: SERVED_SCHEMES,
+            });
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = registry.add_listener(&url.to_string());
+        let thread = |e| ServeError::Thread(url.clone(), e);
+        let handle = match url {
+            ProviderUrl::Shm { .. } => {
+                let listener = listen::<Shm>(set, url, index)?;
+                listener.allow_uids(&self.uids);
+                spawn_acceptor::<Shm>(url, index, set, listener, &stop, &counters, |_| 0)
+                    .map_err(thread)?
+            }
+            ProviderUrl::Roce(_) => {
+                let listener = listen::<Roce>(set, url, index)?;
+                spawn_acceptor::<Roce>(url, index, set, listener, &stop, &counters, |l| {
+                    l.device_stats().half_open_refused
+                })
+                .map_err(thread)?
+            }
+            ProviderUrl::Tcp(addr) => {
+                let acceptor = TcpAcceptor::bind(*addr).map_err(|e| ServeError::ListenTcp {
+                    url: url.clone(),
+                    index,
+                    source: tcp_io_error(e),
+                })?;
+                spawn_tcp_acceptor(url, index, set, acceptor, &stop, &counters).map_err(thread)?
+            }
+            #[cfg(feature = "ibverbs")]
+            ProviderUrl::Ibverbs(_) => {
+                let listener = listen::<Ibverbs>(set, url, index)?;
+                spawn_acceptor::<Ibverbs>(url, index, set, listener, &stop, &counters, |_| 0)
+                    .map_err(thread)?
+            }
+            // Refused above.
+            #[cfg(not(feature = "ibverbs"))]
+            ProviderUrl::Ibverbs(_) => unreachable!("unserved providers are refused first"),
+        };
+        metrics::set(&counters.serving, 1);
+        Ok(Served {
+            url: url.clone(),
+            stop,
+            thread: Some(handle),
+            counters,
+        })
+    }
+
+    /// Serves exactly the listeners `wanted` (a reload): the new ones are
+    /// opened first, and if any cannot be, those just opened are closed
+    /// again and nothing changes; then the ones no longer wanted stop
+    /// accepting. Established connections are never touched: they belong
+    /// to their workers, whichever listener accepted them.
+    ///
+    /// # Errors
+    /// [`ServeError`] for the first new listener that cannot be opened
+    /// (address in use, a provider the daemon was not started with).
+    pub fn set_listeners(
+        &mut self,
+        wanted: &[crate::config::Listener],
+        registry: &Registry,
+    ) -> Result<ListenerChanges, ServeError> {
+        let mut opened = Vec::new();
+        for (index, l) in wanted.iter().enumerate() {
+            if self.listeners.iter().any(|s| s.url == l.url) {
+                continue;
+            }
+            match self.open(&l.url, index, registry) {
+                Ok(s) => opened.push(s),
+                Err(e) => {
+                    for s in &opened {
+                        registry.remove_listener(&s.url.to_string());
+                    }
+                    // Dropping them stops their acceptors.
+                    drop(opened);
+                    return Err(e);
+                }
+            }
+        }
+        let mut changes = ListenerChanges {
+            added: opened.iter().map(|s| s.url.clone()).collect(),
+            removed: Vec::new(),
+        };
+        let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .partition(|s| wanted.iter().any(|l| l.url == s.url));
+        for mut s in gone {
+            s.stop();
+            registry.remove_listener(&s.url.to_string());
+            changes.removed.push(s.url.clone());
+        }
+        self.listeners = keep;
+        self.listeners.extend(opened);
+        // In configuration order, as the status and metrics list them.
+        self.listeners.sort_by_key(|s| {
+            wanted
+                .iter()
+                .position(|l| l.url == s.url)
+                .unwrap_or(usize::MAX)
+        });
+        Ok(changes)
+    }
+
+    /// Relays for `config`'s `[[gateway]]` routes, built for every worker
+    /// (backends asked of rpcbind, buffers mapped) without changing what
+    /// is served.
+    ///
+    /// # Errors
+    /// [`ServeError`]: a backend rpcbind does not know, a relay that
+    /// cannot be built.
+    pub fn prepare_gateway(
+        &self,
+        config: &Config,
+    ) -> Result<dataplane::worker::PreparedGateway, ServeError> {
+        let setup = crate::gateway::setup(config)?;
+        let set = self
+            .workers
+            .as_ref()
+            .ok_or(ServeError::Workers(WorkerError::Busy))?;
+        Ok(set.prepare_gateway(setup)?)
+    }
+
+    /// Makes the workers relay with `prepared` (calls at the old backends
+    /// are still answered).
+    pub fn swap_gateway(&self, prepared: dataplane::worker::PreparedGateway) {
+        if let Some(set) = &self.workers {
+            set.swap_gateway(prepared);
+        }
+    }
+
+    /// Changes the connection limit of the workers.
+    pub fn set_max_connections(&self, limit: usize) {
+        if let Some(set) = &self.workers {
+            set.set_max_connections(limit);
+        }
+    }
+
+    /// The workers, for readers that must not keep them alive (the
+    /// status socket).
+    pub fn workers(&self) -> std::sync::Weak<WorkerSet> {
+        self.workers
+            .as_ref()
+            .map_or_else(std::sync::Weak::new, Arc::downgrade)
     }
 
     /// Connections closed so far, every worker and transport (opened
@@ -299,13 +465,13 @@ impl DataPath {
     }
 
     /// Stops accepting: every acceptor thread ends and its listener closes.
-    pub fn stop_accepting(&mut self, registry: &Registry) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.acceptors.drain(..) {
-            let _ = h.join();
+    pub fn stop_accepting(&mut self) {
+        // Every flag first, so that the acceptors wind down together.
+        for s in &self.listeners {
+            s.stop.store(true, Ordering::SeqCst);
         }
-        for i in 0..self.listeners {
-            metrics::set(&registry.listener(i).serving, 0);
+        for s in &mut self.listeners {
+            s.stop();
         }
     }
 
@@ -313,7 +479,8 @@ impl DataPath {
     /// connection and stops the workers. The report names any pool that
     /// did not come back full.
     pub fn finish(mut self, registry: &Registry, grace: Duration) -> ShutdownReport {
-        self.stop_accepting(registry);
+        self.stop_accepting();
+        self.listeners.clear();
         registry.set_refresher(None);
         match self.workers.take().map(Arc::try_unwrap) {
             Some(Ok(set)) => set.stop(grace),
@@ -331,10 +498,7 @@ impl Drop for DataPath {
     /// failed at start, or an embedding application lets go of it) still
     /// stops its acceptors; the workers stop when their set is dropped.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.acceptors.drain(..) {
-            let _ = h.join();
-        }
+        self.stop_accepting();
     }
 }
 
@@ -390,26 +554,45 @@ fn tcp_io_error(e: TcpError) -> std::io::Error {
     }
 }
 
+/// Refusals a provider made on its own, before the daemon saw the
+/// request (roce: connection requests over the per-address half-open
+/// bound), as a running total for the listener's device.
+type ProviderRefusals<L> = fn(&L) -> u64;
+
+#[allow(clippy::too_many_arguments)]
 fn spawn_acceptor<P: PoolProvider>(
     url: &ProviderUrl,
     index: usize,
     set: &Arc<WorkerSet>,
     listener: P::Listener,
     stop: &Arc<AtomicBool>,
-    registry: &Arc<Registry>,
+    counters: &Arc<metrics::ListenerCounters>,
+    provider_refusals: ProviderRefusals<P::Listener>,
 ) -> std::io::Result<JoinHandle<()>> {
-    let (url, set, stop, registry) = (
+    let (url, set, stop, counters) = (
         url.clone(),
         Arc::clone(set),
         Arc::clone(stop),
-        Arc::clone(registry),
+        Arc::clone(counters),
     );
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
-            let counters = registry.listener(index);
             let mut log = RefusalLog::new(url.to_string());
+            let mut provider_seen = provider_refusals(&listener);
             while !stop.load(Ordering::SeqCst) {
+                let refused = provider_refusals(&listener);
+                if refused > provider_seen {
+                    let n = refused - provider_seen;
+                    provider_seen = refused;
+                    metrics::add(&counters.rejected[Refusal::HalfOpen as usize], n);
+                    log.refused(Instant::now(), Refusal::HalfOpen, || {
+                        format!(
+                            "{n} connection request(s) rejected: their address already has \
+                             the most connections half-open the provider allows"
+                        )
+                    });
+                }
                 match set.accept::<P>(&listener, ACCEPT_POLL) {
                     Ok(worker) => {
                         metrics::add(&counters.accepted, 1);
@@ -442,21 +625,20 @@ fn spawn_tcp_acceptor(
     set: &Arc<WorkerSet>,
     acceptor: TcpAcceptor,
     stop: &Arc<AtomicBool>,
-    registry: &Arc<Registry>,
+    counters: &Arc<metrics::ListenerCounters>,
 ) -> std::io::Result<JoinHandle<()>> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let (url, set, stop, registry) = (
+    let (url, set, stop, counters) = (
         url.clone(),
         Arc::clone(set),
         Arc::clone(stop),
-        Arc::clone(registry),
+        Arc::clone(counters),
     );
     let wait = PollTimeout::try_from(ACCEPT_POLL).unwrap_or(PollTimeout::MAX);
     let retry = PollTimeout::try_from(TCP_HAND_OFF_RETRY).unwrap_or(PollTimeout::MAX);
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
-            let counters = registry.listener(index);
             let mut log = RefusalLog::new(url.to_string());
             // Streams accepted while every worker's control ring was full,
             // oldest first: a connect burst waits here for the rings to
@@ -491,6 +673,15 @@ fn spawn_tcp_acceptor(
                         drop(stream);
                         return;
                     }
+                    // Counted in here, out by the worker that closes it.
+                    if let Err(e) = set.admit_tcp_peer(peer.ip()) {
+                        counters.refused(Refusal::PeerLimit);
+                        log.refused(Instant::now(), Refusal::PeerLimit, || {
+                            format!("{peer}: {e}")
+                        });
+                        drop(stream);
+                        return;
+                    }
                     if !waiting.is_empty() {
                         waiting.push_back((stream, peer));
                         return;
@@ -514,7 +705,10 @@ fn spawn_tcp_acceptor(
                 }
             }
             // Streams never handed out close with the acceptor.
-            drop(waiting);
+            for (stream, peer) in waiting.drain(..) {
+                set.tcp_peer_gone(peer.ip());
+                drop(stream);
+            }
             drop(acceptor);
         })
 }
@@ -522,26 +716,12 @@ fn spawn_tcp_acceptor(
 /// Makes every `/metrics` scrape copy the workers' counters into the
 /// registry first (the workers write their own cache-padded counters; the
 /// registry is the exporter's view).
-fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Registry>) {
+fn install_metrics_bridge(set: &WorkerSet, registry: &Arc<Registry>) {
     let counters = set.counters();
+    let latency = set.latency();
     let bulk = set.bulk_pools();
     let credits = set.credit_pools();
-    let gateway = set.config().gateway.clone();
-    // Per transport, its listeners: a transport with one listener (the
-    // usual case) gets an exact per-listener connection gauge.
-    let by_transport: Vec<(Transport, Vec<usize>)> = Transport::ALL
-        .iter()
-        .map(|&t| {
-            let listeners = config
-                .listeners
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.url.scheme() == t.scheme())
-                .map(|(i, _)| i)
-                .collect();
-            (t, listeners)
-        })
-        .collect();
+    let gateway = set.gateway();
     registry.set_refresher(Some(Box::new(move |reg: &Registry| {
         for (i, c) in counters.iter().enumerate() {
             let sum = c.snapshot();
@@ -553,6 +733,9 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
             metrics::set(&w.bytes_received, sum.bytes_in);
             metrics::set(&w.bytes_sent, sum.bytes_out);
             metrics::set(&w.credits_in_use, sum.credits_in_use);
+            metrics::set(&w.busy_ns, sum.busy_ns);
+            metrics::set(&w.closed_clean, sum.closed_clean);
+            metrics::set(&w.closed_fault, sum.closed_fault);
             metrics::set(&w.pool_in_use[PoolKind::Leases as usize], sum.pool_in_use);
             let mine = bulk
                 .iter()
@@ -587,50 +770,102 @@ fn install_metrics_bridge(config: &Config, set: &WorkerSet, registry: &Arc<Regis
                 metrics::set(&w.errors[kind as usize], v);
             }
         }
-        if let Some(g) = &gateway {
-            reg.set_gateway(gateway_samples(g));
-        }
-        for (t, listeners) in &by_transport {
-            if let [only] = listeners[..] {
+        // The routes a reload may have changed.
+        let routes = match &*gateway.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(g) => gateway_samples(g),
+            None => Vec::new(),
+        };
+        reg.set_gateway(routes);
+        reg.set_latency(latency_samples(&latency));
+        // Per transport, its listeners (they change with a reload): a
+        // transport with one listener (the usual case) gets an exact
+        // per-listener connection gauge.
+        let listeners = reg.listeners();
+        for t in Transport::ALL {
+            let prefix = format!("{}://", t.scheme());
+            let mut of_t = listeners.iter().filter(|(u, _)| u.starts_with(&prefix));
+            if let (Some((_, only)), None) = (of_t.next(), of_t.next()) {
                 let open = counters
                     .iter()
                     .map(|c| c.connections_by_transport[t.index()].get())
                     .sum();
-                metrics::set(&reg.listener(only).active, open);
+                metrics::set(&only.active, open);
             }
         }
     })));
 }
 
-/// The gateway's counters as the metrics show them, one per route.
-fn gateway_samples(g: &dataplane::worker::GatewaySetup) -> Vec<metrics::GatewayRouteSample> {
-    use std::sync::atomic::Ordering::Relaxed;
+/// The workers' latency tables merged: one sample per program, version
+/// and procedure that has calls.
+fn latency_samples(
+    tables: &[Arc<dataplane::service::latency::LatencyTable>],
+) -> Vec<metrics::LatencySample> {
+    use dataplane::service::latency::BOUNDS_NS;
+    let mut merged: std::collections::BTreeMap<(u32, u32, Option<u32>), metrics::LatencySample> =
+        std::collections::BTreeMap::new();
+    for t in tables {
+        for s in t.samples() {
+            let m = merged
+                .entry((s.program, s.version, s.procedure))
+                .or_insert_with(|| metrics::LatencySample {
+                    program: s.program,
+                    version: s.version,
+                    procedure: s
+                        .procedure
+                        .map_or_else(|| "other".to_owned(), |p| p.to_string()),
+                    bounds_ns: BOUNDS_NS.to_vec(),
+                    buckets: vec![0; BOUNDS_NS.len() + 1],
+                    sum_ns: 0,
+                });
+            for (a, b) in m.buckets.iter_mut().zip(s.buckets) {
+                *a += b;
+            }
+            m.sum_ns += s.sum_ns;
+        }
+    }
+    merged.into_values().collect()
+}
+
+/// The gateway's counters as the metrics show them, one per route, every
+/// worker's summed.
+fn gateway_samples(g: &dataplane::worker::GatewayState) -> Vec<metrics::GatewayRouteSample> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     g.config
         .routes
         .iter()
-        .zip(&g.counters.routes)
-        .map(|(r, c)| metrics::GatewayRouteSample {
-            program: r.program,
-            backend: r.backend.to_string(),
-            calls: c.calls.load(Relaxed),
-            replies: c.replies.load(Relaxed),
-            bytes_sent: c.bytes_out.load(Relaxed),
-            bytes_received: c.bytes_in.load(Relaxed),
-            resends: c.resends.load(Relaxed),
-            output_waits: c.output_waits.load(Relaxed),
-            errors: [
-                ("timeout", c.errors_timeout.load(Relaxed)),
-                ("busy", c.errors_busy.load(Relaxed)),
-                ("connection", c.errors_connection.load(Relaxed)),
-                ("stray_reply", c.stray_replies.load(Relaxed)),
-            ],
-            reply_cache: [
-                ("hit", c.cache_hits.load(Relaxed)),
-                ("joined", c.cache_joins.load(Relaxed)),
-            ],
-            latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
-            latency_buckets: c.latency.iter().map(|b| b.load(Relaxed)).collect(),
-            latency_sum_ns: c.latency_sum_ns.load(Relaxed),
+        .enumerate()
+        .map(|(i, r)| {
+            let routes: Vec<&dataplane::gateway::RouteCounters> =
+                g.counters.iter().filter_map(|c| c.routes.get(i)).collect();
+            let sum = |f: fn(&dataplane::gateway::RouteCounters) -> &AtomicU64| -> u64 {
+                routes.iter().map(|c| f(c).load(Relaxed)).sum()
+            };
+            let buckets = dataplane::gateway::LATENCY_BOUNDS_US.len() + 1;
+            metrics::GatewayRouteSample {
+                program: r.program,
+                backend: r.backend.to_string(),
+                calls: sum(|c| &c.calls),
+                replies: sum(|c| &c.replies),
+                bytes_sent: sum(|c| &c.bytes_out),
+                bytes_received: sum(|c| &c.bytes_in),
+                resends: sum(|c| &c.resends),
+                output_waits: sum(|c| &c.output_waits),
+                errors: [
+                    ("timeout", sum(|c| &c.errors_timeout)),
+                    ("busy", sum(|c| &c.errors_busy)),
+                    ("connection", sum(|c| &c.errors_connection)),
+                    ("stray_reply", sum(|c| &c.stray_replies)),
+                ],
+                reply_cache: [
+                    ("hit", sum(|c| &c.cache_hits)),
+                    ("joined", sum(|c| &c.cache_joins)),
+                ],
+                latency_bounds_us: dataplane::gateway::LATENCY_BOUNDS_US.to_vec(),
+                latency_buckets: (0..buckets)
+                    .map(|b| routes.iter().map(|c| c.latency[b].load(Relaxed)).sum())
+                    .collect(),
+                latency_sum_ns: sum(|c| &c.latency_sum_ns),
+            }
         })
         .collect()
 }

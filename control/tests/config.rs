@@ -121,7 +121,7 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
             "# a comment\n[worker]\ncores = [0]\n".into(),
             2,
             "unknown field `worker`, expected one of `workers`, `listeners`, `transport`, \
-             `chunks`, `memory`, `rpcbind`, `metrics`, `shm`, `shutdown`, `gateway`"
+             `chunks`, `memory`, `rpcbind`, `metrics`, `shm`, `shutdown`, `control`, `log`, `gateway`"
                 .into(),
         ),
         (

@@ -377,3 +377,46 @@ fn json_logs_are_one_object_per_line() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A reload that moves the TCP listener moves its rpcbind mappings: the
+/// new address is registered, the old one is gone.
+#[test]
+fn rpcbind_registrations_follow_the_listeners_on_sighup() {
+    let (Some(rpcbind), Some(rpcinfo)) = (require_peer("rpcbind"), require_peer("rpcinfo")) else {
+        return;
+    };
+    let _own = ensure_rpcbind(&rpcbind);
+    let dir = scratch_dir("rpcbind-reload");
+    let (old, new): (SocketAddr, SocketAddr) = (
+        "127.0.0.62:20621".parse().unwrap(),
+        "127.0.0.62:20622".parse().unwrap(),
+    );
+    let text = |a: SocketAddr| {
+        format!(
+            "[[listeners]]\nurl = \"tcp://{a}\"\n\n[metrics]\nenabled = false\n\n\
+             [control]\nsocket = \"{}/ctl.sock\"\n",
+            dir.display()
+        )
+    };
+    let cfg = write_file(&dir, "rpcbind.toml", &text(old));
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let listed = |a: SocketAddr| {
+        rpcinfo_rows(&rpcinfo)
+            .iter()
+            .any(|r| r.0 == BENCH_PROG && r.2 == "tcp" && r.3 == universal_address(a))
+    };
+    assert!(listed(old), "{:?}", rpcinfo_rows(&rpcinfo));
+
+    std::fs::write(&cfg, text(new)).unwrap();
+    d.signal(Signal::SIGHUP);
+    let line = d.wait_for_line("reload: ");
+    assert!(line.contains("rpcbind: "), "{line}");
+    assert!(listed(new), "{:?}", rpcinfo_rows(&rpcinfo));
+    assert!(!listed(old), "{:?}", rpcinfo_rows(&rpcinfo));
+
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    assert!(!listed(new), "{:?}", rpcinfo_rows(&rpcinfo));
+    let _ = std::fs::remove_dir_all(dir);
+}

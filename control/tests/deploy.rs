@@ -76,3 +76,208 @@ fn systemd_accepts_the_unit() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The Grafana dashboard is JSON Grafana can import (a title, a uid,
+/// panels with Prometheus queries), and every metric a query names is one
+/// the daemon exports.
+#[test]
+fn grafana_dashboard_parses_and_queries_only_exported_metrics() {
+    use control::metrics::{GatewayRouteSample, LatencySample, Registry};
+    let text = include_str!("../../deploy/grafana/rpcrdma-dashboard.json");
+    let dash: serde_json::Value = serde_json::from_str(text).expect("dashboard JSON");
+    assert!(
+        dash["title"].is_string() && dash["uid"].is_string(),
+        "{dash}"
+    );
+
+    // Every family the daemon can export, gateway and latency included.
+    let reg = Registry::new(&[0], &["tcp://127.0.0.1:1".into()]);
+    reg.set_gateway(vec![GatewayRouteSample {
+        program: 100_003,
+        backend: "127.0.0.1:2049".into(),
+        latency_bounds_us: vec![10],
+        latency_buckets: vec![0, 0],
+        ..GatewayRouteSample::default()
+    }]);
+    reg.set_latency(vec![LatencySample {
+        program: 1,
+        version: 1,
+        procedure: "0".into(),
+        bounds_ns: vec![1000],
+        buckets: vec![1, 0],
+        sum_ns: 10,
+    }]);
+    let exposition = reg.render();
+    let exported: std::collections::HashSet<&str> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+
+    let mut queries = 0;
+    for panel in dash["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert!(panel["title"].is_string(), "{panel}");
+        for t in panel["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            queries += 1;
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("rpcrdma_"))
+                .collect();
+            assert!(!names.is_empty(), "query names no rpcrdma metric: {expr}");
+            for n in names {
+                assert!(exported.contains(n), "{n} in {expr:?} is not exported");
+            }
+        }
+    }
+    assert!(queries >= 10, "{queries} queries");
+    let titles: Vec<&str> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for row in ["Workers", "Rates", "Latency", "Errors"] {
+        assert!(titles.contains(&row), "no {row} row: {titles:?}");
+    }
+}
+
+/// The Kubernetes manifests (`deploy/k8s/`) are valid for the API
+/// versions `kubernetes-validate` ships schemas of (strict: no unknown
+/// field). The ServiceMonitor is a custom resource it has no schema for;
+/// its selector and port are checked against the Service here.
+#[test]
+fn kubernetes_manifests_validate() {
+    let Some(tool) = require_peer("kubernetes-validate") else {
+        return;
+    };
+    let dir = std::path::Path::new("../deploy/k8s");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    for f in &files {
+        let out = Command::new(&tool)
+            .arg("--strict")
+            .arg(f)
+            .output()
+            .expect("run kubernetes-validate");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{}: {text}", f.display());
+        assert!(!text.contains("ERROR"), "{}: {text}", f.display());
+        for warn in text.lines().filter(|l| l.contains("WARN")) {
+            assert!(
+                warn.contains("kind ServiceMonitor"),
+                "{}: unexpected warning {warn}",
+                f.display()
+            );
+        }
+    }
+    let service = std::fs::read_to_string(dir.join("service.yaml")).unwrap();
+    let monitor = std::fs::read_to_string(dir.join("servicemonitor.yaml")).unwrap();
+    assert!(monitor.contains("app.kubernetes.io/name: rpcrdmad"));
+    assert!(service.contains("    app.kubernetes.io/name: rpcrdmad\n  ports:"));
+    assert!(monitor.contains("- port: metrics") && service.contains("- name: metrics"));
+}
+
+/// The block scalar `key: |` of a YAML file, unindented (our ConfigMap's
+/// two files; a full YAML parser is not needed for them).
+fn block_scalar(yaml: &str, key: &str) -> String {
+    let head = format!("  {key}: |");
+    let mut lines = yaml.lines().skip_while(|l| *l != head).skip(1);
+    let mut out = String::new();
+    for l in lines.by_ref() {
+        if l.is_empty() {
+            out.push('\n');
+        } else if let Some(rest) = l.strip_prefix("    ") {
+            out.push_str(rest);
+            out.push('\n');
+        } else {
+            break;
+        }
+    }
+    assert!(!out.is_empty(), "no {key} in the ConfigMap");
+    out
+}
+
+/// The CPUs of a `Cpus_allowed_list` ("0-3,8").
+fn cpu_list(list: &str) -> Vec<usize> {
+    list.split(',')
+        .flat_map(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            lo.trim().parse::<usize>().unwrap()..=hi.trim().parse::<usize>().unwrap()
+        })
+        .collect()
+}
+
+/// The container's entrypoint turns the ConfigMap's template into a file
+/// `rpcrdmad --check-config` accepts, with one worker per CPU of the
+/// affinity mask it runs under (the pod's exclusive cpuset).
+#[test]
+fn k8s_entrypoint_renders_a_config_with_the_pods_cpus() {
+    let yaml = std::fs::read_to_string("../deploy/k8s/configmap.yaml").unwrap();
+    let dir = scratch_dir("k8s-entrypoint");
+    let template = write_file(
+        &dir,
+        "rpcrdmad.toml.in",
+        &block_scalar(&yaml, "rpcrdmad.toml.in"),
+    );
+    let entrypoint = write_file(&dir, "entrypoint.sh", &block_scalar(&yaml, "entrypoint.sh"));
+    let out = Command::new("sh")
+        .arg(&entrypoint)
+        .env("NODE_IP", "127.0.0.1")
+        .env("RPCRDMA_TEMPLATE", &template)
+        .env("RPCRDMA_RENDER_ONLY", "1")
+        .output()
+        .expect("run the entrypoint");
+    let rendered = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{rendered}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let want = format!(
+        "cores = [{}]",
+        cpu_list(allowed)
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(rendered.contains(&want), "{want} not in:\n{rendered}");
+    assert!(!rendered.contains('@'), "placeholder left:\n{rendered}");
+    // This host may have no free hugepages; the pod requests its own.
+    let cfg = write_file(
+        &dir,
+        "rpcrdmad.toml",
+        &rendered.replace("hugepages = \"required\"", "hugepages = \"prefer\""),
+    );
+    let check = Command::new(BIN)
+        .arg("--check-config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,6 +7,10 @@
 //! * `a_tcp_connect_burst_is_served_not_refused`: 1,000 connections opened
 //!   at once to the tcp listener, against a control ring of 2 entries,
 //!   are all served: the acceptor holds what the ring cannot take.
+//! * `one_address_gets_its_share_of_tcp_connections_and_others_still_get_in`:
+//!   past `workers.max_connections_per_peer` an address's connections are
+//!   closed unread and counted `peer_limit`; another address is served,
+//!   and a close makes room again.
 //! * `silent_shm_setups_cost_only_themselves`: 50 connections to the shm
 //!   setup socket that never say anything do not delay a good client,
 //!   and are closed and counted as `setup_timeout` when their time is up.
@@ -76,7 +80,12 @@ fn a_tcp_connect_burst_is_served_not_refused() {
     let addr: SocketAddr = "127.0.0.42:20342".parse().unwrap();
     let metrics: SocketAddr = "127.0.0.1:19491".parse().unwrap();
     // A control ring of 2 entries: the burst is sure to find it full.
-    let cfg = config(&dir, url, metrics, "control_ring = 2\n");
+    let cfg = config(
+        &dir,
+        url,
+        metrics,
+        "control_ring = 2\nmax_connections_per_peer = 0\n",
+    );
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
 
@@ -129,6 +138,99 @@ fn a_tcp_connect_burst_is_served_not_refused() {
         "{body}"
     );
     drop(streams);
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Sends a NULL on `s` and reads its accepted reply.
+fn call_null(s: &mut TcpStream, xid: u32) -> std::io::Result<()> {
+    s.set_read_timeout(Some(PATIENCE))?;
+    s.write_all(&null_record(xid))?;
+    let mut reply = [0u8; 28];
+    s.read_exact(&mut reply)?;
+    assert_eq!(reply[4..8], xid.to_be_bytes());
+    assert_eq!(reply[24..28], [0; 4], "SUCCESS");
+    Ok(())
+}
+
+/// A TCP connection to `addr` from `from` (any port).
+fn connect_from(from: std::net::Ipv4Addr, addr: std::net::SocketAddrV4) -> TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        fd.as_raw_fd(),
+        &SockaddrIn::from(std::net::SocketAddrV4::new(from, 0)),
+    )
+    .unwrap();
+    connect(fd.as_raw_fd(), &SockaddrIn::from(addr)).unwrap();
+    TcpStream::from(fd)
+}
+
+#[test]
+fn one_address_gets_its_share_of_tcp_connections_and_others_still_get_in() {
+    const LIMIT: usize = 4;
+    let dir = scratch_dir("hostile-peer-limit");
+    let url = "tcp://127.0.0.43:20343";
+    let addr: std::net::SocketAddrV4 = "127.0.0.43:20343".parse().unwrap();
+    let metrics: SocketAddr = "127.0.0.1:19493".parse().unwrap();
+    let cfg = config(
+        &dir,
+        url,
+        metrics,
+        &format!("max_connections_per_peer = {LIMIT}\n"),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let greedy: std::net::Ipv4Addr = "127.0.0.2".parse().unwrap();
+    let other: std::net::Ipv4Addr = "127.0.0.3".parse().unwrap();
+
+    // The greedy address's first LIMIT connections are served...
+    let mut held: Vec<TcpStream> = (0..LIMIT).map(|_| connect_from(greedy, addr)).collect();
+    for (i, s) in held.iter_mut().enumerate() {
+        call_null(s, i as u32).expect("a connection within the limit is served");
+    }
+    // ...the next one is closed unread and counted...
+    let mut over = connect_from(greedy, addr);
+    over.set_read_timeout(Some(PATIENCE)).unwrap();
+    let _ = over.write_all(&null_record(99));
+    let mut byte = [0u8; 1];
+    match over.read(&mut byte) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a connection past the limit was not closed: {other:?}"),
+    }
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1, "{body}");
+    // ...while another address is served.
+    let mut good = connect_from(other, addr);
+    call_null(&mut good, 1000).expect("another address is served");
+    // A close makes room for the greedy address again (once the worker
+    // has seen it: retried until the deadline).
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut refused_more = 0;
+    loop {
+        let mut again = connect_from(greedy, addr);
+        if call_null(&mut again, 2000).is_ok() {
+            break;
+        }
+        refused_more += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the close never made room"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1 + refused_more, "{body}");
+    drop((held, good));
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }

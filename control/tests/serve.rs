@@ -364,3 +364,192 @@ fn a_second_daemon_on_the_same_shm_path_refuses_and_the_first_keeps_serving() {
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(second_dir);
 }
+
+/// The service latency histograms: nothing before any call, then one
+/// count per call under its program, version and procedure; promtool
+/// accepts them.
+#[test]
+fn latency_histograms_move_when_calls_run() {
+    let dir = scratch_dir("serve-latency");
+    let url = "tcp://127.0.0.52:20521";
+    let metrics: SocketAddr = "127.0.0.1:19502".parse().unwrap();
+    let cfg = daemon_config(&dir, url, metrics, "");
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+    let count = "rpcrdma_rpc_latency_seconds_count";
+    let (_, body) = http_get(metrics, "/metrics");
+    assert!(
+        body.contains("# TYPE rpcrdma_rpc_latency_seconds histogram\n"),
+        "{body}"
+    );
+    assert_eq!(metric(&body, count), 0, "{body}");
+
+    let mut client =
+        TcpClient::connect_url(url, TcpClientConfig::for_data(4096, 1)).expect("tcp connect");
+    for _ in 0..3 {
+        tcp_call(&mut client, Args::Null);
+    }
+    for i in 0..5 {
+        let data = test_data(100, i);
+        assert_eq!(tcp_call(&mut client, Args::Echo(&data)), data);
+    }
+    let body = scrape_until(metrics, "rpcrdma_worker_rpcs_total", 8);
+    let series = |proc: u32| {
+        format!(
+            "{count}{{program=\"{}\",version=\"1\",procedure=\"{proc}\"}}",
+            bench::PROGRAM
+        )
+    };
+    assert_eq!(metric(&body, &series(0)), 3, "{body}");
+    assert_eq!(
+        metric(&body, &series(bench::Proc::Echo as u32)),
+        5,
+        "{body}"
+    );
+    assert_eq!(metric(&body, count), 8, "{body}");
+    // Every call took more than nothing and landed in some bucket up to
+    // +Inf.
+    let inf = format!(
+        "rpcrdma_rpc_latency_seconds_bucket{{program=\"{}\",version=\"1\",procedure=\"0\",le=\"+Inf\"}} 3",
+        bench::PROGRAM
+    );
+    assert!(body.contains(&inf), "{body}");
+    promtool_accepts(&body);
+    drop(client);
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A client that closes in order is counted as a clean close, not as a
+/// lost connection; a TCP client that ends its stream in the middle of a
+/// record is a fault, and counted as both.
+#[test]
+fn clean_closes_and_faults_are_counted_apart() {
+    use std::io::Write as _;
+    let dir = scratch_dir("serve-closes");
+    let shm = format!("shm://{}/d.sock", dir.display());
+    let tcp = "tcp://127.0.0.53:20531";
+    let roce = "roce://127.0.0.53:20532";
+    let metrics: SocketAddr = "127.0.0.1:19503".parse().unwrap();
+    let cfg = write_file(
+        &dir,
+        "closes.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{shm}\"\n\n[[listeners]]\nurl = \"{tcp}\"\n\n\
+             [[listeners]]\nurl = \"{roce}\"\n\n\
+             [workers]\ncores = [0]\nidle = \"adaptive\"\n\n[metrics]\naddress = \"{metrics}\"\n\n\
+             [rpcbind]\nregister = false\n\n[control]\nsocket = \"{}/ctl.sock\"\n",
+            dir.display()
+        ),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+
+    let mut c = Client::<Shm>::connect(&shm, client_config(1 << 20, 4)).expect("shm connect");
+    simple_call(&mut c, Args::Null, ReplyTarget::Inline);
+    drop(c);
+    let mut r = Client::<Roce>::connect(roce, client_config(1 << 20, 4)).expect("roce connect");
+    simple_call(&mut r, Args::Null, ReplyTarget::Inline);
+    drop(r);
+    let mut t = TcpClient::connect_url(tcp, TcpClientConfig::for_data(4096, 1)).expect("tcp");
+    tcp_call(&mut t, Args::Null);
+    drop(t);
+    let closed = "rpcrdma_connections_closed_total";
+    let body = scrape_until(metrics, closed, 3);
+    assert_eq!(
+        metric(
+            &body,
+            &format!("{closed}{{worker=\"0\",core=\"0\",how=\"clean\"}}")
+        ),
+        3,
+        "{body}"
+    );
+    assert_eq!(
+        metric(
+            &body,
+            &format!("{closed}{{worker=\"0\",core=\"0\",how=\"fault\"}}")
+        ),
+        0,
+        "{body}"
+    );
+    let lost = "rpcrdma_worker_errors_total{worker=\"0\",core=\"0\",kind=\"connection_lost\"}";
+    assert_eq!(metric(&body, lost), 0, "{body}");
+
+    // A record mark promising 100 bytes, 4 of them, then the end.
+    let mut s = std::net::TcpStream::connect("127.0.0.53:20531").unwrap();
+    s.write_all(&[0x80, 0, 0, 100, 1, 2, 3, 4]).unwrap();
+    drop(s);
+    let body = scrape_until(metrics, closed, 4);
+    assert_eq!(
+        metric(
+            &body,
+            &format!("{closed}{{worker=\"0\",core=\"0\",how=\"fault\"}}")
+        ),
+        1,
+        "{body}"
+    );
+    assert_eq!(metric(&body, lost), 1, "{body}");
+    promtool_accepts(&body);
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Nothing is logged per RPC, even at the most verbose level: a few
+/// hundred calls over shm and tcp add no line to the daemon's log
+/// between its start and its stop but the two connections' hand-offs.
+#[test]
+fn no_log_line_per_rpc_even_at_trace() {
+    let dir = scratch_dir("serve-quiet");
+    let shm = format!("shm://{}/d.sock", dir.display());
+    let tcp = "tcp://127.0.0.54:20541";
+    let cfg = write_file(
+        &dir,
+        "quiet.toml",
+        &format!(
+            "[[listeners]]\nurl = \"{shm}\"\n\n[[listeners]]\nurl = \"{tcp}\"\n\n\
+             [workers]\ncores = [0]\nidle = \"adaptive\"\n\n[metrics]\nenabled = false\n\n\
+             [rpcbind]\nregister = false\n\n[control]\nsocket = \"{}/ctl.sock\"\n",
+            dir.display()
+        ),
+    );
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["--config", cfg.to_str().unwrap()])
+        .env("RPCRDMAD_LOG", "trace");
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    let before = d.stderr().lines().count();
+    let mut c = Client::<Shm>::connect(&shm, client_config(1 << 20, 4)).expect("shm connect");
+    let mut t = TcpClient::connect_url(tcp, TcpClientConfig::for_data(4096, 1)).expect("tcp");
+    const CALLS: usize = 300;
+    for i in 0..CALLS {
+        let data = test_data(32, i);
+        assert_eq!(
+            simple_call(&mut c, Args::Echo(&data), ReplyTarget::Inline),
+            data
+        );
+        assert_eq!(tcp_call(&mut t, Args::Echo(&data)), data);
+    }
+    // A marker after the last call: the hand-off of a third connection
+    // (a debug line naming its peer). Every line the calls caused came
+    // before it.
+    let marker = std::net::TcpStream::connect("127.0.0.54:20541").unwrap();
+    let peer = marker.local_addr().unwrap().to_string();
+    d.wait_for_line(&format!("{peer} handed to worker"));
+    let during: Vec<String> = d
+        .stderr()
+        .lines()
+        .skip(before)
+        .take_while(|l| !l.contains(&peer))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        during.len() <= 4,
+        "{} lines for {} calls:\n{}",
+        during.len(),
+        2 * CALLS,
+        during.join("\n")
+    );
+    drop((c, t, marker));
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}

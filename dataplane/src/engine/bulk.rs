@@ -54,6 +54,10 @@ pub unsafe trait BulkMemory: core::fmt::Debug + Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Whether 2 MiB hugepages back it (for status reports).
+    fn is_hugepage_backed(&self) -> bool {
+        false
+    }
 }
 
 /// A bounded pool of equal buffers over one [`BulkMemory`] (module docs).
@@ -119,6 +123,11 @@ impl BulkPool {
     pub fn on_heap(count: u32, buf_len: u32) -> Option<BulkPool> {
         let memory = HeapPeerMemory::new(Self::memory_len(count, buf_len))?;
         Self::new(Box::new(memory), buf_len)
+    }
+
+    /// Whether 2 MiB hugepages back the buffers.
+    pub fn is_hugepage_backed(&self) -> bool {
+        self.memory.is_hugepage_backed()
     }
 
     /// Length of each buffer.

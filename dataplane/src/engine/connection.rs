@@ -647,6 +647,12 @@ impl Connection {
         self.granted
     }
 
+    /// The calls the peer may have in progress at us: what our grants
+    /// allow it now.
+    pub fn credits_granted(&self) -> u32 {
+        self.grant()
+    }
+
     /// Our calls sent and not yet answered.
     pub fn outstanding_calls(&self) -> u32 {
         self.outstanding

@@ -501,15 +501,11 @@ fn worker_set_refuses_a_gateway_it_cannot_build() {
         backend: "127.0.0.1:9".parse().unwrap(),
         connections: 1,
     };
-    let setup = |config: GatewayConfig| {
-        let counters = Arc::new(GatewayCounters::new(&config));
-        WorkerConfig {
-            gateway: Some(GatewaySetup {
-                config: Arc::new(config),
-                counters,
-            }),
-            ..WorkerConfig::default()
-        }
+    let setup = |config: GatewayConfig| WorkerConfig {
+        gateway: Some(GatewaySetup {
+            config: Arc::new(config),
+        }),
+        ..WorkerConfig::default()
     };
 
     // Refused before any thread starts: a program routed twice.

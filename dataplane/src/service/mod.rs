@@ -36,6 +36,7 @@
 //! [`Decoder`].
 
 pub mod bench;
+pub mod latency;
 
 use core::ops::RangeInclusive;
 use std::sync::Arc;
@@ -201,11 +202,23 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// Handles the RPC call message `call` (XDR, as received), writing the
     /// whole RPC reply message into `reply`.
     fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch;
+
+    /// The (program, version) pairs it serves, for the workers' latency
+    /// tables ([`latency`]); none by default (nothing is then recorded).
+    fn programs(&self) -> Vec<(u32, u32)> {
+        Vec::new()
+    }
 }
 
 impl Dispatcher for ServiceTable {
     fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
         ServiceTable::dispatch(self, call, reply)
+    }
+
+    fn programs(&self) -> Vec<(u32, u32)> {
+        ServiceTable::programs(self)
+            .map(|(p, v, _)| (p, v))
+            .collect()
     }
 }
 

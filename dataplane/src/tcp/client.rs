@@ -266,6 +266,12 @@ impl TcpClient {
         self.peer
     }
 
+    /// The local address of the connection (what the server sees as the
+    /// peer).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &TcpClientConfig {
         &self.cfg

@@ -49,6 +49,7 @@
 pub(crate) mod buf;
 mod client;
 mod epoll;
+mod peers;
 mod server;
 
 #[cfg(test)]
@@ -60,7 +61,10 @@ use std::net::SocketAddr;
 
 pub use buf::ZeroedBuf;
 pub use client::{Reply, TcpClient, TcpClientConfig, TcpClientError, TcpClientStats};
-pub use server::{NoRelay, Relayed, TcpAcceptor, TcpCallId, TcpConnections, TcpRelay, TcpServer};
+pub use peers::PeerCounts;
+pub use server::{
+    NoRelay, Relayed, TcpAcceptor, TcpCallId, TcpConnCounts, TcpConnections, TcpRelay, TcpServer,
+};
 
 use crate::service::bench::MAX_DATA;
 use crate::wire::rpc::{RecordMarker, MAX_CALL_HEADER_LEN};

@@ -4,11 +4,13 @@
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
 
 use nix::sys::socket::{send, MsgFlags};
 
 use super::buf::{InBuf, OutBuf, ZeroedBuf};
 use super::epoll::{EpollSet, Interest};
+use super::peers::PeerCounts;
 use super::{Readiness, TcpConfig, TcpError, TcpStats};
 use crate::engine::Instant;
 use crate::service::{Dispatch, Dispatcher};
@@ -201,6 +203,23 @@ struct Conn {
     /// Calls a relay took and has not answered yet: the connection does
     /// not shut its side while any remain.
     deferred: u32,
+    /// This connection's own figures (`rpcrdmad status`).
+    counts: TcpConnCounts,
+}
+
+/// One TCP connection's figures, as `rpcrdmad status` shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConnCounts {
+    /// Call records received whole.
+    pub calls: u64,
+    /// Replies written into the output (the relay's included).
+    pub replies: u64,
+    /// Bytes read from the socket.
+    pub bytes_in: u64,
+    /// Bytes written to the socket.
+    pub bytes_out: u64,
+    /// When the connection was added (the worker's clock).
+    pub opened: Instant,
 }
 
 impl Conn {
@@ -235,6 +254,13 @@ impl Conn {
             pass: 0,
             serial: 0,
             deferred: 0,
+            counts: TcpConnCounts {
+                calls: 0,
+                replies: 0,
+                bytes_in: 0,
+                bytes_out: 0,
+                opened: now,
+            },
         })
     }
 
@@ -253,14 +279,18 @@ impl Conn {
             fd: self.fd,
             serial: self.serial,
         };
-        if answer(
+        self.counts.calls += 1;
+        let replies_before = stats.rpcs;
+        let taken = answer(
             services,
             relay,
             (id, self.peer),
             record,
             &mut self.output,
             stats,
-        ) {
+        );
+        self.counts.replies += stats.rpcs - replies_before;
+        if taken {
             self.deferred += 1;
         }
         true
@@ -307,6 +337,7 @@ impl Conn {
                     Ok(n) => {
                         self.input.filled(n);
                         stats.bytes_in += n as u64;
+                        self.counts.bytes_in += n as u64;
                         self.last_active = now;
                         self.heard = true;
                         work += 1;
@@ -436,6 +467,7 @@ impl Conn {
                 Ok(n) => {
                     self.input.filled(n);
                     stats.bytes_in += n as u64;
+                    self.counts.bytes_in += n as u64;
                     self.last_active = now;
                     self.heard = true;
                     return Ok(n);
@@ -458,6 +490,7 @@ impl Conn {
                 Ok(n) => {
                     self.output.consume(n);
                     stats.bytes_out += n as u64;
+                    self.counts.bytes_out += n as u64;
                     self.last_active = now;
                     work += 1;
                 }
@@ -568,6 +601,9 @@ pub struct TcpConnections {
     pass: u64,
     /// When an epoll pass next looks for idle connections.
     next_idle_scan: Instant,
+    /// The per-address counts an acceptor counted each connection into:
+    /// a connection closed here, for whatever reason, is counted out.
+    peers: Option<Arc<PeerCounts>>,
 }
 
 /// `slot_of_fd` entry of a descriptor that is not one of ours.
@@ -602,7 +638,20 @@ impl TcpConnections {
             carry: Vec::with_capacity(cfg.max_connections.min(1024)),
             pass: 0,
             next_idle_scan: Instant(0),
+            peers: None,
         })
+    }
+
+    /// Counts every connection closed from now on out of `peers` (the
+    /// acceptor counted it in before handing it over).
+    pub fn count_peers_out_of(&mut self, peers: Option<Arc<PeerCounts>>) {
+        self.peers = peers;
+    }
+
+    fn count_out(&self, peer: SocketAddr) {
+        if let Some(p) = &self.peers {
+            p.remove(peer.ip());
+        }
     }
 
     /// The configuration.
@@ -630,6 +679,12 @@ impl TcpConnections {
         self.conns.iter().map(|c| c.peer)
     }
 
+    /// Each open connection's peer and figures (for a status report; the
+    /// data path never calls it).
+    pub fn connection_counts(&self) -> impl Iterator<Item = (SocketAddr, TcpConnCounts)> + '_ {
+        self.conns.iter().map(|c| (c.peer, c.counts))
+    }
+
     /// Takes an accepted stream: makes it non-blocking, disables Nagle and
     /// reserves its buffers (the only allocation a connection makes).
     ///
@@ -643,6 +698,7 @@ impl TcpConnections {
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         if self.conns.len() >= self.cfg.max_connections {
             self.stats.connections_refused += 1;
+            self.count_out(peer);
             return Err(TcpError::TooManyConnections {
                 max: self.cfg.max_connections,
                 peer,
@@ -670,6 +726,7 @@ impl TcpConnections {
             }
             Err(source) => {
                 self.stats.connections_refused += 1;
+                self.count_out(peer);
                 Err(TcpError::Io {
                     what: "set up an accepted connection",
                     source,
@@ -741,6 +798,7 @@ impl TcpConnections {
         body[..reply.len()].copy_from_slice(reply);
         conn.output.commit(RecordMarker::LEN + reply.len());
         self.stats.rpcs += 1;
+        conn.counts.replies += 1;
         conn.last_active = now;
         // Written now if the socket takes it; otherwise the connection
         // waits for writability like any other.
@@ -960,7 +1018,9 @@ impl TcpConnections {
         }
         // Dropping the stream closes the socket; unread input makes the
         // kernel answer with a reset, which is what a broken peer gets.
-        drop(self.conns.swap_remove(i));
+        let closed = self.conns.swap_remove(i);
+        self.count_out(closed.peer);
+        drop(closed);
         if let Some(moved) = self.conns.get(i) {
             if let Some(slot) = self.slot_of_fd.get_mut(moved.fd as usize) {
                 *slot = i as u32;

@@ -496,6 +496,16 @@ impl<P: Provider> SharedRecvs<P> {
         self.srq.posted() + self.slab.available() == self.slab.total()
     }
 
+    /// Whether 2 MiB hugepages back the receive buffers.
+    pub fn is_hugepage_backed(&self) -> bool {
+        self.slab.arena().is_hugepage_backed()
+    }
+
+    /// Bytes of each receive buffer.
+    pub fn buf_size(&self) -> u32 {
+        self.slab.buf_size()
+    }
+
     /// Whether a dropped buffer waits for [`SharedRecvs::refill`]
     /// (one atomic load: checked on every flush).
     fn needs_refill(&self) -> bool {
@@ -516,6 +526,9 @@ unsafe impl BulkMemory for ArenaBulkMemory {
     }
     fn len(&self) -> usize {
         self.1.min(self.0.len())
+    }
+    fn is_hugepage_backed(&self) -> bool {
+        self.0.is_hugepage_backed()
     }
 }
 
@@ -854,6 +867,8 @@ pub struct Endpoint<P: Provider> {
     reported: EndpointCounters,
     /// The worker's shared receive queue the connection receives from.
     srq: Option<Arc<SharedRecvs<P>>>,
+    /// When the endpoint was built (its age in a status report).
+    opened: std::time::Instant,
 }
 
 impl<P: Provider> core::fmt::Debug for Endpoint<P> {
@@ -916,6 +931,7 @@ impl<P: Provider> Endpoint<P> {
             counters: EndpointCounters::default(),
             reported: EndpointCounters::default(),
             srq,
+            opened: std::time::Instant::now(),
         })
     }
 
@@ -923,6 +939,11 @@ impl<P: Provider> Endpoint<P> {
     /// was accepted (`Incoming::peer_identity`; 0 when unknown).
     pub fn peer_identity(&self) -> u64 {
         self.peer
+    }
+
+    /// When the endpoint was built (connection setup).
+    pub fn opened(&self) -> std::time::Instant {
+        self.opened
     }
 
     /// The queue pair's number.

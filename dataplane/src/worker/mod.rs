@@ -33,12 +33,14 @@ pub mod endpoint;
 mod fuzz;
 mod pool;
 mod run;
+pub mod status;
 
 pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, PreparedEndpoint, SharedRecvs, POLL_BURST,
 };
 pub use fuzz::{fuzz_endpoint, FuzzProvider};
-pub use pool::{PoolProvider, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
+pub use pool::{PoolProvider, PreparedGateway, WorkerPool, WorkerSet, WORKER_THREAD_PREFIX};
+pub use status::{ConnectionStatus, WorkerStatus};
 
 /// The seam to the service layer, defined there (`service::Dispatcher`);
 /// `Dispatched` is the name the worker's users know for `service::Dispatch`.
@@ -179,16 +181,40 @@ pub struct WorkerConfig {
     /// backend and relays the replies. `None`: every call is served by
     /// the dispatcher.
     pub gateway: Option<GatewaySetup>,
+    /// Live TCP connections per peer address, shared with the acceptors
+    /// that count connections in ([`WorkerSet::admit_tcp_peer`]); each
+    /// worker counts out the ones it closes. `None`: no limit per address.
+    pub tcp_peers: Option<std::sync::Arc<crate::tcp::PeerCounts>>,
 }
 
-/// What every worker's relay is built from: the routes, and the counters
-/// all workers share.
+/// What every worker's relay is built from: the routes and limits. Each
+/// worker counts into counters of its own ([`GatewayState`]).
 #[derive(Debug, Clone)]
 pub struct GatewaySetup {
     /// Routes and limits (validated).
     pub config: std::sync::Arc<crate::gateway::GatewayConfig>,
-    /// Counters per route, shared by the workers.
-    pub counters: std::sync::Arc<crate::gateway::GatewayCounters>,
+}
+
+/// The routes the workers relay now and each worker's counters for them
+/// (written by that worker only; a reader sums them).
+#[derive(Debug, Clone)]
+pub struct GatewayState {
+    /// Routes and limits.
+    pub config: std::sync::Arc<crate::gateway::GatewayConfig>,
+    /// One per worker, in worker order.
+    pub counters: Vec<std::sync::Arc<crate::gateway::GatewayCounters>>,
+}
+
+impl GatewayState {
+    /// Fresh counters for every one of `workers` workers.
+    fn new(setup: &GatewaySetup, workers: usize) -> GatewayState {
+        GatewayState {
+            config: setup.config.clone(),
+            counters: (0..workers)
+                .map(|_| std::sync::Arc::new(crate::gateway::GatewayCounters::new(&setup.config)))
+                .collect(),
+        }
+    }
 }
 
 impl Default for WorkerConfig {
@@ -210,6 +236,7 @@ impl Default for WorkerConfig {
             bulk_buffers: DEFAULT_BULK_BUFFERS,
             shared_receives: DEFAULT_SHARED_RECEIVES,
             gateway: None,
+            tcp_peers: None,
         }
     }
 }
@@ -291,6 +318,17 @@ pub struct WorkerCounters {
     /// Gauge: connections on this worker per transport (index
     /// [`Transport::index`]).
     pub connections_by_transport: [Counter; 4],
+    /// Nanoseconds spent in loop iterations that did work (the worker's
+    /// busy time; from the clock the loop reads anyway, once per
+    /// iteration).
+    pub busy_ns: Counter,
+    /// Connections that ended cleanly: the peer disconnected in order or
+    /// ended its stream between calls, or we closed it (shutdown, idle
+    /// timeout).
+    pub closed_clean: Counter,
+    /// Connections that ended in a fault: a protocol violation, a
+    /// transport error, a truncated or oversized record, a socket error.
+    pub closed_fault: Counter,
 }
 
 /// A point-in-time copy of [`WorkerCounters`].
@@ -317,6 +355,9 @@ pub struct WorkerSnapshot {
     pub connections: u64,
     pub connections_total: u64,
     pub connections_by_transport: [u64; 4],
+    pub busy_ns: u64,
+    pub closed_clean: u64,
+    pub closed_fault: u64,
 }
 
 impl WorkerCounters {
@@ -345,6 +386,9 @@ impl WorkerCounters {
             connections_by_transport: core::array::from_fn(|i| {
                 self.connections_by_transport[i].get()
             }),
+            busy_ns: self.busy_ns.get(),
+            closed_clean: self.closed_clean.get(),
+            closed_fault: self.closed_fault.get(),
         }
     }
 }
@@ -366,6 +410,10 @@ pub enum Command {
     /// Serve this accepted ONC RPC/TCP stream (the worker makes it
     /// non-blocking).
     AddTcp(TcpStream),
+    /// Report every connection ([`status`]) on this channel.
+    Status(std::sync::mpsc::SyncSender<WorkerStatus>),
+    /// Relay routed programs with this relay from now on (a reload).
+    Gateway(Box<run::RelaySwap>),
     /// Stop: let calls in progress finish for at most `grace`, then close
     /// everything and exit.
     Stop {
@@ -382,6 +430,8 @@ impl core::fmt::Debug for Command {
             #[cfg(feature = "ibverbs")]
             Command::AddIbverbs(ep) => f.debug_tuple("AddIbverbs").field(ep).finish(),
             Command::AddTcp(s) => f.debug_tuple("AddTcp").field(s).finish(),
+            Command::Status(_) => f.write_str("Status"),
+            Command::Gateway(g) => f.debug_tuple("Gateway").field(g).finish(),
             Command::Stop { grace } => f.debug_struct("Stop").field("grace", grace).finish(),
         }
     }
@@ -518,6 +568,13 @@ pub enum WorkerError {
     /// The set already serves `max_connections`; the request was refused.
     #[error("connection limit reached: {limit} connections already served (raise `workers.max_connections` if the node has memory for more)")]
     ConnectionLimit {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The peer address already has the most connections one address may
+    /// have; the request was refused.
+    #[error("per-address limit reached: this address already has {limit} connections (raise `workers.max_connections_per_peer` if one client host needs more)")]
+    PeerLimit {
         /// The configured limit.
         limit: usize,
     },

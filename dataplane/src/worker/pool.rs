@@ -12,8 +12,8 @@ use crossbeam_queue::ArrayQueue;
 use super::endpoint::{BulkBuffers, Endpoint, EndpointError, PreparedEndpoint, SharedRecvs};
 use super::run::Worker;
 use super::{
-    Command, Dispatcher, ShutdownReport, Transport, WorkerConfig, WorkerCounters, WorkerError,
-    WorkerReport, WorkerSnapshot,
+    Command, Dispatcher, GatewaySetup, GatewayState, ShutdownReport, Transport, WorkerConfig,
+    WorkerCounters, WorkerError, WorkerReport, WorkerSnapshot,
 };
 use crate::gateway::Forwarder;
 #[cfg(feature = "ibverbs")]
@@ -122,6 +122,46 @@ pub(crate) mod sealed {
             #[cfg(feature = "ibverbs")]
             let pools = pools.chain(of(&self.ibverbs));
             pools.collect()
+        }
+
+        /// Every bulk pool and shared receive queue, for a status report.
+        pub fn pool_status(&self) -> Vec<crate::worker::status::PoolStatus> {
+            use crate::worker::status::PoolStatus;
+            fn of<P: Provider>(a: &Option<Attached<P>>, out: &mut Vec<PoolStatus>) {
+                let Some(a) = a else {
+                    return;
+                };
+                for (worker, b) in a.bulk.iter().enumerate() {
+                    let p = b.pool();
+                    out.push(PoolStatus {
+                        pool: "bulk",
+                        provider: P::SCHEME,
+                        worker,
+                        buffers: u64::from(p.count()),
+                        used: u64::from(p.count() - p.available()),
+                        buffer_bytes: u64::from(p.buf_len()),
+                        hugepages: p.is_hugepage_backed(),
+                    });
+                }
+                for (worker, q) in a.srqs.iter().enumerate() {
+                    let c = q.credits();
+                    out.push(PoolStatus {
+                        pool: "shared_receives",
+                        provider: P::SCHEME,
+                        worker,
+                        buffers: u64::from(c.total()),
+                        used: u64::from(c.reserved()),
+                        buffer_bytes: u64::from(q.buf_size()),
+                        hugepages: q.is_hugepage_backed(),
+                    });
+                }
+            }
+            let mut out = Vec::new();
+            of(&self.shm, &mut out);
+            of(&self.roce, &mut out);
+            #[cfg(feature = "ibverbs")]
+            of(&self.ibverbs, &mut out);
+            out
         }
 
         /// (scheme, worker) of every bulk pool not back to full.
@@ -234,6 +274,7 @@ const SHARED_CQ_DEPTH: usize = 4096;
 struct WorkerHandle {
     ring: Arc<ArrayQueue<Command>>,
     counters: Arc<WorkerCounters>,
+    latency: Arc<crate::service::latency::LatencyTable>,
     thread: Option<JoinHandle<WorkerReport>>,
 }
 
@@ -263,6 +304,21 @@ pub struct WorkerSet {
     workers: Vec<WorkerHandle>,
     providers: sealed::Providers,
     config: WorkerConfig,
+    /// [`WorkerConfig::max_connections`], changeable while serving
+    /// ([`WorkerSet::set_max_connections`]).
+    max_connections: std::sync::atomic::AtomicUsize,
+    /// The gateway's routes and each worker's counters now
+    /// ([`WorkerConfig::gateway`] at spawn; [`WorkerSet::swap_gateway`]
+    /// changes them).
+    gateway: Arc<std::sync::Mutex<Option<GatewayState>>>,
+}
+
+/// Relays built for every worker, ready to replace theirs
+/// ([`WorkerSet::prepare_gateway`], [`WorkerSet::swap_gateway`]).
+#[derive(Debug)]
+pub struct PreparedGateway {
+    relays: Vec<super::run::RelaySwap>,
+    state: Option<GatewayState>,
 }
 
 impl core::fmt::Debug for WorkerSet {
@@ -315,16 +371,33 @@ impl WorkerSet {
             workers: Vec::with_capacity(cores.len()),
             providers: sealed::Providers::default(),
             config: config.clone(),
+            max_connections: std::sync::atomic::AtomicUsize::new(config.max_connections),
+            gateway: Arc::new(std::sync::Mutex::new(None)),
         };
+        let state = config
+            .gateway
+            .as_ref()
+            .map(|g| GatewayState::new(g, cores.len()));
+        let programs = dispatcher.programs();
         for (index, core) in cores.iter().copied().enumerate() {
             let ring = Arc::new(ArrayQueue::new(config.ring_capacity.max(1)));
             let counters = Arc::new(WorkerCounters::default());
+            // Each worker times its calls into a table of its own.
+            let latency = Arc::new(crate::service::latency::LatencyTable::new(&programs));
+            let timed: Arc<dyn Dispatcher> = Arc::new(crate::service::latency::Timed::new(
+                dispatcher.clone(),
+                latency.clone(),
+            ));
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            // This worker's relay counts into counters of its own.
+            let relay_counters = state
+                .as_ref()
+                .map(|g| (g.config.clone(), g.counters[index].clone()));
             let worker = Worker {
                 index,
                 ring: ring.clone(),
                 counters: counters.clone(),
-                dispatcher: dispatcher.clone(),
+                dispatcher: timed,
                 config: config.clone(),
             };
             let thread = std::thread::Builder::new()
@@ -345,9 +418,9 @@ impl WorkerSet {
                     // The relay's buffers are mapped here, so that a
                     // failure stops the start instead of leaving the
                     // routed programs unserved.
-                    let forwarder = match worker.config.gateway.as_ref() {
+                    let forwarder = match relay_counters {
                         None => None,
-                        Some(g) => match Forwarder::new(g.config.clone(), g.counters.clone()) {
+                        Some((config, counters)) => match Forwarder::new(config, counters) {
                             Ok(f) => Some(f),
                             Err(source) => {
                                 let _ = ready_tx.send(Err(WorkerError::Gateway {
@@ -372,11 +445,13 @@ impl WorkerSet {
             set.workers.push(WorkerHandle {
                 ring,
                 counters,
+                latency,
                 thread: Some(thread),
             });
             // On error the set (and its started workers) stops on drop.
             started?;
         }
+        *set.gateway.lock().unwrap_or_else(|e| e.into_inner()) = state;
         Ok(set)
     }
 
@@ -443,6 +518,12 @@ impl WorkerSet {
     /// index of the worker that owns each: for gauges.
     pub fn bulk_pools(&self) -> Vec<(usize, Arc<crate::engine::BulkPool>)> {
         self.providers.bulk_pools()
+    }
+
+    /// Every worker's bulk pools and shared receive queues: size, use,
+    /// hugepages (for a status report).
+    pub fn pool_status(&self) -> Vec<super::status::PoolStatus> {
+        self.providers.pool_status()
     }
 
     /// Every worker's shared receive queues as credits (one per attached
@@ -566,6 +647,74 @@ impl WorkerSet {
             .sum()
     }
 
+    /// The gateway's routes and counters in force, shared with whoever
+    /// reads them (the metrics); a reload replaces what it holds.
+    pub fn gateway(&self) -> Arc<std::sync::Mutex<Option<GatewayState>>> {
+        Arc::clone(&self.gateway)
+    }
+
+    /// Builds a relay for `setup` for every worker (its buffers mapped,
+    /// no connection made yet), without changing anything.
+    ///
+    /// # Errors
+    /// [`WorkerError::GatewayConfig`] for bad routes,
+    /// [`WorkerError::Gateway`] when a relay's buffers cannot be mapped.
+    pub fn prepare_gateway(
+        &self,
+        setup: Option<GatewaySetup>,
+    ) -> Result<PreparedGateway, WorkerError> {
+        if let Some(g) = setup.as_ref() {
+            g.config.validate()?;
+        }
+        let state = setup
+            .as_ref()
+            .map(|g| GatewayState::new(g, self.workers.len()));
+        let mut relays = Vec::with_capacity(self.workers.len());
+        for worker in 0..self.workers.len() {
+            let relay = match state.as_ref() {
+                None => None,
+                Some(g) => Some(
+                    Forwarder::new(g.config.clone(), g.counters[worker].clone())
+                        .map_err(|source| WorkerError::Gateway { worker, source })?,
+                ),
+            };
+            relays.push(super::run::RelaySwap(relay));
+        }
+        Ok(PreparedGateway { relays, state })
+    }
+
+    /// Hands every worker its new relay: calls of routed programs go to
+    /// the new routes from the worker's next iteration, and the calls the
+    /// old relay has at its backends are still answered through it.
+    pub fn swap_gateway(&self, prepared: PreparedGateway) {
+        for (w, relay) in self.workers.iter().zip(prepared.relays) {
+            let mut cmd = Command::Gateway(Box::new(relay));
+            // A full ring drains quickly: the worker is running.
+            while let Err(back) = w.ring.push(cmd) {
+                cmd = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if let Some(t) = &w.thread {
+                t.thread().unpark();
+            }
+        }
+        *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = prepared.state;
+    }
+
+    /// The connection limit in force.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the connection limit while serving: connections above a
+    /// lowered limit stay; new ones are refused until the count is below
+    /// it.
+    pub fn set_max_connections(&self, limit: usize) {
+        self.max_connections
+            .store(limit, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether one more connection may be taken
     /// ([`WorkerConfig::max_connections`]). Acceptors ask before setting a
     /// connection up; concurrent acceptors of several listeners may
@@ -584,11 +733,36 @@ impl WorkerSet {
     /// # Errors
     /// [`WorkerError::ConnectionLimit`].
     pub fn admit_more(&self, held: usize) -> Result<(), WorkerError> {
-        let limit = self.config.max_connections;
+        let limit = self.max_connections();
         if self.connections().saturating_add(held) >= limit {
             return Err(WorkerError::ConnectionLimit { limit });
         }
         Ok(())
+    }
+
+    /// Counts a TCP connection from `peer` in before it is handed to a
+    /// worker ([`hand_off_tcp`](Self::hand_off_tcp)), which counts it out
+    /// when it closes it; the caller that drops the stream instead counts
+    /// it out itself ([`tcp_peer_gone`](Self::tcp_peer_gone)).
+    ///
+    /// # Errors
+    /// [`WorkerError::PeerLimit`] when `peer` already has
+    /// `workers.max_connections_per_peer` connections.
+    pub fn admit_tcp_peer(&self, peer: std::net::IpAddr) -> Result<(), WorkerError> {
+        match &self.config.tcp_peers {
+            Some(p) if !p.try_add(peer) => Err(WorkerError::PeerLimit {
+                limit: p.limit() as usize,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts out a TCP connection that was counted in but never handed
+    /// to a worker.
+    pub fn tcp_peer_gone(&self, peer: std::net::IpAddr) {
+        if let Some(p) = &self.config.tcp_peers {
+            p.remove(peer);
+        }
     }
 
     /// Hands `ep` to worker `worker` (the one whose completion queue it
@@ -702,7 +876,12 @@ impl WorkerSet {
     /// reconnect (docs/GATEWAY.md, "Reply cache").
     fn worker_for(&self, peer: u64) -> usize {
         let n = self.workers.len() as u64;
-        if self.config.gateway.is_none() || peer == 0 || n <= 1 {
+        let routed = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !routed || peer == 0 || n <= 1 {
             return self.least_loaded();
         }
         // Fibonacci hashing: consecutive addresses spread over workers.
@@ -717,6 +896,51 @@ impl WorkerSet {
     /// The shared counters of every worker (for a metrics exporter).
     pub fn counters(&self) -> Vec<Arc<WorkerCounters>> {
         self.workers.iter().map(|w| w.counters.clone()).collect()
+    }
+
+    /// Every worker's latency table (each written by its worker only;
+    /// a reader merges them).
+    pub fn latency(&self) -> Vec<Arc<crate::service::latency::LatencyTable>> {
+        self.workers.iter().map(|w| w.latency.clone()).collect()
+    }
+
+    /// Asks every worker for its connections and waits for the answers,
+    /// at most `timeout` in all; a worker that did not answer in time (its
+    /// ring stayed full, or it is gone) is left out.
+    pub fn status(&self, timeout: Duration) -> Vec<super::WorkerStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let (tx, rx) = std::sync::mpsc::sync_channel(self.workers.len());
+        let mut asked = 0;
+        for w in &self.workers {
+            let mut cmd = Command::Status(tx.clone());
+            loop {
+                match w.ring.push(cmd) {
+                    Ok(()) => {
+                        asked += 1;
+                        break;
+                    }
+                    Err(back) if std::time::Instant::now() < deadline => {
+                        cmd = back;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(t) = &w.thread {
+                t.thread().unpark();
+            }
+        }
+        drop(tx);
+        let mut out: Vec<super::WorkerStatus> = Vec::with_capacity(asked);
+        while out.len() < asked {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(s) => out.push(s),
+                Err(_) => break,
+            }
+        }
+        out.sort_by_key(|s| s.worker);
+        out
     }
 
     /// Stops every worker: calls in progress get `grace` to finish (TCP

@@ -61,6 +61,21 @@ struct Scratch {
     reply: Box<[u8]>,
     /// The relay to the gateway's backends, when programs are routed.
     forwarder: Option<Forwarder<Origin>>,
+    /// Relays a reload replaced, kept until their calls in flight are
+    /// answered (they take no new call).
+    retiring: Vec<Forwarder<Origin>>,
+}
+
+/// A worker's new relay (the gateway's routes changed): `None` when no
+/// program is routed any more. Built by the control plane
+/// ([`WorkerSet::prepare_gateway`](super::WorkerSet::prepare_gateway)),
+/// so that a failure changes nothing.
+pub struct RelaySwap(pub(super) Option<Forwarder<Origin>>);
+
+impl core::fmt::Debug for RelaySwap {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("RelaySwap").field(&self.0.is_some()).finish()
+    }
 }
 
 /// Where a forwarded call came from: enough to find its connection (and
@@ -127,6 +142,18 @@ fn ip_identity(ip: std::net::IpAddr) -> u64 {
                 | (u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]) >> 2)
         }
     }
+}
+
+/// Whether a connection that ended for `reason` ended cleanly: we closed
+/// it (shutdown, a dropped call), it idled out, or its peer disconnected
+/// in order.
+fn is_clean(reason: engine::CloseReason) -> bool {
+    matches!(
+        reason,
+        engine::CloseReason::Local
+            | engine::CloseReason::Idle
+            | engine::CloseReason::PeerDisconnected
+    )
 }
 
 /// How often the timers of connections on a shared completion queue are
@@ -397,6 +424,7 @@ impl Worker {
             reply: vec![0u8; self.config.endpoint.engine.max_reply_size as usize]
                 .into_boxed_slice(),
             forwarder,
+            retiring: Vec::new(),
         };
         let mut idler = Idler::new(self.config.idle);
         let mut phase = Phase::Running;
@@ -406,8 +434,15 @@ impl Worker {
         };
         let mut next_gauges = engine::Instant(0);
         let c = &*self.counters;
+        // Start of the last iteration and whether it did work: its
+        // length counts as busy time at the start of the next one.
+        let mut last: Option<(engine::Instant, bool)> = None;
         loop {
             let now = clock();
+            if let Some((then, true)) = last {
+                c.busy_ns
+                    .add(now.saturating_duration_since(then).as_nanos() as u64);
+            }
             let mut work = 0usize;
 
             // Control ring.
@@ -429,6 +464,9 @@ impl Worker {
                             // the stream is dropped (closed) and the
                             // gauges corrected below.
                             conns.tcp = TcpConnections::new(self.config.tcp).ok();
+                            if let Some(tcp) = conns.tcp.as_mut() {
+                                tcp.count_peers_out_of(self.config.tcp_peers.clone());
+                            }
                         }
                         if let Some(tcp) = conns.tcp.as_mut() {
                             if phase != Phase::Running {
@@ -441,6 +479,19 @@ impl Worker {
                             }
                         }
                         self.fold_tcp(&mut conns);
+                    }
+                    Command::Gateway(swap) => {
+                        // New calls go to the new relay; the old one keeps
+                        // answering the calls it has at its backends.
+                        let old = std::mem::replace(&mut scratch.forwarder, swap.0);
+                        if let Some(old) = old.filter(|f| f.in_flight() > 0) {
+                            scratch.retiring.push(old);
+                        }
+                    }
+                    Command::Status(reply) => {
+                        // The asker waits with a deadline; an answer it no
+                        // longer wants is dropped here.
+                        let _ = reply.try_send(self.status(&conns, now));
                     }
                     Command::Stop { grace } => {
                         if phase == Phase::Running {
@@ -465,6 +516,12 @@ impl Worker {
             }
             if let Some(fw) = scratch.forwarder.as_mut() {
                 work += self.poll_gateway(fw, &mut conns, now);
+            }
+            if !scratch.retiring.is_empty() {
+                for fw in scratch.retiring.iter_mut() {
+                    work += self.poll_gateway(fw, &mut conns, now);
+                }
+                scratch.retiring.retain(|fw| fw.in_flight() > 0);
             }
             if let Some(tcp) = conns.tcp.as_mut() {
                 work += match scratch.forwarder.as_mut() {
@@ -507,6 +564,7 @@ impl Worker {
             }
 
             c.polls.add(1);
+            last = Some((now, work > 0));
             if now >= next_gauges {
                 self.update_gauges(&conns);
                 next_gauges = instant_after(now, GAUGES_EVERY);
@@ -647,12 +705,10 @@ impl Worker {
                     // Closing an idle connection is housekeeping, and
                     // a peer's orderly disconnect is its end: neither is
                     // an error.
-                    if !matches!(
-                        reason,
-                        engine::CloseReason::Local
-                            | engine::CloseReason::Idle
-                            | engine::CloseReason::PeerDisconnected
-                    ) {
+                    if is_clean(reason) {
+                        c.closed_clean.add(1);
+                    } else {
+                        c.closed_fault.add(1);
                         c.errors_connection.add(1);
                     }
                 }
@@ -737,16 +793,77 @@ impl Worker {
         c.bytes_out.add(s.bytes_out - d.bytes_out);
         c.errors_dropped_calls
             .add(s.records_dropped - d.records_dropped);
-        c.errors_connection.add(
-            (s.connections_dropped - d.connections_dropped)
-                + (s.connections_refused - d.connections_refused),
-        );
+        // An idle timeout is housekeeping, as on RDMA; the other drops
+        // (truncated or oversized records, socket errors, connections that
+        // never spoke) are faults.
+        let idled = s.idle_timeouts - d.idle_timeouts;
+        let faults = (s.connections_dropped - d.connections_dropped) - idled;
+        c.closed_clean
+            .add((s.connections_closed - d.connections_closed) + idled);
+        c.closed_fault.add(faults);
+        c.errors_connection
+            .add(faults + (s.connections_refused - d.connections_refused));
         conns.tcp_folded = s;
         if open < conns.tcp_counted {
             let gone = (conns.tcp_counted - open) as u64;
             c.connections.sub(gone);
             c.connections_by_transport[Transport::Tcp.index()].sub(gone);
             conns.tcp_counted = open;
+        }
+    }
+
+    /// Every connection of this worker, for [`Command::Status`].
+    fn status(&self, conns: &Conns, now: engine::Instant) -> super::WorkerStatus {
+        let mut out = super::WorkerStatus {
+            worker: self.index,
+            connections: Vec::new(),
+        };
+        self.status_of(&conns.shm, &mut out);
+        self.status_of(&conns.roce, &mut out);
+        #[cfg(feature = "ibverbs")]
+        self.status_of(&conns.ibverbs, &mut out);
+        if let Some(tcp) = conns.tcp.as_ref() {
+            for (peer, n) in tcp.connection_counts() {
+                out.connections.push(super::ConnectionStatus {
+                    worker: self.index,
+                    transport: Transport::Tcp,
+                    peer: peer.to_string(),
+                    age: now.saturating_duration_since(n.opened),
+                    credits_granted: 0,
+                    credits_in_use: 0,
+                    calls_received: n.calls,
+                    replies_sent: n.replies,
+                    bytes_received: n.bytes_in,
+                    bytes_sent: n.bytes_out,
+                    errors: 0,
+                    hugepages: None,
+                });
+            }
+        }
+        out
+    }
+
+    fn status_of<P: PoolProvider>(&self, pc: &ProviderConns<P>, out: &mut super::WorkerStatus) {
+        for ep in pc.all() {
+            let stats = ep.stats();
+            let n = ep.counters();
+            out.connections.push(super::ConnectionStatus {
+                worker: self.index,
+                transport: P::TRANSPORT,
+                peer: super::status::describe_peer(ep.peer_identity()),
+                age: ep.opened().elapsed(),
+                credits_granted: ep.connection().credits_granted(),
+                credits_in_use: ep.resources().serve_slots_busy,
+                calls_received: stats.calls_received,
+                replies_sent: stats.replies_sent,
+                bytes_received: n.bytes_in,
+                bytes_sent: n.bytes_out,
+                errors: n.error_completions
+                    + stats.err_vers_sent
+                    + stats.err_chunk_sent
+                    + stats.credit_overruns,
+                hugepages: Some(ep.is_hugepage_backed()),
+            });
         }
     }
 

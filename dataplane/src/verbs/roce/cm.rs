@@ -47,6 +47,18 @@ const LISTEN_BACKLOG: usize = 1024;
 /// one after another, or a few at once (the Linux NFS client: two); a
 /// peer past this is flooding.
 pub(super) const MAX_HALF_OPEN_PER_PEER: usize = 16;
+/// Connections a device has between the application's accept and the RTU
+/// (requests held by the application, REPs awaiting their RTU). Those
+/// are the half-open connections that cost memory (a queue pair and its
+/// buffers); past this many, requests wait in the queue, which costs a
+/// few hundred bytes each. With [`MAX_HALF_OPEN_PER_PEER`] and the queue's
+/// bound this caps what a flood of requests from any number of addresses
+/// can take, and the REP retries free a slot within about two seconds.
+pub(super) const MAX_ACCEPTING: usize = 32;
+/// How long a request waits in the queue for the application. Its sender
+/// was told (MRA) to wait about 17 s; past this it gets a REJ "timeout"
+/// rather than a REP it may no longer expect.
+pub(super) const QUEUE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Private data as handed to the application: IB CM carries fixed-size
 /// areas with no length, so trailing zero bytes are removed.
@@ -67,6 +79,8 @@ pub(super) struct PendingReq {
     /// The requester's responder resources (its capacity for our Reads).
     pub(super) responder_resources: u8,
     pub(super) private: Vec<u8>,
+    /// When it was queued (for [`QUEUE_TIMEOUT`]).
+    pub(super) queued_at: Instant,
 }
 
 #[derive(Debug)]
@@ -123,6 +137,118 @@ impl Cm {
     pub(super) fn release_held(&mut self, peer_ip: Ipv4Addr, remote_comm_id: u32) {
         self.held
             .retain(|&(ip, id)| !(ip == peer_ip && id == remote_comm_id));
+    }
+
+    /// Connections between accept and RTU from `peer` (any address for
+    /// `None`): requests the application holds, REPs awaiting the RTU.
+    pub(super) fn accepting(&self, peer: Option<Ipv4Addr>) -> usize {
+        let from = |ip: Ipv4Addr| peer.is_none_or(|p| p == ip);
+        self.held.iter().filter(|(ip, _)| from(*ip)).count()
+            + self
+                .conns
+                .values()
+                .filter(|c| {
+                    !c.active && from(c.peer_ip) && matches!(c.state, ConnState::RepSent { .. })
+                })
+                .count()
+    }
+
+    /// The next request of listener `port` for the application, now held:
+    /// none while [`MAX_ACCEPTING`] connections are being accepted;
+    /// otherwise the first request, in turn order, of an address with the
+    /// fewest connections being accepted, so that requests from flooding
+    /// addresses cannot keep another address waiting behind them.
+    pub(super) fn take_request(&mut self, port: u16) -> Option<PendingReq> {
+        if self.accepting(None) >= MAX_ACCEPTING {
+            return None;
+        }
+        let queue = self.listeners.get(&port)?;
+        let mut best: Option<(usize, usize)> = None; // (accepting, index)
+        for (i, p) in queue.iter().enumerate() {
+            let n = self.accepting(Some(p.peer_ip));
+            if best.is_none_or(|(b, _)| n < b) {
+                best = Some((n, i));
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        let (_, i) = best?;
+        let queue = self.listeners.get_mut(&port)?;
+        let req = queue.remove(i)?;
+        // Addresses take turns: the rest of this address's requests go
+        // behind everyone else's (in their order), so an address whose
+        // request was refused does not come straight back ahead of the
+        // others.
+        let (theirs, others): (VecDeque<_>, VecDeque<_>) =
+            queue.drain(..).partition(|p| p.peer_ip == req.peer_ip);
+        queue.extend(others);
+        queue.extend(theirs);
+        self.held.push((req.peer_ip, req.remote_comm_id));
+        Some(req)
+    }
+
+    /// Makes room in listener `port`'s full queue for a request from
+    /// `peer`: when another address has more requests queued than `peer`
+    /// would with this one, its youngest is refused (REJ "no resources").
+    /// False when `peer` already has its fair share.
+    fn evict_for(&mut self, port: u16, peer: Ipv4Addr, tx: &mut Tx, gsi_psn: &mut Psn) -> bool {
+        let Some(queue) = self.listeners.get_mut(&port) else {
+            return false;
+        };
+        let mut queued: HashMap<Ipv4Addr, usize> = HashMap::new();
+        for p in queue.iter() {
+            *queued.entry(p.peer_ip).or_default() += 1;
+        }
+        let mine = queued.get(&peer).copied().unwrap_or(0);
+        let Some((&heaviest, &most)) = queued.iter().max_by_key(|(_, n)| **n) else {
+            return false;
+        };
+        if most <= mine + 1 {
+            return false;
+        }
+        let Some(i) = queue.iter().rposition(|p| p.peer_ip == heaviest) else {
+            return false;
+        };
+        if let Some(p) = queue.remove(i) {
+            let reason = ibcm::rej_reason::NO_RESOURCES;
+            send_rej(
+                tx,
+                gsi_psn,
+                p.peer_ip,
+                p.tid,
+                0,
+                p.remote_comm_id,
+                reason,
+                &[],
+            );
+        }
+        true
+    }
+
+    /// Refuses (REJ "timeout") the queued requests older than
+    /// [`QUEUE_TIMEOUT`].
+    fn expire_queued(&mut self, now: Instant, tx: &mut Tx, gsi_psn: &mut Psn) {
+        for queue in self.listeners.values_mut() {
+            while let Some(i) = queue
+                .iter()
+                .position(|p| now.saturating_duration_since(p.queued_at) >= QUEUE_TIMEOUT)
+            {
+                if let Some(p) = queue.remove(i) {
+                    let reason = ibcm::rej_reason::TIMEOUT;
+                    send_rej(
+                        tx,
+                        gsi_psn,
+                        p.peer_ip,
+                        p.tid,
+                        0,
+                        p.remote_comm_id,
+                        reason,
+                        &[],
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -225,9 +351,10 @@ impl Cm {
                     counters.spoofed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                if !self.on_req(&r, mad.tid, src, tx, gsi_psn) {
-                    counters.half_open_refused.fetch_add(1, Ordering::Relaxed);
-                }
+                let refused = self.on_req(&r, mad.tid, src, tx, gsi_psn, now);
+                counters
+                    .half_open_refused
+                    .fetch_add(refused, Ordering::Relaxed);
             }
             CmMessage::Rep(r) => {
                 let Some(rec) = self.conns.get_mut(&r.remote_comm_id) else {
@@ -362,8 +489,9 @@ impl Cm {
         }
     }
 
-    /// Answers or queues a REQ. False when it was refused because its
-    /// peer has too many connections half-open.
+    /// Answers or queues a REQ. Returns how many requests were refused
+    /// for want of room (this one, for too many half-open connections of
+    /// its peer, or a queued one of a heavier address making room for it).
     fn on_req(
         &mut self,
         r: &Req<'_>,
@@ -371,7 +499,8 @@ impl Cm {
         src: SocketAddrV4,
         tx: &mut Tx,
         gsi_psn: &mut Psn,
-    ) -> bool {
+        now: Instant,
+    ) -> u64 {
         let port = tx.local.port();
         // Checked against the path GID by the caller.
         let peer_ip = *src.ip();
@@ -389,7 +518,7 @@ impl Cm {
                 let mad = *rec.mad;
                 send_mad(tx, gsi_psn, peer_ip, port, &mad);
             }
-            return true;
+            return 0;
         }
         let pending = self.listeners.values().any(|q| {
             q.iter()
@@ -410,7 +539,7 @@ impl Cm {
             if let Some(b) = emit_mad(&m) {
                 send_mad(tx, gsi_psn, peer_ip, port, &b);
             }
-            return true;
+            return 0;
         }
         let reject = |tx: &mut Tx, gsi_psn: &mut Psn, reason| {
             send_rej(tx, gsi_psn, peer_ip, tid, 0, r.local_comm_id, reason, &[]);
@@ -419,45 +548,45 @@ impl Cm {
             ibcm::tcp_port_of_service_id(r.service_id).filter(|p| self.listeners.contains_key(p));
         let Some(listener) = listener else {
             reject(tx, gsi_psn, ibcm::rej_reason::INVALID_SERVICE_ID);
-            return true;
+            return 0;
         };
         if r.transport_type != 0 || r.local_qpn <= 1 || r.local_qpn > 0xFF_FFFF {
             reject(tx, gsi_psn, ibcm::rej_reason::NO_QP);
-            return true;
+            return 0;
         }
         let Ok((_hdr, user)) = RdmaCmHeader::parse(r.private_data) else {
             reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
-            return true;
+            return 0;
         };
-        if self.listeners.get(&listener).map_or(0, VecDeque::len) >= LISTEN_BACKLOG {
-            reject(tx, gsi_psn, ibcm::rej_reason::CONSUMER_DEFINED);
-            return true;
-        }
         // A connection costs its memory from the application's accept on,
         // and a peer that never sends its RTU would hold it until the REP
         // retries run out: a flood of REQs from one address (any source
         // ports) must not take every connection a server can hold, so
         // each address gets a bounded number half-open at once. Counted
         // by the caller.
-        let half_open = self
-            .conns
-            .values()
-            .filter(|c| {
-                !c.active && c.peer_ip == peer_ip && matches!(c.state, ConnState::RepSent { .. })
-            })
-            .count()
+        let half_open = self.accepting(Some(peer_ip))
             + self
                 .listeners
                 .values()
                 .map(|q| q.iter().filter(|p| p.peer_ip == peer_ip).count())
-                .sum::<usize>()
-            + self.held.iter().filter(|(ip, _)| *ip == peer_ip).count();
+                .sum::<usize>();
         if half_open >= MAX_HALF_OPEN_PER_PEER {
             reject(tx, gsi_psn, ibcm::rej_reason::NO_RESOURCES);
-            return false;
+            return 1;
+        }
+        // A full queue makes room for an address with fewer requests in
+        // it than the heaviest one's (refusing the heaviest one's
+        // youngest), so a flood cannot fill the queue against others.
+        let mut evicted = 0;
+        if self.listeners.get(&listener).map_or(0, VecDeque::len) >= LISTEN_BACKLOG {
+            if !self.evict_for(listener, peer_ip, tx, gsi_psn) {
+                reject(tx, gsi_psn, ibcm::rej_reason::NO_RESOURCES);
+                return 1;
+            }
+            evicted = 1;
         }
         let Some(queue) = self.listeners.get_mut(&listener) else {
-            return true;
+            return 0;
         };
         queue.push_back(PendingReq {
             peer_ip,
@@ -468,8 +597,9 @@ impl Cm {
             tid,
             responder_resources: r.responder_resources,
             private: trim_private(user),
+            queued_at: now,
         });
-        true
+        evicted
     }
 }
 
@@ -541,6 +671,7 @@ impl Cm {
                 send_dreq(tx, gsi_psn, rec);
             }
         }
+        self.expire_queued(now, tx, gsi_psn);
         // Every record whose retries ran out in this run is forgotten in
         // this run (one at a time would REJ the others again each tick).
         self.conns.retain(|_, rec| {

@@ -1,6 +1,5 @@
 //! Listeners and incoming connection requests: the passive side of
 //! connection setup (accept with a REP, refuse with a REJ).
-use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +27,12 @@ impl RoceListener {
     /// The local RoCE address (IP and UDP port) of the device.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.dev.local
+    }
+
+    /// The counters of the device the listener is on (its connection
+    /// requests refused among them), for a daemon's metrics.
+    pub fn device_stats(&self) -> super::RoceDeviceStats {
+        self.dev.stats()
     }
 }
 
@@ -62,13 +67,7 @@ impl Listener<Roce> for RoceListener {
             self.dev.control_step(now, true);
             {
                 let mut ctl = self.dev.control();
-                if let Some(req) = ctl
-                    .cm
-                    .listeners
-                    .get_mut(&self.port)
-                    .and_then(VecDeque::pop_front)
-                {
-                    ctl.cm.held.push((req.peer_ip, req.remote_comm_id));
+                if let Some(req) = ctl.cm.take_request(self.port) {
                     return Ok(RoceIncoming {
                         dev: self.dev.clone(),
                         req: Some(req),

@@ -1447,3 +1447,157 @@ fn a_req_flood_from_one_address_is_capped_and_others_still_get_in() {
     );
     assert!(peers.contains(&Some(other_ip)), "{peers:?}");
 }
+
+/// A flood of REQs from many addresses (the requesters never finish the
+/// handshake): the application is handed at most `MAX_ACCEPTING`
+/// requests at once (what costs memory), the rest wait in the queue; when
+/// the queue is full a newcomer's REQ takes the place of the heaviest
+/// address's youngest (one REJ "no resources", counted); and the
+/// newcomer is handed over among the first requests, not behind the
+/// whole queue.
+#[test]
+fn a_req_flood_from_many_addresses_is_bounded_and_a_newcomer_gets_a_fair_turn() {
+    use super::cm::{MAX_ACCEPTING, MAX_HALF_OPEN_PER_PEER};
+    const LISTEN_BACKLOG: usize = 1024;
+    let flooders = LISTEN_BACKLOG / MAX_HALF_OPEN_PER_PEER;
+    // A device of its own: its bounds and counters are per device, and
+    // other tests of this process use the common one.
+    let (_, pip) = addrs();
+    let url = format!("roce://{pip}:7006?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let private_from = |ip: Ipv4Addr| {
+        let mut private = [0u8; ibcm::private_len::REQ];
+        RdmaCmHeader {
+            src_port: 40000,
+            src: IpAddr::V4(ip),
+            dst: IpAddr::V4(pip),
+        }
+        .emit(&mut private)
+        .unwrap();
+        private
+    };
+    let mut fakes = Vec::new();
+    let mut comm_id = 0x1_0000u32;
+    for _ in 0..flooders {
+        let (_, fip) = addrs();
+        let mut fake = Fake::new(fip, pip);
+        let private = private_from(fip);
+        for _ in 0..MAX_HALF_OPEN_PER_PEER {
+            comm_id += 1;
+            fake.send_mad(&CmMad::new(
+                u64::from(comm_id),
+                CmMessage::Req(fake_req(comm_id, 7006, fip, pip, &private)),
+            ));
+        }
+        fakes.push((fip, fake));
+    }
+    // Everything queued (a request the device has not read yet would
+    // arrive after the newcomer's): wait until the queue is full.
+    let deadline = Instant::now() + LONG;
+    while listener.dev.control().cm.listeners[&7006].len() < LISTEN_BACKLOG {
+        assert!(Instant::now() < deadline, "the flood was not queued");
+        listener.dev.control_step(Instant::now(), true);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The newcomer: the queue is full, so the heaviest address's youngest
+    // request makes room.
+    let (_, nip) = addrs();
+    let mut newcomer = Fake::new(nip, pip);
+    let private = private_from(nip);
+    newcomer.send_mad(&CmMad::new(
+        0x4242,
+        CmMessage::Req(fake_req(0x4242, 7006, nip, pip, &private)),
+    ));
+    let deadline = Instant::now() + LONG;
+    while listener.dev.stats().half_open_refused < 1 {
+        assert!(Instant::now() < deadline, "no request made room");
+        listener.dev.control_step(Instant::now(), true);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(listener.dev.stats().half_open_refused, 1);
+    // The application takes at most MAX_ACCEPTING, holding them...
+    let mut held = Vec::new();
+    while let Ok(inc) = listener.accept(Duration::from_millis(200)) {
+        held.push(inc);
+        assert!(
+            held.len() <= MAX_ACCEPTING,
+            "more than the bound handed over"
+        );
+    }
+    assert_eq!(held.len(), MAX_ACCEPTING);
+    // ...and each one it refuses frees a place. Addresses take turns, so
+    // the newcomer comes with the first round over the addresses, far
+    // ahead of the ~1,000 requests queued before it.
+    let mut taken = held.len();
+    let mut newcomer_at = None;
+    while newcomer_at.is_none() && taken <= flooders + 1 {
+        let refused = held.remove(0);
+        drop(refused); // a REJ to that requester
+        let inc = listener
+            .accept(LONG)
+            .expect("a request after one was refused");
+        taken += 1;
+        if inc.peer_ip() == Some(nip) {
+            newcomer_at = Some(taken);
+        }
+        held.push(inc);
+    }
+    assert!(
+        newcomer_at.is_some(),
+        "the newcomer was not among the first {} requests handed over",
+        flooders + 1
+    );
+}
+
+/// A request the application never takes is refused (REJ "timeout") once
+/// it has waited `QUEUE_TIMEOUT` in the queue, so a stale request neither
+/// holds its place nor gets a REP its sender gave up on.
+#[test]
+fn a_request_left_in_the_queue_is_refused_after_the_queue_timeout() {
+    use super::cm::QUEUE_TIMEOUT;
+    let (_, pip) = addrs(); // a device of its own, as above
+    let (_, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let url = format!("roce://{pip}:7007?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: IpAddr::V4(fip),
+        dst: IpAddr::V4(pip),
+    }
+    .emit(&mut private)
+    .unwrap();
+    fake.send_mad(&CmMad::new(
+        0x77,
+        CmMessage::Req(fake_req(0x7777, 7007, fip, pip, &private)),
+    ));
+    let deadline = Instant::now() + LONG;
+    while listener.dev.control().cm.listeners[&7007].is_empty() {
+        assert!(Instant::now() < deadline, "the request was not queued");
+        listener.dev.control_step(Instant::now(), true);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Just short of the timeout it stays; past it, it goes with a REJ.
+    let queued = Instant::now();
+    listener.dev.control_step(queued + QUEUE_TIMEOUT / 2, true);
+    assert_eq!(listener.dev.control().cm.listeners[&7007].len(), 1);
+    listener
+        .dev
+        .control_step(queued + QUEUE_TIMEOUT + Duration::from_secs(1), true);
+    assert!(listener.dev.control().cm.listeners[&7007].is_empty());
+    loop {
+        let m = fake.recv_mad();
+        if let CmMessage::Rej(j) = CmMad::parse(&m).unwrap().message {
+            assert_eq!(j.remote_comm_id, 0x7777);
+            assert_eq!(j.reason, ibcm::rej_reason::TIMEOUT);
+            break;
+        }
+    }
+    assert!(matches!(
+        listener.accept(Duration::from_millis(50)),
+        Err(VerbsError::Timeout)
+    ));
+}
