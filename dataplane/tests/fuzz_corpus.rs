@@ -344,9 +344,9 @@ fn replay_roce_packet_corpus() {
     }
 }
 
-/// NFSv3 and MOUNT v3 (no fuzzer-grown corpus yet, seeds only). `call_*`
-/// seeds are whole calls whose arguments must decode; `reply_<proc>_*`
-/// seeds are whole replies that must decode as `<proc>`'s results.
+/// NFSv3 and MOUNT v3. `call_*` seeds are whole calls whose arguments
+/// must decode; `reply_<proc>_*` seeds are whole replies that must decode
+/// as `<proc>`'s results; the fuzzer-grown corpus must not panic.
 #[test]
 fn replay_nfs3_seeds() {
     use dataplane::wire::rpc::CallHeader;
@@ -387,5 +387,8 @@ fn replay_nfs3_seeds() {
             };
             assert!(ok, "{name}");
         }
+    }
+    for (_, input) in corpus("nfs3") {
+        nfs::fuzz_parse(&input);
     }
 }

@@ -723,11 +723,18 @@ impl PeerModel {
 
     /// The engine's answer to a call of the peer: `shape` picks its size
     /// (inline, reply chunk or exposed, too large) and up to two DDP
-    /// items.
-    pub(crate) fn answer(&mut self, c: &mut Connection, now: Instant, sel: u8, shape: u8) -> bool {
+    /// items. Marks in `cov` whether the engine took it, and with DDP.
+    pub(crate) fn answer(
+        &mut self,
+        c: &mut Connection,
+        now: Instant,
+        sel: u8,
+        shape: u8,
+        cov: &mut Coverage,
+    ) {
         let n = self.incoming.len();
         if n == 0 {
-            return false;
+            return;
         }
         let (call, xid) = if shape & 0x80 != 0 {
             // An answer to a call already answered (or never delivered).
@@ -735,7 +742,7 @@ impl PeerModel {
         } else {
             match self.incoming.remove(usize::from(sel) % n) {
                 Some(x) => x,
-                None => return false,
+                None => return,
             }
         };
         let len = [16usize, 2000, 9000, 40_000][usize::from(shape & 3)];
@@ -761,7 +768,12 @@ impl PeerModel {
                 ddp: &ddp,
             },
         );
-        r.is_ok() && !ddp.is_empty()
+        if r.is_ok() {
+            cov.set("reply sent");
+            if !ddp.is_empty() {
+                cov.set("reply sent with DDP");
+            }
+        }
     }
 
     /// RDMA_DONE for a reply the engine exposed (or for any XID).
@@ -1141,10 +1153,7 @@ impl Harness {
             }
             Op::Answer => {
                 let (sel, shape) = (input.byte()?, input.byte()?);
-                if self.peer.answer(c, self.now, sel, shape) {
-                    cov.mark("reply sent with DDP");
-                }
-                cov.mark("reply sent");
+                self.peer.answer(c, self.now, sel, shape, cov);
             }
             Op::Time => {
                 self.now = self

@@ -824,13 +824,9 @@ impl Harness {
             }
             Op::Answer => {
                 let (sel, shape) = (input.byte()?, input.byte()?);
-                if self
-                    .peer
-                    .answer(self.ep.connection_mut(), self.now, sel, shape)
-                {
-                    cov.mark("reply sent with DDP");
-                }
-                cov.mark("reply sent");
+                let now = self.now;
+                self.peer
+                    .answer(self.ep.connection_mut(), now, sel, shape, cov);
             }
             Op::Time => {
                 self.now = self
