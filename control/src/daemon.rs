@@ -1109,40 +1109,8 @@ impl Registration {
     pub fn register(config: &Config) -> Self {
         let mut reg = Registration::none(config);
         let planned = planned_mappings(config);
-        if planned.is_empty() {
-            return reg;
-        }
-        let result = (|| -> Result<(), RpcbindError> {
-            let mut client = RpcbindClient::connect(&reg.address, reg.timeout)?;
-            for m in planned {
-                // Clear what a previous run may have left (rpcbind keeps one
-                // address per program, version and netid).
-                let _ = client.unset(&m)?;
-                if client.set(&m)? {
-                    tracing::info!(
-                        "rpcbind: registered program {} version {} netid {} at {} (rpcbind v{})",
-                        m.program,
-                        m.version,
-                        m.netid,
-                        m.addr,
-                        client.version()
-                    );
-                    reg.mappings.push(m);
-                } else {
-                    tracing::warn!(
-                        "rpcbind refused program {} version {} netid {} at {}: another \
-                         owner holds it",
-                        m.program,
-                        m.version,
-                        m.netid,
-                        m.addr
-                    );
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            tracing::warn!("{e}; serving without rpcbind registration");
+        if !planned.is_empty() {
+            reg.apply(Vec::new(), planned, "serving without rpcbind registration");
         }
         reg
     }
@@ -1171,6 +1139,23 @@ impl Registration {
         if stale.is_empty() && fresh.is_empty() {
             return (0, 0);
         }
+        self.apply(
+            stale,
+            fresh,
+            "rpcbind registrations may not follow the listeners",
+        )
+    }
+
+    /// UNSETs `stale`, then SETs each of `fresh` after an UNSET that clears
+    /// what a previous run may have left (rpcbind keeps one address per
+    /// program, version and netid). Returns (set, unset); a failure is
+    /// one warning line ending in `after_failure`.
+    fn apply(
+        &mut self,
+        stale: Vec<Mapping>,
+        fresh: Vec<Mapping>,
+        after_failure: &str,
+    ) -> (usize, usize) {
         let (mut set, mut unset) = (0, 0);
         let result = (|| -> Result<(), RpcbindError> {
             let mut client = RpcbindClient::connect(&self.address, self.timeout)?;
@@ -1183,11 +1168,12 @@ impl Registration {
                 let _ = client.unset(&m)?;
                 if client.set(&m)? {
                     tracing::info!(
-                        "rpcbind: registered program {} version {} netid {} at {}",
+                        "rpcbind: registered program {} version {} netid {} at {} (rpcbind v{})",
                         m.program,
                         m.version,
                         m.netid,
-                        m.addr
+                        m.addr,
+                        client.version()
                     );
                     self.mappings.push(m);
                     set += 1;
@@ -1205,7 +1191,7 @@ impl Registration {
             Ok(())
         })();
         if let Err(e) = result {
-            tracing::warn!("{e}; rpcbind registrations may not follow the listeners");
+            tracing::warn!("{e}; {after_failure}");
         }
         (set, unset)
     }
