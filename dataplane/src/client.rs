@@ -297,6 +297,33 @@ impl<P: Provider> Client<P> {
         Ok(client)
     }
 
+    /// When every call slot is held only by finished calls whose Sends
+    /// have not completed yet (their replies came in ahead of the
+    /// acknowledgements, which a transport may deliver later), makes
+    /// progress until one frees, for at most `wait_timeout`: the caller
+    /// gets a slot instead of `NoSlot`. With `max_outstanding_calls`
+    /// calls really outstanding it returns at once.
+    fn wait_for_draining_slot(&mut self) {
+        let max = self.config.endpoint.engine.max_outstanding_calls;
+        let draining = |c: &Client<P>| {
+            c.ep.connection().free_call_slots() == 0
+                && c.outstanding() < max
+                && c.ep.close_reason().is_none()
+        };
+        if !draining(self) {
+            return;
+        }
+        let mut idler = Idler::new(self.config.idle);
+        let start = std::time::Instant::now();
+        while draining(self) && start.elapsed() <= self.config.wait_timeout {
+            if self.progress() > 0 {
+                idler.reset();
+            } else {
+                idler.idle(None);
+            }
+        }
+    }
+
     fn now(&self) -> engine::Instant {
         engine::Instant(self.origin.elapsed().as_nanos() as u64)
     }
@@ -344,6 +371,7 @@ impl<P: Provider> Client<P> {
         target: ReplyTarget,
         encode: impl FnOnce(u32, &mut [u8]) -> Option<(usize, Option<DdpItem>)>,
     ) -> Result<CallHandle, ClientError> {
+        self.wait_for_draining_slot();
         let xid = self.next_xid;
         self.next_xid = self.next_xid.wrapping_add(1);
         let (len, ddp) = encode(xid, &mut self.call_buf).ok_or(ClientError::Encode)?;
@@ -583,6 +611,7 @@ impl<P: Provider> Client<P> {
                 return Err(ClientError::InFlight(busy));
             }
         }
+        self.wait_for_draining_slot();
         let xid = self.next_xid;
         self.next_xid = self.next_xid.wrapping_add(1);
         let (len, ddp) = encode(xid, &mut self.call_buf).ok_or(ClientError::Encode)?;

@@ -298,3 +298,33 @@ fn directed_operations_over_shm() {
 fn directed_operations_over_roce() {
     directed_operations::<Roce>(roce_url());
 }
+
+/// One call slot, calls back to back: each reply may come in a moment
+/// before the acknowledgement of its call's Send (roce puts the ACK
+/// behind the answer, docs/ROCE.md), so the slot may still be draining
+/// when the next call is made. `call` then waits for it instead of
+/// failing with `NoSlot` (docs/CLIENT.md).
+#[test]
+fn one_slot_calls_back_to_back_never_find_it_draining_over_roce() {
+    let server = Server::<Roce>::at(
+        roce_url(),
+        1,
+        engine_config(MAX, DEPTH),
+        bench_service(),
+        |c| c.endpoint.engine.max_outstanding_calls = 1,
+    );
+    let mut c = Client::<Roce>::connect(&server.url, client_config(engine_config(4096, 1)))
+        .expect("connect");
+    for i in 0..2_000 {
+        let call = c
+            .call(ReplyTarget::Inline, |xid, buf| {
+                let e = header(xid, 0, buf)?;
+                Some((e.position(), None))
+            })
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert!(matches!(c.wait(call), Ok(CallOutcome::Reply { .. })));
+        assert!(c.release(call));
+    }
+    c.close().expect("clean close");
+    assert_clean(&server.stop(Duration::from_secs(2)));
+}

@@ -235,6 +235,13 @@ pub(super) fn plan_call(
 }
 
 impl Connection {
+    /// Call slots free now. A finished call's slot frees only once its
+    /// Send (and any Reads of its reply) completed, and a reply may come
+    /// in before the acknowledgement of its call's Send does.
+    pub fn free_call_slots(&self) -> usize {
+        self.call_free.len()
+    }
+
     /// Queues a call; it is sent as soon as the peer's grant allows.
     /// The message is copied into the slot (one copy; the slot's buffer
     /// is what the peer reads for a read chunk).

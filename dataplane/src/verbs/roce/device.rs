@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
@@ -72,6 +72,19 @@ const MAD_QUEUE_DEPTH: usize = 256;
 /// without a thread driving it before the device's thread steps in
 /// (`RoceConfig::idle_after`).
 const IDLE_AFTER: Duration = Duration::from_millis(1);
+
+/// The longest the device's thread waits between looks while threads
+/// drive every shard: from [`IDLE_AFTER`] it doubles at each look that
+/// finds them all driven, back to [`IDLE_AFTER`] when one is not. Every
+/// wake-up of the thread takes a core from a spinning worker or client
+/// (with a thread per core there is no spare one), so waking every
+/// millisecond cost about one call in a hundred tens of microseconds
+/// (docs/ROCE.md). A thread that stops driving a shard is noticed within
+/// this long; a worker's or a client's adaptive idle never parks longer
+/// than a millisecond, so only an application that stops polling
+/// altogether waits for it, and its peer's tail probe covers the ACKs it
+/// owes meanwhile. MADs and DREQs wake the thread at once.
+const MAX_LOOK_EVERY: Duration = Duration::from_millis(8);
 
 /// How soon the device's thread looks again while some shards are driven
 /// by threads and others are idle: packets for the idle ones arrive
@@ -305,6 +318,9 @@ pub(super) struct Device {
     /// Set by a shard when one of its queue pairs owes the peer a DREQ
     /// (it entered the error state): the control part then looks.
     dreq_wake: AtomicBool,
+    /// The device's thread, woken when the control part has work (a MAD,
+    /// a DREQ owed) while it waits.
+    thread: OnceLock<std::thread::Thread>,
     /// The receive batch, held by whoever reads the socket (see
     /// [`Device::try_read`]).
     rx: Mutex<Rx>,
@@ -402,6 +418,7 @@ impl Device {
             shards: Mutex::new(Vec::new()),
             mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
             dreq_wake: AtomicBool::new(false),
+            thread: OnceLock::new(),
             rx: Mutex::new(Rx::new(offload)),
             spare: {
                 let spare = ArrayQueue::new(HANDOFF_BUFFERS);
@@ -517,6 +534,15 @@ impl Device {
     /// Has the control part look for queue pairs that owe a DREQ.
     pub(super) fn wake_for_dreq(&self) {
         self.dreq_wake.store(true, Ordering::Relaxed);
+        self.wake_thread();
+    }
+
+    /// Wakes the device's thread if it waits (a MAD or a DREQ for the
+    /// control part).
+    fn wake_thread(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
     }
 
     /// Packets the kernel refused as larger than the route's MTU.
@@ -550,19 +576,27 @@ impl Device {
     /// the device is dropped.
     fn spawn_thread(dev: &Arc<Device>) {
         let weak = Arc::downgrade(dev);
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("roce-idle".into())
             .spawn(move || {
-                let mut mixed = false;
+                // Whether the last pass found the socket without a reader:
+                // then this thread reads it and waits for it. Otherwise it
+                // never waits in poll(2) on the socket: a thread blocked
+                // there is woken by every datagram that arrives, even one a
+                // spinning thread reads first (the kernel re-checks and
+                // sleeps again inside the call), which took the cores of
+                // the threads it shares them with 7,000 times a second.
+                let mut reader = true;
+                let mut look_every = IDLE_AFTER;
                 loop {
                     // Holding the device keeps its socket open during poll(2).
                     let Some(dev) = weak.upgrade() else { break };
-                    let mut pfd = libc::pollfd {
-                        fd: dev.socket.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    if !mixed {
+                    if reader {
+                        let mut pfd = libc::pollfd {
+                            fd: dev.socket.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
                         // SAFETY: one valid pollfd; the fd stays open (see
                         // above).
                         unsafe { libc::poll(&mut pfd, 1, 2) };
@@ -570,20 +604,29 @@ impl Device {
                     let now = Instant::now();
                     let pass = dev.idle_pass(now);
                     dev.control_step(now, pass.nobody_reads);
-                    mixed = pass.polled > 0 && pass.drove > 0;
                     drop(dev);
-                    if mixed {
+                    reader = pass.polled == 0;
+                    if pass.polled > 0 && pass.drove > 0 {
                         // Threads read the socket and hand packets to the
                         // idle shards: the socket's readiness says nothing
                         // about those, so look again soon.
+                        look_every = IDLE_AFTER;
                         std::thread::sleep(MIXED_LOOK_AGAIN);
                     } else if pass.polled > 0 {
-                        // Threads drive every shard: do not spin on the
-                        // socket's readiness, look again in a millisecond.
-                        std::thread::sleep(IDLE_AFTER);
+                        // Threads drive every shard: look again later and
+                        // later while they keep at it (MAX_LOOK_EVERY),
+                        // sooner when the control part has work
+                        // (`wake_thread`).
+                        std::thread::park_timeout(look_every);
+                        look_every = (look_every * 2).min(MAX_LOOK_EVERY);
+                    } else {
+                        look_every = IDLE_AFTER;
                     }
                 }
             });
+        if let Ok(handle) = spawned {
+            let _ = dev.thread.set(handle.thread().clone());
+        }
     }
 
     /// One pass of the device's thread over the shards: drives those that
@@ -603,12 +646,21 @@ impl Device {
             }
             // Not marked as progress: that records threads driving it, and
             // the shard stays idle until one does.
-            if let Ok(mut st) = s.state.try_lock() {
-                st.progress(self, s, now, false);
-                s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
-                pass.drove += 1;
-                pass.nobody_reads = false;
+            match s.state.try_lock() {
+                Ok(mut st) => {
+                    st.progress(self, s, now, false);
+                    s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
+                    pass.drove += 1;
+                }
+                // A thread is in a poll or a post of the shard right now:
+                // it drives it. Counted as driven, so this thread waits
+                // instead of trying again at once; trying in a loop took
+                // the core from that very thread, which then held the lock
+                // longer (a spinning client went from 99 % to 87 % of its
+                // core).
+                Err(_) => pass.polled += 1,
             }
+            pass.nobody_reads = false;
         }
         pass
     }
@@ -717,6 +769,7 @@ impl Device {
         if self.mads.push(m).is_err() {
             self.counters.mads_dropped.fetch_add(1, Ordering::Relaxed);
         }
+        self.wake_thread();
     }
 
     /// A new shard (for a completion queue that has none here yet); the

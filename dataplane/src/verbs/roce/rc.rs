@@ -232,6 +232,9 @@ pub(super) struct RcQp {
     /// The ACK owed was marked in the progress step now running: a
     /// polling caller holds it one step (see [`tick`](Self::tick)).
     ack_fresh: bool,
+    /// Request packets emitted (first sends and retransmissions): a step
+    /// that sent some lets a held ACK ride behind them.
+    packets_out: u64,
     cur: Cur,
     read_jobs: VecDeque<ReadJob>,
     read_res: VecDeque<ReadJob>,
@@ -389,6 +392,7 @@ impl RcQp {
             nak_sent: false,
             ack_due: false,
             ack_fresh: false,
+            packets_out: 0,
             cur: Cur::Idle,
             read_jobs: VecDeque::with_capacity(MAX_RD as usize),
             read_res: VecDeque::with_capacity(MAX_RD as usize),
@@ -707,20 +711,27 @@ impl RcQp {
         // several packets with one). Marked by this step's packets, it is
         // held to the end of the caller's next step when a thread polls:
         // that step is usually the application's post of its answer (a
-        // reply Send), and the ACK then leaves in the same `sendmmsg` as
-        // that, one system call per round trip less on each side. The
-        // device's thread (`hold_ack` false) never holds one: nobody may
-        // drive the shard again soon.
-        // Whatever this QP sends itself goes after the ACK (`ack_first`):
-        // a peer must see its Send acknowledged before our answer to it,
-        // or it may be asked to reuse what that Send still holds.
+        // reply Send). The device's thread (`hold_ack` false) never holds
+        // one: nobody may drive the shard again soon.
+        //
+        // Our own requests (the answer) leave first and the ACK right
+        // behind them, in the same `sendmmsg`: the answer is what the
+        // peer waits for, and toward a GSO device the shorter ACK ends
+        // the answer's run, so both travel as one datagram (`Tx`). The
+        // requests are in our send queue's PSN space and the ACK in the
+        // peer's, so neither orders the other (IBTA 9.7.5.1: only a
+        // responder's own responses are ordered); the peer's Send
+        // completes when the ACK arrives, and an RPC requester frees its
+        // call slot only then (docs/ENGINE.md), so an answer seen first
+        // costs nothing but that wait.
         let hold = hold_ack && self.ack_fresh;
         self.ack_fresh = false;
-        if !hold {
-            self.ack_first(tx, peer);
+        let out_before = self.packets_out;
+        self.emit_requests(now, tx, peer);
+        if !hold || self.packets_out != out_before {
+            self.send_owed_ack(tx, peer);
         }
         self.emit_read_responses(tx, peer);
-        self.emit_requests(now, tx, peer);
     }
 
     /// Sends the ACK this QP holds for its next step, if any, now: a
@@ -732,12 +743,12 @@ impl RcQp {
             return;
         }
         if let Some(peer) = self.peer {
-            self.ack_first(tx, peer);
+            self.send_owed_ack(tx, peer);
         }
     }
 
-    /// Sends the coalesced ACK owed, if any, ahead of whatever follows.
-    fn ack_first(&mut self, tx: &mut Tx, peer: PeerPath) {
+    /// Sends the coalesced ACK owed, if any.
+    fn send_owed_ack(&mut self, tx: &mut Tx, peer: PeerPath) {
         if self.ack_due {
             self.ack_due = false;
             self.send_ack(tx, peer, Syndrome::ACK, self.epsn.sub(1));
@@ -758,7 +769,9 @@ impl RcQp {
 
     fn emit_read_responses(&mut self, tx: &mut Tx, peer: PeerPath) {
         if !self.read_jobs.is_empty() {
-            self.ack_first(tx, peer);
+            // Responses are ordered by PSN: the ACK of the requests
+            // before the Read leaves before the Read's responses.
+            self.send_owed_ack(tx, peer);
         }
         let mut budget = self.read_burst;
         while budget > 0 {
@@ -881,7 +894,7 @@ impl RcQp {
     }
 
     fn emit_read_request(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize) {
-        self.ack_first(tx, peer);
+        self.packets_out += 1;
         let e = &self.sq[idx];
         let done_bytes = e.got * self.mtu.bytes();
         let mut bth = Bth::new(Opcode::RcReadRequest, peer.qpn, e.first.add(e.got));
@@ -914,7 +927,7 @@ impl RcQp {
     }
 
     fn emit_data(&mut self, tx: &mut Tx, peer: PeerPath, idx: usize, kind: MessageKind) {
-        self.ack_first(tx, peer);
+        self.packets_out += 1;
         let mtu = self.mtu;
         let e = &self.sq[idx];
         let i = e.sent;
@@ -1405,7 +1418,8 @@ impl RcQp {
     /// same rkey, range within the original, FIRST only when replaying
     /// from the start, MIDDLE/LAST otherwise). Unknown ones are dropped.
     fn replay_read(&mut self, p: &RocePacket<'_>, tx: &mut Tx, peer: PeerPath) {
-        self.ack_first(tx, peer);
+        // Responses are ordered by PSN (see `emit_read_responses`).
+        self.send_owed_ack(tx, peer);
         let Some(reth) = p.reth else { return };
         let psn = p.bth.psn;
         let mtu = self.mtu.bytes() as u64;

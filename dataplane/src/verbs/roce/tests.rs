@@ -410,6 +410,44 @@ fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
     format!("roce://{fake_ip}:7000?udp_port={UDP}&local={provider_ip}&verify_icrc=1{extra}")
 }
 
+/// The ACK of a Send the application polled is held to its next step and
+/// leaves right behind the answer that step posts: the answer first (what
+/// the peer waits for), then the ACK, which toward loopback rides in the
+/// answer's GSO send (docs/ROCE.md, "RC transport"). The device's thread
+/// is kept away (`idle_ms`), so only the polling thread sends.
+#[test]
+fn a_held_ack_leaves_right_behind_the_answer() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"call"));
+    let c = next_completion(&s.cq);
+    assert!(c.is_ok());
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"call");
+    drop(c);
+    let mut b = s.local.alloc().unwrap();
+    assert!(b.fill(b"reply"));
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    let raw = fake.recv_rc();
+    let p = RocePacket::parse(&raw).unwrap();
+    assert_eq!(
+        (p.bth.opcode, p.payload),
+        (Opcode::RcSendOnly, &b"reply"[..]),
+        "the answer leaves first"
+    );
+    let (apsn, syn, msn) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
+}
+
 #[test]
 fn requester_sends_from_the_psn_of_the_rep_retransmits_then_retry_exceeded() {
     let (pip, fip) = addrs();
@@ -1559,4 +1597,26 @@ fn a_request_left_in_the_queue_is_refused_after_the_queue_timeout() {
         listener.accept(Duration::from_millis(50)),
         Err(VerbsError::Timeout)
     ));
+}
+
+/// A shard whose lock another thread holds is being driven by it (a poll
+/// or a post is running): the device's thread counts it as driven and so
+/// waits, rather than trying again at once and taking the core from the
+/// thread that holds the lock (docs/ROCE.md, "Who drives a device").
+#[test]
+fn a_shard_whose_lock_is_held_counts_as_driven() {
+    let (pip, _) = addrs();
+    let dev =
+        super::device::Device::at(SocketAddrV4::new(pip, UDP), &RoceConfig::default()).unwrap();
+    let shard = {
+        let ctl = dev.control();
+        dev.new_shard(&ctl)
+    };
+    // Idle by the device's rule: no thread has driven it for `idle_after`.
+    std::thread::sleep(RoceConfig::default().idle_after * 5);
+    let held = lock(&shard.state);
+    let pass = dev.idle_pass(Instant::now());
+    assert_eq!((pass.polled, pass.drove, pass.nobody_reads), (1, 0, false));
+    drop(held);
+    dev.remove_shard(&shard);
 }
