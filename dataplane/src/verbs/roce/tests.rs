@@ -1605,9 +1605,10 @@ fn a_request_left_in_the_queue_is_refused_after_the_queue_timeout() {
 /// thread that holds the lock (docs/ROCE.md, "Who drives a device").
 #[test]
 fn a_shard_whose_lock_is_held_counts_as_driven() {
-    let (pip, _) = addrs();
+    // A device of its own (the provider address is every test's).
+    let (_, ip) = addrs();
     let dev =
-        super::device::Device::at(SocketAddrV4::new(pip, UDP), &RoceConfig::default()).unwrap();
+        super::device::Device::at(SocketAddrV4::new(ip, UDP), &RoceConfig::default()).unwrap();
     let shard = {
         let ctl = dev.control();
         dev.new_shard(&ctl)
