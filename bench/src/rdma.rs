@@ -117,6 +117,8 @@ fn worker_tids() -> Vec<i32> {
 /// A one-worker pool serving the bench program, and its acceptor.
 struct EmbeddedServer<P: PoolProvider> {
     url: String,
+    /// What its clients connect with (see `embedded_urls`).
+    client_url: String,
     pool: Option<Arc<WorkerPool<P>>>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
@@ -127,7 +129,7 @@ struct EmbeddedServer<P: PoolProvider> {
 
 impl<P: PoolProvider> EmbeddedServer<P> {
     fn start(core: Option<usize>, shape: ServerShape) -> Result<Self, BenchError> {
-        let url = embedded_url(P::SCHEME);
+        let (url, client_url) = embedded_urls(P::SCHEME);
         let fail = |what: &str, e: &dyn std::fmt::Display| BenchError::Unsupported {
             transport: P::SCHEME,
             reason: format!("embedded server: {what}: {e}"),
@@ -174,6 +176,7 @@ impl<P: PoolProvider> EmbeddedServer<P> {
         };
         Ok(EmbeddedServer {
             url,
+            client_url,
             pool: Some(pool),
             stop,
             acceptor: Some(acceptor),
@@ -220,28 +223,35 @@ fn set_affinity(cores: &[usize]) {
     }
 }
 
-/// A fresh URL for an embedded server of provider `scheme`.
-fn embedded_url(scheme: &str) -> String {
+/// Fresh URLs for an embedded server of provider `scheme`: the one it
+/// listens on and the one its clients connect with.
+fn embedded_urls(scheme: &str) -> (String, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     match scheme {
         "roce" => {
             // A loopback address of its own per server (Linux answers for
             // all of 127/8): no clash with a daemon on 127.0.0.1:4791 or a
-            // device of ours still closing.
+            // device of ours still closing. The clients get a device of
+            // their own at another address (the `local` option), as a
+            // client on another host would have: on the server's device
+            // they would share its one socket with the worker, which then
+            // reads some of their packets and hands them over.
             let pid = std::process::id();
-            format!(
-                "roce://127.{}.{}.{}:20049",
-                100 + (pid >> 8) % 100,
-                pid % 250 + 1,
-                n % 250 + 1
+            let (b, c) = (pid % 250 + 1, n % 250 + 1);
+            let server = format!("127.{}.{b}.{c}", 100 + (pid >> 8) % 100);
+            let client = format!("127.{}.{b}.{c}", 200 + (pid >> 8) % 50);
+            (
+                format!("roce://{server}:20049"),
+                format!("roce://{server}:20049?local={client}"),
             )
         }
         _ => {
             let path =
                 std::env::temp_dir().join(format!("rpcrdma-bench-{}-{n}.sock", std::process::id()));
             let _ = std::fs::remove_file(&path);
-            format!("shm://{}", path.display())
+            let url = format!("shm://{}", path.display());
+            (url.clone(), url)
         }
     }
 }
@@ -333,7 +343,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
             options.cores.map(|c| c.server),
             ServerShape::for_run(&first),
         )?;
-        let url = server.url.clone();
+        let url = server.client_url.clone();
         Ok(Self::with_server(
             name,
             url,
@@ -511,7 +521,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                     set_affinity(&self.allowed);
                 }
                 let server = EmbeddedServer::start(core, shape)?;
-                self.url = server.url.clone();
+                self.url = server.client_url.clone();
                 self.server = Server::Embedded(server);
             }
         }

@@ -1024,6 +1024,25 @@ impl ShardState {
         }
     }
 
+    /// What a post runs: the posting queue pair's transport (what it may
+    /// send now, with the ACK it holds behind it), then the send. It does
+    /// not read the socket: a `recvmmsg` ahead of the send put a system
+    /// call on the path of every request and every answer, and the
+    /// thread's next poll receives anyway. A queue pair that owes a DREQ
+    /// wakes the control part, as in [`ShardState::progress`].
+    pub(super) fn post_step(&mut self, dev: &Device, qpn: u32, now: Instant) {
+        let ShardState { tx, qps, .. } = self;
+        let mut dreq = false;
+        if let Some(qp) = qps.get_mut(&qpn) {
+            qp.tick(now, tx, true);
+            dreq = qp.dreq_due;
+        }
+        tx.flush();
+        if dreq {
+            dev.wake_for_dreq();
+        }
+    }
+
     /// Runs the packets other shards handed over (already checked, for a
     /// queue pair of ours when they were sent); true if one of them made
     /// a queue pair owe a DREQ.

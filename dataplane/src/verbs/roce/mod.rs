@@ -8,9 +8,10 @@
 //!   (REQ/REP/RTU/REJ/DREQ/DREP/MRA) set connections up the way rdma_cm
 //!   does over RoCEv2.
 //! * Progress is driven by polling, like `shm`: [`CompletionQueue::poll`]
-//!   (and posts) receive a `recvmmsg` batch, run the transport (`rc`) of
-//!   the queue pairs of the queue's **shard** of the device, and send what
-//!   it produced with one `sendmmsg`. A shard is locked only by the
+//!   receives a `recvmmsg` batch, runs the transport (`rc`) of the queue
+//!   pairs of the queue's **shard** of the device, and sends what it
+//!   produced with one `sendmmsg`; a post runs its queue pair and sends,
+//!   without reading the socket first. A shard is locked only by the
 //!   thread polling its queue; packets for another shard's queue pairs
 //!   are handed over through its lock-free inbox; the connection manager
 //!   has a lock of its own, off the data path; the device's thread drives

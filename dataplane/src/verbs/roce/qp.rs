@@ -163,8 +163,9 @@ impl RoceQp {
         self.shard.stats()
     }
 
-    /// Runs `f` on this queue pair in its shard, then a progress step of
-    /// the shard: the data path, under the shard's lock only.
+    /// Runs `f` on this queue pair in its shard, then its post step (what
+    /// it may send now, sent; `ShardState::post_step`): the data path,
+    /// under the shard's lock only.
     fn with<R>(&self, f: impl FnOnce(&mut RcQp, &mut Tx) -> R) -> Option<R> {
         let _data_path = DataPath::enter();
         let mut st = lock(&self.shard.state);
@@ -175,7 +176,7 @@ impl RoceQp {
         mark_ticking(active, qp);
         let r = f(qp, tx);
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now, true);
+        st.post_step(&self.dev, self.qpn, now);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         Some(r)
@@ -481,7 +482,7 @@ impl QueuePair<Roce> for RoceQp {
             });
         }
         let now = Instant::now();
-        st.progress(&self.dev, &self.shard, now, true);
+        st.post_step(&self.dev, self.qpn, now);
         self.shard.mark_progress(&self.dev, now);
         self.shard.counters.polled.fetch_add(1, Ordering::Relaxed);
         res.map(|()| n)
