@@ -794,7 +794,8 @@ impl RcQp {
                 }
                 let at = p.payload_offset();
                 let slot = tx.slot();
-                if let Ok(n) = p.emit(slot) {
+                // The payload is copied in below, once (see `emit_data`).
+                if let Ok(n) = p.emit_around_payload(slot) {
                     // A zero-length read (address 0, nothing validated)
                     // copies nothing.
                     if len > 0 {
@@ -964,7 +965,9 @@ impl RcQp {
         let ranges = e.ranges;
         let nr = e.nr;
         let slot = tx.slot();
-        if let Ok(n) = p.emit(slot) {
+        // The payload goes straight from the registered memory into the
+        // slot (`p` carries zeros only for its length).
+        if let Ok(n) = p.emit_around_payload(slot) {
             // SAFETY: ranges were validated against live registrations at
             // post time; the buffers are owned by the queued work request.
             unsafe {

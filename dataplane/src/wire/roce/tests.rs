@@ -31,6 +31,14 @@ fn check_golden(bytes: &[u8], repr: &RocePacket<'_>) {
     // Golden ICRC slots are zero: emit leaves sealing to `icrc`.
     assert_eq!(&buf[..], bytes);
     assert_eq!(RocePacket::parse(&buf).as_ref(), Ok(repr));
+    // Around the payload: the same bytes but the payload's, which it
+    // leaves as they were (the caller gathers them in).
+    let mut around = vec![0xAAu8; bytes.len()];
+    assert_eq!(repr.emit_around_payload(&mut around), Ok(bytes.len()));
+    let (at, n) = (repr.payload_offset(), repr.payload.len());
+    assert!(around[at..at + n].iter().all(|&b| b == 0xAA));
+    around[at..at + n].copy_from_slice(repr.payload);
+    assert_eq!(&around[..], bytes);
     let view = Packet::new_checked(bytes).unwrap();
     assert_eq!(view.opcode(), Some(repr.bth.opcode));
     assert_eq!(view.psn(), repr.bth.psn);
