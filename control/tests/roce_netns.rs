@@ -357,6 +357,34 @@ fn bench_program_between_namespaces() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The same session with GSO on send across the veth too (`gso=all`,
+/// docs/ROCE.md), both sides verifying every inbound ICRC: the receiving
+/// stack splits each GSO send into datagrams whose IP IDs must be the ones
+/// the sender sealed each segment's ICRC for.
+#[test]
+fn bench_program_between_namespaces_with_gso_everywhere() {
+    if std::env::var(ROLE_ENV).as_deref() == Ok("full") {
+        return full_session_client();
+    }
+    let Some(ns) = Namespaces::create("gso") else {
+        return;
+    };
+    let env = [
+        ("RPCRDMA_ROCE_GSO", "all"),
+        ("RPCRDMA_ROCE_VERIFY_ICRC", "1"),
+    ];
+    let dir = scratch_dir("netns-gso");
+    let mut d = start_daemon_with(&ns, &dir, &env);
+    run_client(
+        &ns,
+        "bench_program_between_namespaces_with_gso_everywhere",
+        "full",
+        &env,
+    );
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 // ---------------------------------------------------------------------------
 // The captured session
 

@@ -13,7 +13,8 @@ pub const ENV_UDP_PORT: &str = "RPCRDMA_ROCE_UDP_PORT";
 pub const ENV_LOCAL_IP: &str = "RPCRDMA_ROCE_LOCAL_IP";
 /// Environment variable: `1` verifies inbound ICRCs (see module docs).
 pub const ENV_VERIFY_ICRC: &str = "RPCRDMA_ROCE_VERIFY_ICRC";
-/// Environment variable: `0` turns UDP GSO/GRO off (see `RoceConfig::gso`).
+/// Environment variable: `0` turns UDP GSO/GRO off, `all` sends GSO on
+/// every device (see `RoceConfig::gso`, `RoceConfig::gso_everywhere`).
 pub const ENV_GSO: &str = "RPCRDMA_ROCE_GSO";
 /// Environment variable (tests): `drop,dup,reorder[,seed]` per mille.
 pub const ENV_FAULTS: &str = "RPCRDMA_ROCE_FAULTS";
@@ -47,10 +48,16 @@ pub struct RoceConfig {
     /// it).
     pub idle_after: Duration,
     /// UDP GSO on send and GRO on receive (a device option, like
-    /// `idle_after`). Off, every packet is its own datagram everywhere,
-    /// which a capture on loopback or a veth needs to show one RoCE
-    /// packet per frame.
+    /// `idle_after`), on loopback devices. Off, every packet is its own
+    /// datagram everywhere, which a capture on loopback or a veth needs
+    /// to show one RoCE packet per frame.
     pub gso: bool,
+    /// GSO on send on every device, not only loopback ones (`gso=all`;
+    /// GRO stays on loopback only). Off by default: it is measured on a
+    /// veth (docs/ROCE.md) but not against Linux rxe peers or NICs that
+    /// segment UDP themselves, which must give segment k the IP ID k the
+    /// ICRC was sealed for.
+    pub gso_everywhere: bool,
 }
 
 impl Default for RoceConfig {
@@ -66,6 +73,7 @@ impl Default for RoceConfig {
             initial_psn: None,
             idle_after: Duration::from_millis(1),
             gso: true,
+            gso_everywhere: false,
         }
     }
 }
@@ -76,6 +84,13 @@ impl RoceConfig {
     pub(super) fn mtu_toward(&self, peer: Ipv4Addr) -> Mtu {
         self.mtu
             .unwrap_or_else(|| super::io::path_mtu(peer, self.udp_port).unwrap_or(Mtu::Mtu1024))
+    }
+
+    /// The `gso` option: `0` off, `all` on every device, anything else on
+    /// loopback devices.
+    fn set_gso(&mut self, v: &str) {
+        self.gso = v != "0";
+        self.gso_everywhere = v == "all";
     }
 
     pub(super) fn from_env() -> RoceConfig {
@@ -93,8 +108,8 @@ impl RoceConfig {
             c.local = Some(ip);
         }
         c.verify_icrc = std::env::var(ENV_VERIFY_ICRC).is_ok_and(|v| v == "1");
-        if std::env::var(ENV_GSO).is_ok_and(|v| v == "0") {
-            c.gso = false;
+        if let Ok(v) = std::env::var(ENV_GSO) {
+            c.set_gso(&v);
         }
         if let Some(f) = std::env::var(ENV_FAULTS)
             .ok()
@@ -165,7 +180,7 @@ pub(super) fn parse_url(
                     .ok_or_else(|| bad("retry must be 0..=7"))?
             }
             "verify_icrc" => cfg.verify_icrc = v != "0",
-            "gso" => cfg.gso = v != "0",
+            "gso" => cfg.set_gso(v),
             "idle_ms" => {
                 let ms: u64 = v.parse().map_err(|_| bad("bad idle_ms"))?;
                 if ms == 0 {

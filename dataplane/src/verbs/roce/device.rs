@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
@@ -305,7 +305,8 @@ pub(super) struct Device {
     /// What the kernel granted the socket (queue pairs fit their window
     /// to it).
     pub(super) buffers: SocketBuffers,
-    /// UDP GSO on send and GRO on receive (`RoceConfig::gso`).
+    /// UDP GSO on send (`RoceConfig::gso`, `gso_everywhere`); GRO on
+    /// receive is on for loopback devices only (see `Device::at`).
     gso: bool,
     verify_icrc: bool,
     /// See `RoceConfig::idle_after`.
@@ -321,6 +322,9 @@ pub(super) struct Device {
     /// The device's thread, woken when the control part has work (a MAD,
     /// a DREQ owed) while it waits.
     thread: OnceLock<std::thread::Thread>,
+    /// Notified, with the control lock, whenever the connection manager
+    /// took a MAD: `Listener::accept` waits on it for requests.
+    mads_taken: Condvar,
     /// The receive batch, held by whoever reads the socket (see
     /// [`Device::try_read`]).
     rx: Mutex<Rx>,
@@ -371,6 +375,9 @@ impl Device {
         // our gateway (control/tests/linux_gateway.rs; cause not found),
         // so a device on any other address keeps one datagram per packet.
         let offload = cfg.gso && local.ip().is_loopback();
+        // GSO alone may go further when asked (`gso=all`): the receiving
+        // side then gets every segment as a datagram of its own.
+        let gso = offload || cfg.gso && cfg.gso_everywhere;
         let fd = loop {
             match bind_udp(local, offload) {
                 Ok(fd) => break fd,
@@ -404,7 +411,7 @@ impl Device {
         let dev = Arc::new(Device {
             local,
             control: Mutex::new(Control {
-                tx: Tx::new(socket.clone(), local, oversized.clone(), offload),
+                tx: Tx::new(socket.clone(), local, oversized.clone(), gso),
                 cm: Cm::default(),
                 gsi_psn,
                 routes: HashMap::new(),
@@ -412,13 +419,14 @@ impl Device {
             }),
             socket,
             buffers,
-            gso: offload,
+            gso,
             verify_icrc: cfg.verify_icrc,
             idle_after: cfg.idle_after,
             shards: Mutex::new(Vec::new()),
             mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
             dreq_wake: AtomicBool::new(false),
             thread: OnceLock::new(),
+            mads_taken: Condvar::new(),
             rx: Mutex::new(Rx::new(offload)),
             spare: {
                 let spare = ArrayQueue::new(HANDOFF_BUFFERS);
@@ -529,6 +537,19 @@ impl Device {
     /// the device's one receive batch.)
     pub(super) fn try_read(&self) -> Option<MutexGuard<'_, Rx>> {
         self.rx.try_lock().ok()
+    }
+
+    /// Gives up the control lock until the connection manager has taken a
+    /// MAD or `at_most` passed, and takes it again.
+    pub(super) fn wait_for_mads<'a>(
+        &'a self,
+        ctl: MutexGuard<'a, Control>,
+        at_most: Duration,
+    ) -> MutexGuard<'a, Control> {
+        match self.mads_taken.wait_timeout(ctl, at_most) {
+            Ok((g, _)) => g,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
     }
 
     /// Has the control part look for queue pairs that owe a DREQ.
@@ -900,6 +921,8 @@ impl Control {
             half_open_refused: &dev.counters.half_open_refused,
         };
         cm.on_mad(payload, src, &qps, tx, gsi_psn, now, counters);
+        // A REQ may be queued, or an RTU made room: the acceptors look.
+        dev.mads_taken.notify_all();
     }
 
     /// Runs the connection manager's timers ([`Cm::timers`]); with

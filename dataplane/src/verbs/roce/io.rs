@@ -474,11 +474,11 @@ impl Tx {
     fn run_end(&self, i: usize) -> usize {
         let (seg, dst) = self.meta[i];
         let mut j = i + 1;
-        // Only toward loopback, where the kernel never segments a GSO
-        // send onto a wire (our own GRO socket takes it whole; a socket
-        // without GRO gets it segmented by the receiving stack); see
-        // `Device::at` for why other links get one datagram per packet.
-        if !self.gso || !dst.ip().is_loopback() {
+        // Only on a device that sends GSO (`Device::at`): loopback ones,
+        // where the kernel never segments a GSO send onto a wire (our own
+        // GRO socket takes it whole; a socket without GRO gets it
+        // segmented by the receiving stack), and others with `gso=all`.
+        if !self.gso {
             return j;
         }
         let mut total = seg as usize;

@@ -8,7 +8,7 @@ use super::cm::{
     ca_guid, emit_mad, send_mad, send_rej, ConnRec, ConnState, PendingReq, CM_RETRY, REP_RETRIES,
 };
 use super::device::{Control, Device};
-use super::qp::{idle, RocePreparedQp, RoceQp};
+use super::qp::{RocePreparedQp, RoceQp};
 use super::random::random_u32;
 use super::rc::{ConnRef, PeerPath, MAX_RD};
 use super::Roce;
@@ -58,27 +58,36 @@ impl Drop for RoceListener {
     }
 }
 
+/// The longest an `accept` waits without looking at the queue: room for a
+/// request the connection manager's timers made (a REP that timed out)
+/// wakes nobody.
+const ACCEPT_LOOK_AGAIN: Duration = Duration::from_millis(10);
+
 impl Listener<Roce> for RoceListener {
+    /// Waits for a request on the connection manager's queue: woken when
+    /// the control part has taken a MAD (the device's thread, or a
+    /// `connect`, runs it), and looking again at least every
+    /// [`ACCEPT_LOOK_AGAIN`] for room its timers made. It neither reads the
+    /// socket nor wakes on a timer of its own: an acceptor that did (every
+    /// 100 us) took the cores of spinning workers and read some of their
+    /// packets, which they then got handed over (docs/ROCE.md).
     fn accept(&self, timeout: Duration) -> Result<RoceIncoming, VerbsError> {
         let deadline = Instant::now() + timeout;
-        let mut n = 0;
+        let mut ctl = self.dev.control();
         loop {
-            let now = Instant::now();
-            self.dev.control_step(now, true);
-            {
-                let mut ctl = self.dev.control();
-                if let Some(req) = ctl.cm.take_request(self.port) {
-                    return Ok(RoceIncoming {
-                        dev: self.dev.clone(),
-                        req: Some(req),
-                    });
-                }
+            if let Some(req) = ctl.cm.take_request(self.port) {
+                return Ok(RoceIncoming {
+                    dev: self.dev.clone(),
+                    req: Some(req),
+                });
             }
+            let now = Instant::now();
             if now >= deadline {
                 return Err(VerbsError::Timeout);
             }
-            n += 1;
-            idle(n);
+            ctl = self
+                .dev
+                .wait_for_mads(ctl, (deadline - now).min(ACCEPT_LOOK_AGAIN));
         }
     }
 }

@@ -683,6 +683,23 @@ fn url_options_parse_and_bad_ones_are_refused() {
             seed: 7
         }
     );
+    // GSO: loopback devices by default, everywhere with `all`, off with 0.
+    let gso = |v: &str| {
+        let (_, c) =
+            parse_url(&format!("roce://10.0.0.1:1?gso={v}"), RoceConfig::default()).unwrap();
+        (c.gso, c.gso_everywhere)
+    };
+    assert_eq!(
+        (
+            RoceConfig::default().gso,
+            RoceConfig::default().gso_everywhere
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        (gso("0"), gso("1"), gso("all")),
+        ((false, false), (true, false), (true, true))
+    );
     for bad in [
         "shm:///x",
         "roce://host:1",
