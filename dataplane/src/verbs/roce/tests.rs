@@ -161,6 +161,21 @@ struct Side {
     _ctx: RoceContext,
 }
 
+impl Side {
+    /// Posts a Send of `data` from the side's send slab.
+    fn send(&mut self, data: &[u8]) {
+        let mut b = self.local.alloc().unwrap();
+        assert!(b.fill(data));
+        self.qp
+            .post_send(SendWr::new(
+                b.wr_id(),
+                SendOp::Send,
+                SgeList::one(Sge::data(b)),
+            ))
+            .unwrap();
+    }
+}
+
 fn side(url: &str, peer_private: &'static [u8]) -> std::thread::JoinHandle<Side> {
     let url = url.to_owned();
     std::thread::spawn(move || {
@@ -347,14 +362,7 @@ fn the_starting_psn_is_what_its_sender_expects() {
     let mut s = t.join().unwrap();
 
     // Our first Send goes out at the REP's Starting PSN.
-    let mut b = s.local.alloc().unwrap();
-    assert!(b.fill(b"first"));
-    s.qp.post_send(SendWr::new(
-        b.wr_id(),
-        SendOp::Send,
-        SgeList::one(Sge::data(b)),
-    ))
-    .unwrap();
+    s.send(b"first");
     let raw = fake.recv_rc();
     let p = RocePacket::parse(&raw).unwrap();
     assert_eq!(
@@ -429,14 +437,7 @@ fn a_held_ack_leaves_right_behind_the_answer() {
     assert!(c.is_ok());
     assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"call");
     drop(c);
-    let mut b = s.local.alloc().unwrap();
-    assert!(b.fill(b"reply"));
-    s.qp.post_send(SendWr::new(
-        b.wr_id(),
-        SendOp::Send,
-        SgeList::one(Sge::data(b)),
-    ))
-    .unwrap();
+    s.send(b"reply");
     let raw = fake.recv_rc();
     let p = RocePacket::parse(&raw).unwrap();
     assert_eq!(
@@ -455,14 +456,7 @@ fn requester_sends_from_the_psn_of_the_rep_retransmits_then_retry_exceeded() {
     let t = side(&url(fip, pip, "&retry=2&ack_timeout_ms=5"), b"world");
     let (req_psn, _qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
-    let mut b = s.local.alloc().unwrap();
-    assert!(b.fill(b"ping"));
-    s.qp.post_send(SendWr::new(
-        b.wr_id(),
-        SendOp::Send,
-        SgeList::one(Sge::data(b)),
-    ))
-    .unwrap();
+    s.send(b"ping");
     // The original and `retry` retransmissions of the same packet: the PSN
     // the peer's REP announced (the first it expects), to its QPN.
     assert_ne!(req_psn, FAKE_PSN);
@@ -1056,14 +1050,7 @@ fn data_from_the_peer_address_but_another_udp_port_is_dropped() {
     let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
     let mut s = t.join().unwrap();
     // The peer's first packet (an ACK of our send) pins its UDP port.
-    let mut b = s.local.alloc().unwrap();
-    assert!(b.fill(b"ping"));
-    s.qp.post_send(SendWr::new(
-        b.wr_id(),
-        SendOp::Send,
-        SgeList::one(Sge::data(b)),
-    ))
-    .unwrap();
+    s.send(b"ping");
     fake.recv_rc();
     fake_ack(&fake, qpn, FAKE_PSN, Syndrome::ACK, 1);
     assert!(next_completion(&s.cq).is_ok());
