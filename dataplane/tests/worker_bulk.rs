@@ -6,14 +6,16 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use dataplane::client::{Client, ReplyTarget};
 use dataplane::engine::{BulkPool, Connection};
+use dataplane::service::Dispatch;
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
-use dataplane::worker::PoolProvider;
+use dataplane::worker::{Dispatcher, PoolProvider};
 use support::roce_pair::loopback_url;
 use support::worker_harness::*;
 
@@ -21,12 +23,76 @@ const MAX: u32 = 256 << 10;
 const CLIENTS: usize = 3;
 const DEPTH: usize = 4;
 
+/// How long a held call waits for the test to finish issuing the others:
+/// past it the test is broken, not slow.
+const HOLD_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The bench service behind a gate: while the gate is held, a call
+/// reaching the handler waits for it to open. The worker runs handlers to
+/// completion, so a call held there keeps its pool buffer leased and
+/// stops the worker from finishing any exchange, while the clients keep
+/// posting calls into the server's receive buffers.
+struct Gated {
+    inner: Arc<dyn Dispatcher>,
+    held: AtomicBool,
+    open: Mutex<bool>,
+    opened: Condvar,
+    overdue: AtomicBool,
+}
+
+impl Gated {
+    fn new() -> Arc<Gated> {
+        Arc::new(Gated {
+            inner: bench_service(),
+            held: AtomicBool::new(false),
+            open: Mutex::new(false),
+            opened: Condvar::new(),
+            overdue: AtomicBool::new(false),
+        })
+    }
+
+    fn hold(&self) {
+        *self.open.lock().unwrap() = false;
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl Dispatcher for Gated {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
+        if self.held.load(Ordering::SeqCst) {
+            let deadline = Instant::now() + HOLD_DEADLINE;
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    self.overdue.store(true, Ordering::SeqCst);
+                    break;
+                }
+                open = self.opened.wait_timeout(open, left).unwrap().0;
+            }
+        }
+        self.inner.dispatch(call, reply)
+    }
+}
+
 /// `CLIENTS` clients each pipeline `DEPTH` long echoes with a reply chunk
 /// (a pool buffer each, for the call and then its reply) against one
-/// worker whose pool holds one buffer: one exchange at a time fits.
+/// worker whose pool holds one buffer: one exchange at a time fits. The
+/// handler is held until every call is posted, so the first call served
+/// keeps the only buffer while the other `CLIENTS * DEPTH - 1` are
+/// already in the server's receive buffers: at least one finds the pool
+/// empty, whatever the scheduling (a free-running worker could finish
+/// each exchange before the next call arrived).
 fn calls_wait_for_a_small_pool_and_all_are_served<P: PoolProvider>(url: String) {
     let engine = engine_config(MAX, DEPTH as u32);
-    let server = Server::<P>::at(url.clone(), 1, engine, bench_service(), |c| {
+    let gate = Gated::new();
+    let server = Server::<P>::at(url.clone(), 1, engine, gate.clone(), |c| {
         c.bulk_buffers = 1;
     });
     let pools: Vec<Arc<BulkPool>> = server
@@ -47,7 +113,18 @@ fn calls_wait_for_a_small_pool_and_all_are_served<P: PoolProvider>(url: String) 
     let payloads: Vec<Vec<u8>> = (0..CLIENTS * DEPTH)
         .map(|i| pattern(100_000 + 4 * i, i as u8))
         .collect();
-    pipelined_echoes(&mut clients, &payloads, DEPTH, ReplyTarget::ReplyChunk);
+    pipelined_echoes_around(
+        &mut clients,
+        &payloads,
+        DEPTH,
+        ReplyTarget::ReplyChunk,
+        || gate.hold(),
+        || gate.release(),
+    );
+    assert!(
+        !gate.overdue.load(Ordering::SeqCst),
+        "a held call waited {HOLD_DEADLINE:?} for the others to be posted"
+    );
     assert!(
         pool.times_empty() > 0,
         "{} calls in flight needing a buffer each against a pool of one: some waited",

@@ -306,9 +306,25 @@ pub fn pipelined_echoes<P: PoolProvider>(
     depth: usize,
     target: ReplyTarget,
 ) {
+    pipelined_echoes_around(clients, payloads, depth, target, || {}, || {});
+}
+
+/// [`pipelined_echoes`], running `before_issue` after each client's first
+/// echo and `after_issue` once every pipelined call is posted and before
+/// any is waited for: a test holds the server between the two to have
+/// every call in flight at once.
+pub fn pipelined_echoes_around<P: PoolProvider>(
+    clients: &mut [Client<P>],
+    payloads: &[Vec<u8>],
+    depth: usize,
+    target: ReplyTarget,
+    before_issue: impl FnOnce(),
+    after_issue: impl FnOnce(),
+) {
     for (c, p) in clients.iter_mut().zip(payloads) {
         assert!(echo(c, p, false, target).0 == *p);
     }
+    before_issue();
     let mut calls = Vec::new();
     for (i, c) in clients.iter_mut().enumerate() {
         for p in &payloads[i * depth..(i + 1) * depth] {
@@ -320,6 +336,7 @@ pub fn pipelined_echoes<P: PoolProvider>(
             );
         }
     }
+    after_issue();
     for (i, c) in clients.iter_mut().enumerate() {
         for k in 0..depth {
             let call = calls[i * depth + k];
