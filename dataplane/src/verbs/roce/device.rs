@@ -17,7 +17,8 @@
 //! * The **control** part (connection manager, QP1 MADs, the map of
 //!   which shard owns which QPN) has a lock of its own. Shards pass the
 //!   MADs they receive to it through another bounded queue; it is run by
-//!   `connect`, `Listener::accept`, teardown and the device's thread.
+//!   `connect`, teardown and the device's thread (`Listener::accept` waits
+//!   for it to take MADs).
 //! * The device's thread runs the control part and drives only the shards
 //!   that no thread has progressed for `RoceConfig::idle_after`.
 //!
