@@ -319,9 +319,18 @@ impl<P: Provider> Client<P> {
             if self.progress() > 0 {
                 idler.reset();
             } else {
-                idler.idle(None);
+                self.idle(&mut idler);
             }
         }
+    }
+
+    /// Waits as `idler` says; before it parks, the connection's
+    /// completion queue is told (`CompletionQueue::before_sleep`).
+    fn idle(&self, idler: &mut Idler) {
+        if idler.will_park() {
+            self.ep.before_sleep();
+        }
+        idler.idle(None);
     }
 
     fn now(&self) -> engine::Instant {
@@ -712,7 +721,7 @@ impl<P: Provider> Client<P> {
             if start.elapsed() > self.config.wait_timeout {
                 return Err(ClientError::Timeout);
             }
-            idler.idle(None);
+            self.idle(&mut idler);
         }
     }
 
@@ -779,7 +788,7 @@ impl<P: Provider> Client<P> {
             if start.elapsed() > self.config.wait_timeout {
                 return Err(ClientError::Timeout);
             }
-            idler.idle(None);
+            self.idle(&mut idler);
         }
     }
 
@@ -827,7 +836,7 @@ impl<P: Provider> Client<P> {
             } else if start.elapsed() > self.config.wait_timeout {
                 return Err(ClientError::Timeout);
             } else {
-                idler.idle(None);
+                self.idle(&mut idler);
             }
         }
         let res = self.ep.resources();

@@ -923,6 +923,12 @@ pub trait CompletionQueue: Send + Sync {
     /// drops anything left there), returns how many. Also drives the
     /// provider's progress for its queue pairs (software providers).
     fn poll(&self, out: &mut [Completion]) -> usize;
+
+    /// The thread that polls this queue is about to sleep (an adaptive
+    /// idle's park). A provider whose work runs on the polling thread
+    /// (`roce`) sends now what it held for that thread's next poll and
+    /// has its own thread take over until then. Default: nothing.
+    fn before_sleep(&self) {}
 }
 
 /// A created queue pair, before connection (typestate).

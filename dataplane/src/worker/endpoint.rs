@@ -1145,6 +1145,14 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// The polling thread is about to sleep: tells the connection's own
+    /// completion queue, if it has one (`CompletionQueue::before_sleep`).
+    pub fn before_sleep(&self) {
+        if let CqHandle::Own(cq) = &self.cq {
+            cq.before_sleep();
+        }
+    }
+
     /// The engine's next deadline.
     pub fn poll_timeout(&self) -> Option<engine::Instant> {
         self.conn.poll_timeout()

@@ -91,6 +91,14 @@ impl Idler {
     pub fn reset(&mut self) {
         self.idle = 0;
     }
+    /// Whether the next [`Idler::idle`] parks (rather than spin or yield):
+    /// the caller then tells its completion queues
+    /// (`CompletionQueue::before_sleep`).
+    pub fn will_park(&self) -> bool {
+        matches!(self.strategy, IdleStrategy::Adaptive { .. })
+            && self.idle.saturating_add(1) >= IDLE_SPINS + IDLE_YIELDS
+    }
+
     /// Nothing was found: spin, yield or park (at most until `deadline`
     /// from now, if given). Returns true if it parked.
     pub fn idle(&mut self, until_deadline: Option<Duration>) -> bool {

@@ -318,6 +318,17 @@ impl<P: PoolProvider> ProviderConns<P> {
         }
     }
 
+    /// The worker is about to park: its completion queues are told
+    /// (`CompletionQueue::before_sleep`).
+    fn before_sleep(&self) {
+        for ep in &self.own {
+            ep.before_sleep();
+        }
+        for cq in &self.cqs {
+            cq.before_sleep();
+        }
+    }
+
     /// The next time this provider's connections need the loop: the own
     /// endpoints' engine deadlines, the next sweep of the shared ones.
     fn next_deadline(&self) -> Option<engine::Instant> {
@@ -384,6 +395,14 @@ impl Conns {
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.close_all();
         }
+    }
+
+    /// The worker is about to park (`ProviderConns::before_sleep`).
+    fn before_sleep(&self) {
+        self.shm.before_sleep();
+        self.roce.before_sleep();
+        #[cfg(feature = "ibverbs")]
+        self.ibverbs.before_sleep();
     }
 
     fn next_deadline(&self) -> Option<engine::Instant> {
@@ -574,6 +593,9 @@ impl Worker {
                 let next = conns
                     .next_deadline()
                     .map(|t| t.saturating_duration_since(now));
+                if idler.will_park() {
+                    conns.before_sleep();
+                }
                 idler.idle(next);
             } else {
                 idler.reset();

@@ -112,6 +112,20 @@ impl RoceCq {
 }
 
 impl CompletionQueue for RoceCq {
+    /// One progress step of each of the queue's shards that holds
+    /// nothing back (a held ACK leaves now: nobody may poll again soon),
+    /// then the shards are handed to the device's thread, woken, until
+    /// the next poll (docs/ROCE.md, "Who drives a device").
+    fn before_sleep(&self) {
+        let _data_path = DataPath::enter();
+        let shards = lock(&self.inner.shards);
+        let now = Instant::now();
+        for s in shards.iter() {
+            lock(&s.shard.state).progress(&s.dev, &s.shard, now, false);
+            s.shard.hand_to_device(&s.dev);
+        }
+    }
+
     fn poll(&self, out: &mut [Completion]) -> usize {
         let _data_path = DataPath::enter();
         let mut got = 0;

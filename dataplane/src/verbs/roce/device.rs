@@ -80,10 +80,10 @@ const IDLE_AFTER: Duration = Duration::from_millis(1);
 /// wake-up of the thread takes a core from a spinning worker or client
 /// (with a thread per core there is no spare one), so waking every
 /// millisecond cost about one call in a hundred tens of microseconds
-/// (docs/ROCE.md). A thread that stops driving a shard is noticed within
-/// this long; a worker's or a client's adaptive idle never parks longer
-/// than a millisecond, so only an application that stops polling
-/// altogether waits for it, and its peer's tail probe covers the ACKs it
+/// (docs/ROCE.md). A worker or a client about to park hands its shards
+/// over at once (`CompletionQueue::before_sleep`, which also sends the
+/// ACKs it held); only an application that stops polling without saying
+/// so is noticed this late, and its peer's tail probe covers the ACKs it
 /// owes meanwhile. MADs and DREQs wake the thread at once.
 const MAX_LOOK_EVERY: Duration = Duration::from_millis(8);
 
@@ -237,6 +237,13 @@ impl Shard {
 
     pub(super) fn mark_progress(&self, dev: &Device, now: Instant) {
         self.last_progress.store(dev.ns(now), Ordering::Relaxed);
+    }
+
+    /// The thread driving this shard goes to sleep: the shard counts as
+    /// idle at once and the device's thread is woken to drive it.
+    pub(super) fn hand_to_device(&self, dev: &Device) {
+        self.last_progress.store(0, Ordering::Relaxed);
+        dev.wake_thread();
     }
 
     /// Whether no thread has driven this shard for the device's idle
@@ -561,7 +568,7 @@ impl Device {
 
     /// Wakes the device's thread if it waits (a MAD or a DREQ for the
     /// control part).
-    fn wake_thread(&self) {
+    pub(super) fn wake_thread(&self) {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }

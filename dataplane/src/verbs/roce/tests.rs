@@ -449,6 +449,31 @@ fn a_held_ack_leaves_right_behind_the_answer() {
     assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
 }
 
+/// A thread that goes to sleep after the poll that took a Send sends the
+/// ACK it held for its next step then (`CompletionQueue::before_sleep`):
+/// the ACK does not wait for the device's thread (kept away here by
+/// `idle_ms`), nor the peer for its tail probe.
+#[test]
+fn before_sleep_sends_the_held_ack() {
+    let (pip, fip) = addrs();
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let s = t.join().unwrap();
+    let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"call"));
+    drop(next_completion(&s.cq));
+    // Held: the poll's step sent nothing (loopback delivers within the
+    // send, so anything it sent would be queued already).
+    fake.sock.set_nonblocking(true).unwrap();
+    assert!(fake.sock.recv_from(&mut [0u8; 64]).is_err(), "ACK not held");
+    fake.sock.set_nonblocking(false).unwrap();
+    s.cq.before_sleep();
+    let (apsn, syn, msn) = ack_of(&fake.recv_rc());
+    assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
+}
+
 #[test]
 fn requester_sends_from_the_psn_of_the_rep_retransmits_then_retry_exceeded() {
     let (pip, fip) = addrs();
