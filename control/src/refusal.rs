@@ -38,11 +38,16 @@ pub enum Refusal {
     /// tcp: the peer's address already had
     /// `workers.max_connections_per_peer` connections.
     PeerLimit,
+    /// shm: an established connection was ended because its peer punched
+    /// a hole in memory shared writable with it and touching the hole
+    /// faulted (the hugepage pool could not refill it); the SIGBUS guard
+    /// kept the daemon alive.
+    PeerMemoryFault,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -52,6 +57,7 @@ impl Refusal {
         Refusal::Accept,
         Refusal::HalfOpen,
         Refusal::PeerLimit,
+        Refusal::PeerMemoryFault,
     ];
 
     /// The metrics label.
@@ -66,6 +72,7 @@ impl Refusal {
             Refusal::Accept => "accept",
             Refusal::HalfOpen => "half_open",
             Refusal::PeerLimit => "peer_limit",
+            Refusal::PeerMemoryFault => "peer_memory_fault",
         }
     }
 

@@ -53,6 +53,7 @@ use super::soft_mr::{KeySlots, MrInfo, MrTable};
 use super::soft_qp::{check_post, recv_completion, set_placed, SoftQp};
 use super::soft_srq::SoftSrq;
 use super::*;
+use crate::mem::guard::{self, GuardProbe};
 use crate::mem::{Arena, Backing, PeerAccess};
 
 pub(crate) mod shared;
@@ -238,6 +239,7 @@ impl Context<Shm> for ShmContext {
             path,
             allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
             pending: Mutex::new(VecDeque::new()),
+            peer_memory_faults: Arc::new(AtomicU64::new(0)),
         })
     }
 }
@@ -603,6 +605,8 @@ struct OutRegion {
     arena: u64,
     writable: bool,
     id: u32,
+    /// The guard's view of an arena shared writable.
+    guard: Option<GuardProbe>,
 }
 
 #[derive(Debug)]
@@ -637,9 +641,39 @@ struct Conn {
     /// Bytes of `in_regions` mapped, at most [`MAX_PEER_MAPPED`].
     in_mapped: u64,
     keys: KeySlots,
+    /// [`guard::faults_total`] when this connection's writable memory was
+    /// last looked at.
+    guard_seen: u64,
+    /// The listener's count of connections ended by a guarded fault
+    /// (none on the requesting side).
+    fault_count: Option<Arc<AtomicU64>>,
 }
 
 impl Conn {
+    /// Whether the SIGBUS guard replaced a page of memory this connection
+    /// shares writable (ours it was given, or the peer's we write): a
+    /// hole was punched in it and the hugepage pool could not refill it.
+    /// The replaced page no longer reaches the peer, so the connection
+    /// cannot go on. Looks at the regions only when the process-wide
+    /// count moved: one load per poll otherwise.
+    fn peer_memory_faulted(&mut self) -> bool {
+        let now = guard::faults_total();
+        if now == self.guard_seen {
+            return false;
+        }
+        self.guard_seen = now;
+        self.out_regions
+            .iter()
+            .filter_map(|r| r.guard)
+            .chain(
+                self.in_regions
+                    .iter()
+                    .flatten()
+                    .filter_map(Mapping::guard_probe),
+            )
+            .any(|g| g.faults() > 0)
+    }
+
     fn my_words(&self) -> &[AtomicU64] {
         // SAFETY: `mine` is our own outbox arena, alive as long as `self`;
         // its length covers the layout (checked at creation).
@@ -716,6 +750,7 @@ impl Conn {
             arena: arena.id(),
             writable,
             id,
+            guard: arena.guard_probe(),
         });
         Ok(id)
     }
@@ -1151,6 +1186,16 @@ impl Conn {
 
 impl QpInner {
     fn progress(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        if conn.peer_memory_faulted() {
+            if let Some(count) = &conn.fault_count {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            self.enter_error(None);
+            return;
+        }
         let Some(conn) = self.conn.as_ref() else {
             return;
         };
@@ -1538,7 +1583,14 @@ fn exec_one(
 
 impl ShmPreparedQp {
     /// Binds the connection and publishes pre-posted receives.
-    fn finish(self, sock: OwnedFd, mine: Arena, peer: Mapping, peer_layout: Layout) -> ShmQp {
+    fn finish(
+        self,
+        sock: OwnedFd,
+        mine: Arena,
+        peer: Mapping,
+        peer_layout: Layout,
+        fault_count: Option<Arc<AtomicU64>>,
+    ) -> ShmQp {
         let shared = self.shared.clone();
         {
             let mut inner = lock(&shared.inner);
@@ -1559,6 +1611,8 @@ impl ShmPreparedQp {
                 in_regions: Vec::new(),
                 in_mapped: 0,
                 keys: KeySlots::new(),
+                guard_seen: 0,
+                fault_count,
             };
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
@@ -1628,7 +1682,7 @@ impl PreparedQp<Shm> for ShmPreparedQp {
         }
         let peer_data = reply.private_data().to_vec();
         let (peer, peer_layout) = map_peer_outbox(reply.fd, reply.args)?;
-        Ok((self.finish(sock, mine, peer, peer_layout), peer_data))
+        Ok((self.finish(sock, mine, peer, peer_layout, None), peer_data))
     }
 }
 
@@ -1655,6 +1709,9 @@ pub struct ShmListener {
     path: PathBuf,
     allowed: Mutex<Vec<u32>>,
     pending: Mutex<VecDeque<PendingSetup>>,
+    /// Connections it accepted that ended because a peer's hole in
+    /// shared writable memory faulted ([`guard`]).
+    peer_memory_faults: Arc<AtomicU64>,
 }
 
 /// An accepted connection before its HELLO.
@@ -1677,6 +1734,13 @@ impl ShmListener {
     /// The socket path.
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// Connections accepted here that were ended because their peer
+    /// punched a hole in memory shared writable and touching it faulted
+    /// (the SIGBUS guard, [`crate::mem::guard`]), so far.
+    pub fn peer_memory_faults(&self) -> u64 {
+        self.peer_memory_faults.load(Ordering::Relaxed)
     }
 }
 
@@ -1744,7 +1808,7 @@ impl Listener<Shm> for ShmListener {
                     (Ok(None), _) if now < pending[i].deadline => i += 1,
                     (Ok(Some(hello)), false) => {
                         if let Some(p) = pending.remove(i) {
-                            return setup(p, hello);
+                            return setup(p, hello, &self.peer_memory_faults);
                         }
                     }
                     // A refused peer's HELLO, end or timeout: it was
@@ -1780,7 +1844,11 @@ impl Listener<Shm> for ShmListener {
 }
 
 /// The HELLO of an allowed connection: the peer's outbox mapped.
-fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
+fn setup(
+    p: PendingSetup,
+    hello: Msg,
+    fault_count: &Arc<AtomicU64>,
+) -> Result<ShmIncoming, VerbsError> {
     if hello.kind != M_HELLO {
         return Err(VerbsError::Protocol("expected HELLO"));
     }
@@ -1792,6 +1860,7 @@ fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
         peer,
         peer_layout,
         private_data,
+        fault_count: fault_count.clone(),
     })
 }
 
@@ -1803,6 +1872,7 @@ pub struct ShmIncoming {
     peer: Mapping,
     peer_layout: Layout,
     private_data: Vec<u8>,
+    fault_count: Arc<AtomicU64>,
 }
 
 impl ShmIncoming {
@@ -1833,7 +1903,13 @@ impl Incoming<Shm> for ShmIncoming {
         )?
         // Sealed read-only for peers by `new_outbox`.
         .send(self.sock.as_fd(), Some(mine.fd()))?;
-        Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
+        Ok(qp.finish(
+            self.sock,
+            mine,
+            self.peer,
+            self.peer_layout,
+            Some(self.fault_count),
+        ))
     }
 
     fn reject(self, private_data: &[u8]) -> Result<(), VerbsError> {
