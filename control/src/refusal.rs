@@ -36,7 +36,8 @@ pub enum Refusal {
     /// connection manager before the daemon saw the request).
     HalfOpen,
     /// tcp: the peer's address already had
-    /// `workers.max_connections_per_peer` connections.
+    /// `workers.max_connections_per_peer` connections; shm: the peer's uid
+    /// already had `shm.max_connections_per_uid`.
     PeerLimit,
     /// shm: an established connection was ended because its peer punched
     /// a hole in memory shared writable with it and touching the hole
@@ -84,6 +85,7 @@ impl Refusal {
             WorkerError::Busy => Refusal::Busy,
             WorkerError::Verbs(v) => match v {
                 VerbsError::PeerNotAllowed { .. } => Refusal::NotAllowed,
+                VerbsError::PeerLimit { .. } => Refusal::PeerLimit,
                 VerbsError::SetupTimeout => Refusal::SetupTimeout,
                 VerbsError::Protocol(_) | VerbsError::Rejected { .. } => Refusal::BadSetup,
                 _ => Refusal::Resources,

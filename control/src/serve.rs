@@ -201,6 +201,8 @@ pub struct DataPath {
     listeners: Vec<Served>,
     /// Peer uids allowed on shm listeners (ours and `shm.allowed_uids`).
     uids: Vec<u32>,
+    /// `shm.max_connections_per_uid` (0: no limit).
+    per_uid: u32,
 }
 
 /// One listener being served: its acceptor thread and what stops it.
@@ -284,6 +286,7 @@ impl DataPath {
             workers: Some(Arc::clone(&set)),
             listeners: Vec::new(),
             uids,
+            per_uid: config.shm.max_connections_per_uid,
         };
         for (index, l) in config.listeners.iter().enumerate() {
             let served = path.open(&l.url, index, registry)?;
@@ -319,6 +322,7 @@ impl DataPath {
             ProviderUrl::Shm { .. } => {
                 let listener = listen::<Shm>(set, url, index)?;
                 listener.allow_uids(&self.uids);
+                listener.limit_per_uid(self.per_uid);
                 spawn_acceptor::<Shm>(url, index, set, listener, &stop, &counters, |l| {
                     ProviderRefusals {
                         peer_memory_faults: l.peer_memory_faults(),

@@ -14,6 +14,10 @@
 //! * `silent_shm_setups_cost_only_themselves`: 50 connections to the shm
 //!   setup socket that never say anything do not delay a good client,
 //!   and are closed and counted as `setup_timeout` when their time is up.
+//! * `one_uid_gets_its_share_of_shm_connections_and_a_close_makes_room`:
+//!   past `shm.max_connections_per_uid` a uid's shm connections are
+//!   refused before setup and counted `peer_limit`; the ones within it
+//!   are still served, and a close makes room again.
 mod support;
 
 use std::io::{Read, Write};
@@ -304,6 +308,75 @@ fn silent_shm_setups_cost_only_themselves() {
     simple_call(&mut good, Args::Null, ReplyTarget::Inline);
     good.close().expect("close");
     drop(silent);
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn one_uid_gets_its_share_of_shm_connections_and_a_close_makes_room() {
+    // Tests run as one uid: the cap is shown on it, with a small limit.
+    const LIMIT: usize = 2;
+    let dir = scratch_dir("hostile-uid-limit");
+    let url = format!("shm://{}/d.sock", dir.display());
+    let metrics: SocketAddr = "127.0.0.1:19494".parse().unwrap();
+    let cfg = config(
+        &dir,
+        &url,
+        metrics,
+        &format!("\n[shm]\nmax_connections_per_uid = {LIMIT}\n"),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+
+    // The uid's first LIMIT connections are served...
+    let mut held: Vec<Client<Shm>> = (0..LIMIT)
+        .map(|_| Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("within the limit"))
+        .collect();
+    for c in &mut held {
+        simple_call(c, Args::Null, ReplyTarget::Inline);
+    }
+    // ...the next one is refused before its setup, and counted.
+    let over = Client::<Shm>::connect(&url, client_config(1 << 20, 4));
+    assert!(over.is_err(), "a connection past the limit was served");
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1, "{body}");
+    // The connections within the limit are still served.
+    for c in &mut held {
+        simple_call(c, Args::Null, ReplyTarget::Inline);
+    }
+    // A close makes room (once the worker has released the connection:
+    // retried until the deadline).
+    held.pop().unwrap().close().expect("close");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut refused_more = 0;
+    let mut again = loop {
+        match Client::<Shm>::connect(&url, client_config(1 << 20, 4)) {
+            Ok(c) => break c,
+            Err(_) => refused_more += 1,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the close never made room"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    simple_call(&mut again, Args::Null, ReplyTarget::Inline);
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1 + refused_more, "{body}");
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("connection refused") && l.contains("max_connections_per_uid"))
+        .count();
+    assert!(
+        lines >= 1,
+        "no refusal line naming the key:\n{}",
+        d.stderr()
+    );
+    again.close().expect("close");
+    for c in held {
+        c.close().expect("close");
+    }
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -240,6 +240,7 @@ impl Context<Shm> for ShmContext {
             allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
             pending: Mutex::new(VecDeque::new()),
             peer_memory_faults: Arc::new(AtomicU64::new(0)),
+            uids: Arc::default(),
         })
     }
 }
@@ -647,6 +648,10 @@ struct Conn {
     /// The listener's count of connections ended by a guarded fault
     /// (none on the requesting side).
     fault_count: Option<Arc<AtomicU64>>,
+    /// Its place among its peer uid's connections on the listener that
+    /// accepted it (none on the requesting side): released with the
+    /// connection.
+    _uid_slot: Option<UidSlot>,
 }
 
 impl Conn {
@@ -1590,6 +1595,7 @@ impl ShmPreparedQp {
         peer: Mapping,
         peer_layout: Layout,
         fault_count: Option<Arc<AtomicU64>>,
+        uid_slot: Option<UidSlot>,
     ) -> ShmQp {
         let shared = self.shared.clone();
         {
@@ -1613,6 +1619,7 @@ impl ShmPreparedQp {
                 keys: KeySlots::new(),
                 guard_seen: 0,
                 fault_count,
+                _uid_slot: uid_slot,
             };
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
@@ -1682,7 +1689,10 @@ impl PreparedQp<Shm> for ShmPreparedQp {
         }
         let peer_data = reply.private_data().to_vec();
         let (peer, peer_layout) = map_peer_outbox(reply.fd, reply.args)?;
-        Ok((self.finish(sock, mine, peer, peer_layout, None), peer_data))
+        Ok((
+            self.finish(sock, mine, peer, peer_layout, None, None),
+            peer_data,
+        ))
     }
 }
 
@@ -1712,6 +1722,61 @@ pub struct ShmListener {
     /// Connections it accepted that ended because a peer's hole in
     /// shared writable memory faulted ([`guard`]).
     peer_memory_faults: Arc<AtomicU64>,
+    /// Live connections per peer uid, and their limit.
+    uids: Arc<UidCounts>,
+}
+
+/// Live connections of one listener per peer uid, from the accept that
+/// passed the allow-list (setups waiting for their HELLO count) until the
+/// connection is released (error, disconnect or drop). Opens and closes
+/// are per connection, so one mutex over a map is cheap enough; the map
+/// holds only uids with live connections.
+#[derive(Debug, Default)]
+struct UidCounts {
+    /// Most connections per uid; 0: no limit.
+    limit: AtomicU32,
+    live: Mutex<std::collections::HashMap<u32, u32>>,
+}
+
+impl UidCounts {
+    /// Counts a connection of `uid` in, unless it has `limit` already
+    /// (then `Err(limit)`).
+    fn try_add(self: &Arc<Self>, uid: u32) -> Result<UidSlot, u32> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut live = lock(&self.live);
+        let n = live.entry(uid).or_insert(0);
+        if limit > 0 && *n >= limit {
+            return Err(limit);
+        }
+        *n += 1;
+        Ok(UidSlot {
+            counts: self.clone(),
+            uid,
+        })
+    }
+
+    fn count(&self, uid: u32) -> u32 {
+        lock(&self.live).get(&uid).copied().unwrap_or(0)
+    }
+}
+
+/// One connection counted against its uid; counted out when dropped.
+#[derive(Debug)]
+struct UidSlot {
+    counts: Arc<UidCounts>,
+    uid: u32,
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut live = lock(&self.counts.live);
+        if let Some(n) = live.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                live.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// An accepted connection before its HELLO.
@@ -1724,6 +1789,8 @@ struct PendingSetup {
     /// only until its HELLO is read (closing a socket with unread data
     /// would turn the REJECT into a connection reset at the peer).
     refused: bool,
+    /// Its place among its uid's connections (none when refused).
+    slot: Option<UidSlot>,
 }
 
 impl ShmListener {
@@ -1734,6 +1801,23 @@ impl ShmListener {
     /// The socket path.
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// Caps the connections one peer uid may have through this listener
+    /// at once (setups waiting for their HELLO included; 0: no cap, the
+    /// default). A connection past it is refused at accept, before it
+    /// says anything, with [`VerbsError::PeerLimit`]; a connection counts
+    /// out when it is released (error, disconnect or drop), so a close
+    /// makes room. Takes effect for the next accept; connections already
+    /// open stay.
+    pub fn limit_per_uid(&self, limit: u32) {
+        self.uids.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Live connections of `uid` through this listener (setups waiting
+    /// for their HELLO included).
+    pub fn connections_of_uid(&self, uid: u32) -> u32 {
+        self.uids.count(uid)
     }
 
     /// Connections accepted here that were ended because their peer
@@ -1773,15 +1857,35 @@ impl Listener<Shm> for ShmListener {
                 let uid = getsockopt(&sock, PeerCredentials)
                     .map_err(os("SO_PEERCRED"))?
                     .uid();
-                let refused = !lock(&self.allowed).contains(&uid);
-                if refused {
+                let (slot, refusal) = if !lock(&self.allowed).contains(&uid) {
+                    (None, Some(VerbsError::PeerNotAllowed { uid }))
+                } else {
+                    match self.uids.try_add(uid) {
+                        Ok(slot) => (Some(slot), None),
+                        Err(limit) => (None, Some(VerbsError::PeerLimit { uid, limit })),
+                    }
+                };
+                let refused = refusal.is_some();
+                if let Some(refusal) = refusal {
                     let _ =
                         Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
                     if matches!(Msg::recv(sock.as_fd()), Ok(Some(_))) {
                         // Its HELLO was there (its outbox fd closes with
                         // it): nothing left to wait for.
-                        return Err(VerbsError::PeerNotAllowed { uid });
+                        return Err(refusal);
                     }
+                    // Kept until its HELLO is read (see `PendingSetup`).
+                    if pending.len() >= MAX_PENDING_SETUPS {
+                        pending.pop_front();
+                    }
+                    pending.push_back(PendingSetup {
+                        sock,
+                        uid,
+                        deadline: Instant::now() + SETUP_TIMEOUT,
+                        refused,
+                        slot,
+                    });
+                    return Err(refusal);
                 }
                 let evicted = (pending.len() >= MAX_PENDING_SETUPS)
                     .then(|| pending.pop_front())
@@ -1791,10 +1895,8 @@ impl Listener<Shm> for ShmListener {
                     uid,
                     deadline: Instant::now() + SETUP_TIMEOUT,
                     refused,
+                    slot,
                 });
-                if refused {
-                    return Err(VerbsError::PeerNotAllowed { uid });
-                }
                 if evicted.is_some_and(|e| !e.refused) {
                     return Err(VerbsError::SetupTimeout);
                 }
@@ -1861,6 +1963,7 @@ fn setup(
         peer_layout,
         private_data,
         fault_count: fault_count.clone(),
+        uid_slot: p.slot,
     })
 }
 
@@ -1873,6 +1976,7 @@ pub struct ShmIncoming {
     peer_layout: Layout,
     private_data: Vec<u8>,
     fault_count: Arc<AtomicU64>,
+    uid_slot: Option<UidSlot>,
 }
 
 impl ShmIncoming {
@@ -1909,6 +2013,7 @@ impl Incoming<Shm> for ShmIncoming {
             self.peer,
             self.peer_layout,
             Some(self.fault_count),
+            self.uid_slot,
         ))
     }
 

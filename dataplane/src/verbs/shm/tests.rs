@@ -1110,3 +1110,39 @@ fn a_guarded_fault_in_peer_writable_memory_ends_only_that_connection() {
     }
     assert_eq!(listener.peer_memory_faults(), 1);
 }
+
+#[test]
+fn a_uid_gets_its_share_of_connections_and_a_close_makes_room() {
+    let url = format!(
+        "shm:///tmp/rpcrdma-uid-limit-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    listener.limit_per_uid(2);
+    let me = nix::unistd::getuid().as_raw();
+    let caps = QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    };
+    let (mut a1, b1) = pair_on(&ctx, &listener, &url, caps);
+    let (_a2, _b2) = pair_on(&ctx, &listener, &url, caps);
+    assert_eq!(listener.connections_of_uid(me), 2);
+    // The third is refused at accept, before it says anything.
+    let (pqp, _cq, _pd, _s, _r, _ro, _mrs) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"", T).map(|_| ()));
+    match listener.accept(T) {
+        Err(VerbsError::PeerLimit { uid, limit }) => assert_eq!((uid, limit), (me, 2)),
+        other => panic!("expected PeerLimit, got {other:?}"),
+    }
+    assert!(h.join().unwrap().is_err(), "the refused peer was connected");
+    assert_eq!(listener.connections_of_uid(me), 2);
+    // A close (the peer's disconnect, seen by our next poll) makes room.
+    drop(b1);
+    until_error(&mut a1);
+    assert_eq!(listener.connections_of_uid(me), 1);
+    let (_a3, _b3) = pair_on(&ctx, &listener, &url, caps);
+    assert_eq!(listener.connections_of_uid(me), 2);
+}
