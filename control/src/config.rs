@@ -531,6 +531,12 @@ pub struct Shm {
     /// Peer uids (SO_PEERCRED) allowed besides the daemon's own uid; empty
     /// means the daemon's uid only.
     pub allowed_uids: Vec<u32>,
+    /// Connections one peer uid may have open at once on each shm
+    /// listener; 0: no limit. Its own key, not TCP's per-address one: a
+    /// uid is not an address, and with the default allow-list (the
+    /// daemon's uid alone) a cap per uid would only be a second
+    /// `workers.max_connections`.
+    pub max_connections_per_uid: u32,
 }
 
 /// `[shutdown]`: what SIGINT/SIGTERM do.
@@ -773,6 +779,13 @@ impl Config {
             &[Key("workers"), Key("max_connections_per_peer")],
             "workers.max_connections_per_peer",
             w.max_connections_per_peer.into(),
+            0,
+            1_000_000,
+        )?;
+        range(
+            &[Key("shm"), Key("max_connections_per_uid")],
+            "shm.max_connections_per_uid",
+            self.shm.max_connections_per_uid.into(),
             0,
             1_000_000,
         )?;

@@ -633,7 +633,7 @@ fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
     let (o, n) = (&old.workers, &new.workers);
     let (ot, nt) = (&old.transport, &new.transport);
     let (oc, nc) = (&old.chunks, &new.chunks);
-    let checks: [(&'static str, bool); 22] = [
+    let checks: [(&'static str, bool); 23] = [
         ("workers.cores", o.cores != n.cores),
         // The workers count connections out against the limit they
         // started with.
@@ -695,6 +695,11 @@ fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
         (
             "shm.allowed_uids",
             old.shm.allowed_uids != new.shm.allowed_uids,
+        ),
+        // Listeners count connections against the limit they started with.
+        (
+            "shm.max_connections_per_uid",
+            old.shm.max_connections_per_uid != new.shm.max_connections_per_uid,
         ),
         ("control.socket", old.control.socket != new.control.socket),
     ];

@@ -36,13 +36,19 @@ pub enum Refusal {
     /// connection manager before the daemon saw the request).
     HalfOpen,
     /// tcp: the peer's address already had
-    /// `workers.max_connections_per_peer` connections.
+    /// `workers.max_connections_per_peer` connections; shm: the peer's uid
+    /// already had `shm.max_connections_per_uid`.
     PeerLimit,
+    /// shm: an established connection was ended because its peer punched
+    /// a hole in memory shared writable with it and touching the hole
+    /// faulted (the hugepage pool could not refill it); the SIGBUS guard
+    /// kept the daemon alive.
+    PeerMemoryFault,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -52,6 +58,7 @@ impl Refusal {
         Refusal::Accept,
         Refusal::HalfOpen,
         Refusal::PeerLimit,
+        Refusal::PeerMemoryFault,
     ];
 
     /// The metrics label.
@@ -66,6 +73,7 @@ impl Refusal {
             Refusal::Accept => "accept",
             Refusal::HalfOpen => "half_open",
             Refusal::PeerLimit => "peer_limit",
+            Refusal::PeerMemoryFault => "peer_memory_fault",
         }
     }
 
@@ -77,6 +85,7 @@ impl Refusal {
             WorkerError::Busy => Refusal::Busy,
             WorkerError::Verbs(v) => match v {
                 VerbsError::PeerNotAllowed { .. } => Refusal::NotAllowed,
+                VerbsError::PeerLimit { .. } => Refusal::PeerLimit,
                 VerbsError::SetupTimeout => Refusal::SetupTimeout,
                 VerbsError::Protocol(_) | VerbsError::Rejected { .. } => Refusal::BadSetup,
                 _ => Refusal::Resources,

@@ -201,6 +201,8 @@ pub struct DataPath {
     listeners: Vec<Served>,
     /// Peer uids allowed on shm listeners (ours and `shm.allowed_uids`).
     uids: Vec<u32>,
+    /// `shm.max_connections_per_uid` (0: no limit).
+    per_uid: u32,
 }
 
 /// One listener being served: its acceptor thread and what stops it.
@@ -284,6 +286,7 @@ impl DataPath {
             workers: Some(Arc::clone(&set)),
             listeners: Vec::new(),
             uids,
+            per_uid: config.shm.max_connections_per_uid,
         };
         for (index, l) in config.listeners.iter().enumerate() {
             let served = path.open(&l.url, index, registry)?;
@@ -319,13 +322,22 @@ impl DataPath {
             ProviderUrl::Shm { .. } => {
                 let listener = listen::<Shm>(set, url, index)?;
                 listener.allow_uids(&self.uids);
-                spawn_acceptor::<Shm>(url, index, set, listener, &stop, &counters, |_| 0)
-                    .map_err(thread)?
+                listener.limit_per_uid(self.per_uid);
+                spawn_acceptor::<Shm>(url, index, set, listener, &stop, &counters, |l| {
+                    ProviderRefusals {
+                        peer_memory_faults: l.peer_memory_faults(),
+                        ..ProviderRefusals::default()
+                    }
+                })
+                .map_err(thread)?
             }
             ProviderUrl::Roce(_) => {
                 let listener = listen::<Roce>(set, url, index)?;
                 spawn_acceptor::<Roce>(url, index, set, listener, &stop, &counters, |l| {
-                    l.device_stats().half_open_refused
+                    ProviderRefusals {
+                        half_open: l.device_stats().half_open_refused,
+                        ..ProviderRefusals::default()
+                    }
                 })
                 .map_err(thread)?
             }
@@ -340,8 +352,10 @@ impl DataPath {
             #[cfg(feature = "ibverbs")]
             ProviderUrl::Ibverbs(_) => {
                 let listener = listen::<Ibverbs>(set, url, index)?;
-                spawn_acceptor::<Ibverbs>(url, index, set, listener, &stop, &counters, |_| 0)
-                    .map_err(thread)?
+                spawn_acceptor::<Ibverbs>(url, index, set, listener, &stop, &counters, |_| {
+                    ProviderRefusals::default()
+                })
+                .map_err(thread)?
             }
             // Refused above.
             #[cfg(not(feature = "ibverbs"))]
@@ -554,10 +568,21 @@ fn tcp_io_error(e: TcpError) -> std::io::Error {
     }
 }
 
-/// Refusals a provider made on its own, before the daemon saw the
-/// request (roce: connection requests over the per-address half-open
-/// bound), as a running total for the listener's device.
-type ProviderRefusals<L> = fn(&L) -> u64;
+/// What a provider refused or ended on its own, as running totals for
+/// the listener: the acceptor counts and logs the increase under its
+/// reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ProviderRefusals {
+    /// roce: connection requests over the per-address half-open bound,
+    /// rejected before the daemon saw them (for the listener's device).
+    half_open: u64,
+    /// shm: connections ended because their peer punched a hole in
+    /// shared writable memory that faulted (the SIGBUS guard).
+    peer_memory_faults: u64,
+}
+
+/// Reads a listener's [`ProviderRefusals`].
+type ProviderRefusalsOf<L> = fn(&L) -> ProviderRefusals;
 
 #[allow(clippy::too_many_arguments)]
 fn spawn_acceptor<P: PoolProvider>(
@@ -567,7 +592,7 @@ fn spawn_acceptor<P: PoolProvider>(
     listener: P::Listener,
     stop: &Arc<AtomicBool>,
     counters: &Arc<metrics::ListenerCounters>,
-    provider_refusals: ProviderRefusals<P::Listener>,
+    provider_refusals: ProviderRefusalsOf<P::Listener>,
 ) -> std::io::Result<JoinHandle<()>> {
     let (url, set, stop, counters) = (
         url.clone(),
@@ -582,9 +607,8 @@ fn spawn_acceptor<P: PoolProvider>(
             let mut provider_seen = provider_refusals(&listener);
             while !stop.load(Ordering::SeqCst) {
                 let refused = provider_refusals(&listener);
-                if refused > provider_seen {
-                    let n = refused - provider_seen;
-                    provider_seen = refused;
+                if refused.half_open > provider_seen.half_open {
+                    let n = refused.half_open - provider_seen.half_open;
                     metrics::add(&counters.rejected[Refusal::HalfOpen as usize], n);
                     log.refused(Instant::now(), Refusal::HalfOpen, || {
                         format!(
@@ -593,6 +617,18 @@ fn spawn_acceptor<P: PoolProvider>(
                         )
                     });
                 }
+                if refused.peer_memory_faults > provider_seen.peer_memory_faults {
+                    let n = refused.peer_memory_faults - provider_seen.peer_memory_faults;
+                    metrics::add(&counters.rejected[Refusal::PeerMemoryFault as usize], n);
+                    log.refused(Instant::now(), Refusal::PeerMemoryFault, || {
+                        format!(
+                            "{n} connection(s) ended: the peer punched a hole in memory shared \
+                             writable with it and the hugepage pool could not refill it \
+                             (the daemon replaced the page and goes on)"
+                        )
+                    });
+                }
+                provider_seen = refused;
                 match set.accept::<P>(&listener, ACCEPT_POLL) {
                     Ok(worker) => {
                         metrics::add(&counters.accepted, 1);

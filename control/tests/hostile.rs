@@ -14,6 +14,16 @@
 //! * `silent_shm_setups_cost_only_themselves`: 50 connections to the shm
 //!   setup socket that never say anything do not delay a good client,
 //!   and are closed and counted as `setup_timeout` when their time is up.
+//! * `a_roce_req_flood_from_many_addresses_is_counted_and_a_good_client_is_served`:
+//!   48 loopback addresses each send 24 connection requests at once and
+//!   never complete one; past 16 half-open per address the provider
+//!   rejects them: every REJ a flooder reads is counted `half_open`, and
+//!   a client from another address connects and is served during the
+//!   flood (its time is printed, not asserted).
+//! * `one_uid_gets_its_share_of_shm_connections_and_a_close_makes_room`:
+//!   past `shm.max_connections_per_uid` a uid's shm connections are
+//!   refused before setup and counted `peer_limit`; the ones within it
+//!   are still served, and a close makes room again.
 mod support;
 
 use std::io::{Read, Write};
@@ -22,6 +32,7 @@ use std::os::unix::net::UnixStream;
 
 use dataplane::client::{Client, ReplyTarget};
 use dataplane::service::bench::Args;
+use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
 use support::bench_calls::*;
 use support::*;
@@ -304,6 +315,270 @@ fn silent_shm_setups_cost_only_themselves() {
     simple_call(&mut good, Args::Null, ReplyTarget::Inline);
     good.close().expect("close");
     drop(silent);
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn one_uid_gets_its_share_of_shm_connections_and_a_close_makes_room() {
+    // Tests run as one uid: the cap is shown on it, with a small limit.
+    const LIMIT: usize = 2;
+    let dir = scratch_dir("hostile-uid-limit");
+    let url = format!("shm://{}/d.sock", dir.display());
+    let metrics: SocketAddr = "127.0.0.1:19494".parse().unwrap();
+    let cfg = config(
+        &dir,
+        &url,
+        metrics,
+        &format!("\n[shm]\nmax_connections_per_uid = {LIMIT}\n"),
+    );
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+
+    // The uid's first LIMIT connections are served...
+    let mut held: Vec<Client<Shm>> = (0..LIMIT)
+        .map(|_| Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("within the limit"))
+        .collect();
+    for c in &mut held {
+        simple_call(c, Args::Null, ReplyTarget::Inline);
+    }
+    // ...the next one is refused before its setup, and counted.
+    let over = Client::<Shm>::connect(&url, client_config(1 << 20, 4));
+    assert!(over.is_err(), "a connection past the limit was served");
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1, "{body}");
+    // The connections within the limit are still served.
+    for c in &mut held {
+        simple_call(c, Args::Null, ReplyTarget::Inline);
+    }
+    // A close makes room (once the worker has released the connection:
+    // retried until the deadline).
+    held.pop().unwrap().close().expect("close");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut refused_more = 0;
+    let mut again = loop {
+        match Client::<Shm>::connect(&url, client_config(1 << 20, 4)) {
+            Ok(c) => break c,
+            Err(_) => refused_more += 1,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the close never made room"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    simple_call(&mut again, Args::Null, ReplyTarget::Inline);
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    assert_eq!(rejected(&body, "peer_limit"), 1 + refused_more, "{body}");
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("connection refused") && l.contains("max_connections_per_uid"))
+        .count();
+    assert!(
+        lines >= 1,
+        "no refusal line naming the key:\n{}",
+        d.stderr()
+    );
+    again.close().expect("close");
+    for c in held {
+        c.close().expect("close");
+    }
+    d.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// RoCEv2's UDP port.
+const ROCE_UDP: u16 = 4791;
+
+/// `count` connection requests from `from` to the rdma_cm service `port`
+/// at `server`, none of which it will complete, from a UDP socket of its
+/// own (the provider takes a REQ only if its path GID is its source
+/// address). Returns the socket: the caller keeps it open until the
+/// daemon has answered, since a closed one turns the answers into ICMP
+/// errors at the daemon's socket.
+fn flood_reqs(
+    from: std::net::Ipv4Addr,
+    server: std::net::Ipv4Addr,
+    port: u16,
+    count: u32,
+    first_comm_id: u32,
+) -> std::net::UdpSocket {
+    use dataplane::wire::ibcm::{
+        self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, RdmaCmHeader, Req, MAD_LEN,
+    };
+    use dataplane::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
+    use dataplane::wire::roce::seg::Mtu;
+    use dataplane::wire::roce::Psn;
+    let path = CmPath {
+        local_lid: 0xFFFF,
+        remote_lid: 0xFFFF,
+        local_gid: ipv4_mapped_gid(from),
+        remote_gid: ipv4_mapped_gid(server),
+        flow_label: 0,
+        packet_rate: 0,
+        traffic_class: 0,
+        hop_limit: 64,
+        sl: 0,
+        subnet_local: false,
+        local_ack_timeout: 18,
+    };
+    let sock = std::net::UdpSocket::bind((from, ROCE_UDP)).unwrap();
+    let mut private = [0u8; ibcm::private_len::REQ];
+    RdmaCmHeader {
+        src_port: 40000,
+        src: std::net::IpAddr::V4(from),
+        dst: std::net::IpAddr::V4(server),
+    }
+    .emit(&mut private)
+    .unwrap();
+    for i in 0..count {
+        let comm_id = first_comm_id + i;
+        let req = Req {
+            local_comm_id: comm_id,
+            service_id: ibcm::tcp_service_id(port),
+            local_ca_guid: 2,
+            local_qkey: 0,
+            local_qpn: 0x100 + i,
+            responder_resources: 1,
+            local_eecn: 0,
+            initiator_depth: 1,
+            remote_eecn: 0,
+            remote_cm_response_timeout: 20,
+            transport_type: 0,
+            end_to_end_flow_control: false,
+            starting_psn: Psn::new(1).unwrap(),
+            local_cm_response_timeout: 20,
+            retry_count: 6,
+            pkey: 0xFFFF,
+            path_mtu: Mtu::Mtu1024,
+            rdc_exists: false,
+            rnr_retry_count: 7,
+            max_cm_retries: 15,
+            srq: false,
+            extended_transport: 0,
+            primary_path: path,
+            alternate_path: CmPath::default(),
+            private_data: &private,
+        };
+        let mut mad = [0u8; MAD_LEN];
+        CmMad::new(u64::from(comm_id), CmMessage::Req(req))
+            .emit(&mut mad)
+            .unwrap();
+        let pkt = gsi_packet(Psn::from_masked(i), &mad);
+        let mut b = vec![0u8; pkt.buffer_len()];
+        pkt.emit(&mut b).unwrap();
+        let ip = Ipv4Header::plain_udp_socket(from.octets(), server.octets());
+        let ports = UdpPorts {
+            src: ROCE_UDP,
+            dst: ROCE_UDP,
+        };
+        icrc::seal_ipv4(&ip, ports, &mut b).unwrap();
+        sock.send_to(&b, std::net::SocketAddrV4::new(server, ROCE_UDP))
+            .unwrap();
+    }
+    sock
+}
+
+/// REJs "no resources" waiting in a flooder's socket.
+fn refusals_received(sock: &std::net::UdpSocket) -> u64 {
+    use dataplane::wire::ibcm::{rej_reason, CmMad, CmMessage};
+    use dataplane::wire::roce::RocePacket;
+    sock.set_nonblocking(true).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    while let Ok(len) = sock.recv(&mut buf) {
+        let Ok(p) = RocePacket::parse(&buf[..len]) else {
+            continue;
+        };
+        if let Ok(CmMad {
+            message: CmMessage::Rej(r),
+            ..
+        }) = CmMad::parse(p.payload)
+        {
+            n += u64::from(r.reason == rej_reason::NO_RESOURCES);
+        }
+    }
+    n
+}
+
+#[test]
+fn a_roce_req_flood_from_many_addresses_is_counted_and_a_good_client_is_served() {
+    // 48 x 16 requests queued stay below the listener's 1,024, so no
+    // newcomer has to take a flooder's place.
+    const ADDRESSES: u8 = 48;
+    const PER_ADDRESS: u32 = 24;
+    const HALF_OPEN_PER_ADDRESS: u32 = 16;
+    let dir = scratch_dir("hostile-roce-flood");
+    let server = std::net::Ipv4Addr::new(127, 0, 0, 72);
+    let good_ip = std::net::Ipv4Addr::new(127, 0, 0, 73);
+    let port = 20672;
+    let url = format!("roce://{server}:{port}");
+    let metrics: SocketAddr = "127.0.0.1:19497".parse().unwrap();
+    let cfg = config(&dir, &url, metrics, "");
+    let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    d.wait_for_line("started");
+
+    // Every address floods at once, from a thread of its own.
+    let flooders: Vec<_> = (1..=ADDRESSES)
+        .map(|a| {
+            std::thread::spawn(move || {
+                flood_reqs(
+                    std::net::Ipv4Addr::new(127, 0, 2, a),
+                    server,
+                    port,
+                    PER_ADDRESS,
+                    u32::from(a) << 16,
+                )
+            })
+        })
+        .collect();
+    // The good client connects while the flood arrives and is served.
+    let started = std::time::Instant::now();
+    let good_url = format!("{url}?local={good_ip}");
+    let mut good = Client::<Roce>::connect(&good_url, client_config(1 << 20, 4))
+        .expect("a good client connects during the flood");
+    let connected = started.elapsed();
+    simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    println!(
+        "good client during the flood: connected in {connected:?}, first call answered at {:?}",
+        started.elapsed()
+    );
+    let sockets: Vec<std::net::UdpSocket> =
+        flooders.into_iter().map(|f| f.join().unwrap()).collect();
+    // Refusals happen and every one a flooder was told of is counted
+    // (scraped after the REJs were read, so the count can only be ahead).
+    let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", 1);
+    let told: u64 = sockets.iter().map(refusals_received).sum();
+    let body = if rejected(&body, "half_open") >= told {
+        body
+    } else {
+        scrape_until(metrics, "rpcrdma_listener_rejected_total", told)
+    };
+    let counted = rejected(&body, "half_open");
+    let bound = u64::from(ADDRESSES) * u64::from(PER_ADDRESS - HALF_OPEN_PER_ADDRESS);
+    assert!(
+        told >= 1 && counted >= told && counted <= bound,
+        "told {told}, counted {counted}, at most {bound}:\n{body}"
+    );
+    println!("flood: {counted} requests refused half-open (the bound alone refuses {bound}), {told} REJs read by the flooders so far");
+    // Logged rate-limited: a few lines, never one per refusal.
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("half-open"))
+        .count();
+    assert!(
+        (1..counted as usize).contains(&lines),
+        "{lines} refusal lines:\n{}",
+        d.stderr()
+    );
+    // Still served after the flood.
+    for _ in 0..10 {
+        simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    }
+    good.close().expect("close");
+    drop(sockets);
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }

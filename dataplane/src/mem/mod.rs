@@ -27,6 +27,7 @@ use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
+pub mod guard;
 mod peer;
 pub use peer::{copy_in, copy_out, PeerBytes};
 
@@ -96,6 +97,10 @@ pub enum MemError {
     /// `F_SEAL_FUTURE_WRITE`, or a backing without seal support).
     #[error("cannot seal arena for peers: {0}")]
     Seal(nix::Error),
+    /// The arena cannot be guarded against holes a peer punches in it
+    /// ([`guard`]), so it is not shared writable.
+    #[error("cannot share arena writable: {0}")]
+    Guard(#[from] guard::GuardError),
 }
 
 /// What peers may do with an arena whose memfd we pass them. Decided by the
@@ -140,6 +145,9 @@ pub struct Arena {
     /// A [`PeerAccess`]; changed only under `share_lock`.
     peers: AtomicU8,
     share_lock: Mutex<()>,
+    /// Set when the arena is first shared writable: a peer can punch
+    /// holes in it from then on ([`guard`]).
+    guard: std::sync::OnceLock<guard::PeerWritable>,
 }
 
 // SAFETY: the arena is plain memory plus an fd; all access to its bytes goes
@@ -261,6 +269,7 @@ impl Arena {
             id: ARENA_IDS.fetch_add(1, Ordering::Relaxed) as u64,
             peers: AtomicU8::new(PeerAccess::Private as u8),
             share_lock: Mutex::new(()),
+            guard: std::sync::OnceLock::new(),
         })
     }
 
@@ -318,9 +327,25 @@ impl Arena {
             PeerAccess::ReadOnly => SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_SEAL,
             _ => SealFlag::F_SEAL_SEAL,
         };
+        if want == PeerAccess::Writable {
+            // Before the memfd leaves the process: from then on the peer
+            // can punch holes, and a touch of one with the hugepage pool
+            // empty must cost its connection, not the process.
+            let page = if self.huge { HUGEPAGE_SIZE } else { PAGE_SIZE };
+            // SAFETY: our mapping, page-aligned, mapped until `Drop`,
+            // which drops the registration first.
+            let g = unsafe { guard::PeerWritable::register(self.ptr.as_ptr(), self.len, page) }?;
+            let _ = self.guard.set(g);
+        }
         fcntl(&self.fd, FcntlArg::F_ADD_SEALS(seals)).map_err(MemError::Seal)?;
         self.peers.store(want as u8, Ordering::Release);
         Ok(())
+    }
+
+    /// The guard's view of this arena once shared writable: pages a
+    /// peer's hole cost us ([`guard::GuardProbe::faults`]).
+    pub fn guard_probe(&self) -> Option<guard::GuardProbe> {
+        self.guard.get().map(guard::PeerWritable::probe)
     }
 
     /// First byte of the mapping.
@@ -368,6 +393,8 @@ impl Drop for Arena {
         // SAFETY: the mapping was created in `map` with this pointer and
         // length; every `Buf`/`Slab`/registration holds an `Arc<Arena>`, so
         // no one can reach the memory after the last reference is gone.
+        // The guard lets go of the range before it is unmapped.
+        drop(self.guard.take());
         unsafe {
             let _ = munmap(self.ptr.cast(), self.len);
         }

@@ -680,6 +680,15 @@ pub enum VerbsError {
         /// The peer's uid (SO_PEERCRED).
         uid: u32,
     },
+    /// The peer's uid already has the most connections one uid may have
+    /// on the listener (shm: [`shm::ShmListener::limit_per_uid`]).
+    #[error("peer uid {uid} already has {limit} connections, the most one uid may have (raise `shm.max_connections_per_uid` if one user needs more)")]
+    PeerLimit {
+        /// The peer's uid (SO_PEERCRED).
+        uid: u32,
+        /// The limit per uid.
+        limit: u32,
+    },
     /// The peer rejected the connection; its private data is attached.
     #[error("connection rejected by peer")]
     Rejected {

@@ -53,6 +53,7 @@ use super::soft_mr::{KeySlots, MrInfo, MrTable};
 use super::soft_qp::{check_post, recv_completion, set_placed, SoftQp};
 use super::soft_srq::SoftSrq;
 use super::*;
+use crate::mem::guard::{self, GuardProbe};
 use crate::mem::{Arena, Backing, PeerAccess};
 
 pub(crate) mod shared;
@@ -238,6 +239,8 @@ impl Context<Shm> for ShmContext {
             path,
             allowed: Mutex::new(vec![nix::unistd::getuid().as_raw()]),
             pending: Mutex::new(VecDeque::new()),
+            peer_memory_faults: Arc::new(AtomicU64::new(0)),
+            uids: Arc::default(),
         })
     }
 }
@@ -603,6 +606,8 @@ struct OutRegion {
     arena: u64,
     writable: bool,
     id: u32,
+    /// The guard's view of an arena shared writable.
+    guard: Option<GuardProbe>,
 }
 
 #[derive(Debug)]
@@ -637,9 +642,43 @@ struct Conn {
     /// Bytes of `in_regions` mapped, at most [`MAX_PEER_MAPPED`].
     in_mapped: u64,
     keys: KeySlots,
+    /// [`guard::faults_total`] when this connection's writable memory was
+    /// last looked at.
+    guard_seen: u64,
+    /// The listener's count of connections ended by a guarded fault
+    /// (none on the requesting side).
+    fault_count: Option<Arc<AtomicU64>>,
+    /// Its place among its peer uid's connections on the listener that
+    /// accepted it (none on the requesting side): released with the
+    /// connection.
+    _uid_slot: Option<UidSlot>,
 }
 
 impl Conn {
+    /// Whether the SIGBUS guard replaced a page of memory this connection
+    /// shares writable (ours it was given, or the peer's we write): a
+    /// hole was punched in it and the hugepage pool could not refill it.
+    /// The replaced page no longer reaches the peer, so the connection
+    /// cannot go on. Looks at the regions only when the process-wide
+    /// count moved: one load per poll otherwise.
+    fn peer_memory_faulted(&mut self) -> bool {
+        let now = guard::faults_total();
+        if now == self.guard_seen {
+            return false;
+        }
+        self.guard_seen = now;
+        self.out_regions
+            .iter()
+            .filter_map(|r| r.guard)
+            .chain(
+                self.in_regions
+                    .iter()
+                    .flatten()
+                    .filter_map(Mapping::guard_probe),
+            )
+            .any(|g| g.faults() > 0)
+    }
+
     fn my_words(&self) -> &[AtomicU64] {
         // SAFETY: `mine` is our own outbox arena, alive as long as `self`;
         // its length covers the layout (checked at creation).
@@ -716,6 +755,7 @@ impl Conn {
             arena: arena.id(),
             writable,
             id,
+            guard: arena.guard_probe(),
         });
         Ok(id)
     }
@@ -1151,6 +1191,16 @@ impl Conn {
 
 impl QpInner {
     fn progress(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        if conn.peer_memory_faulted() {
+            if let Some(count) = &conn.fault_count {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            self.enter_error(None);
+            return;
+        }
         let Some(conn) = self.conn.as_ref() else {
             return;
         };
@@ -1538,7 +1588,15 @@ fn exec_one(
 
 impl ShmPreparedQp {
     /// Binds the connection and publishes pre-posted receives.
-    fn finish(self, sock: OwnedFd, mine: Arena, peer: Mapping, peer_layout: Layout) -> ShmQp {
+    fn finish(
+        self,
+        sock: OwnedFd,
+        mine: Arena,
+        peer: Mapping,
+        peer_layout: Layout,
+        fault_count: Option<Arc<AtomicU64>>,
+        uid_slot: Option<UidSlot>,
+    ) -> ShmQp {
         let shared = self.shared.clone();
         {
             let mut inner = lock(&shared.inner);
@@ -1559,6 +1617,9 @@ impl ShmPreparedQp {
                 in_regions: Vec::new(),
                 in_mapped: 0,
                 keys: KeySlots::new(),
+                guard_seen: 0,
+                fault_count,
+                _uid_slot: uid_slot,
             };
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
@@ -1628,7 +1689,10 @@ impl PreparedQp<Shm> for ShmPreparedQp {
         }
         let peer_data = reply.private_data().to_vec();
         let (peer, peer_layout) = map_peer_outbox(reply.fd, reply.args)?;
-        Ok((self.finish(sock, mine, peer, peer_layout), peer_data))
+        Ok((
+            self.finish(sock, mine, peer, peer_layout, None, None),
+            peer_data,
+        ))
     }
 }
 
@@ -1655,6 +1719,64 @@ pub struct ShmListener {
     path: PathBuf,
     allowed: Mutex<Vec<u32>>,
     pending: Mutex<VecDeque<PendingSetup>>,
+    /// Connections it accepted that ended because a peer's hole in
+    /// shared writable memory faulted ([`guard`]).
+    peer_memory_faults: Arc<AtomicU64>,
+    /// Live connections per peer uid, and their limit.
+    uids: Arc<UidCounts>,
+}
+
+/// Live connections of one listener per peer uid, from the accept that
+/// passed the allow-list (setups waiting for their HELLO count) until the
+/// connection is released (error, disconnect or drop). Opens and closes
+/// are per connection, so one mutex over a map is cheap enough; the map
+/// holds only uids with live connections.
+#[derive(Debug, Default)]
+struct UidCounts {
+    /// Most connections per uid; 0: no limit.
+    limit: AtomicU32,
+    live: Mutex<std::collections::HashMap<u32, u32>>,
+}
+
+impl UidCounts {
+    /// Counts a connection of `uid` in, unless it has `limit` already
+    /// (then `Err(limit)`).
+    fn try_add(self: &Arc<Self>, uid: u32) -> Result<UidSlot, u32> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut live = lock(&self.live);
+        let n = live.entry(uid).or_insert(0);
+        if limit > 0 && *n >= limit {
+            return Err(limit);
+        }
+        *n += 1;
+        Ok(UidSlot {
+            counts: self.clone(),
+            uid,
+        })
+    }
+
+    fn count(&self, uid: u32) -> u32 {
+        lock(&self.live).get(&uid).copied().unwrap_or(0)
+    }
+}
+
+/// One connection counted against its uid; counted out when dropped.
+#[derive(Debug)]
+struct UidSlot {
+    counts: Arc<UidCounts>,
+    uid: u32,
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut live = lock(&self.counts.live);
+        if let Some(n) = live.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                live.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// An accepted connection before its HELLO.
@@ -1667,6 +1789,8 @@ struct PendingSetup {
     /// only until its HELLO is read (closing a socket with unread data
     /// would turn the REJECT into a connection reset at the peer).
     refused: bool,
+    /// Its place among its uid's connections (none when refused).
+    slot: Option<UidSlot>,
 }
 
 impl ShmListener {
@@ -1677,6 +1801,30 @@ impl ShmListener {
     /// The socket path.
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// Caps the connections one peer uid may have through this listener
+    /// at once (setups waiting for their HELLO included; 0: no cap, the
+    /// default). A connection past it is refused at accept, before it
+    /// says anything, with [`VerbsError::PeerLimit`]; a connection counts
+    /// out when it is released (error, disconnect or drop), so a close
+    /// makes room. Takes effect for the next accept; connections already
+    /// open stay.
+    pub fn limit_per_uid(&self, limit: u32) {
+        self.uids.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Live connections of `uid` through this listener (setups waiting
+    /// for their HELLO included).
+    pub fn connections_of_uid(&self, uid: u32) -> u32 {
+        self.uids.count(uid)
+    }
+
+    /// Connections accepted here that were ended because their peer
+    /// punched a hole in memory shared writable and touching it faulted
+    /// (the SIGBUS guard, [`crate::mem::guard`]), so far.
+    pub fn peer_memory_faults(&self) -> u64 {
+        self.peer_memory_faults.load(Ordering::Relaxed)
     }
 }
 
@@ -1709,15 +1857,35 @@ impl Listener<Shm> for ShmListener {
                 let uid = getsockopt(&sock, PeerCredentials)
                     .map_err(os("SO_PEERCRED"))?
                     .uid();
-                let refused = !lock(&self.allowed).contains(&uid);
-                if refused {
+                let (slot, refusal) = if !lock(&self.allowed).contains(&uid) {
+                    (None, Some(VerbsError::PeerNotAllowed { uid }))
+                } else {
+                    match self.uids.try_add(uid) {
+                        Ok(slot) => (Some(slot), None),
+                        Err(limit) => (None, Some(VerbsError::PeerLimit { uid, limit })),
+                    }
+                };
+                let refused = refusal.is_some();
+                if let Some(refusal) = refusal {
                     let _ =
                         Msg::new(M_REJECT, [0; 4], &[]).and_then(|m| m.send(sock.as_fd(), None));
                     if matches!(Msg::recv(sock.as_fd()), Ok(Some(_))) {
                         // Its HELLO was there (its outbox fd closes with
                         // it): nothing left to wait for.
-                        return Err(VerbsError::PeerNotAllowed { uid });
+                        return Err(refusal);
                     }
+                    // Kept until its HELLO is read (see `PendingSetup`).
+                    if pending.len() >= MAX_PENDING_SETUPS {
+                        pending.pop_front();
+                    }
+                    pending.push_back(PendingSetup {
+                        sock,
+                        uid,
+                        deadline: Instant::now() + SETUP_TIMEOUT,
+                        refused,
+                        slot,
+                    });
+                    return Err(refusal);
                 }
                 let evicted = (pending.len() >= MAX_PENDING_SETUPS)
                     .then(|| pending.pop_front())
@@ -1727,10 +1895,8 @@ impl Listener<Shm> for ShmListener {
                     uid,
                     deadline: Instant::now() + SETUP_TIMEOUT,
                     refused,
+                    slot,
                 });
-                if refused {
-                    return Err(VerbsError::PeerNotAllowed { uid });
-                }
                 if evicted.is_some_and(|e| !e.refused) {
                     return Err(VerbsError::SetupTimeout);
                 }
@@ -1744,7 +1910,7 @@ impl Listener<Shm> for ShmListener {
                     (Ok(None), _) if now < pending[i].deadline => i += 1,
                     (Ok(Some(hello)), false) => {
                         if let Some(p) = pending.remove(i) {
-                            return setup(p, hello);
+                            return setup(p, hello, &self.peer_memory_faults);
                         }
                     }
                     // A refused peer's HELLO, end or timeout: it was
@@ -1780,7 +1946,11 @@ impl Listener<Shm> for ShmListener {
 }
 
 /// The HELLO of an allowed connection: the peer's outbox mapped.
-fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
+fn setup(
+    p: PendingSetup,
+    hello: Msg,
+    fault_count: &Arc<AtomicU64>,
+) -> Result<ShmIncoming, VerbsError> {
     if hello.kind != M_HELLO {
         return Err(VerbsError::Protocol("expected HELLO"));
     }
@@ -1792,6 +1962,8 @@ fn setup(p: PendingSetup, hello: Msg) -> Result<ShmIncoming, VerbsError> {
         peer,
         peer_layout,
         private_data,
+        fault_count: fault_count.clone(),
+        uid_slot: p.slot,
     })
 }
 
@@ -1803,6 +1975,8 @@ pub struct ShmIncoming {
     peer: Mapping,
     peer_layout: Layout,
     private_data: Vec<u8>,
+    fault_count: Arc<AtomicU64>,
+    uid_slot: Option<UidSlot>,
 }
 
 impl ShmIncoming {
@@ -1833,7 +2007,14 @@ impl Incoming<Shm> for ShmIncoming {
         )?
         // Sealed read-only for peers by `new_outbox`.
         .send(self.sock.as_fd(), Some(mine.fd()))?;
-        Ok(qp.finish(self.sock, mine, self.peer, self.peer_layout))
+        Ok(qp.finish(
+            self.sock,
+            mine,
+            self.peer,
+            self.peer_layout,
+            Some(self.fault_count),
+            self.uid_slot,
+        ))
     }
 
     fn reject(self, private_data: &[u8]) -> Result<(), VerbsError> {

@@ -132,6 +132,9 @@ pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     pub writable: bool,
+    /// A writable mapping's registration with the SIGBUS guard: the peer
+    /// can punch holes in its own memfd under our copies.
+    guard: Option<crate::mem::guard::PeerWritable>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access goes through
@@ -145,8 +148,9 @@ impl Mapping {
     /// process); for a read-only mapping also `F_SEAL_FUTURE_WRITE` or
     /// `F_SEAL_WRITE`, which block hole punching too (a punched hugetlbfs
     /// page faults back in only if the pool has a free page, else SIGBUS).
-    /// Memory a peer hands us writable cannot be protected that way: see
-    /// "Known gaps" in docs/VERBS.md.
+    /// Memory a peer hands us writable cannot be protected that way; it is
+    /// guarded instead ([`crate::mem::guard`]): a hole that faults costs
+    /// the connection, not the process.
     pub fn map_peer(fd: BorrowedFd<'_>, writable: bool) -> Result<Mapping, VerbsError> {
         let os = |what| move |source| VerbsError::Os { what, source };
         let seals = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(os("F_GET_SEALS"))?;
@@ -183,15 +187,40 @@ impl Mapping {
                 return Err(os("mmap peer memory")(e));
             }
         };
-        Ok(Mapping {
+        let mut map = Mapping {
             ptr: ptr.cast(),
             len,
             writable,
-        })
+            guard: None,
+        };
+        if writable {
+            // A hugetlbfs memfd reports its page size as its block size;
+            // the mapping (kernel-placed) is aligned to it.
+            let page = usize::try_from(st.st_blksize)
+                .ok()
+                .filter(|p| p.is_power_of_two())
+                .unwrap_or(crate::mem::PAGE_SIZE)
+                .max(crate::mem::PAGE_SIZE);
+            // SAFETY: our fresh mapping, unmapped only in `Drop`, after
+            // the registration is dropped.
+            let g = unsafe {
+                crate::mem::guard::PeerWritable::register(map.ptr.as_ptr(), len, page)
+            }
+            .map_err(|_| VerbsError::Limit("peer-writable mappings guarded by this process"))?;
+            map.guard = Some(g);
+        }
+        Ok(map)
     }
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The guard's view of a writable mapping.
+    pub fn guard_probe(&self) -> Option<crate::mem::guard::GuardProbe> {
+        self.guard
+            .as_ref()
+            .map(crate::mem::guard::PeerWritable::probe)
     }
 
     #[cfg(test)]
@@ -224,7 +253,8 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: created by mmap with this pointer and length; the owner
         // (a connection) is dropped only when no copy is in progress (it is
-        // behind the QP mutex).
+        // behind the QP mutex). The guard lets go of the range first.
+        drop(self.guard.take());
         unsafe {
             let _ = munmap(self.ptr.cast(), self.len);
         }

@@ -76,8 +76,15 @@ fn pair_with(caps_a: QpCaps) -> (Side, Side) {
     );
     let ctx = Shm::open(&url).unwrap();
     let listener = ctx.listen(&url).unwrap();
-    let (pa, cqa, pda, sa, ra, roa, ma) = side_with(&ctx, caps_a);
-    let (mut pb, cqb, pdb, sb, rb, rob, mb) = side(&ctx);
+    pair_on(&ctx, &listener, &url, caps_a)
+}
+
+/// A connected pair through `listener` (at `url`): `a` accepted there,
+/// `b` connecting with 4 receives posted.
+fn pair_on(ctx: &ShmContext, listener: &ShmListener, url: &str, caps_a: QpCaps) -> (Side, Side) {
+    let url = url.to_string();
+    let (pa, cqa, pda, sa, ra, roa, ma) = side_with(ctx, caps_a);
+    let (mut pb, cqb, pdb, sb, rb, rob, mb) = side(ctx);
     for _ in 0..4 {
         let b = rb.alloc().unwrap();
         pb.post_recv(RecvWr {
@@ -1030,4 +1037,112 @@ fn a_full_poll_resumes_where_it_stopped_so_no_queue_pair_starves() {
         at <= 2,
         "the second connection waited {at} polls: {order:?}"
     );
+}
+
+/// Sends one message from `from` to `to` and checks both completions.
+fn send_and_receive(from: &mut Side, to: &mut Side) {
+    send(from, SendOp::Send);
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    let (mut sent, mut received) = (false, false);
+    let deadline = Instant::now() + T;
+    while !(sent && received) {
+        let n = from.cq.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            sent |= c.opcode == WcOpcode::Send;
+        }
+        let n = to.cq.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            received |= c.opcode == WcOpcode::Recv;
+        }
+        assert!(Instant::now() < deadline, "send never completed");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_guarded_fault_in_peer_writable_memory_ends_only_that_connection() {
+    let url = format!(
+        "shm:///tmp/rpcrdma-guard-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    let caps = QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    };
+    let (mut a, mut b) = pair_on(&ctx, &listener, &url, caps);
+    let (mut c, mut d) = pair_on(&ctx, &listener, &url, caps);
+    // `a` copies into `b`'s receive buffers through its writable mapping
+    // of `b`'s memfd: memory `b` can punch holes in.
+    send_and_receive(&mut a, &mut b);
+    send_and_receive(&mut c, &mut d);
+    let addr = {
+        let inner = lock(&a.qp.shared.inner);
+        let conn = inner.conn.as_ref().unwrap();
+        let map = conn
+            .in_regions
+            .iter()
+            .flatten()
+            .find(|m| m.writable)
+            .unwrap();
+        assert!(
+            map.guard_probe().is_some(),
+            "a peer-writable mapping is guarded"
+        );
+        map.addr() + 100
+    };
+    // What the SIGBUS handler does for a fault there (a punched hugepage
+    // with the pool exhausted, which a test cannot cause without taking
+    // every free hugepage of the host): the page replaced and counted.
+    assert!(guard::repair(addr));
+    let seen = until_error(&mut a);
+    assert!(seen.iter().all(|c| c.status != WcStatus::Success));
+    assert_eq!(listener.peer_memory_faults(), 1, "counted by its listener");
+    // The peer sees its connection end too; the other pair goes on.
+    until_error(&mut b);
+    // (`d` posted 4 receives; one was used above.)
+    for _ in 0..3 {
+        send_and_receive(&mut c, &mut d);
+    }
+    assert_eq!(listener.peer_memory_faults(), 1);
+}
+
+#[test]
+fn a_uid_gets_its_share_of_connections_and_a_close_makes_room() {
+    let url = format!(
+        "shm:///tmp/rpcrdma-uid-limit-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Shm::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    listener.limit_per_uid(2);
+    let me = nix::unistd::getuid().as_raw();
+    let caps = QpCaps {
+        rnr_retry: 7,
+        ..QpCaps::default()
+    };
+    let (mut a1, b1) = pair_on(&ctx, &listener, &url, caps);
+    let (_a2, _b2) = pair_on(&ctx, &listener, &url, caps);
+    assert_eq!(listener.connections_of_uid(me), 2);
+    // The third is refused at accept, before it says anything.
+    let (pqp, _cq, _pd, _s, _r, _ro, _mrs) = side(&ctx);
+    let u = url.clone();
+    let h = std::thread::spawn(move || pqp.connect(&u, b"", T).map(|_| ()));
+    match listener.accept(T) {
+        Err(VerbsError::PeerLimit { uid, limit }) => assert_eq!((uid, limit), (me, 2)),
+        other => panic!("expected PeerLimit, got {other:?}"),
+    }
+    assert!(h.join().unwrap().is_err(), "the refused peer was connected");
+    assert_eq!(listener.connections_of_uid(me), 2);
+    // A close (the peer's disconnect, seen by our next poll) makes room.
+    drop(b1);
+    until_error(&mut a1);
+    assert_eq!(listener.connections_of_uid(me), 1);
+    let (_a3, _b3) = pair_on(&ctx, &listener, &url, caps);
+    assert_eq!(listener.connections_of_uid(me), 2);
 }
