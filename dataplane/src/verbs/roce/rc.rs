@@ -719,11 +719,11 @@ impl RcQp {
         // peer waits for, and toward a GSO device the shorter ACK ends
         // the answer's run, so both travel as one datagram (`Tx`). The
         // requests are in our send queue's PSN space and the ACK in the
-        // peer's, so neither orders the other (IBTA 9.7.5.1: only a
-        // responder's own responses are ordered); the peer's Send
-        // completes when the ACK arrives, and an RPC requester frees its
-        // call slot only then (docs/ENGINE.md), so an answer seen first
-        // costs nothing but that wait.
+        // peer's, so neither orders the other (only a responder's own
+        // responses, ACKs and read responses, are ordered by PSN); the
+        // peer's Send completes when the ACK arrives, and an RPC requester
+        // frees its call slot only then (docs/ENGINE.md, `Draining`), so
+        // an answer seen first costs nothing but that wait.
         let hold = hold_ack && self.ack_fresh;
         self.ack_fresh = false;
         let out_before = self.packets_out;
