@@ -44,11 +44,16 @@ pub enum Refusal {
     /// faulted (the hugepage pool could not refill it); the SIGBUS guard
     /// kept the daemon alive.
     PeerMemoryFault,
+    /// roce: connection-manager messages (a flood's requests, mostly)
+    /// dropped because the device's queue for them was full while
+    /// threads drove it; a real sender retries, a flooder's request is
+    /// simply gone.
+    CmQueueFull,
 }
 
 impl Refusal {
     /// Every reason, in label order.
-    pub const ALL: [Refusal; 10] = [
+    pub const ALL: [Refusal; 11] = [
         Refusal::Limit,
         Refusal::Busy,
         Refusal::NotAllowed,
@@ -59,6 +64,7 @@ impl Refusal {
         Refusal::HalfOpen,
         Refusal::PeerLimit,
         Refusal::PeerMemoryFault,
+        Refusal::CmQueueFull,
     ];
 
     /// The metrics label.
@@ -74,6 +80,7 @@ impl Refusal {
             Refusal::HalfOpen => "half_open",
             Refusal::PeerLimit => "peer_limit",
             Refusal::PeerMemoryFault => "peer_memory_fault",
+            Refusal::CmQueueFull => "cm_queue_full",
         }
     }
 

@@ -336,6 +336,7 @@ impl DataPath {
                 spawn_acceptor::<Roce>(url, index, set, listener, &stop, &counters, |l| {
                     ProviderRefusals {
                         half_open: l.device_stats().half_open_refused,
+                        cm_queue_full: l.device_stats().mads_dropped,
                         ..ProviderRefusals::default()
                     }
                 })
@@ -579,6 +580,9 @@ struct ProviderRefusals {
     /// shm: connections ended because their peer punched a hole in
     /// shared writable memory that faulted (the SIGBUS guard).
     peer_memory_faults: u64,
+    /// roce: connection-manager messages dropped because the device's
+    /// queue for them was full.
+    cm_queue_full: u64,
 }
 
 /// Reads a listener's [`ProviderRefusals`].
@@ -625,6 +629,16 @@ fn spawn_acceptor<P: PoolProvider>(
                             "{n} connection(s) ended: the peer punched a hole in memory shared \
                              writable with it and the hugepage pool could not refill it \
                              (the daemon replaced the page and goes on)"
+                        )
+                    });
+                }
+                if refused.cm_queue_full > provider_seen.cm_queue_full {
+                    let n = refused.cm_queue_full - provider_seen.cm_queue_full;
+                    metrics::add(&counters.rejected[Refusal::CmQueueFull as usize], n);
+                    log.refused(Instant::now(), Refusal::CmQueueFull, || {
+                        format!(
+                            "{n} connection-manager message(s) dropped: the device's queue for \
+                             them was full (a flood of connection requests; real senders retry)"
                         )
                     });
                 }

@@ -64,8 +64,13 @@ const CM_TIMERS_EVERY: Duration = Duration::from_millis(1);
 const HANDOFF_BUFFERS: usize = RX_ROUNDS * RX_BATCH;
 
 /// MADs the shards may queue for the control part: CM traffic is a few
-/// messages per connection, and a lost one is resent by its sender.
-const MAD_QUEUE_DEPTH: usize = 256;
+/// messages per connection, and a lost one is resent by its sender (after
+/// seconds: a good requester's REQ lost in a flood costs it that long).
+/// As deep as the connection manager's queue of requests, so a burst of
+/// REQs that queue could hold is not dropped on the way to it (256 lost
+/// 200-400 of a flood of 1,152 while the worker drove the device; about
+/// 270 KiB per device).
+const MAD_QUEUE_DEPTH: usize = 1024;
 
 /// How long the device's thread sleeps when threads drive shards (and
 /// so read the socket): it looks again after that rather than spin on
