@@ -119,16 +119,6 @@ fn punch_hugetlb_memfds(fds: &[i32]) -> usize {
     punched
 }
 
-fn rejected(body: &str, reason: &str) -> u64 {
-    body.lines()
-        .filter(|l| {
-            l.starts_with("rpcrdma_listener_rejected_total{")
-                && l.contains(&format!("reason=\"{reason}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 #[test]
 fn a_peer_punching_hugepage_memory_costs_only_its_connection() {
     if free_hugepages() < HUGEPAGES_NEEDED {

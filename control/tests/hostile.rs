@@ -53,17 +53,6 @@ fn config(
     )
 }
 
-/// The sum of `rpcrdma_listener_rejected_total` for `reason`.
-fn rejected(body: &str, reason: &str) -> u64 {
-    body.lines()
-        .filter(|l| {
-            l.starts_with("rpcrdma_listener_rejected_total{")
-                && l.contains(&format!("reason=\"{reason}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// A NULL call of the bench program, record-marked, with `xid`.
 fn null_record(xid: u32) -> Vec<u8> {
     let words = [

@@ -324,6 +324,19 @@ pub fn metric(body: &str, name: &str) -> u64 {
         .sum()
 }
 
+/// The sum of `rpcrdma_listener_rejected_total` for `reason` in a
+/// Prometheus body.
+#[allow(dead_code)]
+pub fn rejected(body: &str, reason: &str) -> u64 {
+    body.lines()
+        .filter(|l| {
+            l.starts_with("rpcrdma_listener_rejected_total{")
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// `tshark -r FILE ARGS`: its standard output; panics when it fails.
 #[allow(dead_code)]
 pub fn tshark_out(tshark: &Path, file: &Path, args: &[&str]) -> String {
