@@ -5,34 +5,9 @@
 //! `rpcrdma_listener_rejected_total{reason="half_open"}`.
 mod support;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr};
 
-use dataplane::wire::ibcm::{
-    self, gsi_packet, ipv4_mapped_gid, CmMad, CmMessage, CmPath, RdmaCmHeader, Req, MAD_LEN,
-};
-use dataplane::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
-use dataplane::wire::roce::seg::Mtu;
-use dataplane::wire::roce::Psn;
 use support::*;
-
-/// RoCEv2's UDP port.
-const ROCE_UDP: u16 = 4791;
-
-fn path(local: Ipv4Addr, remote: Ipv4Addr) -> CmPath {
-    CmPath {
-        local_lid: 0xFFFF,
-        remote_lid: 0xFFFF,
-        local_gid: ipv4_mapped_gid(local),
-        remote_gid: ipv4_mapped_gid(remote),
-        flow_label: 0,
-        packet_rate: 0,
-        traffic_class: 0,
-        hop_limit: 64,
-        sl: 0,
-        subnet_local: false,
-        local_ack_timeout: 18,
-    }
-}
 
 #[test]
 fn a_req_flood_from_one_address_shows_as_half_open_refusals() {
@@ -54,61 +29,10 @@ fn a_req_flood_from_one_address_shows_as_half_open_refusals() {
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
 
-    // Requests from one address, each a new connection, none completed.
-    let sock = UdpSocket::bind((flooder, ROCE_UDP)).unwrap();
-    let mut private = [0u8; ibcm::private_len::REQ];
-    RdmaCmHeader {
-        src_port: 40000,
-        src: IpAddr::V4(flooder),
-        dst: IpAddr::V4(server),
-    }
-    .emit(&mut private)
-    .unwrap();
+    // Requests from one address, each a new connection, none completed
+    // (the socket stays open until the daemon has answered).
     const FLOOD: u32 = 40;
-    for i in 0..FLOOD {
-        let req = Req {
-            local_comm_id: 0x7000 + i,
-            service_id: ibcm::tcp_service_id(port),
-            local_ca_guid: 2,
-            local_qkey: 0,
-            local_qpn: 0x100 + i,
-            responder_resources: 1,
-            local_eecn: 0,
-            initiator_depth: 1,
-            remote_eecn: 0,
-            remote_cm_response_timeout: 20,
-            transport_type: 0,
-            end_to_end_flow_control: false,
-            starting_psn: Psn::new(1).unwrap(),
-            local_cm_response_timeout: 20,
-            retry_count: 6,
-            pkey: 0xFFFF,
-            path_mtu: Mtu::Mtu1024,
-            rdc_exists: false,
-            rnr_retry_count: 7,
-            max_cm_retries: 15,
-            srq: false,
-            extended_transport: 0,
-            primary_path: path(flooder, server),
-            alternate_path: CmPath::default(),
-            private_data: &private,
-        };
-        let mut mad = [0u8; MAD_LEN];
-        CmMad::new(0x100 + u64::from(i), CmMessage::Req(req))
-            .emit(&mut mad)
-            .unwrap();
-        let pkt = gsi_packet(Psn::from_masked(i), &mad);
-        let mut b = vec![0u8; pkt.buffer_len()];
-        pkt.emit(&mut b).unwrap();
-        let ip = Ipv4Header::plain_udp_socket(flooder.octets(), server.octets());
-        let ports = UdpPorts {
-            src: ROCE_UDP,
-            dst: ROCE_UDP,
-        };
-        icrc::seal_ipv4(&ip, ports, &mut b).unwrap();
-        sock.send_to(&b, SocketAddrV4::new(server, ROCE_UDP))
-            .unwrap();
-    }
+    let _sock = roce_reqs::flood_reqs(flooder, server, port, FLOOD, 0x7000);
 
     let name =
         format!("rpcrdma_listener_rejected_total{{listener=\"{url}\",reason=\"half_open\"}}");

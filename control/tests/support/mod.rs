@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod bench_calls;
+pub mod roce_reqs;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
