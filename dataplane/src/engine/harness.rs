@@ -243,21 +243,12 @@ impl Pair {
     /// live keys with key windows, else through the engine's exposure
     /// bookkeeping ([`BufferTable::resolve`]).
     fn resolve_at(&self, side: usize, seg: &Segment, want: Access) -> Option<LocalSlice> {
-        let t = self.peers[side].conn.buffers();
-        let Some(keys) = &self.live_keys[side] else {
-            return t.resolve(seg, want);
-        };
-        let &(local, access) = keys.get(&seg.handle)?;
-        let start = t.remote_key(local.buf).1 + u64::from(local.offset);
-        let off = seg.offset.checked_sub(start)?;
-        if access != want || off + u64::from(seg.length) > u64::from(local.len) {
-            return None;
-        }
-        Some(LocalSlice {
-            buf: local.buf,
-            offset: local.offset + off as u32,
-            len: seg.length,
-        })
+        super::fuzz::resolve(
+            &self.peers[side].conn,
+            self.live_keys[side].as_ref(),
+            seg,
+            want,
+        )
     }
 
     pub fn set_fault_hook(&mut self, hook: impl FnMut(FaultPoint<'_>) -> Fault + 'static) {
