@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixListener;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use control::programs::{BENCH_PROG, BENCH_VERS};
 use control::rpcbind::universal_address;
 use dataplane::wire::conf::{CONFIG_RDMA_PROG, CONFIG_RDMA_VERS};
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 use support::{
     http_get, promtool_accepts, require_peer, run, scratch_dir, write_file, Daemon, PATIENCE,
@@ -46,9 +48,33 @@ impl Drop for OwnRpcbind {
     }
 }
 
-/// Uses the running rpcbind, or starts `rpcbind -f -w` and returns its
-/// guard.
-fn ensure_rpcbind(rpcbind: &std::path::Path) -> Option<OwnRpcbind> {
+/// The host's rpcbind for one test: the one already running, or one this
+/// test started. Fields drop in order, so an rpcbind we started stops
+/// before the next test may take its turn.
+struct HostRpcbind {
+    _own: Option<OwnRpcbind>,
+    _turn: Flock<File>,
+}
+
+/// Waits for this test's turn at the host's rpcbind, then uses the running
+/// one or starts `rpcbind -f -w`.
+///
+/// Tests take turns through a lock file, whether they run as threads of one
+/// process (`cargo test`) or as processes (`cargo nextest`): rpcbind's own
+/// lock file lets only one run per host, so two tests starting one at once
+/// lose one of them, and the first to finish stopped the rpcbind the other
+/// was still asking.
+fn ensure_rpcbind(rpcbind: &std::path::Path) -> HostRpcbind {
+    let path = std::env::temp_dir().join("rpcrdma-tests-host-rpcbind.lock");
+    let file = File::create(&path).expect("create the rpcbind turn lock file");
+    let turn = Flock::lock(file, FlockArg::LockExclusive).expect("lock the rpcbind turn file");
+    HostRpcbind {
+        _own: start_rpcbind_unless_running(rpcbind),
+        _turn: turn,
+    }
+}
+
+fn start_rpcbind_unless_running(rpcbind: &std::path::Path) -> Option<OwnRpcbind> {
     let addr: SocketAddr = "127.0.0.1:111".parse().unwrap();
     if TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok() {
         return None;
