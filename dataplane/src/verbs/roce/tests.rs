@@ -425,7 +425,9 @@ fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
 /// is kept away (`idle_ms`), so only the polling thread sends.
 #[test]
 fn a_held_ack_leaves_right_behind_the_answer() {
-    let (pip, fip) = addrs();
+    // A device of its own: `idle_ms` is the first opener's, and the
+    // other tests of this process share the common device's address.
+    let ((_, pip), (_, fip)) = (addrs(), addrs());
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
     let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
@@ -455,7 +457,9 @@ fn a_held_ack_leaves_right_behind_the_answer() {
 /// `idle_ms`), nor the peer for its tail probe.
 #[test]
 fn before_sleep_sends_the_held_ack() {
-    let (pip, fip) = addrs();
+    // A device of its own: `idle_ms` is the first opener's, and the
+    // other tests of this process share the common device's address.
+    let ((_, pip), (_, fip)) = (addrs(), addrs());
     let mut fake = Fake::new(fip, pip);
     let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
     let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
