@@ -55,6 +55,16 @@ pub(super) const MAX_HALF_OPEN_PER_PEER: usize = 16;
 /// bound this caps what a flood of requests from any number of addresses
 /// can take, and the REP retries free a slot within about two seconds.
 pub(super) const MAX_ACCEPTING: usize = 32;
+/// How long an address that left a REP unanswered stays suspect: its
+/// requests rank behind everyone else's for an accepting place, and its
+/// REPs are the first given up when a request that ranks higher waits
+/// for one ([`Cm::make_room`]). A requester that completes a handshake is
+/// cleared at once.
+pub(super) const SUSPECT_FOR: Duration = Duration::from_secs(30);
+/// Suspect addresses remembered at once (about 30 bytes each): a flood
+/// from more addresses than this keeps only the fair share of
+/// [`Cm::take_request`] against the rest.
+const MAX_SUSPECTS: usize = 4096;
 /// How long a request waits in the queue for the application. Its sender
 /// was told (MRA) to wait about 17 s; past this it gets a REJ "timeout"
 /// rather than a REP it may no longer expect.
@@ -130,7 +140,15 @@ pub(super) struct Cm {
     /// meanwhile gets an MRA, not a second queue entry (else one client
     /// would be accepted twice).
     pub(super) held: Vec<(Ipv4Addr, u32)>,
+    /// Addresses that left a REP unanswered, until when they are suspect
+    /// ([`SUSPECT_FOR`]).
+    pub(super) suspects: HashMap<Ipv4Addr, Instant>,
 }
+
+/// Where a request stands in the line for an accepting place: requests of
+/// suspect addresses last, then by how many places their address holds.
+/// Lower goes first.
+type Rank = (bool, usize);
 
 impl Cm {
     /// Forgets a held request (answered or dropped).
@@ -153,27 +171,120 @@ impl Cm {
                 .count()
     }
 
-    /// The next request of listener `port` for the application, now held:
-    /// none while [`MAX_ACCEPTING`] connections are being accepted;
-    /// otherwise the first request, in turn order, of an address with the
-    /// fewest connections being accepted, so that requests from flooding
-    /// addresses cannot keep another address waiting behind them.
-    pub(super) fn take_request(&mut self, port: u16) -> Option<PendingReq> {
-        if self.accepting(None) >= MAX_ACCEPTING {
-            return None;
+    /// Accepting places held per address (see [`Cm::accepting`]), counted
+    /// in one pass.
+    fn accepting_by_peer(&self) -> HashMap<Ipv4Addr, usize> {
+        let mut by_peer: HashMap<Ipv4Addr, usize> = HashMap::new();
+        for (ip, _) in &self.held {
+            *by_peer.entry(*ip).or_default() += 1;
         }
-        let queue = self.listeners.get(&port)?;
-        let mut best: Option<(usize, usize)> = None; // (accepting, index)
-        for (i, p) in queue.iter().enumerate() {
-            let n = self.accepting(Some(p.peer_ip));
-            if best.is_none_or(|(b, _)| n < b) {
-                best = Some((n, i));
-                if n == 0 {
+        for c in self.conns.values() {
+            if !c.active && matches!(c.state, ConnState::RepSent { .. }) {
+                *by_peer.entry(c.peer_ip).or_default() += 1;
+            }
+        }
+        by_peer
+    }
+
+    /// Whether `peer` left a REP unanswered less than [`SUSPECT_FOR`] ago.
+    pub(super) fn is_suspect(&self, peer: Ipv4Addr, now: Instant) -> bool {
+        self.suspects.get(&peer).is_some_and(|&until| now < until)
+    }
+
+    /// Marks `peer` suspect for [`SUSPECT_FOR`] from `now`, within
+    /// [`MAX_SUSPECTS`] addresses (expired ones are forgotten first).
+    fn suspect(&mut self, peer: Ipv4Addr, now: Instant) {
+        if self.suspects.len() >= MAX_SUSPECTS && !self.suspects.contains_key(&peer) {
+            self.suspects.retain(|_, until| now < *until);
+            if self.suspects.len() >= MAX_SUSPECTS {
+                return;
+            }
+        }
+        self.suspects.insert(peer, now + SUSPECT_FOR);
+    }
+
+    /// The request of listener `port` that an accepting place goes to
+    /// next, as its index and rank: the first, in turn order, of the best
+    /// rank.
+    fn next_in_line(
+        &self,
+        port: u16,
+        places: &HashMap<Ipv4Addr, usize>,
+        now: Instant,
+    ) -> Option<(usize, Rank)> {
+        let mut best: Option<(usize, Rank)> = None;
+        for (i, p) in self.listeners.get(&port)?.iter().enumerate() {
+            let rank = (
+                self.is_suspect(p.peer_ip, now),
+                places.get(&p.peer_ip).copied().unwrap_or(0),
+            );
+            if best.is_none_or(|(_, b)| rank < b) {
+                best = Some((i, rank));
+                if rank == (false, 0) {
                     break;
                 }
             }
         }
-        let (_, i) = best?;
+        best
+    }
+
+    /// When every accepting place is taken and a request waits, gives up
+    /// the REP that least deserves its place, if one deserves it less than
+    /// the request waiting: a REP the peer left unanswered past a
+    /// retransmission (on a LAN an RTU follows a REP within a millisecond)
+    /// or sent to a suspect address, whose address ranks no better than
+    /// the waiting request's would with one place fewer. The REP is made
+    /// due for its last retry, so the next [`Cm::timers`] run refuses it
+    /// (REJ "timeout"), fails its queue pair and marks its address
+    /// suspect. True when one was given up.
+    ///
+    /// Without this, the places of a flood of requests that never finish
+    /// were freed only by the REP retries (about two seconds), and a good
+    /// client waited for them in turn with every flooding address.
+    pub(super) fn make_room(&mut self, port: u16, now: Instant) -> bool {
+        let places = self.accepting_by_peer();
+        if places.values().sum::<usize>() < MAX_ACCEPTING {
+            return false;
+        }
+        let Some((_, waiting)) = self.next_in_line(port, &places, now) else {
+            return false;
+        };
+        let victim = self
+            .conns
+            .values()
+            .filter_map(|c| match c.state {
+                ConnState::RepSent { next, left } if !c.active => {
+                    let suspect = self.is_suspect(c.peer_ip, now);
+                    let overdue = left < REP_RETRIES;
+                    let held = places.get(&c.peer_ip).copied().unwrap_or(1);
+                    let rank: Rank = (suspect, held - 1);
+                    // Worst rank first, then the longest unanswered.
+                    ((suspect || overdue) && rank >= waiting)
+                        .then_some(((rank, std::cmp::Reverse(next)), c.local_comm_id))
+                }
+                _ => None,
+            })
+            .max_by_key(|(key, _)| *key)
+            .map(|(_, id)| id);
+        let Some(rec) = victim.and_then(|id| self.conns.get_mut(&id)) else {
+            return false;
+        };
+        rec.state = ConnState::RepSent { next: now, left: 0 };
+        true
+    }
+
+    /// The next request of listener `port` for the application, now held:
+    /// none while [`MAX_ACCEPTING`] connections are being accepted;
+    /// otherwise the first request, in turn order, of the best rank
+    /// ([`Rank`]: addresses that are not suspect, then those with the
+    /// fewest connections being accepted), so that requests from flooding
+    /// addresses cannot keep another address waiting behind them.
+    pub(super) fn take_request(&mut self, port: u16, now: Instant) -> Option<PendingReq> {
+        let places = self.accepting_by_peer();
+        if places.values().sum::<usize>() >= MAX_ACCEPTING {
+            return None;
+        }
+        let (i, _) = self.next_in_line(port, &places, now)?;
         let queue = self.listeners.get_mut(&port)?;
         let req = queue.remove(i)?;
         // Addresses take turns: the rest of this address's requests go
@@ -417,6 +528,8 @@ impl Cm {
                     {
                         rec.state = ConnState::Established;
                         qps.with(rec.qpn, |qp| qp.awaiting_rtu = false);
+                        let peer = rec.peer_ip;
+                        self.suspects.remove(&peer);
                     }
                 }
             }
@@ -674,11 +787,13 @@ impl Cm {
         self.expire_queued(now, tx, gsi_psn);
         // Every record whose retries ran out in this run is forgotten in
         // this run (one at a time would REJ the others again each tick).
+        let (mut answered, mut unanswered) = (Vec::new(), Vec::new());
         self.conns.retain(|_, rec| {
             if let ConnState::RepSent { next, left } = &mut rec.state {
                 if now >= *next {
                     // A packet of the peer's QP stands for the RTU.
                     if qps.with(rec.qpn, |qp| !qp.awaiting_rtu) == Some(true) {
+                        answered.push(rec.peer_ip);
                         rec.state = ConnState::Established;
                         return true;
                     }
@@ -696,6 +811,7 @@ impl Cm {
                             ibcm::rej_reason::TIMEOUT,
                             &[],
                         );
+                        unanswered.push(rec.peer_ip);
                         qps.with(rec.qpn, |qp| {
                             qp.awaiting_rtu = false;
                             qp.enter_error(None, false);
@@ -721,5 +837,11 @@ impl Cm {
             }
             true
         });
+        for peer in answered {
+            self.suspects.remove(&peer);
+        }
+        for peer in unanswered {
+            self.suspect(peer, now);
+        }
     }
 }

@@ -75,7 +75,14 @@ impl Listener<Roce> for RoceListener {
         let deadline = Instant::now() + timeout;
         let mut ctl = self.dev.control();
         loop {
-            if let Some(req) = ctl.cm.take_request(self.port) {
+            let now = Instant::now();
+            if ctl.cm.make_room(self.port, now) {
+                // Refuses the REP given up and fails its queue pair now,
+                // not at the timers' next run.
+                ctl.cm_timers(&self.dev, now);
+                ctl.tx.flush();
+            }
+            if let Some(req) = ctl.cm.take_request(self.port, now) {
                 return Ok(RoceIncoming {
                     dev: self.dev.clone(),
                     req: Some(req),

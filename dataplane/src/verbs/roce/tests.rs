@@ -1587,6 +1587,84 @@ fn a_req_flood_from_many_addresses_is_bounded_and_a_newcomer_gets_a_fair_turn() 
     );
 }
 
+/// Every accepting place is held by a REP its requester never answers,
+/// and a newcomer's request waits. Once those REPs went unanswered past a
+/// retransmission, the newcomer does not wait for their retries to run
+/// out: one REP is given up (REJ "timeout" after fewer REPs than the
+/// retries allow), its place goes to the newcomer, and its address is
+/// suspect from then on.
+#[test]
+fn an_unanswered_rep_gives_its_place_to_a_newcomer_before_its_retries_run_out() {
+    use super::cm::MAX_ACCEPTING;
+    let (_, pip) = addrs(); // a device of its own
+    let port = 7008;
+    let url = format!("roce://{pip}:{port}?udp_port={UDP}");
+    let ctx = Roce::open(&url).unwrap();
+    let listener = ctx.listen(&url).unwrap();
+    // Each flooding address asks twice: its second request ranks behind
+    // the newcomer's, which has no place yet.
+    let mut flooders = Vec::new();
+    for k in 0..MAX_ACCEPTING as u32 {
+        let (_, fip) = addrs();
+        let mut fake = Fake::new(fip, pip);
+        let private = req_private(fip, pip);
+        for j in 0..2 {
+            let id = 0x2_0000 + 2 * k + j;
+            fake.send_mad(&CmMad::new(
+                u64::from(id),
+                CmMessage::Req(fake_req(id, port, fip, pip, &private)),
+            ));
+        }
+        flooders.push((fip, fake));
+    }
+    let deadline = Instant::now() + LONG;
+    while listener.dev.control().cm.listeners[&port].len() < 2 * MAX_ACCEPTING {
+        assert!(Instant::now() < deadline, "the flood was not queued");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The application accepts every place; no RTU ever comes.
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut accepted = Vec::new();
+    for _ in 0..MAX_ACCEPTING {
+        let inc = listener.accept(LONG).unwrap();
+        let pqp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+        accepted.push(inc.accept(pqp, b"").unwrap());
+    }
+    let (_, nip) = addrs();
+    let mut newcomer = Fake::new(nip, pip);
+    let private = req_private(nip, pip);
+    newcomer.send_mad(&CmMad::new(
+        0x4343,
+        CmMessage::Req(fake_req(0x4343, port, nip, pip, &private)),
+    ));
+    let inc = listener.accept(LONG).expect("the newcomer gets a place");
+    assert_eq!(inc.peer_ip(), Some(nip));
+    // Exactly one flooder lost its place early: its REJ came after fewer
+    // REPs than the initial one and its retries. The others got theirs
+    // when their retries ran out.
+    let mut early = Vec::new();
+    for (fip, fake) in &flooders {
+        let mut reps = 0;
+        let reason = loop {
+            let m = fake.recv_mad();
+            match CmMad::parse(&m).unwrap().message {
+                CmMessage::Rep(_) => reps += 1,
+                CmMessage::Rej(j) => break j.reason,
+                _ => {}
+            }
+        };
+        assert_eq!(reason, ibcm::rej_reason::TIMEOUT);
+        if reps < 1 + usize::from(REP_RETRIES) {
+            early.push((*fip, reps));
+        }
+    }
+    assert_eq!(early.len(), 1, "{early:?}");
+    let (victim, reps) = early[0];
+    assert!(reps >= 2, "given up before a retransmission: {reps} REP(s)");
+    assert!(listener.dev.control().cm.is_suspect(victim, Instant::now()));
+}
+
 /// A request the application never takes is refused (REJ "timeout") once
 /// it has waited `QUEUE_TIMEOUT` in the queue, so a stale request neither
 /// holds its place nor gets a REP its sender gave up on.
