@@ -733,6 +733,70 @@ impl Connection {
         self.post_reply(now, idx, plan)
     }
 
+    /// The reply buffer of `call`, whole, for a reply encoded in place
+    /// ([`Connection::send_reply_in_place`]). It still holds the call
+    /// message ([`Connection::call_message`]), which the reply overwrites:
+    /// copy the call out first.
+    pub fn reply_buffer(&mut self, call: IncomingCall) -> Option<&mut [u8]> {
+        let id = self.executing(call)?.message;
+        Some(self.bufs.bytes_mut(id))
+    }
+
+    /// Answers `call` with the reply message the service encoded in place:
+    /// the first `len` bytes of [`Connection::reply_buffer`], `ddp` its
+    /// DDP-eligible item. The same checks and errors as
+    /// [`Connection::send_reply`], but the message is not copied: a reply
+    /// of 256 KiB costs a pass over its bytes less.
+    ///
+    /// The layout the Writes and the Send read (inline part at 0, the
+    /// placed item right after it) is the message's own when nothing
+    /// follows the item, as in the READ results of NFS and of the bench
+    /// program; otherwise the tail after the item is rotated in front of
+    /// it. After an error the call waits for another reply, which has to
+    /// come through `send_reply`: the buffer no longer holds the call.
+    ///
+    /// # Errors
+    /// [`ReplyError`], as for `send_reply`.
+    pub fn send_reply_in_place(
+        &mut self,
+        now: Instant,
+        call: IncomingCall,
+        len: usize,
+        ddp: Option<DdpItem>,
+    ) -> Result<(), ReplyError> {
+        if self.closed.is_some() {
+            return Err(ReplyError::Closed);
+        }
+        let s = self.executing(call).ok_or(ReplyError::StaleHandle)?;
+        let (id, xid) = (s.message, s.xid);
+        let ddp = ddp.as_slice();
+        let msg = self.bufs.bytes(id).get(..len).ok_or(ReplyError::TooLarge)?;
+        if peek_xid(msg) != Some(xid) || peek_direction(msg) != Some(MessageType::Reply) {
+            return Err(ReplyError::NotTheReply);
+        }
+        if !ddp_items_fit(ddp, msg) {
+            return Err(ReplyError::BadDdpItem);
+        }
+        let idx = call.index as usize;
+        let plan = self.plan_reply(idx, len, ddp)?;
+        if let Some(d) = ddp.first().filter(|_| plan.placed & 1 != 0) {
+            // [head | data | pad | tail] becomes [head | tail | data | pad].
+            let off = d.offset as usize;
+            let after = off + roundup4(u64::from(d.len)) as usize;
+            if len.checked_sub(after).map(|tail| off + tail) != Some(plan.inline_len) {
+                // `plan_reply` places this one item or none.
+                return Err(ReplyError::BadDdpItem);
+            }
+            if after < len {
+                let out = self.bufs.bytes_mut(id);
+                if let Some(moved) = out.get_mut(off..len) {
+                    moved.rotate_left(after - off);
+                }
+            }
+        }
+        self.post_reply(now, idx, plan)
+    }
+
     /// Queues the Writes and the Send of the reply laid out in slot
     /// `idx`'s reply buffer per `plan` (inline part at 0, DDP data after
     /// it), and moves the slot to `AwaitingCompletions`.

@@ -566,6 +566,50 @@ fn rfc5666_s3_6_write_chunk_receives_ddp_reply_with_rewritten_length() {
     close_and_check_leaks(&mut p);
 }
 
+/// A reply the service encoded in the slot's own buffer
+/// (`send_reply_in_place`) puts the same bytes on the wire as the same
+/// reply copied in (`send_reply`): the Send, the data in the write chunk
+/// (s3.6) and the message the requester reassembles. With results after
+/// the DDP item the tail moves in front of it; without, nothing moves.
+/// Answered inline too (no write chunk offered: the item stays in the
+/// message).
+#[test]
+fn rfc5666_s3_6_a_reply_encoded_in_place_is_the_reply_copied_in() {
+    let data = payload(20_001, 17);
+    for (tail, ddp_max) in [(0, Some(64 * KIB)), (12, Some(64 * KIB)), (12, None)] {
+        let mut seen = Vec::new();
+        for in_place in [false, true] {
+            let mut p = pair();
+            let h = send(&mut p, 9, &data, true, expect(64 * KIB, ddp_max));
+            p.drive_with(&mut |side, conn, now, ev| {
+                let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) else {
+                    return;
+                };
+                let (mut msg, item) = echo_reply(xid, &data);
+                msg.extend((0..tail).map(|i| 0xA0 + i as u8));
+                if in_place {
+                    let out = conn.reply_buffer(call).expect("reply buffer");
+                    out[..msg.len()].copy_from_slice(&msg);
+                    conn.send_reply_in_place(now, call, msg.len(), Some(item))
+                        .expect("reply in place");
+                } else {
+                    let reply = OutgoingReply {
+                        message: &msg,
+                        ddp: &[item],
+                    };
+                    conn.send_reply(now, call, &reply).expect("reply");
+                }
+            });
+            let send_bytes = p.sends_from(SERVER).next().unwrap().to_vec();
+            let message = reply_of(&p, h).expect("reply");
+            assert_eq!(returned_payload(&p, h), data, "tail {tail}, {ddp_max:?}");
+            seen.push((send_bytes, message));
+            close_and_check_leaks(&mut p);
+        }
+        assert_eq!(seen[0], seen[1], "tail {tail}, write chunk {ddp_max:?}");
+    }
+}
+
 /// An accepted reply whose results are the opaques `items`, and the DDP
 /// item of each.
 fn reply_of_opaques(xid: u32, items: &[&[u8]]) -> (Vec<u8>, Vec<DdpItem>) {

@@ -54,11 +54,20 @@ fn instant_after(now: engine::Instant, d: std::time::Duration) -> engine::Instan
 }
 
 /// Buffers of the loop, allocated once, and the worker's relay.
+/// The largest call copied out so that its reply is encoded in place:
+/// the copy costs the call's bytes and saves the reply's, so it pays for
+/// the small calls of reads (and any call up to an inline threshold),
+/// while a large WRITE, whose reply is small, keeps its call where it is.
+const IN_PLACE_CALL_MAX: usize = 4096;
+
 struct Scratch {
     wcs: Vec<Completion>,
     /// Where the service writes an RDMA reply (TCP replies are written in
     /// the connection's output buffer).
     reply: Box<[u8]>,
+    /// Where a call of at most [`IN_PLACE_CALL_MAX`] bytes is copied, so
+    /// that its reply can be encoded in the buffer the call is in.
+    call: Box<[u8]>,
     /// The relay to the gateway's backends, when programs are routed.
     forwarder: Option<Forwarder<Origin>>,
     /// Relays a reload replaced, kept until their calls in flight are
@@ -442,6 +451,7 @@ impl Worker {
             wcs: (0..POLL_BURST).map(|_| Completion::default()).collect(),
             reply: vec![0u8; self.config.endpoint.engine.max_reply_size as usize]
                 .into_boxed_slice(),
+            call: vec![0u8; IN_PLACE_CALL_MAX].into_boxed_slice(),
             forwarder,
             retiring: Vec::new(),
         };
@@ -938,6 +948,31 @@ impl Worker {
                 }
                 return;
             }
+        }
+        if let Some(call_copy) = scratch.call.get_mut(..msg.len()) {
+            // A small call is copied out and the reply encoded where the
+            // Send and the Writes read it: a pass over the reply saved.
+            call_copy.copy_from_slice(msg);
+            let Some(out) = conn.reply_buffer(call) else {
+                return;
+            };
+            let limit = out.len().min(scratch.reply.len());
+            match self.dispatcher.dispatch(call_copy, &mut out[..limit]) {
+                Dispatched::Reply { len, ddp } => {
+                    match ep.connection_mut().send_reply_in_place(now, call, len, ddp) {
+                        Ok(()) => c.rpcs.add(1),
+                        Err(_) => match xid {
+                            Some(xid) => self.answer_system_err(now, ep, call, xid),
+                            None => c.errors_reply.add(1),
+                        },
+                    }
+                }
+                Dispatched::Drop => {
+                    c.errors_dropped_calls.add(1);
+                    ep.close();
+                }
+            }
+            return;
         }
         match self.dispatcher.dispatch(msg, &mut scratch.reply) {
             Dispatched::Reply { len, ddp } => {
