@@ -309,6 +309,9 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
             t_end = now;
         }
         if measuring {
+            if !spec.gap.is_zero() && !restart.is_empty() {
+                std::thread::sleep(spec.gap);
+            }
             for &slot in &restart {
                 started[slot as usize] = Some(Instant::now());
                 driver.start(slot, work.args())?;

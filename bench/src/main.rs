@@ -100,6 +100,11 @@ enum Cmd {
         /// Check every ECHO reply's bytes against the pattern.
         #[arg(long)]
         check: bool,
+        /// Microseconds the client waits between a reply and its next
+        /// call (not counted in the latency): calls that find an idle
+        /// server, as an occasional client's do.
+        #[arg(long, default_value_t = 0)]
+        gap_us: u64,
     },
     /// Message rate: NULL calls pipelined at DEPTH.
     Rate {
@@ -515,10 +520,15 @@ fn main() -> ExitCode {
         s
     };
     let doc = match cli.command {
-        Some(Cmd::Lat { size, check }) => {
+        Some(Cmd::Lat {
+            size,
+            check,
+            gap_us,
+        }) => {
             let op = if size == 0 { Op::Null } else { Op::Echo };
             let mut s = spec(op, size, 1, 2.0);
             s.check = check;
+            s.gap = std::time::Duration::from_micros(gap_us);
             single("lat", s, &common)
         }
         Some(Cmd::Rate { depth }) => single("rate", spec(Op::Null, 0, depth, 1.0), &common),

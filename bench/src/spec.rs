@@ -81,6 +81,11 @@ pub struct RunSpec {
     /// Hash every reply's data bytes and report it ([`CheckReport`]); adds
     /// a pass over the bytes to each call, so off by default.
     pub check: bool,
+    /// Pause between a reply and the next call of its slot (not part of
+    /// the latency): a client that calls now and then, whose server has
+    /// gone idle (parked, with the adaptive idle) by the time each call
+    /// arrives. Zero: back to back.
+    pub gap: Duration,
 }
 
 impl RunSpec {
@@ -95,6 +100,7 @@ impl RunSpec {
             warmup_calls: 100,
             idle: Idle::Adaptive,
             check: false,
+            gap: Duration::ZERO,
         }
     }
 }

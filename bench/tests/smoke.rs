@@ -336,6 +336,31 @@ fn targets_reports_every_target_with_a_verdict() {
     }
 }
 
+/// `lat --gap-us` pauses between a reply and the next call: a run of
+/// 0.2 s with 5 ms gaps makes at most 41 measured calls however fast the
+/// transport (each call waits for the gap before it), and reports them
+/// as usual.
+#[test]
+fn lat_with_a_gap_waits_between_calls() {
+    let json = scratch("shm-gap.json");
+    let doc = run(
+        &[
+            "--connect",
+            "shm",
+            "--duration",
+            "0.2",
+            "lat",
+            "--gap-us",
+            "5000",
+        ],
+        &json,
+    );
+    let r = &doc["results"][0];
+    check_result(r, "shm", "null", 1, false);
+    let calls = r["calls"].as_u64().unwrap();
+    assert!((1..=41).contains(&calls), "{calls} calls: {r}");
+}
+
 #[test]
 fn an_unknown_transport_fails_with_one_line_naming_the_known_ones() {
     let out = Command::new(BIN)
