@@ -19,7 +19,7 @@
 //! This module does not import `wire` or any provider.
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use crossbeam_queue::ArrayQueue;
@@ -148,6 +148,10 @@ pub struct Arena {
     /// Set when the arena is first shared writable: a peer can punch
     /// holes in it from then on ([`guard`]).
     guard: std::sync::OnceLock<guard::PeerWritable>,
+    /// Set for good when any range of it is registered with
+    /// `REMOTE_WRITE` (a software provider's registration): peers may then
+    /// write it through RDMA Writes.
+    remote_writable: AtomicBool,
 }
 
 // SAFETY: the arena is plain memory plus an fd; all access to its bytes goes
@@ -268,6 +272,7 @@ impl Arena {
             huge,
             id: ARENA_IDS.fetch_add(1, Ordering::Relaxed) as u64,
             peers: AtomicU8::new(PeerAccess::Private as u8),
+            remote_writable: AtomicBool::new(false),
             share_lock: Mutex::new(()),
             guard: std::sync::OnceLock::new(),
         })
@@ -280,6 +285,20 @@ impl Arena {
             1 => PeerAccess::Writable,
             _ => PeerAccess::ReadOnly,
         }
+    }
+
+    /// Records that a range of the arena is registered with
+    /// `REMOTE_WRITE`: from now on peers may write it.
+    pub fn mark_remote_writable(&self) {
+        self.remote_writable.store(true, Ordering::Release);
+    }
+
+    /// Whether a peer may write the arena: shared writable with one, or
+    /// registered with `REMOTE_WRITE` somewhere. When false, only this
+    /// process writes it, so its bytes may be read as a slice by whoever
+    /// owns them (a work request, for its payload's ICRC).
+    pub fn peer_may_write(&self) -> bool {
+        self.remote_writable.load(Ordering::Acquire) || self.peer_access() == PeerAccess::Writable
     }
 
     /// Call before passing the memfd to a peer that may write it. The first

@@ -734,6 +734,9 @@ pub(crate) fn check_registration(
             "REMOTE_WRITE requires LOCAL_WRITE",
         ));
     }
+    if access.contains(Access::REMOTE_WRITE) {
+        arena.mark_remote_writable();
+    }
     Ok(())
 }
 

@@ -78,18 +78,25 @@ impl MrTable {
 
     /// Whether an SGE lies in a live registration of this table with `need`.
     pub(crate) fn check_local(&self, sge: &Sge, need: Access) -> bool {
+        self.check_local_source(sge, need).is_some()
+    }
+
+    /// [`MrTable::check_local`], and if it holds, whether a peer may write
+    /// the SGE's memory ([`Arena::peer_may_write`]).
+    pub(crate) fn check_local_source(&self, sge: &Sge, need: Access) -> Option<bool> {
         if !sge.in_bounds() {
-            return false;
+            return None;
         }
         let mrs = lock(&self.mrs);
         let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
-            return false;
+            return None;
         };
         let addr = sge.addr();
-        mr.lkey == sge.buf.lkey()
+        let ok = mr.lkey == sge.buf.lkey()
             && mr.access.contains(need)
             && addr >= mr.addr
-            && addr + sge.len as u64 <= mr.addr + mr.len
+            && addr + sge.len as u64 <= mr.addr + mr.len;
+        ok.then(|| mr.arena.peer_may_write())
     }
 }
 

@@ -358,6 +358,16 @@ const GRO_SLOT: usize = 65_536;
 /// on 64-bit Linux; u64s keep it aligned for `cmsghdr`).
 const CMSG_WORDS: usize = 4;
 
+/// A packet's payload left where it lies ([`Tx::commit_external`]): the
+/// slot holds the packet's `head` bytes of headers, then its ICRC.
+#[derive(Debug, Clone, Copy, Default)]
+struct External {
+    head: u16,
+    addr: usize,
+    /// 0: the whole packet is in its slot.
+    len: u32,
+}
+
 /// The transmit side: a batch of packets waiting for `sendmmsg`, sealed
 /// when the batch leaves. A device has several (one per shard and one for
 /// the connection manager), all sending through the device's one socket.
@@ -377,6 +387,9 @@ pub(super) struct Tx {
     pub local: SocketAddrV4,
     buf: Box<[u8]>,
     meta: [(u16, SocketAddrV4); TX_BATCH],
+    /// Per packet, its payload when it stays outside the slot
+    /// ([`Tx::commit_external`]).
+    ext: [External; TX_BATCH],
     n: usize,
     /// Packets the kernel refused with EMSGSIZE (larger than the route's
     /// MTU with DF set), counted for the whole device.
@@ -388,6 +401,9 @@ pub(super) struct Tx {
     /// GSO sends that left, and packets in them (for tests and logs).
     pub gso_sends: u64,
     pub gso_packets: u64,
+    /// Packets queued with their payload left where it lies
+    /// ([`Tx::commit_external`]).
+    pub external_packets: u64,
 }
 
 impl Tx {
@@ -397,11 +413,13 @@ impl Tx {
             local,
             buf: vec![0u8; SLOT * TX_BATCH].into_boxed_slice(),
             meta: [(0, local); TX_BATCH],
+            ext: [External::default(); TX_BATCH],
             n: 0,
             oversized,
             gso,
             gso_sends: 0,
             gso_packets: 0,
+            external_packets: 0,
         }
     }
 
@@ -424,6 +442,7 @@ impl Tx {
         }
         let at = self.n * SLOT;
         let fate = faults.map_or(Fate::Send, |f| f.fate());
+        self.ext[self.n] = External::default();
         match fate {
             Fate::Drop => return,
             Fate::Send => {}
@@ -445,13 +464,49 @@ impl Tx {
                 let (a, b) = self.buf.split_at_mut(at);
                 a[at - SLOT..at].swap_with_slice(&mut b[..SLOT]);
                 self.meta.swap(self.n, self.n - 1);
+                self.ext.swap(self.n, self.n - 1);
                 self.n += 1;
                 return;
             }
             Fate::Reorder => {}
         }
+        self.ext[self.n] = External::default();
         self.meta[self.n] = (len as u16, dst);
         self.n += 1;
+    }
+
+    /// Queues a packet whose headers, `head` bytes, were written into
+    /// [`Tx::slot`] and whose payload, `len` bytes at `addr`, is not
+    /// copied: the kernel gathers headers, payload and ICRC (sealed into
+    /// the slot right after the headers when the batch leaves), which
+    /// saves the payload's pass through the slot.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is memory of this process that no peer may write
+    /// (`Arena::peer_may_write`), owned by a work request that cannot
+    /// complete before this batch leaves. The provider keeps the second
+    /// part by flushing at the end of every locked section of a shard that
+    /// commits (a completion is only seen by a later poll, which takes the
+    /// same lock).
+    pub unsafe fn commit_external(
+        &mut self,
+        head: usize,
+        addr: usize,
+        len: usize,
+        dst: SocketAddrV4,
+    ) {
+        let total = head + len + ICRC_LEN;
+        if head < BTH_LEN || head + ICRC_LEN > SLOT || total > usize::from(u16::MAX) {
+            return;
+        }
+        self.meta[self.n] = (total as u16, dst);
+        self.ext[self.n] = External {
+            head: head as u16,
+            addr,
+            len: len as u32,
+        };
+        self.n += 1;
+        self.external_packets += 1;
     }
 
     /// Seals packet `i` for IP ID `ident`.
@@ -464,8 +519,50 @@ impl Tx {
             dst: dst.port(),
         };
         let at = i * SLOT;
+        let e = self.ext[i];
+        if e.len > 0 {
+            let head = usize::from(e.head);
+            // SAFETY: `commit_external`'s contract: memory no peer may
+            // write, alive and unchanged until the batch has left.
+            let payload =
+                unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len as usize) };
+            if let Ok(v) = icrc::compute_ipv4_parts(&ip, ports, &self.buf[at..at + head], payload) {
+                self.buf[at + head..at + head + ICRC_LEN].copy_from_slice(&v.to_le_bytes());
+            }
+            return;
+        }
         // Cannot fail: `commit` only queues lengths sealing accepts.
         let _ = icrc::seal_ipv4(&ip, ports, &mut self.buf[at..at + len as usize]);
+    }
+
+    /// The iovecs of packet `i` into `out` (one, or three for a packet
+    /// with an external payload); returns how many.
+    fn packet_iovecs(&mut self, i: usize, out: &mut [libc::iovec]) -> usize {
+        let (len, _) = self.meta[i];
+        let e = self.ext[i];
+        let slot = self.buf[i * SLOT..].as_mut_ptr();
+        if e.len == 0 {
+            out[0] = libc::iovec {
+                iov_base: slot as *mut libc::c_void,
+                iov_len: len as usize,
+            };
+            return 1;
+        }
+        let head = usize::from(e.head);
+        out[0] = libc::iovec {
+            iov_base: slot as *mut libc::c_void,
+            iov_len: head,
+        };
+        out[1] = libc::iovec {
+            iov_base: e.addr as *mut libc::c_void,
+            iov_len: e.len as usize,
+        };
+        out[2] = libc::iovec {
+            // SAFETY: head + ICRC_LEN <= SLOT (`commit_external`).
+            iov_base: unsafe { slot.add(head) } as *mut libc::c_void,
+            iov_len: ICRC_LEN,
+        };
+        3
     }
 
     /// Where the run of packets starting at `i` that can leave as one
@@ -518,25 +615,24 @@ impl Tx {
             // initial values; every pointer set below points into `self`
             // or these stack arrays, alive for the call.
             let mut addrs: [libc::sockaddr_in; TX_BATCH] = unsafe { std::mem::zeroed() };
-            let mut iov: [libc::iovec; TX_BATCH] = unsafe { std::mem::zeroed() };
+            let mut iov: [libc::iovec; 3 * TX_BATCH] = unsafe { std::mem::zeroed() };
             let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
             let mut cmsgs = [[0u64; CMSG_WORDS]; TX_BATCH];
+            let mut used = 0;
             for r in 0..cnt {
                 let (a, b) = runs[off + r];
                 let (a, b) = (a as usize, b as usize);
                 let (seg, dst) = self.meta[a];
                 addrs[r] = sockaddr(dst);
-                for (k, v) in iov.iter_mut().enumerate().take(b).skip(a) {
-                    *v = libc::iovec {
-                        iov_base: self.buf[k * SLOT..].as_mut_ptr() as *mut libc::c_void,
-                        iov_len: self.meta[k].0 as usize,
-                    };
+                let first = used;
+                for k in a..b {
+                    used += self.packet_iovecs(k, &mut iov[used..]);
                 }
                 let h = &mut hdrs[r].msg_hdr;
                 h.msg_name = &mut addrs[r] as *mut _ as *mut libc::c_void;
                 h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-                h.msg_iov = &mut iov[a];
-                h.msg_iovlen = b - a;
+                h.msg_iov = &mut iov[first];
+                h.msg_iovlen = used - first;
                 if b - a > 1 {
                     // SAFETY: the buffer is CMSG_SPACE(2) bytes or more and
                     // aligned; CMSG_FIRSTHDR of a msghdr whose control
@@ -609,21 +705,21 @@ impl Tx {
 
     /// Sends packet `i` alone (the fallback of a refused GSO send).
     fn send_one(&mut self, i: usize) {
-        let (len, dst) = self.meta[i];
-        let sa = sockaddr(dst);
+        let (_, dst) = self.meta[i];
+        let mut sa = sockaddr(dst);
+        // SAFETY: zeroed iovecs and msghdr are valid initial values.
+        let mut iov: [libc::iovec; 3] = unsafe { std::mem::zeroed() };
+        let n = self.packet_iovecs(i, &mut iov);
+        // SAFETY: as above.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        h.msg_iov = iov.as_mut_ptr();
+        h.msg_iovlen = n;
         loop {
-            // SAFETY: pointer and length into `self.buf`, a valid
-            // sockaddr_in.
-            let r = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    self.buf[i * SLOT..].as_ptr() as *const libc::c_void,
-                    len as usize,
-                    libc::MSG_DONTWAIT,
-                    &sa as *const libc::sockaddr_in as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            };
+            // SAFETY: the iovecs point into `self.buf` and at memory
+            // `commit_external` vouched for; a valid sockaddr_in.
+            let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &h, libc::MSG_DONTWAIT) };
             if r >= 0 {
                 return;
             }

@@ -12,9 +12,10 @@ pub(crate) struct PdInner {
 }
 
 impl PdInner {
-    /// Whether an SGE lies in a live registration of this PD with `need`.
-    pub(crate) fn check_local(&self, sge: &Sge, need: Access) -> bool {
-        self.mrs.check_local(sge, need)
+    /// Whether an SGE lies in a live registration of this PD with `need`,
+    /// and if so, whether a peer may write its memory.
+    pub(crate) fn check_local_source(&self, sge: &Sge, need: Access) -> Option<bool> {
+        self.mrs.check_local_source(sge, need)
     }
 }
 

@@ -102,6 +102,8 @@ struct SqEntry {
     total: u32,
     ranges: [(usize, usize); MAX_SGE],
     nr: usize,
+    /// No peer may write the ranges' memory ([`crate::mem::Arena::peer_may_write`]).
+    private: bool,
     /// Every PSN acknowledged (or, for reads, every response placed).
     done: bool,
     /// Reads: response packets placed.
@@ -277,6 +279,22 @@ unsafe fn gather(ranges: &[(usize, usize)], mut off: usize, dst: &mut [u8]) {
         off = 0;
     }
 }
+
+/// The address of bytes `off..off + len` of the concatenated `ranges`,
+/// when they lie in one range.
+fn within_one_range(ranges: &[(usize, usize)], mut off: usize, len: usize) -> Option<usize> {
+    for &(addr, rlen) in ranges {
+        if off < rlen {
+            return (off + len <= rlen).then_some(addr + off);
+        }
+        off -= rlen;
+    }
+    None
+}
+
+/// Payloads shorter than this are copied into the transmit slot even from
+/// private memory: two more iovecs cost more than the copy.
+const EXTERNAL_MIN: usize = 1024;
 
 /// Copies `src` to byte `off` of the concatenated `ranges`; false if it
 /// does not fit (nothing is copied then).
@@ -517,8 +535,14 @@ impl RcQp {
             Access::NONE
         };
         let mut local_err = None;
-        if !wr.sgl.iter().all(|s| self.pd.check_local(s, need)) {
-            local_err = Some(WcStatus::LocProtErr);
+        // Whether no peer may write the payload's memory (then its packets
+        // leave straight from it, `emit_data`).
+        let mut private = true;
+        for s in wr.sgl.iter() {
+            match self.pd.check_local_source(s, need) {
+                Some(peer_may_write) => private &= !peer_may_write,
+                None => local_err = Some(WcStatus::LocProtErr),
+            }
         }
         let total64 = wr.sgl.total_len();
         if total64 > (1 << 31) {
@@ -552,6 +576,7 @@ impl RcQp {
             total,
             ranges,
             nr,
+            private,
             done: false,
             got: 0,
             local_err,
@@ -964,19 +989,36 @@ impl RcQp {
         let at = p.payload_offset();
         let ranges = e.ranges;
         let nr = e.nr;
+        let off = (i * mtu.bytes()) as usize;
+        // A payload in memory no peer may write, of whole words (no pad)
+        // and in one range, is not copied: the kernel gathers it from the
+        // registered memory (`Tx::commit_external`). Not under injected
+        // faults, which duplicate and reorder slots.
+        let external =
+            (e.private && len >= EXTERNAL_MIN && len % 4 == 0 && !self.faults.policy.is_active())
+                .then(|| within_one_range(&ranges[..nr], off, len))
+                .flatten();
         let slot = tx.slot();
+        if let Some(addr) = external {
+            // Headers into the slot, payload left out; its ICRC is sealed
+            // with the batch.
+            if p.emit_around_payload(slot).is_ok() {
+                // SAFETY: `e.private`: no peer may write the memory; the
+                // ranges were validated at post time and belong to this
+                // queued work request, whose completion (whatever makes it
+                // in this step) is seen only by a poll, which takes the
+                // shard's lock after this step has flushed the batch.
+                unsafe { tx.commit_external(at, addr, len, peer.addr) };
+            }
+            self.note_sent(psn.next());
+            return;
+        }
         // The payload goes straight from the registered memory into the
         // slot (`p` carries zeros only for its length).
         if let Ok(n) = p.emit_around_payload(slot) {
             // SAFETY: ranges were validated against live registrations at
             // post time; the buffers are owned by the queued work request.
-            unsafe {
-                gather(
-                    &ranges[..nr],
-                    (i * mtu.bytes()) as usize,
-                    &mut slot[at..at + len],
-                )
-            };
+            unsafe { gather(&ranges[..nr], off, &mut slot[at..at + len]) };
             tx.commit(n, peer.addr, Some(&mut self.faults));
         }
         self.note_sent(psn.next());

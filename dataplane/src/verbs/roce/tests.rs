@@ -478,6 +478,64 @@ fn before_sleep_sends_the_held_ack() {
     assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
 }
 
+/// A Send from memory no peer may write leaves without a copy into the
+/// transmit slot (headers and ICRC in the slot, the payload gathered by
+/// the kernel from where it lies), and the peer gets the same packets
+/// with valid ICRCs (`Fake::recv` checks each). From memory registered
+/// `REMOTE_WRITE` the payload is copied as before.
+#[test]
+fn a_payload_no_peer_may_write_leaves_from_where_it_lies() {
+    let ((_, pip), (_, fip)) = (addrs(), addrs());
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, ""), b"world");
+    let (_, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let mut s = t.join().unwrap();
+    let external = |s: &Side| lock(&s.qp.shard.state).tx.external_packets;
+    let receive = |fake: &Fake, len: usize| {
+        let (mut got, mut last) = (Vec::new(), 0);
+        while got.len() < len {
+            let raw = fake.recv_rc();
+            let p = RocePacket::parse(&raw).unwrap();
+            got.extend_from_slice(p.payload);
+            last = p.bth.psn.value();
+        }
+        (got, last)
+    };
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 % 251) as u8).collect();
+    let before = external(&s);
+    s.send(&data);
+    let (got, last) = receive(&fake, data.len());
+    assert_eq!(got, data);
+    // Two full packets at lo's 4096-byte MTU, both from where they lie.
+    assert_eq!(lo_path_mtu(), Mtu::Mtu4096);
+    assert_eq!(external(&s) - before, 2);
+    fake_ack(&fake, qpn, last, Syndrome::ACK, 1);
+    drop(next_completion(&s.cq));
+
+    // The exposed region is registered REMOTE_WRITE: copied.
+    let exposed = Slab::new(
+        s.mr.info.arena.clone(),
+        0,
+        8192,
+        1,
+        s.mr.lkey(),
+        WrKind::Send,
+    )
+    .unwrap();
+    let mut b = exposed.alloc().unwrap();
+    assert!(b.fill(&data));
+    let before = external(&s);
+    s.qp.post_send(SendWr::new(
+        b.wr_id(),
+        SendOp::Send,
+        SgeList::one(Sge::data(b)),
+    ))
+    .unwrap();
+    let (got, _) = receive(&fake, data.len());
+    assert_eq!(got, data);
+    assert_eq!(external(&s), before);
+}
+
 #[test]
 fn requester_sends_from_the_psn_of_the_rep_retransmits_then_retry_exceeded() {
     let (pip, fip) = addrs();

@@ -97,19 +97,39 @@ fn udp_len(roce: &[u8]) -> Result<u16> {
 /// CRC over the already masked IP header, the UDP header (checksum masked
 /// here) and the RoCE packet `roce` (BTH .. pad, ICRC slot excluded).
 fn crc(ip_masked: &[u8], udp: [u8; UDP_HDR_LEN], roce: &[u8]) -> u32 {
+    crc_parts(ip_masked, udp, &roce[..roce.len() - ICRC_LEN], &[])
+}
+
+/// [`crc`] of a packet whose bytes before the ICRC are `head` (BTH and
+/// the other headers, at least [`BTH_LEN`] bytes) then `payload`.
+fn crc_parts(ip_masked: &[u8], udp: [u8; UDP_HDR_LEN], head: &[u8], payload: &[u8]) -> u32 {
+    // The masked prefix laid out in one buffer and hashed in one update:
+    // six updates of a few bytes each took the hasher's slow path for
+    // short inputs, 4 % of a sending core at 4 GB/s.
+    let mut prefix = [0xFFu8; PREFIX_MAX];
+    let mut at = 8;
+    let mut put = |b: &[u8]| {
+        prefix[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    };
+    put(ip_masked);
+    put(&udp[..6]);
+    at += 2; // UDP checksum masked
+    let masked = at + BTH_MASKED_BYTE;
+    let head_in = head.len().min(PREFIX_MAX - at);
+    prefix[at..at + head_in].copy_from_slice(&head[..head_in]);
+    prefix[masked] = 0xFF;
     let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]);
-    h.update(ip_masked);
-    let mut udp = udp;
-    udp[6] = 0xFF;
-    udp[7] = 0xFF;
-    h.update(&udp);
-    let body = &roce[..roce.len() - ICRC_LEN];
-    h.update(&body[..BTH_MASKED_BYTE]);
-    h.update(&[0xFF]);
-    h.update(&body[BTH_MASKED_BYTE + 1..]);
+    h.update(&prefix[..at + head_in]);
+    h.update(&head[head_in..]);
+    h.update(payload);
     h.finalize()
 }
+
+/// The masked prefix `crc_parts` hashes at once: the 8 bytes of ones, an
+/// IPv6 header, the UDP header and the longest RoCE headers (BTH, RETH,
+/// ImmDt and more fit in 64).
+const PREFIX_MAX: usize = 8 + 40 + UDP_HDR_LEN + 64;
 
 fn udp_header(ports: UdpPorts, len: u16) -> [u8; UDP_HDR_LEN] {
     let mut u = [0u8; UDP_HDR_LEN];
@@ -128,6 +148,35 @@ fn udp_header(ports: UdpPorts, len: u16) -> [u8; UDP_HDR_LEN] {
 /// [`Error::LimitExceeded`] when the IP datagram would exceed 65535 bytes.
 pub fn compute_ipv4(ip: &Ipv4Header, ports: UdpPorts, roce: &[u8]) -> Result<u32> {
     let ulen = udp_len(roce)?;
+    let p = ipv4_masked(ip, ulen)?;
+    Ok(crc(&p, udp_header(ports, ulen), roce))
+}
+
+/// [`compute_ipv4`] of the packet `head`, `payload`, then its ICRC: the
+/// headers and the payload need not be contiguous (a payload sent from
+/// where it lies).
+///
+/// # Errors
+/// [`Error::Truncated`] when `head` is shorter than the BTH;
+/// [`Error::LimitExceeded`] when the IP datagram would exceed 65535 bytes.
+pub fn compute_ipv4_parts(
+    ip: &Ipv4Header,
+    ports: UdpPorts,
+    head: &[u8],
+    payload: &[u8],
+) -> Result<u32> {
+    if head.len() < BTH_LEN {
+        return Err(Error::Truncated);
+    }
+    let ulen = UDP_HDR_LEN + head.len() + payload.len() + ICRC_LEN;
+    let ulen = u16::try_from(ulen).map_err(|_| Error::LimitExceeded)?;
+    let p = ipv4_masked(ip, ulen)?;
+    Ok(crc_parts(&p, udp_header(ports, ulen), head, payload))
+}
+
+/// The IPv4 header as the ICRC covers it (variant fields masked to ones)
+/// for a UDP datagram of `ulen` bytes.
+fn ipv4_masked(ip: &Ipv4Header, ulen: u16) -> Result<[u8; IPV4_HDR_LEN]> {
     let total = ulen
         .checked_add(IPV4_HDR_LEN as u16)
         .ok_or(Error::LimitExceeded)?;
@@ -143,7 +192,7 @@ pub fn compute_ipv4(ip: &Ipv4Header, ports: UdpPorts, roce: &[u8]) -> Result<u32
     p[11] = 0xFF;
     p[12..16].copy_from_slice(&ip.src);
     p[16..20].copy_from_slice(&ip.dst);
-    Ok(crc(&p, udp_header(ports, ulen), roce))
+    Ok(p)
 }
 
 /// ICRC of `roce` sent over IPv6; see [`compute_ipv4`].

@@ -387,6 +387,24 @@ fn icrc_matches_connectx4_capture() {
     roce[32..].fill(0);
     icrc::seal_ipv4(&ip, ports, &mut roce).unwrap();
     assert_eq!(roce[..], frame[28..]);
+    // Headers and payload apart give the same ICRC, wherever they split
+    // (a payload sent from where it lies).
+    for split in [12, 16, 20, 28] {
+        let body = &frame[28..frame.len() - 4];
+        assert_eq!(
+            icrc::compute_ipv4_parts(&ip, ports, &body[..split], &body[split..]),
+            Ok(0x2A00_FD82),
+            "split at {split}"
+        );
+    }
+    assert_eq!(
+        icrc::compute_ipv4_parts(&ip, ports, &frame[28..39], &[]),
+        Err(Error::Truncated)
+    );
+    assert_eq!(
+        icrc::compute_ipv4_parts(&ip, ports, &frame[28..40], &vec![0; 65_500]),
+        Err(Error::LimitExceeded)
+    );
     // BECN (byte 4 of the BTH) is masked: flipping it keeps the ICRC. The
     // IP ID is not: changing it breaks it.
     let mut f = frame.clone();
