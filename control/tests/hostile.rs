@@ -89,11 +89,33 @@ fn a_tcp_connect_burst_is_served_not_refused() {
     );
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
+    // A good client's NULL round trip, quiet, then from the burst's start
+    // until every connection of it was served.
+    let mut good = TcpStream::connect(addr).expect("good client");
+    let quiet = median_round_trip(200, |i| {
+        call_null(&mut good, 900_000 + i).expect("quiet call")
+    });
+    let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calling = {
+        let (start, done) = (start.clone(), done.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            let mut took = Vec::new();
+            while took.len() < 200 || !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = std::time::Instant::now();
+                call_null(&mut good, 910_000 + took.len() as u32)
+                    .expect("a good client's call during the burst");
+                took.push(t.elapsed());
+            }
+            took.sort_unstable();
+            (good, took[took.len() / 2], took.len())
+        })
+    };
 
     // Every thread connects its share as fast as it can (bare connects,
     // nothing else in between), and only then calls on each: the daemon
     // sees one burst, far larger than the worker's control ring.
-    let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let start = start.clone();
@@ -127,18 +149,25 @@ fn a_tcp_connect_burst_is_served_not_refused() {
         .flat_map(|h| h.join().expect("a connection of the burst was not served"))
         .collect();
     assert_eq!(streams.len(), CONNECTIONS);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (good, attacked, calls) = calling.join().expect("the good client was served");
+    report_good_client(
+        &format!("tcp connect burst, {calls} calls during it"),
+        quiet,
+        attacked,
+    );
 
     let body = scrape_until(
         metrics,
         "rpcrdma_listener_connections_total",
-        CONNECTIONS as u64,
+        CONNECTIONS as u64 + 1,
     );
     assert_eq!(
         metric(&body, "rpcrdma_listener_rejected_total"),
         0,
         "{body}"
     );
-    drop(streams);
+    drop((streams, good));
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -246,6 +275,12 @@ fn silent_shm_setups_cost_only_themselves() {
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
     let sock = dir.join("d.sock");
+    // The quiet figure: a client's NULL round trip before the attack.
+    let mut first = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("quiet client");
+    let quiet = median_round_trip(200, |_| {
+        simple_call(&mut first, Args::Null, ReplyTarget::Inline);
+    });
+    first.close().expect("close");
 
     // Connected, never a word (the setup socket is SOCK_SEQPACKET; a
     // stream socket cannot connect to it, so use the same type).
@@ -267,15 +302,18 @@ fn silent_shm_setups_cost_only_themselves() {
     // A good client comes after them and is served at once: its connect
     // would time out if it queued behind fifty 5-second setup timeouts.
     let mut good = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("good client");
-    simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    let attacked = median_round_trip(200, |_| {
+        simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    });
+    report_good_client("50 silent shm setups", quiet, attacked);
 
     // The silent ones are closed when their setup time is up, and counted.
     let body = scrape_until(metrics, "rpcrdma_listener_rejected_total", SILENT as u64);
     assert_eq!(rejected(&body, "setup_timeout"), SILENT as u64, "{body}");
     assert_eq!(
         metric(&body, "rpcrdma_listener_connections_total"),
-        1,
-        "{body}"
+        2,
+        "the quiet client and the good one: {body}"
     );
     for s in &silent {
         let mut byte = [0u8; 1];
@@ -394,6 +432,14 @@ fn a_roce_req_flood_from_many_addresses_is_counted_and_a_good_client_is_served()
     let cfg = config(&dir, &url, metrics, "");
     let mut d = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
     d.wait_for_line("started");
+    // The quiet figure, from the good client's address before the flood.
+    let good_url = format!("{url}?local={good_ip}");
+    let mut first =
+        Client::<Roce>::connect(&good_url, client_config(1 << 20, 4)).expect("quiet client");
+    let quiet = median_round_trip(200, |_| {
+        simple_call(&mut first, Args::Null, ReplyTarget::Inline);
+    });
+    first.close().expect("close");
 
     // Every address floods at once, from a thread of its own.
     let flooders: Vec<_> = (1..=ADDRESSES)
@@ -411,7 +457,6 @@ fn a_roce_req_flood_from_many_addresses_is_counted_and_a_good_client_is_served()
         .collect();
     // The good client connects while the flood arrives and is served.
     let started = std::time::Instant::now();
-    let good_url = format!("{url}?local={good_ip}");
     let mut good = Client::<Roce>::connect(&good_url, client_config(1 << 20, 4))
         .expect("a good client connects during the flood");
     let connected = started.elapsed();
@@ -420,6 +465,10 @@ fn a_roce_req_flood_from_many_addresses_is_counted_and_a_good_client_is_served()
         "good client during the flood: connected in {connected:?}, first call answered at {:?}",
         started.elapsed()
     );
+    let attacked = median_round_trip(200, |_| {
+        simple_call(&mut good, Args::Null, ReplyTarget::Inline);
+    });
+    report_good_client("roce REQ flood", quiet, attacked);
     let sockets: Vec<std::net::UdpSocket> =
         flooders.into_iter().map(|f| f.join().unwrap()).collect();
     // Refusals happen and every one a flooder was told of is counted

@@ -316,6 +316,32 @@ pub fn skip(why: &str) {
     println!("skipped: {why}");
 }
 
+/// The median of `calls` round trips of `call` (given a call number):
+/// the good client's latency the hostile tests report beside its quiet
+/// figure. Printed, never asserted: the machine's load moves it.
+#[allow(dead_code)]
+pub fn median_round_trip(calls: u32, mut call: impl FnMut(u32)) -> Duration {
+    let mut took: Vec<Duration> = (0..calls)
+        .map(|i| {
+            let t = std::time::Instant::now();
+            call(i);
+            t.elapsed()
+        })
+        .collect();
+    took.sort_unstable();
+    took.get(took.len() / 2).copied().unwrap_or_default()
+}
+
+/// One line comparing a good client's median NULL round trip under an
+/// attack with its quiet one.
+#[allow(dead_code)]
+pub fn report_good_client(what: &str, quiet: Duration, attacked: Duration) {
+    println!(
+        "good client NULL p50 ({what}): quiet {quiet:?}, under attack {attacked:?} ({:.2}x)",
+        attacked.as_secs_f64() / quiet.as_secs_f64().max(1e-9)
+    );
+}
+
 /// The sum of every sample of the metric `name` in a Prometheus body.
 #[allow(dead_code)]
 pub fn metric(body: &str, name: &str) -> u64 {
