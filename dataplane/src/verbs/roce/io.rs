@@ -488,16 +488,19 @@ impl Tx {
     /// part by flushing at the end of every locked section of a shard that
     /// commits (a completion is only seen by a later poll, which takes the
     /// same lock).
+    ///
+    /// False (nothing queued) for sizes no emitter produces: the caller
+    /// then copies the payload into the slot as for any packet.
     pub unsafe fn commit_external(
         &mut self,
         head: usize,
         addr: usize,
         len: usize,
         dst: SocketAddrV4,
-    ) {
+    ) -> bool {
         let total = head + len + ICRC_LEN;
         if head < BTH_LEN || head + ICRC_LEN > SLOT || total > usize::from(u16::MAX) {
-            return;
+            return false;
         }
         self.meta[self.n] = (total as u16, dst);
         self.ext[self.n] = External {
@@ -507,6 +510,7 @@ impl Tx {
         };
         self.n += 1;
         self.external_packets += 1;
+        true
     }
 
     /// Seals packet `i` for IP ID `ident`.

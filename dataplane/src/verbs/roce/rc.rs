@@ -998,30 +998,30 @@ impl RcQp {
             (e.private && len >= EXTERNAL_MIN && len % 4 == 0 && !self.faults.policy.is_active())
                 .then(|| within_one_range(&ranges[..nr], off, len))
                 .flatten();
-        let slot = tx.slot();
-        if let Some(addr) = external {
-            // Headers into the slot, payload left out; its ICRC is sealed
-            // with the batch.
-            if p.emit_around_payload(slot).is_ok() {
-                // SAFETY: `e.private`: no peer may write the memory; the
-                // ranges were validated at post time and belong to this
-                // queued work request, whose completion (whatever makes it
-                // in this step) is seen only by a poll, which takes the
-                // shard's lock after this step has flushed the batch.
-                unsafe { tx.commit_external(at, addr, len, peer.addr) };
-            }
-            self.note_sent(psn.next());
+        self.note_sent(psn.next());
+        let Ok(n) = p.emit_around_payload(tx.slot()) else {
             return;
+        };
+        if let Some(addr) = external {
+            // Headers in the slot, the payload left where it lies; its
+            // ICRC is sealed with the batch.
+            // SAFETY: `e.private`: no peer may write the memory; the
+            // ranges were validated at post time and belong to this queued
+            // work request, whose completion (whatever makes it in this
+            // step) is seen only by a poll, which takes the shard's lock
+            // after this step has flushed the batch.
+            if unsafe { tx.commit_external(at, addr, len, peer.addr) } {
+                return;
+            }
         }
         // The payload goes straight from the registered memory into the
-        // slot (`p` carries zeros only for its length).
-        if let Ok(n) = p.emit_around_payload(slot) {
-            // SAFETY: ranges were validated against live registrations at
-            // post time; the buffers are owned by the queued work request.
-            unsafe { gather(&ranges[..nr], off, &mut slot[at..at + len]) };
-            tx.commit(n, peer.addr, Some(&mut self.faults));
-        }
-        self.note_sent(psn.next());
+        // slot (`p` carried zeros only for its length): the same slot, as
+        // nothing was queued since.
+        let slot = tx.slot();
+        // SAFETY: ranges were validated against live registrations at post
+        // time; the buffers are owned by the queued work request.
+        unsafe { gather(&ranges[..nr], off, &mut slot[at..at + len]) };
+        tx.commit(n, peer.addr, Some(&mut self.faults));
     }
 
     /// Rewinds transmission to `psn` (go-back-N).
