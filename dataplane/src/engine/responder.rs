@@ -1267,8 +1267,14 @@ impl Connection {
                 self.stats.replies_sent += 1;
                 Then::Return
             }
+            // Only a reply op's count: while a Read of the call is still
+            // posted (a slot closed while pulling), a forged or repeated
+            // reply-op completion must not free the slot under the Read,
+            // which still writes into its buffer and holds the
+            // connection's Read count.
             (S::AwaitingCompletions | S::Draining, E::ReplyOpDone { wr_id })
-                if wr_id.same_generation(s.generation) && s.ops_in_flight > 0 =>
+                if wr_id.same_generation(s.generation)
+                    && s.ops_in_flight as usize > s.reads_issued - s.reads_done =>
             {
                 s.ops_in_flight -= 1;
                 Then::Settle
