@@ -53,13 +53,13 @@ fn instant_after(now: engine::Instant, d: std::time::Duration) -> engine::Instan
     now.saturating_add(d)
 }
 
-/// Buffers of the loop, allocated once, and the worker's relay.
 /// The largest call copied out so that its reply is encoded in place:
 /// the copy costs the call's bytes and saves the reply's, so it pays for
 /// the small calls of reads (and any call up to an inline threshold),
 /// while a large WRITE, whose reply is small, keeps its call where it is.
 const IN_PLACE_CALL_MAX: usize = 4096;
 
+/// Buffers of the loop, allocated once, and the worker's relay.
 struct Scratch {
     wcs: Vec<Completion>,
     /// Where the service writes an RDMA reply (TCP replies are written in
