@@ -959,13 +959,8 @@ impl Worker {
             let limit = out.len().min(scratch.reply.len());
             match self.dispatcher.dispatch(call_copy, &mut out[..limit]) {
                 Dispatched::Reply { len, ddp } => {
-                    match ep.connection_mut().send_reply_in_place(now, call, len, ddp) {
-                        Ok(()) => c.rpcs.add(1),
-                        Err(_) => match xid {
-                            Some(xid) => self.answer_system_err(now, ep, call, xid),
-                            None => c.errors_reply.add(1),
-                        },
-                    }
+                    let sent = ep.connection_mut().send_reply_in_place(now, call, len, ddp);
+                    self.answered(now, ep, call, xid, sent);
                 }
                 Dispatched::Drop => {
                     c.errors_dropped_calls.add(1);
@@ -1004,7 +999,21 @@ impl Worker {
         xid: Option<[u8; 4]>,
         reply: &OutgoingReply<'_>,
     ) {
-        match ep.connection_mut().send_reply(now, call, reply) {
+        let sent = ep.connection_mut().send_reply(now, call, reply);
+        self.answered(now, ep, call, xid, sent);
+    }
+
+    /// Counts a reply the engine took, or answers SYSTEM_ERR for one it
+    /// refused (see [`Worker::answer`]).
+    fn answered<P: PoolProvider>(
+        &self,
+        now: engine::Instant,
+        ep: &mut Endpoint<P>,
+        call: IncomingCall,
+        xid: Option<[u8; 4]>,
+        sent: Result<(), engine::ReplyError>,
+    ) {
+        match sent {
             Ok(()) => self.counters.rpcs.add(1),
             Err(_) => match xid {
                 Some(xid) => self.answer_system_err(now, ep, call, xid),
