@@ -20,10 +20,19 @@ use super::requester::CallState;
 use super::responder::ServeState;
 use super::{
     Access, AppChunks, BufId, CallFailure, CallHandle, CloseReason, Config, Connection, DdpItem,
-    Event, IncomingCall, Instant, LocalSlice, Memory, OutgoingCall, OutgoingReply, ReplyExpect,
-    WcStatus, WorkRequest, WrId,
+    Event, IncomingCall, Instant, LocalSlice, Memory, OutgoingCall, OutgoingReply, PeerMemory,
+    ReplyExpect, SlabMemory, WcStatus, WorkRequest, WrId,
 };
 use crate::wire::rpcrdma::{ErrorBody, Limits, MessageBody, ReadSegment, Segment, TransportHeader};
+
+/// The bit number of a [`Coverage`] label, checked and found at compile
+/// time.
+macro_rules! label {
+    ($l:literal) => {
+        const { $crate::engine::fuzz::Coverage::index($l) }
+    };
+}
+pub(crate) use label;
 
 /// What one input reached, as a bit set over [`Coverage::LABELS`]: slot
 /// states seen between inputs, events, work-request kinds, and engine
@@ -100,10 +109,33 @@ impl Coverage {
         "endpoint: error_completions",
     ];
 
-    fn set(&mut self, label: &str) {
-        if let Some(i) = Self::LABELS.iter().position(|l| *l == label) {
-            self.0 |= 1 << i;
+    /// The bit of `label`, found at compile time through [`label!`]
+    /// (the labels are marked thousands of times per input: a search by
+    /// name each time cost a tenth of the fuzzers' time).
+    ///
+    /// # Panics
+    /// If no label is called `label` (at compile time, in a `const`).
+    pub(crate) const fn index(label: &str) -> usize {
+        let l = label.as_bytes();
+        let mut i = 0;
+        while i < Self::LABELS.len() {
+            let c = Self::LABELS[i].as_bytes();
+            if c.len() == l.len() {
+                let mut j = 0;
+                while j < c.len() && c[j] == l[j] {
+                    j += 1;
+                }
+                if j == c.len() {
+                    return i;
+                }
+            }
+            i += 1;
         }
+        panic!("no such coverage label")
+    }
+
+    fn set(&mut self, i: usize) {
+        self.0 |= 1 << i;
     }
 
     /// Whether the input reached `label`.
@@ -119,52 +151,54 @@ impl Coverage {
         for s in &c.calls {
             match s.state {
                 CallState::Free => {}
-                CallState::Queued => self.set("call: Queued"),
-                CallState::Sent => self.set("call: Sent"),
-                CallState::PullingReplyReadChunk => self.set("call: PullingReplyReadChunk"),
-                CallState::ReplyReady => self.set("call: ReplyReady"),
-                CallState::Abandoned => self.set("call: Abandoned"),
-                CallState::Draining => self.set("call: Draining"),
+                CallState::Queued => self.set(label!("call: Queued")),
+                CallState::Sent => self.set(label!("call: Sent")),
+                CallState::PullingReplyReadChunk => self.set(label!("call: PullingReplyReadChunk")),
+                CallState::ReplyReady => self.set(label!("call: ReplyReady")),
+                CallState::Abandoned => self.set(label!("call: Abandoned")),
+                CallState::Draining => self.set(label!("call: Draining")),
             }
         }
         for s in &c.serves {
             match s.state {
                 ServeState::Free => {}
-                ServeState::PullingReadChunks => self.set("serve: PullingReadChunks"),
-                ServeState::Executing => self.set("serve: Executing"),
-                ServeState::AwaitingCompletions => self.set("serve: AwaitingCompletions"),
-                ServeState::AwaitingDone => self.set("serve: AwaitingDone"),
-                ServeState::Draining => self.set("serve: Draining"),
+                ServeState::PullingReadChunks => self.set(label!("serve: PullingReadChunks")),
+                ServeState::Executing => self.set(label!("serve: Executing")),
+                ServeState::AwaitingCompletions => self.set(label!("serve: AwaitingCompletions")),
+                ServeState::AwaitingDone => self.set(label!("serve: AwaitingDone")),
+                ServeState::Draining => self.set(label!("serve: Draining")),
             }
         }
     }
 
     pub(crate) fn event(&mut self, ev: &Event) {
         match ev {
-            Event::CallArrived { .. } => self.set("event: CallArrived"),
+            Event::CallArrived { .. } => self.set(label!("event: CallArrived")),
             Event::ReplyArrived { ddp_len, .. } => {
-                self.set("event: ReplyArrived");
+                self.set(label!("event: ReplyArrived"));
                 if ddp_len.is_some() {
-                    self.set("event: ReplyArrived with DDP");
+                    self.set(label!("event: ReplyArrived with DDP"));
                 }
             }
             Event::CallFailed { reason, .. } => self.set(match reason {
-                CallFailure::PeerVersionError { .. } => "event: CallFailed PeerVersionError",
-                CallFailure::PeerChunkError => "event: CallFailed PeerChunkError",
-                CallFailure::PeerError { .. } => "event: CallFailed PeerError",
-                CallFailure::MalformedReply => "event: CallFailed MalformedReply",
-                CallFailure::UnsupportedReply => "event: CallFailed UnsupportedReply",
-                CallFailure::ReplyTooLarge => "event: CallFailed ReplyTooLarge",
-                CallFailure::Timeout => "event: CallFailed Timeout",
-                CallFailure::ConnectionLost => "event: CallFailed ConnectionLost",
-                CallFailure::NoKeyWindow => "event: CallFailed NoKeyWindow",
+                CallFailure::PeerVersionError { .. } => {
+                    label!("event: CallFailed PeerVersionError")
+                }
+                CallFailure::PeerChunkError => label!("event: CallFailed PeerChunkError"),
+                CallFailure::PeerError { .. } => label!("event: CallFailed PeerError"),
+                CallFailure::MalformedReply => label!("event: CallFailed MalformedReply"),
+                CallFailure::UnsupportedReply => label!("event: CallFailed UnsupportedReply"),
+                CallFailure::ReplyTooLarge => label!("event: CallFailed ReplyTooLarge"),
+                CallFailure::Timeout => label!("event: CallFailed Timeout"),
+                CallFailure::ConnectionLost => label!("event: CallFailed ConnectionLost"),
+                CallFailure::NoKeyWindow => label!("event: CallFailed NoKeyWindow"),
             }),
             Event::ConnectionLost { reason } => self.set(match reason {
-                CloseReason::Local => "event: ConnectionLost Local",
-                CloseReason::CreditOverrun => "event: ConnectionLost CreditOverrun",
-                CloseReason::TransportError(_) => "event: ConnectionLost TransportError",
-                CloseReason::Idle => "event: ConnectionLost Idle",
-                CloseReason::PeerDisconnected => "event: ConnectionLost PeerDisconnected",
+                CloseReason::Local => label!("event: ConnectionLost Local"),
+                CloseReason::CreditOverrun => label!("event: ConnectionLost CreditOverrun"),
+                CloseReason::TransportError(_) => label!("event: ConnectionLost TransportError"),
+                CloseReason::Idle => label!("event: ConnectionLost Idle"),
+                CloseReason::PeerDisconnected => label!("event: ConnectionLost PeerDisconnected"),
             }),
         }
     }
@@ -175,48 +209,51 @@ impl Coverage {
             WorkRequest::Send {
                 invalidate_rkey, ..
             } => {
-                self.set("wr: Send");
+                self.set(label!("wr: Send"));
                 if invalidate_rkey.is_some() {
-                    self.set("wr: Send with invalidate");
+                    self.set(label!("wr: Send with invalidate"));
                 }
             }
-            WorkRequest::RdmaRead { .. } => self.set("wr: RdmaRead"),
-            WorkRequest::RdmaWrite { .. } => self.set("wr: RdmaWrite"),
-            WorkRequest::Bind { .. } => self.set("wr: Bind"),
-            WorkRequest::Invalidate { .. } => self.set("wr: Invalidate"),
+            WorkRequest::RdmaRead { .. } => self.set(label!("wr: RdmaRead")),
+            WorkRequest::RdmaWrite { .. } => self.set(label!("wr: RdmaWrite")),
+            WorkRequest::Bind { .. } => self.set(label!("wr: Bind")),
+            WorkRequest::Invalidate { .. } => self.set(label!("wr: Invalidate")),
         }
     }
 
     pub(crate) fn stats(&mut self, c: &Connection) {
         let s = c.stats();
         for (n, label) in [
-            (s.replies_exposed, "stats: replies_exposed"),
-            (s.replies_pulled, "stats: replies_pulled"),
-            (s.done_received, "stats: done_received"),
-            (s.done_sent, "stats: done_sent"),
-            (s.done_timeouts, "stats: done_timeouts"),
-            (s.done_ignored, "stats: done_ignored"),
-            (s.err_vers_sent, "stats: err_vers_sent"),
-            (s.err_chunk_sent, "stats: err_chunk_sent"),
-            (s.stale_completions, "stats: stale_completions"),
-            (s.calls_parked, "stats: calls_parked"),
-            (s.unmatched_replies, "stats: unmatched_replies"),
-            (s.late_replies, "stats: late_replies"),
-            (s.conf_rdma_answered, "stats: conf_rdma_answered"),
-            (s.conf_rdma_refused, "stats: conf_rdma_refused"),
-            (s.credit_overruns, "stats: credit_overruns"),
-            (s.runts_dropped, "stats: runts_dropped"),
-            (s.bad_recv_len, "stats: bad_recv_len"),
+            (s.replies_exposed, label!("stats: replies_exposed")),
+            (s.replies_pulled, label!("stats: replies_pulled")),
+            (s.done_received, label!("stats: done_received")),
+            (s.done_sent, label!("stats: done_sent")),
+            (s.done_timeouts, label!("stats: done_timeouts")),
+            (s.done_ignored, label!("stats: done_ignored")),
+            (s.err_vers_sent, label!("stats: err_vers_sent")),
+            (s.err_chunk_sent, label!("stats: err_chunk_sent")),
+            (s.stale_completions, label!("stats: stale_completions")),
+            (s.calls_parked, label!("stats: calls_parked")),
+            (s.unmatched_replies, label!("stats: unmatched_replies")),
+            (s.late_replies, label!("stats: late_replies")),
+            (s.conf_rdma_answered, label!("stats: conf_rdma_answered")),
+            (s.conf_rdma_refused, label!("stats: conf_rdma_refused")),
+            (s.credit_overruns, label!("stats: credit_overruns")),
+            (s.runts_dropped, label!("stats: runts_dropped")),
+            (s.bad_recv_len, label!("stats: bad_recv_len")),
             (
                 s.unknown_remote_invalidations,
-                "stats: unknown_remote_invalidations",
+                label!("stats: unknown_remote_invalidations"),
             ),
             (
                 s.unnegotiated_read_list_replies,
-                "stats: unnegotiated_read_list_replies",
+                label!("stats: unnegotiated_read_list_replies"),
             ),
-            (s.error_replies_dropped, "stats: error_replies_dropped"),
-            (s.idle_closes, "stats: idle_closes"),
+            (
+                s.error_replies_dropped,
+                label!("stats: error_replies_dropped"),
+            ),
+            (s.idle_closes, label!("stats: idle_closes")),
         ] {
             if n > 0 {
                 self.set(label);
@@ -224,9 +261,10 @@ impl Coverage {
         }
     }
 
-    /// Marks `label` by name (the endpoint target's own observations).
-    pub(crate) fn mark(&mut self, label: &str) {
-        self.set(label);
+    /// Marks label number `i` (the endpoint target's own observations;
+    /// [`label!`] gives the number of a name).
+    pub(crate) fn mark(&mut self, i: usize) {
+        self.set(i);
     }
 }
 
@@ -769,9 +807,9 @@ impl PeerModel {
             },
         );
         if r.is_ok() {
-            cov.set("reply sent");
+            cov.set(label!("reply sent"));
             if !ddp.is_empty() {
-                cov.set("reply sent with DDP");
+                cov.set(label!("reply sent with DDP"));
             }
         }
     }
@@ -813,6 +851,97 @@ fn write_through(
         out.push(used);
     }
     out
+}
+
+/// Regions kept from one input to the next, by length: building a
+/// connection's slab afresh for every input (a megabyte, allocated,
+/// zeroed and unmapped under AddressSanitizer) cost most of an input's
+/// time. Each is handed out zeroed and exactly as long as the connection
+/// asks, so the engine sees what [`Connection::new`] would give it and
+/// AddressSanitizer still catches an access past either region's end.
+#[derive(Default)]
+struct Spare {
+    private: HashMap<usize, Vec<u8>>,
+    peer: HashMap<usize, Box<[u8]>>,
+}
+
+thread_local! {
+    static SPARE: core::cell::RefCell<Spare> = core::cell::RefCell::default();
+}
+
+/// A private region taken from [`SPARE`]; it goes back there on drop.
+#[derive(Debug)]
+struct SparePrivate(Vec<u8>);
+
+impl SlabMemory for SparePrivate {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl Drop for SparePrivate {
+    fn drop(&mut self) {
+        let v = core::mem::take(&mut self.0);
+        let _ = SPARE.try_with(|s| s.borrow_mut().private.insert(v.len(), v));
+    }
+}
+
+/// A peer region taken from [`SPARE`] (held as a raw pointer, as the
+/// engine requires of memory a peer writes); it goes back there on drop.
+#[derive(Debug)]
+struct SparePeer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the region is owned by this value alone (raw pointer to a
+// leaked boxed slice); moving it to another thread moves that ownership.
+unsafe impl Send for SparePeer {}
+
+// SAFETY: a boxed slice of `len` bytes, leaked, so mapped until it is
+// reclaimed in drop; no reference to it exists while this value lives.
+unsafe impl PeerMemory for SparePeer {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for SparePeer {
+    fn drop(&mut self) {
+        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes.
+        let b = unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) };
+        let _ = SPARE.try_with(|s| s.borrow_mut().peer.insert(b.len(), b));
+    }
+}
+
+/// [`Connection::new`] over zeroed regions from [`SPARE`].
+fn reused_connection(cfg: Config) -> Result<Connection, super::ConfigError> {
+    let need = Connection::memory_len(&cfg)?;
+    let (private, peer) = SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let mut private = s.private.remove(&need.private).unwrap_or_default();
+        private.clear();
+        private.reserve_exact(need.private);
+        private.resize(need.private, 0);
+        let mut peer = s
+            .peer
+            .remove(&need.peer)
+            .unwrap_or_else(|| vec![0u8; need.peer].into_boxed_slice());
+        peer.fill(0);
+        (private, peer)
+    });
+    let len = peer.len();
+    let peer = SparePeer {
+        ptr: Box::into_raw(peer).cast::<u8>(),
+        len,
+    };
+    Connection::with_memory(cfg, Box::new(SparePrivate(private)), Box::new(peer))
 }
 
 /// Feeds `data` to one [`Connection`] as everything its peer and its
@@ -857,7 +986,7 @@ pub fn fuzz_recv(data: &[u8]) -> Coverage {
         idle_timeout: (flags & 64 != 0).then_some(core::time::Duration::from_millis(3)),
         ..Config::default()
     };
-    let Ok(mut c) = Connection::new(cfg) else {
+    let Ok(mut c) = reused_connection(cfg) else {
         return cov;
     };
     let windows = flags & 2 != 0;
@@ -1113,7 +1242,7 @@ impl Harness {
                     let wr = self.posted.remove(i % self.posted.len());
                     let status = status_of(param);
                     if status != WcStatus::Success {
-                        cov.mark("completion: error status");
+                        cov.mark(label!("completion: error status"));
                     }
                     self.complete(c, wr, status);
                 }
@@ -1214,7 +1343,7 @@ impl Harness {
                         let len = c.buffers().buf_len(buf) + 1 + u32::from(param);
                         c.handle_recv(self.now, id, len);
                     } else {
-                        cov.mark("completion: error status");
+                        cov.mark(label!("completion: error status"));
                         c.handle_completion(self.now, id, status);
                     }
                 }

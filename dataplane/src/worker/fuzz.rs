@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::endpoint::{Endpoint, EndpointConfig, PreparedEndpoint};
-use crate::engine::fuzz::{Input, PeerModel};
+use crate::engine::fuzz::{label, Input, PeerModel};
 use crate::engine::{Config, Coverage, Instant};
 use crate::mem::{self, Arena, Backing};
 use crate::verbs::{
@@ -535,10 +535,13 @@ pub fn fuzz_endpoint(data: &[u8]) -> Coverage {
     cov.stats(h.ep.connection());
     let c = h.ep.counters();
     for (n, label) in [
-        (c.foreign_completions, "endpoint: foreign_completions"),
-        (c.queue_full, "endpoint: queue_full"),
-        (c.post_invalid, "endpoint: post_invalid"),
-        (c.error_completions, "endpoint: error_completions"),
+        (
+            c.foreign_completions,
+            label!("endpoint: foreign_completions"),
+        ),
+        (c.queue_full, label!("endpoint: queue_full")),
+        (c.post_invalid, label!("endpoint: post_invalid")),
+        (c.error_completions, label!("endpoint: error_completions")),
     ] {
         if n > 0 {
             cov.mark(label);
@@ -667,18 +670,18 @@ impl Harness {
             }
         }
         if self.ep.backlog() > 0 {
-            cov.mark("endpoint: backlog");
+            cov.mark(label!("endpoint: backlog"));
         }
         cov.sample(self.ep.connection());
         let s = lock(&self.shared);
         for wr in &s.sends {
             cov.mark(match wr.op {
-                SendOp::Send | SendOp::SendWithImm(_) => "wr: Send",
-                SendOp::SendWithInv(_) => "wr: Send with invalidate",
-                SendOp::Read(_) => "wr: RdmaRead",
-                SendOp::Write(_) | SendOp::WriteWithImm(..) => "wr: RdmaWrite",
-                SendOp::Bind(_) => "wr: Bind",
-                SendOp::LocalInv(_) => "wr: Invalidate",
+                SendOp::Send | SendOp::SendWithImm(_) => label!("wr: Send"),
+                SendOp::SendWithInv(_) => label!("wr: Send with invalidate"),
+                SendOp::Read(_) => label!("wr: RdmaRead"),
+                SendOp::Write(_) | SendOp::WriteWithImm(..) => label!("wr: RdmaWrite"),
+                SendOp::Bind(_) => label!("wr: Bind"),
+                SendOp::LocalInv(_) => label!("wr: Invalidate"),
             });
         }
     }
@@ -778,7 +781,7 @@ impl Harness {
                 let i = usize::from(input.byte()?);
                 let status = verbs_status(param);
                 if status != WcStatus::Success {
-                    cov.mark("completion: error status");
+                    cov.mark(label!("completion: error status"));
                 }
                 self.complete(i, status);
             }
@@ -886,7 +889,7 @@ impl Harness {
                         WcStatus::Success => WcStatus::LocLenErr,
                         e => e,
                     };
-                    cov.mark("completion: error status");
+                    cov.mark(label!("completion: error status"));
                     let id = wr.wr_id;
                     s.completions.push_back(Completion {
                         wr_id: id,
