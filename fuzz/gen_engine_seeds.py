@@ -140,10 +140,75 @@ seeds = {
 }
 
 
+# Message continuation (draft-dnoveck-rpcrdma-rtrext-02): the peer turns it
+# on with a CONF_RDMA version 2 call listing RTR Support (property 3, all
+# three operations) and its group limits (properties 5 and 6, 4 each).
+def prop(pid, value):
+    return u32(pid) + u32(len(value)) + value
+
+
+def rpc_call(xid, prog, vers, proc_, args=b""):
+    return u32(xid) + u32(0) + u32(2) + u32(prog) + u32(vers) + u32(proc_) + u32(0) * 4 + args
+
+
+CONF_V2 = raw(rdma_hdr(0x0c01, 4, 0) + rpc_call(
+    0x0c01, 100417, 2, 1,
+    u32(4096) + u32(4096) + u32(4) + u32(3)
+    + prop(3, u32(7)) + prop(5, u32(4)) + prop(6, u32(4))))
+
+
+def opt(xid, opttype, info, payload=b""):
+    """An RDMA_OPTIONAL header (docs/EXTENSIONS.md section 4) and payload."""
+    return raw(u32(xid) + u32(1) + u32(4) + u32(5) + u32(opttype) + u32(len(info)) + info
+               + payload)
+
+
+def xmtreq(xid, count, rsbuf, part):
+    return opt(xid, 5, u32(0) + u32(0) + u32(count) + u32(rsbuf) + u32(len(part)), part)
+
+
+def xmtresp(xid, count, part):
+    return opt(xid, 6, u32(0) + u32(count) + u32(len(part)), part)
+
+
+def xmtcont(xid, seq, itype, part):
+    return opt(xid, 7, u32(seq) + u32(itype) + u32(len(part)), part)
+
+
+def repterr_badcont(xid):
+    # bad = (xid, CALL, 0), no lead, OPTRERR_BADCONT
+    return opt(xid, 8, u32(xid) + u32(0) + u32(0) + u32(0) + u32(3))
+
+
+peer_call = rpc_call(0x2000, 100003, 3, 6, u32(6000) + b"\x5a" * 6000)
+engine_reply = rpc_reply(4, u32(6000) + b"\x6b" * 6000)
+seeds.update({
+    # A call of the peer in three transmissions, answered.
+    "continuation_peer_call_group": b(CONF_RDMA) + CONF_V2 + all_done()
+    + xmtreq(0x2000, 3, 2, peer_call[:4000]) + xmtcont(0x2000, 1, 5, peer_call[4000:8000])
+    + xmtcont(0x2000, 2, 5, peer_call[8000:]) + all_done() + answer(0, 2) + all_done(),
+    # A Version One message breaks into a group: reported, group dropped.
+    "continuation_group_broken": b(CONF_RDMA) + CONF_V2 + all_done()
+    + xmtreq(0x2001, 3, 0, peer_call[:4000]) + call(0) + all_done()
+    + xmtcont(0x2001, 2, 5, peer_call[4000:4100]) + all_done(),
+    # The engine's long call goes as a group reserving receives; its
+    # reply comes in two transmissions; a report fails the next call.
+    "continuation_engine_groups": b(CONF_RDMA) + CONF_V2 + all_done() + reply(0, 0)
+    + all_done() + reply(1, 0) + reply(2, 0) + all_done() + op(ENGINE_CALL, 0, b(2 | 8))
+    + all_done()
+    + xmtresp(4, 2, engine_reply[:4000]) + xmtcont(4, 1, 6, engine_reply[4000:]) + all_done()
+    + op(RELEASE, 0, b(0)) * 2 + all_done()
+    + op(ENGINE_CALL, 0, b(2 | 8)) + all_done() + repterr_badcont(5) + all_done()
+    + op(TIME, 15) + all_done(),
+})
+
+
 def write(d, seeds):
     os.makedirs(d, exist_ok=True)
+    # Crash inputs found by fuzzing are kept (they are not generated here).
     for f in os.listdir(d):
-        os.remove(os.path.join(d, f))
+        if not f.startswith("crash-"):
+            os.remove(os.path.join(d, f))
     for name, data in seeds.items():
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)

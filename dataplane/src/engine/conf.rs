@@ -38,7 +38,7 @@ use crate::wire::conf::{
 };
 use crate::wire::conf2::{negotiate, ConfigRdmaReplyV2, ConfigRdmaReqV2, CONFIG_RDMA_VERS2};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
-use crate::wire::rtrext::{Limits as PropLimits, PropertyList};
+use crate::wire::rtrext::{prop_id, Limits as PropLimits, Property, PropertyList};
 use crate::wire::xdr::Encoder;
 
 /// The `align` we report: XDR alignment, no RDMA_MSGP padding.
@@ -184,11 +184,12 @@ impl Connection {
                         self.apply_conf_rdma_request(&req.base);
                         let ours = self.advertised_extensions();
                         self.negotiated = negotiate(ours, req.properties.extensions());
+                        self.apply_group_limits(&req.properties);
                         let mut reply = ConfigRdmaReplyV2 {
                             base: self.config.conf_rdma_reply(),
                             properties: PropertyList::new(),
                         };
-                        match reply.properties.push_extensions(ours) {
+                        match self.push_advertisement(&mut reply.properties) {
                             Ok(()) => (AcceptStatus::Success, ConfResult::V2(reply)),
                             Err(_) => (AcceptStatus::SystemErr, ConfResult::None),
                         }
@@ -243,7 +244,7 @@ impl Connection {
     /// Only if the property list cannot hold the advertisement (it can).
     pub fn conf_rdma_request_v2(&self) -> Result<ConfigRdmaReqV2, crate::wire::Error> {
         let mut properties = PropertyList::new();
-        properties.push_extensions(self.advertised_extensions())?;
+        self.push_advertisement(&mut properties)?;
         Ok(ConfigRdmaReqV2 {
             base: self.conf_rdma_request(),
             properties,
@@ -257,15 +258,47 @@ impl Connection {
     pub fn apply_conf_rdma_reply_v2(&mut self, reply: &ConfigRdmaReplyV2) {
         self.apply_conf_rdma_reply(&reply.base);
         self.negotiated = negotiate(self.advertised_extensions(), reply.properties.extensions());
+        self.apply_group_limits(&reply.properties);
+    }
+
+    /// Our property list: the extensions we advertise and, with message
+    /// continuation, the longest group we accept and send (rtrext s8.4,
+    /// s8.5; both are `max_group_transmissions`).
+    fn push_advertisement(&self, list: &mut PropertyList) -> Result<(), crate::wire::Error> {
+        let ours = self.advertised_extensions();
+        list.push_extensions(ours)?;
+        if ours.contains(Extensions::MESSAGE_CONTINUATION) {
+            let max = self.config.max_group_transmissions;
+            list.push(Property::RequestTransmissionReceiveLimit(max))?;
+            list.push(Property::ResponseTransmissionSendLimit(max))?;
+        }
+        Ok(())
+    }
+
+    /// The peer's group limits from its property list (1 each, the
+    /// draft's default, when it sent none): the longest call group it
+    /// accepts and the longest reply group it sends.
+    fn apply_group_limits(&mut self, list: &PropertyList) {
+        self.peer_group_recv_limit = match list.get(prop_id::REQUEST_TRANSMISSION_RECEIVE_LIMIT) {
+            Some(Property::RequestTransmissionReceiveLimit(n)) => n.max(1),
+            _ => 1,
+        };
+        self.peer_group_send_limit = match list.get(prop_id::RESPONSE_TRANSMISSION_SEND_LIMIT) {
+            Some(Property::ResponseTransmissionSendLimit(n)) => n.max(1),
+            _ => 1,
+        };
     }
 
     /// What we advertise: the configured extensions the engine implements
-    /// (responder-provided read chunks and remote invalidation so far),
-    /// never a promise it cannot keep.
+    /// (responder-provided read chunks, remote invalidation and message
+    /// continuation; not send-based placement), never a promise it
+    /// cannot keep.
     pub fn advertised_extensions(&self) -> Extensions {
-        self.config
-            .extensions
-            .intersection(Extensions::RESPONDER_READ_CHUNKS.union(Extensions::REMOTE_INVALIDATE))
+        self.config.extensions.intersection(
+            Extensions::RESPONDER_READ_CHUNKS
+                .union(Extensions::REMOTE_INVALIDATE)
+                .union(Extensions::MESSAGE_CONTINUATION),
+        )
     }
 }
 

@@ -100,6 +100,26 @@ pub struct Stats {
     pub max_outstanding_calls: u32,
     /// Highest number of RDMA Reads in flight at once.
     pub max_reads_in_flight: u32,
+    /// Our calls sent with a read chunk (the peer pulls it: a round trip
+    /// more than the call's Send).
+    pub calls_pulled: u64,
+    /// Our calls sent as a transmission group of more than one Send
+    /// (rtrext s4), and replies we sent so.
+    pub call_groups_sent: u64,
+    /// Replies sent as a transmission group of more than one Send.
+    pub reply_groups_sent: u64,
+    /// Calls received as a transmission group of more than one Send.
+    pub call_groups_received: u64,
+    /// Replies received as a transmission group of more than one Send.
+    pub reply_groups_received: u64,
+    /// Report Error operations sent (rtrext s9.5), one per error found in
+    /// the peer's transmissions.
+    pub transmission_errors_sent: u64,
+    /// Report Error operations received.
+    pub transmission_errors_received: u64,
+    /// Transmission groups dropped unfinished: broken off by another
+    /// message, a bad transmission, the group timeout or the close.
+    pub groups_dropped: u64,
 }
 
 /// Resources in use, for the leak check: after [`Connection::close`] and
@@ -261,6 +281,18 @@ pub struct Connection {
     pub(super) stats: Stats,
     /// Padding of messages received in RDMA_MSGP (`msgp.rs`).
     pub(super) msgp: super::msgp::MsgpState,
+    /// The transmission group being received (`continuation.rs`).
+    pub(super) rx_group: Option<super::continuation::RxGroup>,
+    /// Scratch for an RDMA_OPTIONAL header being parsed; reused.
+    pub(super) opt_hdr: crate::wire::rtrext::OptionalHeader,
+    /// The peer's Request Transmission Receive Limit (rtrext s8.4): the
+    /// longest call group it accepts; 1 until CONF_RDMA v2 says more.
+    pub(super) peer_group_recv_limit: u32,
+    /// The peer's Response Transmission Send Limit (rtrext s8.5).
+    pub(super) peer_group_send_limit: u32,
+    /// Continuation receives ([`Config::continuation_receives`]) no call
+    /// has reserved.
+    pub(super) cont_recvs_free: u32,
     /// Rkeys for RDMA_DONE as Send With Invalidate (`inval.rs`).
     pub(super) inval: super::inval::DoneInvalidate,
 }
@@ -277,6 +309,11 @@ const HEADER_START: Limits = Limits {
     max_segments_per_chunk: 4,
     max_reply_segments: 4,
 };
+
+/// Bytes of a control buffer: an RDMA_ERROR header is at most 16 + 4 +
+/// 32 bytes, an RDMA_DONE 28, a Report Error (rtrext s9.5) with its lead
+/// transmission 68.
+const ERROR_BUFFER_LEN: u32 = 96;
 
 /// A connection's buffers and slots, as [`Connection::layout`] cut them.
 struct Layout {
@@ -386,7 +423,12 @@ impl Connection {
             return Err(ConfigError::InlineTooSmall);
         }
         let count_ok = |n: u32| (1..=4096).contains(&n);
-        if !count_ok(c.credits) || c.max_outstanding_calls > 4096 || !count_ok(c.error_buffers) {
+        if !count_ok(c.credits)
+            || c.max_outstanding_calls > 4096
+            || !count_ok(c.error_buffers)
+            || !(1..=64).contains(&c.max_group_transmissions)
+            || c.continuation_receives > 4096
+        {
             return Err(ConfigError::BadCount);
         }
         if c.max_call_size % 4 != 0
@@ -409,7 +451,8 @@ impl Connection {
         let serve_message = ServeSlot::message_size(c, pooled);
         let w = u128::from;
         let total: u128 = w(n_recv) * w(c.inline_recv_size)
-            + w(c.error_buffers) * 64
+            + w(c.error_buffers) * ERROR_BUFFER_LEN as u128
+            + (w(c.max_outstanding_calls) + w(n_serve)) * w(c.group_buffer_len())
             + w(c.max_outstanding_calls)
                 * (w(c.inline_send_size)
                     + w(c.max_call_size)
@@ -429,10 +472,9 @@ impl Connection {
             })
             .collect();
         let rx_copy = b.add(BufClass::RecvCopy, c.inline_recv_size);
-        // An RDMA_ERROR header is at most 16 + 4 + 32 bytes.
         let err_bufs: Vec<ErrBuf> = (0..c.error_buffers)
             .map(|_| ErrBuf {
-                buf: b.add(BufClass::Error, 64),
+                buf: b.add(BufClass::Error, ERROR_BUFFER_LEN),
                 generation: 0,
                 busy: false,
             })
@@ -566,6 +608,17 @@ impl Connection {
             timers: TimerTable::default(),
             stats: Stats::default(),
             msgp: super::msgp::MsgpState::new(n_serve as usize, n_calls),
+            rx_group: None,
+            opt_hdr: if c.may_continue() {
+                crate::wire::rtrext::OptionalHeader::with_capacity(
+                    &super::continuation::PARSE_LIMITS,
+                )
+            } else {
+                crate::wire::rtrext::OptionalHeader::default()
+            },
+            peer_group_recv_limit: 1,
+            peer_group_send_limit: 1,
+            cont_recvs_free: c.reply_continuation_receives(),
             inval: super::inval::DoneInvalidate::new(n_calls),
         })
     }
@@ -711,6 +764,7 @@ impl Connection {
                     Timer::Idle => self.check_idle(now),
                     Timer::BulkRetry => self.unpark(now),
                     Timer::DoneReclaim => self.reclaim_exposed_replies(now),
+                    Timer::GroupReassembly => self.expire_group(now),
                 }
             }
         }
@@ -852,6 +906,17 @@ impl Connection {
             if let Parked::Shared { buf, .. } = p {
                 self.release_held(buf);
             }
+        }
+    }
+
+    /// A call of the peer's came (or was refused) as a transmission group
+    /// of `count`: on a credit pool, the messages of the group beyond its
+    /// first are owed back to the peer's reckoning like answered ones
+    /// (each of them took a credit, and the one answer returns them all;
+    /// `Backing::answered_extra`).
+    pub(super) fn note_group_messages(&mut self, count: u32) {
+        if let Some(b) = &mut self.backing {
+            b.answered_extra(count.saturating_sub(1));
         }
     }
 
@@ -1023,6 +1088,7 @@ impl Connection {
             self.stats.credit_overruns += 1;
         }
         self.timers = TimerTable::default();
+        self.close_group();
         self.events.push_back(Event::ConnectionLost { reason });
         self.close_requester();
         self.close_responder();
@@ -1084,6 +1150,22 @@ impl Connection {
         if !copied {
             self.stats.bad_recv_len += 1;
             return Disposition::Done;
+        }
+        // RDMA_OPTIONAL (rtrext, `continuation.rs`) only between peers
+        // that negotiated it; for a Version One peer it stays an unknown
+        // message type. Any other header breaks off a group being
+        // received (rtrext s4.2).
+        let fixed = HeaderView::new_checked(self.bufs.bytes(buf).get(..len).unwrap_or(&[]))
+            .ok()
+            .map(|v| (v.xid(), v.vers(), v.proc_type()));
+        if let Some((xid, vers, proc_type)) = fixed {
+            if proc_type == crate::wire::rtrext::RDMA_OPTIONAL
+                && vers == RPCRDMA_VERSION
+                && self.continues()
+            {
+                return self.on_optional(now, buf, len);
+            }
+            self.interrupt_group(xid, proc_type);
         }
         let limits = self.config.limits;
         let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);

@@ -118,6 +118,10 @@ pub(super) struct Backing {
     horizon: u64,
     /// Received messages still holding their receive (parked calls).
     held: u32,
+    /// Messages of transmission groups beyond their first (rtrext s4.3):
+    /// a group of n takes n credits and one answer returns them all, so
+    /// each such message moves the peer's reckoning on like an answer.
+    extra: u64,
     /// Receives reserved in the pool.
     reserved: u32,
 }
@@ -137,6 +141,7 @@ impl Backing {
             received: 0,
             horizon: 1,
             held: 0,
+            extra: 0,
             reserved: CREDIT_FLOOR,
         })
     }
@@ -179,6 +184,15 @@ impl Backing {
         self.settle();
     }
 
+    /// `n` messages of a transmission group beyond its first came (or
+    /// are on their way): they count as answered ones in every later
+    /// grant's horizon.
+    pub(super) fn answered_extra(&mut self, n: u32) {
+        self.extra += u64::from(n);
+        self.horizon += u64::from(n);
+        self.settle();
+    }
+
     /// The message just received keeps its receive (its call waits).
     pub(super) fn hold(&mut self) {
         self.held += 1;
@@ -199,7 +213,7 @@ impl Backing {
     /// a grant answers one received, so `received >= sent + 1` and the
     /// horizon `sent + 2` is at most one ahead.
     pub(super) fn grant(&mut self, want: u32) -> u32 {
-        let n = self.sent + 1;
+        let n = self.sent + 1 + self.extra;
         let want = u64::from(want.min(self.pool.fair_share()).max(1));
         let extra = self
             .needed_with(self.horizon.max(n + want))
@@ -214,7 +228,7 @@ impl Backing {
             horizon.saturating_sub(n).clamp(1, want)
         };
         self.horizon = self.horizon.max(n + g);
-        self.sent = n;
+        self.sent += 1;
         self.settle();
         g as u32
     }
@@ -223,7 +237,7 @@ impl Backing {
     /// the grant its latest possible view allows beyond the replies sent.
     pub(super) fn calls_allowed(&self) -> u32 {
         self.horizon
-            .saturating_sub(self.sent)
+            .saturating_sub(self.sent + self.extra)
             .min(u64::from(u32::MAX)) as u32
     }
 

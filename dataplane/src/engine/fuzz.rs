@@ -14,6 +14,7 @@
 //! Nothing here is on the data path: it only calls the engine's public
 //! inputs and reads slot states between them ([`Coverage`]).
 
+use super::Extensions;
 use std::collections::{HashMap, VecDeque};
 
 use super::requester::CallState;
@@ -55,6 +56,7 @@ impl Coverage {
         "serve: AwaitingCompletions",
         "serve: AwaitingDone",
         "serve: Draining",
+        "serve: ReceivingGroup",
         "event: CallArrived",
         "event: ReplyArrived",
         "event: ReplyArrived with DDP",
@@ -67,6 +69,7 @@ impl Coverage {
         "event: CallFailed Timeout",
         "event: CallFailed ConnectionLost",
         "event: CallFailed NoKeyWindow",
+        "event: CallFailed TransmissionError",
         "event: ConnectionLost Local",
         "event: ConnectionLost CreditOverrun",
         "event: ConnectionLost TransportError",
@@ -102,6 +105,11 @@ impl Coverage {
         "stats: unnegotiated_read_list_replies",
         "stats: error_replies_dropped",
         "stats: idle_closes",
+        "stats: call_groups_received",
+        "stats: reply_groups_received",
+        "stats: transmission_errors_sent",
+        "stats: transmission_errors_received",
+        "stats: groups_dropped",
         "endpoint: foreign_completions",
         "endpoint: queue_full",
         "endpoint: backlog",
@@ -167,6 +175,7 @@ impl Coverage {
                 ServeState::AwaitingCompletions => self.set(label!("serve: AwaitingCompletions")),
                 ServeState::AwaitingDone => self.set(label!("serve: AwaitingDone")),
                 ServeState::Draining => self.set(label!("serve: Draining")),
+                ServeState::ReceivingGroup => self.set(label!("serve: ReceivingGroup")),
             }
         }
     }
@@ -192,6 +201,9 @@ impl Coverage {
                 CallFailure::Timeout => label!("event: CallFailed Timeout"),
                 CallFailure::ConnectionLost => label!("event: CallFailed ConnectionLost"),
                 CallFailure::NoKeyWindow => label!("event: CallFailed NoKeyWindow"),
+                CallFailure::TransmissionError { .. } => {
+                    label!("event: CallFailed TransmissionError")
+                }
             }),
             Event::ConnectionLost { reason } => self.set(match reason {
                 CloseReason::Local => label!("event: ConnectionLost Local"),
@@ -254,6 +266,23 @@ impl Coverage {
                 label!("stats: error_replies_dropped"),
             ),
             (s.idle_closes, label!("stats: idle_closes")),
+            (
+                s.call_groups_received,
+                label!("stats: call_groups_received"),
+            ),
+            (
+                s.reply_groups_received,
+                label!("stats: reply_groups_received"),
+            ),
+            (
+                s.transmission_errors_sent,
+                label!("stats: transmission_errors_sent"),
+            ),
+            (
+                s.transmission_errors_received,
+                label!("stats: transmission_errors_received"),
+            ),
+            (s.groups_dropped, label!("stats: groups_dropped")),
         ] {
             if n > 0 {
                 self.set(label);
@@ -265,6 +294,16 @@ impl Coverage {
     /// [`label!`] gives the number of a name).
     pub(crate) fn mark(&mut self, i: usize) {
         self.set(i);
+    }
+}
+
+/// Message continuation for the fuzz targets' engines when `on`
+/// (negotiated only if the input's peer asks for it in CONF_RDMA v2).
+pub(crate) fn continuation_if(on: bool) -> Extensions {
+    if on {
+        Extensions::MESSAGE_CONTINUATION
+    } else {
+        Extensions::EMPTY
     }
 }
 
@@ -541,8 +580,15 @@ impl PeerModel {
             offset: ddp_off,
             len: len as u32,
         });
+        // Once message continuation is in use, a long reply fits the
+        // receives the targets' groups may reserve (4 transmissions).
+        let long_reply = if c.negotiated().contains(Extensions::MESSAGE_CONTINUATION) {
+            12 * 1024
+        } else {
+            60 * 1024
+        };
         let reply = ReplyExpect {
-            max_len: if shape & 8 != 0 { 60 * 1024 } else { 1024 },
+            max_len: if shape & 8 != 0 { long_reply } else { 1024 },
             ddp_max: (shape & 16 != 0).then_some(32 * 1024),
         };
         let _ = c.send_call(
@@ -980,6 +1026,12 @@ pub fn fuzz_recv(data: &[u8]) -> Coverage {
         max_rdma_read: if flags & 32 != 0 { 1 } else { 4 },
         serve_conf_rdma: flags & 8 != 0,
         reply_read_chunks: flags & 1 != 0,
+        // A peer's CONF_RDMA version 2 call may turn message
+        // continuation on (only where the engine answers CONF_RDMA, so
+        // that inputs without it build the same connection as before).
+        extensions: continuation_if(flags & 8 != 0),
+        max_group_transmissions: 4,
+        continuation_receives: 4,
         max_reply_read_chunks: 2,
         call_timeout: Some(core::time::Duration::from_micros(500)),
         done_timeout: core::time::Duration::from_micros(700),

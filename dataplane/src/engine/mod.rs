@@ -42,6 +42,7 @@ mod buffers;
 mod bulk;
 mod conf;
 mod connection;
+mod continuation;
 mod credits;
 pub(crate) mod fuzz;
 mod heap;
@@ -56,6 +57,8 @@ mod wr;
 mod harness;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_continuation;
 #[cfg(test)]
 mod tests_show;
 
@@ -129,10 +132,26 @@ pub struct Config {
     pub serve_conf_rdma: bool,
     /// Extensions we advertise in a CONF_RDMA version 2 exchange
     /// (docs/EXTENSIONS.md). The engine implements
-    /// [`Extensions::RESPONDER_READ_CHUNKS`] and
-    /// [`Extensions::REMOTE_INVALIDATE`]; other bits are ignored.
+    /// [`Extensions::RESPONDER_READ_CHUNKS`],
+    /// [`Extensions::REMOTE_INVALIDATE`] and
+    /// [`Extensions::MESSAGE_CONTINUATION`]; other bits are ignored.
     /// Default: none (plain Version One).
     pub extensions: Extensions,
+    /// With [`Extensions::MESSAGE_CONTINUATION`]: the most transmissions
+    /// of one group we accept (our Request Transmission Receive Limit,
+    /// rtrext s8.4) and send (our Response Transmission Send Limit,
+    /// s8.5). Each requester and responder slot then owns a group buffer
+    /// of this many Sends (`inline_send_size` each). 1..=64.
+    pub max_group_transmissions: u32,
+    /// With [`Extensions::MESSAGE_CONTINUATION`] on a requester with
+    /// receives of its own: receives posted beyond the others, for the
+    /// later transmissions of replies (rtrext s4.3). A call reserves
+    /// what its longest reply needs (`optxrq_rsbuf`) or, if too few are
+    /// free, offers a reply chunk as without the extension.
+    pub continuation_receives: u32,
+    /// A transmission group that stops arriving is dropped after this
+    /// long (its slot and credits come back; a call of ours fails).
+    pub group_timeout: Duration,
     /// Responder-provided read chunks are in use from the start, because
     /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange
     /// turns them on, see [`Connection::negotiated`]). Then a reply that
@@ -180,7 +199,39 @@ impl Config {
     /// within its grant, a reply to each of our calls, and an RDMA_DONE
     /// for each reply we may have exposed in a read chunk.
     pub fn max_receives(&self) -> u32 {
-        self.credits + self.max_outstanding_calls + self.replies_exposed_at_most()
+        self.credits
+            + self.max_outstanding_calls
+            + self.replies_exposed_at_most()
+            + self.reply_continuation_receives()
+    }
+
+    /// Whether message continuation may be used: configured (it is then
+    /// advertised; the peer's advertisement decides, `negotiated`).
+    pub fn may_continue(&self) -> bool {
+        self.extensions.contains(Extensions::MESSAGE_CONTINUATION)
+    }
+
+    /// Receives kept for the later transmissions of replies
+    /// ([`Config::continuation_receives`]): only on a requester with
+    /// receives of its own that may use message continuation.
+    pub fn reply_continuation_receives(&self) -> u32 {
+        if self.may_continue() && self.max_outstanding_calls > 0 && !self.shared_receives {
+            self.continuation_receives
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the group buffer each slot owns: room for
+    /// `max_group_transmissions` Sends when message continuation may be
+    /// used, else none.
+    pub(crate) fn group_buffer_len(&self) -> u32 {
+        if self.may_continue() {
+            self.max_group_transmissions
+                .saturating_mul(self.inline_send_size)
+        } else {
+            0
+        }
     }
 
     /// Replies this side may have exposed in read chunks at once:
@@ -254,6 +305,9 @@ impl Default for Config {
             inbound_rdma_read: 16,
             serve_conf_rdma: true,
             extensions: Extensions::EMPTY,
+            max_group_transmissions: 16,
+            continuation_receives: 16,
+            group_timeout: Duration::from_secs(1),
             reply_read_chunks: false,
             max_reply_read_chunks: 8,
             done_timeout: Duration::from_secs(1),
@@ -520,6 +574,14 @@ pub enum CallFailure {
     /// No key window was free to expose the call's chunks under (fewer
     /// windows than `Connection::max_exposures` were given).
     NoKeyWindow,
+    /// The peer reported an error in the transmissions of the call or of
+    /// its reply (rtrext s9.5 Report Error, `code` its `optr_err`), or
+    /// the reply's transmission group broke off.
+    TransmissionError {
+        /// The `optr_err` code (rtrext s9.5); 0 for a group that broke
+        /// off here.
+        code: u32,
+    },
 }
 
 /// What a peer told us about itself (RFC 8797 private data, CONF_RDMA

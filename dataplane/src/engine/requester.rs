@@ -69,9 +69,9 @@ pub(super) enum CallEvent {
     /// `send_call` could not copy the call after all (unreachable: the
     /// call buffer is `max_call_size` long); the slot goes back at once.
     Refused,
-    /// A credit was free: the call's Send is being posted, its chunks
-    /// exposed.
-    SendPosted,
+    /// Credits were free: the call's Send (or the `sends` Sends of its
+    /// transmission group) is being posted, its chunks exposed.
+    SendPosted { sends: u32 },
     /// The reply is in the slot's buffers (`len` bytes, `ddp_len` in the
     /// write chunk).
     ReplyPlaced { len: u32, ddp_len: Option<u32> },
@@ -142,8 +142,18 @@ pub(super) struct CallSlot {
     plan: CallPlan,
     write_chunk: Option<u32>,
     reply_chunk: Option<u32>,
-    /// The call's Send has not completed yet.
-    send_pending: bool,
+    /// Sends of the call posted and not completed (more than one for a
+    /// transmission group).
+    sends_pending: u32,
+    /// Credits the call holds until its answer: 1, or the transmissions
+    /// of its group (rtrext s4.3).
+    group_len: u32,
+    /// Continuation receives reserved for the reply's later
+    /// transmissions (rtrext s9.2 `optxrq_rsbuf`).
+    reply_buffers: u32,
+    /// Where the call's transmission group is laid out
+    /// (`Config::group_buffer_len`; empty without message continuation).
+    group_buf: BufId,
     deadline: Option<Instant>,
     reply_len: u32,
     ddp_len: Option<u32>,
@@ -178,7 +188,10 @@ impl CallSlot {
             plan: CallPlan::Inline,
             write_chunk: None,
             reply_chunk: None,
-            send_pending: false,
+            sends_pending: 0,
+            group_len: 1,
+            reply_buffers: 0,
+            group_buf: b.add(BufClass::Send, c.group_buffer_len()),
             deadline: None,
             reply_len: 0,
             ddp_len: None,
@@ -191,6 +204,17 @@ impl CallSlot {
     /// Reads posted and not completed.
     fn reads_in_flight(&self) -> bool {
         self.reads_done < self.reads_issued
+    }
+
+    /// Where the reply goes (a reply chunk's target, a group's
+    /// reassembly).
+    pub(super) fn reply_buffer(&self) -> BufId {
+        self.reply_buf
+    }
+
+    /// Receives this call reserved for its reply's continuations.
+    pub(super) fn reply_receives(&self) -> u32 {
+        self.reply_buffers
     }
 }
 
@@ -340,6 +364,7 @@ impl Connection {
         s.deadline = deadline;
         s.reply_len = 0;
         s.ddp_len = None;
+        s.group_len = 1;
         s.app_read = call.app.read.is_some();
         s.write_buf = if call.app.write.is_some() {
             s.write_view
@@ -458,6 +483,10 @@ impl Connection {
     ///               in the message (directed operation)
     /// ```
     fn encode_call(&mut self, idx: usize) {
+        if let Some((count, reply_buffers)) = self.call_group(idx) {
+            self.encode_call_group(idx, count, reply_buffers);
+            return;
+        }
         let s = &self.calls[idx];
         let (xid, plan, msg_len, wc, rc) = (s.xid, s.plan, s.msg_len, s.write_chunk, s.reply_chunk);
         let (send_buf, call_buf, reply_buf, write_buf, generation) = (
@@ -584,7 +613,10 @@ impl Connection {
             }
             CallPlan::Long => hlen,
         };
-        self.process_call(idx, CallEvent::SendPosted);
+        if plan != CallPlan::Inline {
+            self.stats.calls_pulled += 1;
+        }
+        self.process_call(idx, CallEvent::SendPosted { sends: 1 });
         self.tx.push_back(WorkRequest::Send {
             wr_id: WrId {
                 kind: WrKind::CallSend,
@@ -598,6 +630,114 @@ impl Connection {
             },
             invalidate_rkey: None,
         });
+    }
+
+    /// Whether call `idx` goes as a Transmit Request (rtrext s9.2,
+    /// `continuation.rs`): `(transmissions, receives reserved for the
+    /// reply)`. Only a call with no DDP item (nothing for a chunk to
+    /// carry but the message itself), when message continuation is in
+    /// use and the group gains a round trip: a call that would be a long
+    /// call goes as a group the peer accepts (s8.4) and the grant has
+    /// credits for (s4.3); a reply that might not fit inline gets
+    /// reserved receives (s8.5) instead of a reply chunk. A call that
+    /// needs a reply chunk it cannot trade for receives stays Version
+    /// One, as does one that fits one Send with a reply that does too.
+    fn call_group(&self, idx: usize) -> Option<(u32, u32)> {
+        if !self.continues() {
+            return None;
+        }
+        let s = &self.calls[idx];
+        if s.write_chunk.is_some() || s.app_read || matches!(s.plan, CallPlan::ReadChunk { .. }) {
+            return None;
+        }
+        let c = &self.config;
+        let send_limit = c.inline_send_size.min(c.peer_inline_recv_size);
+        let recv_limit = c.inline_recv_size.min(c.peer_inline_send_size);
+        let max = c.max_group_transmissions;
+        let count = super::continuation::call_transmissions(s.msg_len, send_limit)?;
+        if count > max.min(self.peer_group_recv_limit) || self.outstanding + count > self.granted {
+            return None;
+        }
+        let reply_buffers = match s.reply_chunk {
+            None => 0,
+            Some(longest) => {
+                let n = super::continuation::reply_transmissions(longest, recv_limit)?;
+                if n > max.min(self.peer_group_send_limit) || n - 1 > self.cont_recvs_free {
+                    return None;
+                }
+                n - 1
+            }
+        };
+        (count > 1 || reply_buffers > 0).then_some((count, reply_buffers))
+    }
+
+    /// Queues call `idx` as a transmission group of `count` (one Transmit
+    /// Request, then Transmit Continues) reserving `reply_buffers`
+    /// continuation receives for its reply; no chunk is exposed.
+    ///
+    /// ```text
+    /// call = xid vers=1 credits=requested RDMA_OPTIONAL XMTREQ count rsbuf pslen part0
+    ///        { xid vers=1 credits=requested RDMA_OPTIONAL XMTCONT n itype=XMTREQ pslen partn }
+    ///                                              -- rtrext s9.2, s9.4 (docs/EXTENSIONS.md s4)
+    /// ```
+    fn encode_call_group(&mut self, idx: usize, count: u32, reply_buffers: u32) {
+        let c = &self.config;
+        let limit = c.inline_send_size.min(c.peer_inline_recv_size);
+        let credits = c.max_outstanding_calls;
+        let s = &mut self.calls[idx];
+        s.reply_chunk = None;
+        s.group_len = count;
+        s.reply_buffers = reply_buffers;
+        self.cont_recvs_free -= reply_buffers;
+        let g = super::continuation::GroupSend {
+            xid: s.xid,
+            credits,
+            kind: crate::wire::rtrext::GroupKind::Request,
+            reply_buffers,
+            message: s.call_buf,
+            len: s.msg_len,
+            group_buf: s.group_buf,
+            limit,
+            wr_id: WrId {
+                kind: WrKind::CallSend,
+                index: idx as u32,
+                generation: s.generation,
+            },
+        };
+        let sends = self.queue_group(&g);
+        if sends == 0 {
+            // `call_group` sized the group against the buffer:
+            // unreachable, but it fails the call, never the engine.
+            self.process_call(
+                idx,
+                CallEvent::Failed {
+                    reason: CallFailure::MalformedReply,
+                },
+            );
+            return;
+        }
+        if sends > 1 {
+            self.stats.call_groups_sent += 1;
+        }
+        self.process_call(idx, CallEvent::SendPosted { sends });
+    }
+
+    /// The reply to call `idx` arrived whole as a transmission group
+    /// (`len` bytes in its reply buffer; `credits` the first
+    /// transmission's grant).
+    pub(super) fn finish_reply_group(&mut self, idx: usize, xid: u32, len: u32, credits: u32) {
+        if self.take_answer(idx, Some(credits)) {
+            let reply_buf = self.calls[idx].reply_buf;
+            let event = if len >= 8 && self.bufs.peek_xid(reply_buf) == Some(xid) {
+                CallEvent::ReplyPlaced { len, ddp_len: None }
+            } else {
+                CallEvent::Failed {
+                    reason: CallFailure::MalformedReply,
+                }
+            };
+            self.process_call(idx, event);
+        }
+        self.transmit_queued_calls();
     }
 
     /// The slot of a sent (or abandoned) call with this XID.
@@ -618,7 +758,7 @@ impl Connection {
     /// taken, the slot's memory is no longer exposed. False when the call
     /// had been abandoned (the answer is then dropped here).
     fn take_answer(&mut self, idx: usize, grant: Option<u32>) -> bool {
-        self.outstanding = self.outstanding.saturating_sub(1);
+        self.outstanding = self.outstanding.saturating_sub(self.calls[idx].group_len);
         if let Some(g) = grant {
             self.granted = g.clamp(1, self.config.max_outstanding_calls.max(1));
         }
@@ -988,6 +1128,8 @@ impl Connection {
         let s = &mut self.calls[idx];
         s.generation = s.generation.wrapping_add(1);
         s.deadline = None;
+        self.cont_recvs_free += s.reply_buffers;
+        s.reply_buffers = 0;
         self.unexpose_call(idx);
         self.call_free.push(idx as u32);
     }
@@ -1050,7 +1192,9 @@ impl Connection {
     /// ---------------------  -----------------------------  ----------------------    -----------
     /// Free                   Submitted                      -> Queued
     /// Queued                 Refused                        -> Free
-    /// Queued                 SendPosted                     -> Sent                   s3.3 (a credit)
+    /// Queued                 SendPosted                     -> Sent                   s3.3 (a credit;
+    ///                                                                                  a group's Sends
+    ///                                                                                  one each, rtrext s4.3)
     /// Queued                 Timeout                        -> Draining (CallFailed)
     /// Sent                   ReplyPlaced                    -> ReplyReady             s3.6, s5.2
     ///                                                          (ReplyArrived)
@@ -1092,10 +1236,10 @@ impl Connection {
                 self.free_call(idx);
                 Then::Return
             }
-            (S::Queued, E::SendPosted) => {
+            (S::Queued, E::SendPosted { sends }) => {
                 s.state = S::Sent;
-                s.send_pending = true;
-                self.outstanding += 1;
+                s.sends_pending = sends;
+                self.outstanding += s.group_len;
                 self.stats.calls_sent += 1;
                 self.expect_reply();
                 self.stats.max_outstanding_calls =
@@ -1150,9 +1294,11 @@ impl Connection {
                 Then::SettleAndPumpReads
             }
             (state, E::SendDone { wr_id })
-                if s.send_pending && state != S::Free && wr_id.same_generation(s.generation) =>
+                if s.sends_pending > 0
+                    && state != S::Free
+                    && wr_id.same_generation(s.generation) =>
             {
-                s.send_pending = false;
+                s.sends_pending -= 1;
                 Then::Settle
             }
             (_, E::ReplyReadDone { .. } | E::SendDone { .. }) => {
@@ -1198,7 +1344,7 @@ impl Connection {
                 _,
                 E::Submitted
                 | E::Refused
-                | E::SendPosted
+                | E::SendPosted { .. }
                 | E::ReplyPlaced { .. }
                 | E::ReplyPullStarted
                 | E::Failed { .. }
@@ -1216,7 +1362,7 @@ impl Connection {
         // Settle: a slot that is done is freed once nothing holds it (its
         // Send and its Reads own its buffers until they complete).
         let s = &mut self.calls[idx];
-        if s.state == S::Draining && !s.send_pending && !s.reads_in_flight() {
+        if s.state == S::Draining && s.sends_pending == 0 && !s.reads_in_flight() {
             s.state = S::Free;
             self.free_call(idx);
         }

@@ -58,6 +58,9 @@ pub(super) enum ServeState {
     /// chunk: waiting for the requester's RDMA_DONE (RFC 5666 s3.8) or the
     /// reclaim timer.
     AwaitingDone,
+    /// The call arrives as a transmission group (rtrext s4.2): its
+    /// continuations are appended to the message buffer as they come.
+    ReceivingGroup,
     /// The connection closed; waiting for the flush of work requests still
     /// posted.
     Draining,
@@ -95,6 +98,10 @@ pub(super) enum ServeEvent {
     DoneTimeout,
     /// The connection closed.
     Closed,
+    /// The first transmission of a call's group was taken (rtrext s9.2).
+    GroupStarted,
+    /// The group broke off or timed out (`continuation.rs`).
+    GroupDropped,
 }
 
 /// What a whole call turned out to be (`examine_call`).
@@ -169,6 +176,16 @@ pub(super) struct ServeSlot {
     maybe_reply: bool,
     /// The transport header's credit word (a grant, if it is a reply).
     hdr_credits: u32,
+    /// Credits the call holds until its reply: 1, or the transmissions
+    /// of its group (rtrext s4.3).
+    credits_held: u32,
+    /// Receives the requester reserved for the reply's later
+    /// transmissions (rtrext s9.2 `optxrq_rsbuf`); 0 for a Version One
+    /// call.
+    reply_buffers: u32,
+    /// Where a reply's transmission group is laid out
+    /// (`Config::group_buffer_len`; empty without message continuation).
+    group_buf: BufId,
 }
 
 /// Read segments every serve slot gets room for at the connection's first
@@ -232,7 +249,20 @@ impl ServeSlot {
             done_deadline: Instant::ZERO,
             maybe_reply: false,
             hdr_credits: 0,
+            credits_held: 1,
+            reply_buffers: 0,
+            group_buf: b.add(BufClass::Send, c.group_buffer_len()),
         }
+    }
+
+    /// The buffer the call is reassembled in, then the reply.
+    pub(super) fn message_buf(&self) -> BufId {
+        self.message
+    }
+
+    /// The reassembled call is `len` bytes long.
+    pub(super) fn set_call_len(&mut self, len: u32) {
+        self.call_len = len;
     }
 }
 
@@ -252,6 +282,9 @@ struct ReplyPlan {
     /// The inline part is exposed in a position-zero read chunk
     /// (RDMA_NOMSG, responder-provided read chunk, draft-lever s4.1).
     use_read_chunk: bool,
+    /// The reply goes as a transmission group into the receives the call
+    /// reserved (rtrext s4.3, s9.3).
+    use_group: bool,
 }
 
 /// Sets the segment lengths of a chunk to the bytes actually placed when
@@ -437,6 +470,8 @@ impl Connection {
         s.reads_issued = 0;
         s.reads_done = 0;
         s.ops_in_flight = 0;
+        s.credits_held = 1;
+        s.reply_buffers = 0;
         s.peer_chunks.clear();
         for c in self.rx_hdr.chunks.write_chunks() {
             // Cannot fail: the count came from a 32-bit word.
@@ -622,9 +657,105 @@ impl Connection {
     /// Gives up on the call in a slot: ERR_CHUNK to the peer and the
     /// peer's credit back (the slot is freed by the caller,
     /// `process_serve`).
-    fn refuse_call(&mut self, xid: u32) {
+    fn refuse_call(&mut self, idx: usize) {
+        let s = &self.serves[idx];
+        let (xid, held) = (s.xid, s.credits_held);
         self.send_error(xid, ErrorBody::Chunk);
-        self.active_calls = self.active_calls.saturating_sub(1);
+        self.active_calls = self.active_calls.saturating_sub(held);
+    }
+
+    /// Takes a free slot for a call arriving as a transmission group of
+    /// `count` whose reply may use `reply_buffers` more receives, with a
+    /// bulk buffer when its own is too small for the longest such call
+    /// or reply. `Err` when no slot (or no bulk buffer) is free.
+    pub(super) fn take_group_slot(
+        &mut self,
+        now: Instant,
+        count: u32,
+        reply_buffers: u32,
+    ) -> Result<u32, ()> {
+        let idx = self.serve_free.pop().ok_or(())?;
+        if self.bufs.bulk_pool().is_some() {
+            let message = self.serves[idx as usize].message;
+            let c = &self.config;
+            let call =
+                (u64::from(count) * u64::from(c.inline_recv_size)).min(u64::from(c.max_call_size));
+            let reply = (u64::from(reply_buffers + 1) * u64::from(c.inline_send_size))
+                .min(u64::from(c.max_reply_size));
+            if call.max(reply) > u64::from(self.bufs.buf_len(message))
+                && !self.bufs.lease_bulk(message)
+            {
+                self.serve_free.push(idx);
+                self.stats.bulk_pool_empty += 1;
+                self.timers
+                    .set(Timer::BulkRetry, now.saturating_add(BULK_RETRY));
+                return Err(());
+            }
+        }
+        Ok(idx)
+    }
+
+    /// Sets up slot `idx` (just taken) for a call arriving as a group of
+    /// `count`: the first transmission's payload (`payload_len` bytes of
+    /// `buf` after `hlen`) at the start of its message buffer, `count`
+    /// credits held. False, giving the slot back, if the payload does not
+    /// fit.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_serve_group(
+        &mut self,
+        idx: u32,
+        buf: BufId,
+        hlen: usize,
+        xid: u32,
+        count: u32,
+        reply_buffers: u32,
+        payload_len: u32,
+        credits: u32,
+    ) -> bool {
+        let i = idx as usize;
+        let dest = self.serves[i].message;
+        let cap = self.bufs.buf_len(dest).min(self.config.max_call_size);
+        if payload_len > cap {
+            self.bufs.release_bulk(dest);
+            self.serve_free.push(idx);
+            return false;
+        }
+        let s = &mut self.serves[i];
+        s.xid = xid;
+        s.call_len = payload_len;
+        s.reads.clear();
+        s.reads_issued = 0;
+        s.reads_done = 0;
+        s.ops_in_flight = 0;
+        s.peer_chunks.clear();
+        s.maybe_reply = false;
+        s.hdr_credits = credits;
+        s.credits_held = count;
+        s.reply_buffers = reply_buffers;
+        let piece = LocalSlice {
+            buf,
+            offset: hlen as u32,
+            len: payload_len,
+        };
+        self.bufs.copy(piece, dest, 0);
+        self.active_calls += count;
+        self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
+        if count > 1 {
+            self.note_group_messages(count);
+            self.process_serve(i, ServeEvent::GroupStarted);
+        }
+        true
+    }
+
+    /// The call in slot `idx` is whole (the last transmission of its
+    /// group came): on as a call with nothing to pull.
+    pub(super) fn finish_serve_group(&mut self, now: Instant, idx: u32) {
+        self.process_serve(idx as usize, ServeEvent::CallAccepted { now });
+    }
+
+    /// The group being reassembled in slot `idx` broke off.
+    pub(super) fn drop_serve_group(&mut self, idx: usize) {
+        self.process_serve(idx, ServeEvent::GroupDropped);
     }
 
     /// (xid, message buffer, call length) of responder slot `idx`: the
@@ -810,10 +941,14 @@ impl Connection {
             inline_len,
             use_reply_chunk,
             use_read_chunk,
+            use_group,
             ..
         } = plan;
         let s = &self.serves[idx];
         let (reply_buf, send_buf, generation) = (s.message, s.send_buf, s.generation);
+        if use_group {
+            return self.post_reply_group(now, idx, inline_len as u32);
+        }
         // Expose a reply read chunk first: with key windows its key is
         // taken here, and its bind queued ahead of the Send.
         if use_read_chunk && !self.expose(reply_buf, Access::RemoteRead, 0, inline_len as u32) {
@@ -949,6 +1084,56 @@ impl Connection {
         Ok(())
     }
 
+    /// Queues the reply in slot `idx`'s message buffer (`len` bytes) as a
+    /// transmission group (rtrext s4.2, s9.3) into the receives its call
+    /// reserved (`plan_reply` checked they suffice).
+    ///
+    /// # Errors
+    /// `TooLarge` if the group does not fit the slot's group buffer,
+    /// which `plan_reply` rules out; nothing is queued then.
+    fn post_reply_group(&mut self, now: Instant, idx: usize, len: u32) -> Result<(), ReplyError> {
+        let s = &self.serves[idx];
+        let g = super::continuation::GroupSend {
+            xid: s.xid,
+            credits: 0,
+            kind: crate::wire::rtrext::GroupKind::Response,
+            reply_buffers: 0,
+            message: s.message,
+            len,
+            group_buf: s.group_buf,
+            limit: self
+                .config
+                .inline_send_size
+                .min(self.config.peer_inline_recv_size),
+            wr_id: WrId {
+                kind: WrKind::ReplySend,
+                index: idx as u32,
+                generation: s.generation,
+            },
+        };
+        let hdr_credits = s.hdr_credits;
+        let g = super::continuation::GroupSend {
+            credits: self.grant_to_send(hdr_credits),
+            ..g
+        };
+        let sends = self.queue_group(&g);
+        if sends == 0 {
+            return Err(ReplyError::TooLarge);
+        }
+        if sends > 1 {
+            self.stats.reply_groups_sent += 1;
+        }
+        self.process_serve(
+            idx,
+            ServeEvent::ReplyPosted {
+                now,
+                ops: sends,
+                exposed: false,
+            },
+        );
+        Ok(())
+    }
+
     /// Decides how a reply of `msg_len` bytes with DDP items `ddp`
     /// travels (before anything is copied or queued): item k goes into the
     /// call's write chunk k (an empty or missing chunk is RFC 8267's
@@ -987,9 +1172,21 @@ impl Connection {
             .config
             .inline_send_size
             .min(self.config.peer_inline_recv_size) as usize;
-        let (mut use_reply_chunk, mut use_read_chunk) = (false, false);
+        let (mut use_reply_chunk, mut use_read_chunk, mut use_group) = (false, false, false);
+        // A call that reserved receives for a continued reply (rtrext
+        // s4.3, s9.2) brought no chunks: its reply goes as a group when it
+        // fits the receives reserved and the Sends we send at most.
+        let group_fits = || {
+            super::continuation::reply_transmissions(inline_len as u32, send_limit as u32)
+                .is_some_and(|n| {
+                    n <= (1 + s.reply_buffers).min(self.config.max_group_transmissions)
+                })
+        };
         if hdr(0, None) + inline_len > send_limit {
             match s.peer_chunks.reply() {
+                _ if s.reply_buffers > 0 && placed == 0 && self.continues() && group_fits() => {
+                    use_group = true;
+                }
                 Some(rc)
                     if inline_len as u64 <= rc.len_bytes()
                         && hdr(0, Some(rc.segments.len())) <= send_limit =>
@@ -1014,6 +1211,7 @@ impl Connection {
             inline_len,
             use_reply_chunk,
             use_read_chunk,
+            use_group,
         })
     }
 
@@ -1140,11 +1338,15 @@ impl Connection {
     /// -------------------  -------------------------------  ---------------------   -----------
     /// Free                 CallAccepted, Reads listed       -> PullingReadChunks    s3.3, s3.4
     /// Free                 CallAccepted, no Reads           -> (CallComplete)
+    /// Free                 GroupStarted                     -> ReceivingGroup       rtrext s4.2, s9.2
+    /// ReceivingGroup       CallAccepted (the last came)     -> (CallComplete)       rtrext s9.4
+    /// ReceivingGroup       GroupDropped                     -> Free (credits back)  rtrext s9.5
     /// PullingReadChunks    ReadDone, Reads still due        -> PullingReadChunks    s3.3
     /// PullingReadChunks    ReadDone, failed                 -> PullingReadChunks    (the close
     ///                                                          that follows drains it)
     /// PullingReadChunks    ReadDone, the last, ok           -> (CallComplete)       s3.7
     /// Free|PullingRead..   CallComplete, a call             -> Executing            (CallArrived)
+    ///   (and ReceivingGroup, for every CallComplete row)
     /// Free|PullingRead..   CallComplete, CONF_RDMA served   -> Executing, then      s6
     ///                                                          ReplyPosted
     /// Free|PullingRead..   CallComplete, not a call / XID   -> Free                 s4.2 ERR_CHUNK
@@ -1152,6 +1354,7 @@ impl Connection {
     ///                                                          (handed to the requester half)
     /// Free|PullingRead..   CallComplete, beyond the grant   -> Closed: Free         s3.3
     /// Executing            ReplyPosted                      -> AwaitingCompletions  s3.6, s5.2
+    ///                      (a reply group: its Sends)                              rtrext s9.3
     /// AwaitingCompletions  ReplyOpDone, more due            -> AwaitingCompletions
     /// AwaitingCompletions  ReplyOpDone, the last            -> Free
     /// AwaitingCompletions  ReplyOpDone, the last, exposed   -> AwaitingDone         s3.8
@@ -1175,7 +1378,17 @@ impl Connection {
         use ServeState as S;
         let s = &mut self.serves[idx];
         let then = match (s.state, event) {
-            (S::Free, E::CallAccepted { now }) => {
+            (S::Free, E::GroupStarted) => {
+                s.state = S::ReceivingGroup;
+                Then::Return
+            }
+            (S::ReceivingGroup, E::GroupDropped) => {
+                self.active_calls = self.active_calls.saturating_sub(s.credits_held);
+                s.state = S::Free;
+                self.free_serve(idx);
+                Then::Return
+            }
+            (S::Free | S::ReceivingGroup, E::CallAccepted { now }) => {
                 if s.reads.is_empty() {
                     self.process_serve(idx, E::CallComplete { now });
                 } else {
@@ -1185,7 +1398,7 @@ impl Connection {
                 }
                 Then::Return
             }
-            (S::Free | S::PullingReadChunks, E::CallComplete { now }) => {
+            (S::Free | S::PullingReadChunks | S::ReceivingGroup, E::CallComplete { now }) => {
                 match self.examine_call(idx) {
                     Examined::Reply => {
                         let r = self.take_pulled_reply(idx);
@@ -1196,8 +1409,7 @@ impl Connection {
                     // The close has drained the slot already.
                     Examined::Overrun => {}
                     Examined::NotACall => {
-                        let xid = self.serves[idx].xid;
-                        self.refuse_call(xid);
+                        self.refuse_call(idx);
                         self.serves[idx].state = S::Free;
                         self.free_serve(idx);
                     }
@@ -1217,7 +1429,7 @@ impl Connection {
                             // Answered in-band by the engine itself (RFC
                             // 5666 s6): `ReplyPosted` on success.
                             if !self.answer_conf_rdma(now, idx, version, procedure, hl, first) {
-                                self.refuse_call(xid);
+                                self.refuse_call(idx);
                                 self.serves[idx].state = S::Free;
                                 self.free_serve(idx);
                             }
@@ -1254,6 +1466,7 @@ impl Connection {
                 Then::SettleAndPumpReads
             }
             (S::Executing, E::ReplyPosted { now, ops, exposed }) => {
+                let held = s.credits_held;
                 s.ops_in_flight = ops;
                 s.state = S::AwaitingCompletions;
                 if exposed {
@@ -1263,7 +1476,7 @@ impl Connection {
                     self.stats.replies_exposed += 1;
                     self.arm_done_reclaim();
                 }
-                self.active_calls = self.active_calls.saturating_sub(1);
+                self.active_calls = self.active_calls.saturating_sub(held);
                 self.stats.replies_sent += 1;
                 Then::Return
             }
@@ -1305,7 +1518,7 @@ impl Connection {
             // (`send_reply` checks it), only an exposed reply's slot is
             // found by DONE or the timer, and only a free slot is taken.
             (_, E::CallAccepted { .. } | E::CallComplete { .. } | E::ReplyPosted { .. })
-            | (_, E::DoneArrived | E::DoneTimeout) => {
+            | (_, E::DoneArrived | E::DoneTimeout | E::GroupStarted | E::GroupDropped) => {
                 debug_assert!(false, "serve slot {idx}: {event:?} in {:?}", s.state);
                 Then::Return
             }

@@ -49,17 +49,22 @@ pub enum Timer {
     /// Another connection gives the buffer back, so there is no event on
     /// this one to wait for.
     BulkRetry = 3,
+    /// A transmission group is being received (rtrext s4.2): on expiry
+    /// a group that stopped arriving is dropped
+    /// ([`super::Config::group_timeout`]).
+    GroupReassembly = 4,
 }
 
 impl Timer {
     /// Number of timers.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 5;
     /// Every timer, in index order.
     pub const ALL: [Timer; Timer::COUNT] = [
         Timer::CallTimeout,
         Timer::DoneReclaim,
         Timer::Idle,
         Timer::BulkRetry,
+        Timer::GroupReassembly,
     ];
 }
 
