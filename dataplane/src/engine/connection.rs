@@ -538,11 +538,18 @@ impl Connection {
         // returns), so growing it on demand would allocate on the data
         // path at a moment no warm-up can fix. An idle connection only
         // touches the entries it uses.
+        // With message continuation a slot's Send may be a group of up to
+        // `max_group_transmissions` Sends.
+        let group_sends = if c.may_continue() {
+            c.max_group_transmissions as usize
+        } else {
+            0
+        };
         let mut tx = VecDeque::with_capacity(
             recvs.len()
                 + err_bufs.len()
-                + calls.len() * 7
-                + serves.len() * 4
+                + calls.len() * (7 + group_sends)
+                + serves.len() * (4 + group_sends)
                 + 2 * c.replies_exposed_at_most() as usize
                 + 64,
         );

@@ -722,6 +722,15 @@ impl Pair {
         self.drive_with_until(&mut echo_service, Some(until));
     }
 
+    /// [`Pair::drive_with`] that stops once virtual time reaches `until`.
+    pub fn drive_app_until(
+        &mut self,
+        app: &mut dyn FnMut(usize, &mut Connection, Instant, Event),
+        until: Instant,
+    ) {
+        self.drive_with_until(app, Some(until));
+    }
+
     fn drive_with_until(
         &mut self,
         app: &mut dyn FnMut(usize, &mut Connection, Instant, Event),

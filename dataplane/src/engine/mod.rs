@@ -141,7 +141,9 @@ pub struct Config {
     /// of one group we accept (our Request Transmission Receive Limit,
     /// rtrext s8.4) and send (our Response Transmission Send Limit,
     /// s8.5). Each requester and responder slot then owns a group buffer
-    /// of this many Sends (`inline_send_size` each). 1..=64.
+    /// of this many Sends (`inline_send_size` each). 1..=64; the default,
+    /// 17, carries a 64 KiB argument or result plus its RPC header in
+    /// 4 KiB Sends.
     pub max_group_transmissions: u32,
     /// With [`Extensions::MESSAGE_CONTINUATION`] on a requester with
     /// receives of its own: receives posted beyond the others, for the
@@ -305,8 +307,8 @@ impl Default for Config {
             inbound_rdma_read: 16,
             serve_conf_rdma: true,
             extensions: Extensions::EMPTY,
-            max_group_transmissions: 16,
-            continuation_receives: 16,
+            max_group_transmissions: 17,
+            continuation_receives: 32,
             group_timeout: Duration::from_secs(1),
             reply_read_chunks: false,
             max_reply_read_chunks: 8,
