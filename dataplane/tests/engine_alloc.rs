@@ -33,6 +33,8 @@ struct Wire {
     reply_scratch: Vec<u8>,
     /// Sends, Reads, Writes executed.
     ops: [u64; 3],
+    /// The last reply's message, kept when `Some` (set-up only).
+    kept: Option<Vec<u8>>,
 }
 
 impl Wire {
@@ -43,6 +45,7 @@ impl Wire {
             done: VecDeque::with_capacity(256),
             reply_scratch: vec![0u8; 300 * 1024],
             ops: [0; 3],
+            kept: None,
         };
         // Receives are posted before the connection is established.
         for side in 0..2 {
@@ -148,6 +151,9 @@ impl Wire {
                 match ev {
                     Event::ReplyArrived { call, .. } => {
                         replies += 1;
+                        if let Some(k) = &mut self.kept {
+                            *k = self.conns[0].reply_message(call).unwrap().to_vec();
+                        }
                         assert!(self.conns[0].release_reply(call));
                     }
                     other => panic!("unexpected {other:?}"),
@@ -253,6 +259,111 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
             },
         ), // read chunk, reply exposed in a read chunk + RDMA_DONE
     ];
+    steady_state_allocates_nothing(&mut w, &shapes);
+    let total = w.conns[0].stats().replies_received;
+    // One call shape in six has its reply exposed as a read chunk + DONE.
+    assert_eq!(w.conns[1].stats().done_received, total / 6);
+}
+
+/// Two engines that negotiated message continuation (draft-dnoveck-
+/// rpcrdma-rtrext-02) through CONF_RDMA version 2: long calls and long
+/// replies go as transmission groups, and steady state still allocates
+/// nothing.
+#[test]
+fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
+    use dataplane::engine::{decode_conf_rdma_reply_v2, encode_conf_rdma_call_v2, Extensions};
+    let cfg = Config {
+        peer_inline_recv_size: 4096,
+        peer_inline_send_size: 4096,
+        credits: 32,
+        max_outstanding_calls: 32,
+        max_call_size: 256 * 1024,
+        max_reply_size: 256 * 1024,
+        max_ddp_size: 256 * 1024,
+        extensions: Extensions::MESSAGE_CONTINUATION,
+        ..Config::default()
+    };
+    let mut w = Wire::new(cfg);
+    let req = w.conns[0].conf_rdma_request_v2().unwrap();
+    let mut buf = [0u8; 256];
+    let n = encode_conf_rdma_call_v2(&mut buf, 0xc0f, &req).unwrap();
+    let conf = OutgoingCall {
+        message: &buf[..n],
+        ddp: None,
+        reply: ReplyExpect {
+            max_len: 512,
+            ddp_max: None,
+        },
+        app: AppChunks::NONE,
+    };
+    w.kept = Some(Vec::new());
+    w.conns[0].send_call(Instant(0), &conf).unwrap();
+    assert_eq!(w.run(Instant(0)), 1);
+    let reply = decode_conf_rdma_reply_v2(&w.kept.take().unwrap()).unwrap();
+    w.conns[0].apply_conf_rdma_reply_v2(&reply);
+    assert!(w.conns[0]
+        .negotiated()
+        .contains(Extensions::MESSAGE_CONTINUATION));
+    let shapes: [(usize, bool, ReplyExpect); 6] = [
+        (
+            100,
+            false,
+            ReplyExpect {
+                max_len: 1024,
+                ddp_max: None,
+            },
+        ), // inline both ways
+        (
+            20_000,
+            false,
+            ReplyExpect {
+                max_len: 32 * 1024,
+                ddp_max: None,
+            },
+        ), // call group, reply group
+        (
+            100_000,
+            false,
+            ReplyExpect {
+                max_len: 128 * 1024,
+                ddp_max: None,
+            },
+        ), // long call + reply chunk (too long for 17 Sends)
+        (
+            3000,
+            false,
+            ReplyExpect {
+                max_len: 8192,
+                ddp_max: None,
+            },
+        ), // one Transmit Request reserving one receive, reply group of 1
+        (
+            9000,
+            true,
+            ReplyExpect {
+                max_len: 16 * 1024,
+                ddp_max: Some(16 * 1024),
+            },
+        ), // read + write chunks, as in Version One
+        (
+            60_000,
+            false,
+            ReplyExpect {
+                max_len: 64 * 1024,
+                ddp_max: None,
+            },
+        ), // call group of 15, reply group of 15 (16 receives reserved)
+    ];
+    steady_state_allocates_nothing(&mut w, &shapes);
+    let (c, s) = (w.conns[0].stats(), w.conns[1].stats());
+    assert!(c.call_groups_sent > 0 && s.call_groups_received == c.call_groups_sent);
+    assert!(s.reply_groups_sent > 0 && c.reply_groups_received == s.reply_groups_sent);
+    assert_eq!(c.groups_dropped + s.groups_dropped, 0);
+}
+
+/// Runs 10,000 echo RPCs over `shapes` after a warm-up and checks that
+/// none of them allocated, and that Sends, Reads and Writes all ran.
+fn steady_state_allocates_nothing(w: &mut Wire, shapes: &[(usize, bool, ReplyExpect); 6]) {
     let calls: Vec<_> = (0..48u32)
         .map(|i| {
             let (len, ddp, reply) = shapes[i as usize % shapes.len()];
@@ -277,14 +388,15 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         }
         sent
     };
-    round(&mut w, 0..24); // warm-up
+    let base = w.conns[0].stats().replies_received;
+    round(w, 0..24); // warm-up
     let before = w.ops;
     // At least 10,000 RPCs after warm-up, every path, no heap.
     const MEASURED_RPCS: usize = 10_000;
     let (sent, allocated) = measure(|| {
         let mut sent = 0;
         while sent < MEASURED_RPCS {
-            sent += round(&mut w, 24..48);
+            sent += round(w, 24..48);
         }
         sent
     });
@@ -300,10 +412,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
         "heap activity in steady state over {sent} RPCs: {allocated:?}"
     );
     let total = (24 + sent) as u64;
-    assert_eq!(w.conns[0].stats().replies_received, total);
-    assert_eq!(w.conns[1].stats().replies_sent, total);
-    // One call shape in six has its reply exposed as a read chunk + DONE.
-    assert_eq!(w.conns[1].stats().done_received, total / 6);
+    assert_eq!(w.conns[0].stats().replies_received - base, total);
 }
 
 /// Copies `from` of one engine's buffers to `to` of another's, a page at
