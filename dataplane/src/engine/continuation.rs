@@ -149,7 +149,8 @@ pub(super) struct GroupSend {
     pub(super) group_buf: BufId,
     /// The largest Send.
     pub(super) limit: u32,
-    /// The id every Send of the group completes with.
+    /// The id of the group's first Send; the others carry the next op
+    /// numbers ([`WrId::for_op`]).
     pub(super) wr_id: WrId,
 }
 
@@ -221,7 +222,7 @@ impl Connection {
             };
             self.bufs.copy(payload, g.group_buf, at as usize + hl);
             self.tx.push_back(WorkRequest::Send {
-                wr_id: g.wr_id,
+                wr_id: WrId::for_op(g.wr_id.kind, g.wr_id.index, g.wr_id.generation, seq),
                 local: LocalSlice {
                     buf: g.group_buf,
                     offset: at,

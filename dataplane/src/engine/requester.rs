@@ -18,7 +18,7 @@
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
-use super::wr::{WorkRequest, WrId, WrKind};
+use super::wr::{OpSet, WorkRequest, WrId, WrKind, MAX_OPS};
 use super::{
     app_ddp_item_fits, ddp_item_fits, roundup4, AppSlice, CallFailure, CallHandle, Config,
     Connection, DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
@@ -162,6 +162,11 @@ pub(super) struct CallSlot {
     pub(super) reads: Vec<PendingRead>,
     reads_issued: usize,
     reads_done: usize,
+    /// Which of the reply's Reads completed (each counts once).
+    reads_seen: OpSet,
+    /// Sends of the call posted (numbered from 0), and which completed.
+    sends_posted: u32,
+    sends_seen: OpSet,
 }
 
 impl CallSlot {
@@ -198,6 +203,9 @@ impl CallSlot {
             reads: Vec::with_capacity(c.limits.max_read_segments),
             reads_issued: 0,
             reads_done: 0,
+            reads_seen: OpSet::default(),
+            sends_posted: 0,
+            sends_seen: OpSet::default(),
         }
     }
 
@@ -618,11 +626,7 @@ impl Connection {
         }
         self.process_call(idx, CallEvent::SendPosted { sends: 1 });
         self.tx.push_back(WorkRequest::Send {
-            wr_id: WrId {
-                kind: WrKind::CallSend,
-                index: idx as u32,
-                generation,
-            },
+            wr_id: WrId::for_op(WrKind::CallSend, idx as u32, generation, 0),
             local: LocalSlice {
                 buf: send_buf,
                 offset: 0,
@@ -925,6 +929,9 @@ impl Connection {
         if total > u64::from(self.bufs.buf_len(s.reply_buf)) {
             return Err(CallFailure::ReplyTooLarge);
         }
+        if chunk.segments.len() > MAX_OPS as usize {
+            return Err(CallFailure::MalformedReply);
+        }
         s.reads.clear();
         s.reads_issued = 0;
         s.reads_done = 0;
@@ -936,6 +943,7 @@ impl Connection {
             });
             dest += r.segment.length;
         }
+        s.reads_seen.reset(s.reads.len());
         s.reply_len = total as u32;
         s.ddp_len = ddp_len;
         self.process_call(idx, CallEvent::ReplyPullStarted);
@@ -949,12 +957,8 @@ impl Connection {
             return None;
         }
         let r = *s.reads.get(s.reads_issued)?;
+        let id = WrId::for_op(WrKind::ReplyRead, idx, s.generation, s.reads_issued as u32);
         s.reads_issued += 1;
-        let id = WrId {
-            kind: WrKind::ReplyRead,
-            index: idx,
-            generation: s.generation,
-        };
         Some((r, s.reply_buf, id, s.reads_issued == s.reads.len()))
     }
 
@@ -1239,6 +1243,8 @@ impl Connection {
             (S::Queued, E::SendPosted { sends }) => {
                 s.state = S::Sent;
                 s.sends_pending = sends;
+                s.sends_posted = sends;
+                s.sends_seen.reset(sends as usize);
                 self.outstanding += s.group_len;
                 self.stats.calls_sent += 1;
                 self.expect_reply();
@@ -1269,7 +1275,9 @@ impl Connection {
                 Then::Return
             }
             (S::PullingReplyReadChunk | S::Draining, E::ReplyReadDone { wr_id, ok })
-                if wr_id.same_generation(s.generation) && s.reads_in_flight() =>
+                if wr_id.same_generation(s.generation)
+                    && s.reads_in_flight()
+                    && s.reads_seen.first_completion(wr_id.op(), s.reads_issued) =>
             {
                 s.reads_done += 1;
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
@@ -1296,7 +1304,9 @@ impl Connection {
             (state, E::SendDone { wr_id })
                 if s.sends_pending > 0
                     && state != S::Free
-                    && wr_id.same_generation(s.generation) =>
+                    && wr_id.same_generation(s.generation)
+                    && s.sends_seen
+                        .first_completion(wr_id.op(), s.sends_posted as usize) =>
             {
                 s.sends_pending -= 1;
                 Then::Settle

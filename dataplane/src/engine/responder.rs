@@ -24,7 +24,7 @@ use core::time::Duration;
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{Disposition, PendingRead, ReadOwner};
 use super::time::{Instant, Timer};
-use super::wr::{WorkRequest, WrId, WrKind};
+use super::wr::{OpSet, WorkRequest, WrId, WrKind, MAX_OPS};
 use super::{
     ddp_items_fit, roundup4, CloseReason, Config, Connection, DdpItem, Event, IncomingCall,
     OutgoingReply, ReplyError, MAX_DDP_ITEMS,
@@ -166,6 +166,12 @@ pub(super) struct ServeSlot {
     peer_chunks: ChunkLists,
     /// Reads, Writes and Sends posted and not completed.
     ops_in_flight: u32,
+    /// Which of the call's Reads completed (each counts once).
+    reads_seen: OpSet,
+    /// Writes and Sends of the reply posted (numbered from 0), and which
+    /// completed.
+    reply_ops_posted: u32,
+    reply_ops_seen: OpSet,
     /// The reply is exposed in a read chunk until RDMA_DONE or
     /// `done_deadline`.
     done_pending: bool,
@@ -245,6 +251,9 @@ impl ServeSlot {
             reads_done: 0,
             peer_chunks: ChunkLists::default(),
             ops_in_flight: 0,
+            reads_seen: OpSet::default(),
+            reply_ops_posted: 0,
+            reply_ops_seen: OpSet::default(),
             done_pending: false,
             done_deadline: Instant::ZERO,
             maybe_reply: false,
@@ -372,6 +381,10 @@ impl Connection {
         if !chunks.reads().is_empty() && self.config.max_rdma_read == 0 {
             return None;
         }
+        // Every Read is numbered (`WrId::for_op`).
+        if chunks.reads().len() >= MAX_OPS as usize {
+            return None;
+        }
         let total = match self.rx_hdr.body {
             MessageBody::Msg => {
                 let bytes = self.bufs.bytes(buf).get(..len)?;
@@ -470,6 +483,7 @@ impl Connection {
         s.reads_issued = 0;
         s.reads_done = 0;
         s.ops_in_flight = 0;
+        s.reply_ops_posted = 0;
         s.credits_held = 1;
         s.reply_buffers = 0;
         s.peer_chunks.clear();
@@ -515,6 +529,8 @@ impl Connection {
             };
             self.bufs.copy(piece, call_buf, dst as usize);
         }
+        let s = &mut self.serves[idx];
+        s.reads_seen.reset(s.reads.len());
     }
 
     /// Issues queued Reads while fewer than `max_rdma_read` are in flight,
@@ -554,13 +570,9 @@ impl Connection {
             ReadOwner::Serve(idx) => {
                 let s = self.serves.get_mut(idx as usize)?;
                 let r = *s.reads.get(s.reads_issued)?;
+                let id = WrId::for_op(WrKind::ChunkRead, idx, s.generation, s.reads_issued as u32);
                 s.reads_issued += 1;
                 s.ops_in_flight += 1;
-                let id = WrId {
-                    kind: WrKind::ChunkRead,
-                    index: idx,
-                    generation: s.generation,
-                };
                 Some((r, s.message, id, s.reads_issued == s.reads.len()))
             }
             ReadOwner::Call(idx) => self.next_reply_read(idx),
@@ -727,6 +739,7 @@ impl Connection {
         s.reads_issued = 0;
         s.reads_done = 0;
         s.ops_in_flight = 0;
+        s.reply_ops_posted = 0;
         s.peer_chunks.clear();
         s.maybe_reply = false;
         s.hdr_credits = credits;
@@ -993,6 +1006,22 @@ impl Connection {
             MessageBody::Msg
         };
 
+        // Every op is numbered (`WrId::for_op`): refuse a reply that would
+        // post more than the numbers allow (thousands of segments).
+        let segments = self
+            .tx_hdr
+            .chunks
+            .write_chunks()
+            .chain(self.tx_hdr.chunks.reply())
+            .flat_map(|c| c.segments.iter())
+            .filter(|s| s.length > 0)
+            .count();
+        if segments >= MAX_OPS as usize {
+            if use_read_chunk {
+                self.unexpose(reply_buf);
+            }
+            return Err(ReplyError::TooLarge);
+        }
         // RDMA Writes first (RFC 5666 s3.8: placed before the reply is
         // processed), sourced from the reply buffer.
         let mut ops = 0u32;
@@ -1000,11 +1029,7 @@ impl Connection {
         for segs in self.tx_hdr.chunks.write_chunks() {
             for seg in segs.segments.iter().filter(|s| s.length > 0) {
                 self.tx.push_back(WorkRequest::RdmaWrite {
-                    wr_id: WrId {
-                        kind: WrKind::ChunkWrite,
-                        index: idx as u32,
-                        generation,
-                    },
+                    wr_id: WrId::for_op(WrKind::ChunkWrite, idx as u32, generation, ops),
                     local: LocalSlice {
                         buf: reply_buf,
                         offset: src,
@@ -1020,11 +1045,7 @@ impl Connection {
             let mut src = 0u32;
             for seg in rc.segments.iter().filter(|s| s.length > 0) {
                 self.tx.push_back(WorkRequest::RdmaWrite {
-                    wr_id: WrId {
-                        kind: WrKind::ChunkWrite,
-                        index: idx as u32,
-                        generation,
-                    },
+                    wr_id: WrId::for_op(WrKind::ChunkWrite, idx as u32, generation, ops),
                     local: LocalSlice {
                         buf: reply_buf,
                         offset: src,
@@ -1061,11 +1082,7 @@ impl Connection {
             total += inline_len;
         }
         self.tx.push_back(WorkRequest::Send {
-            wr_id: WrId {
-                kind: WrKind::ReplySend,
-                index: idx as u32,
-                generation,
-            },
+            wr_id: WrId::for_op(WrKind::ReplySend, idx as u32, generation, ops),
             local: LocalSlice {
                 buf: send_buf,
                 offset: 0,
@@ -1105,11 +1122,7 @@ impl Connection {
                 .config
                 .inline_send_size
                 .min(self.config.peer_inline_recv_size),
-            wr_id: WrId {
-                kind: WrKind::ReplySend,
-                index: idx as u32,
-                generation: s.generation,
-            },
+            wr_id: WrId::for_op(WrKind::ReplySend, idx as u32, s.generation, 0),
         };
         let hdr_credits = s.hdr_credits;
         let g = super::continuation::GroupSend {
@@ -1451,7 +1464,9 @@ impl Connection {
                 Then::Return
             }
             (S::PullingReadChunks | S::Draining, E::ReadDone { now, wr_id, ok })
-                if wr_id.same_generation(s.generation) && s.reads_done < s.reads_issued =>
+                if wr_id.same_generation(s.generation)
+                    && s.reads_done < s.reads_issued
+                    && s.reads_seen.first_completion(wr_id.op(), s.reads_issued) =>
             {
                 s.reads_done += 1;
                 s.ops_in_flight -= 1;
@@ -1468,6 +1483,8 @@ impl Connection {
             (S::Executing, E::ReplyPosted { now, ops, exposed }) => {
                 let held = s.credits_held;
                 s.ops_in_flight = ops;
+                s.reply_ops_posted = ops;
+                s.reply_ops_seen.reset(ops as usize);
                 s.state = S::AwaitingCompletions;
                 if exposed {
                     s.done_pending = true;
@@ -1480,14 +1497,17 @@ impl Connection {
                 self.stats.replies_sent += 1;
                 Then::Return
             }
-            // Only a reply op's count: while a Read of the call is still
-            // posted (a slot closed while pulling), a forged or repeated
+            // Only a reply op the slot posted, once: while a Read of the
+            // call is still posted (a slot closed while pulling), a forged
             // reply-op completion must not free the slot under the Read,
             // which still writes into its buffer and holds the
-            // connection's Read count.
+            // connection's Read count; nor may a repeated one free it
+            // under a Write or the Send still posted.
             (S::AwaitingCompletions | S::Draining, E::ReplyOpDone { wr_id })
                 if wr_id.same_generation(s.generation)
-                    && s.ops_in_flight as usize > s.reads_issued - s.reads_done =>
+                    && s.ops_in_flight as usize > s.reads_issued - s.reads_done
+                    && s.reply_ops_seen
+                        .first_completion(wr_id.op(), s.reply_ops_posted as usize) =>
             {
                 s.ops_in_flight -= 1;
                 Then::Settle

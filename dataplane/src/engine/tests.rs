@@ -1017,6 +1017,45 @@ fn rfc5666_s5_2_reply_never_written_past_reply_chunk_end() {
 // ---------------------------------------------------------------------------
 // Faults: completions, loss, corruption, reordering
 
+/// A provider that reports one of a reply's Writes twice: the second
+/// report is a duplicate (the Write's op number completed already), so
+/// the slot is not freed while the reply's Send is still posted and its
+/// buffer still the Send's source.
+#[test]
+fn engine_a_repeated_write_completion_does_not_free_the_slot_under_its_send() {
+    let mut p = pair();
+    p.set_fault_hook(|f| match f {
+        FaultPoint::Completion {
+            side: SERVER,
+            wr_id,
+        } if wr_id.kind == WrKind::ChunkWrite => Fault::Duplicate,
+        FaultPoint::Completion {
+            side: SERVER,
+            wr_id,
+        } if wr_id.kind == WrKind::ReplySend => Fault::Delay(core::time::Duration::from_millis(5)),
+        _ => Fault::Deliver,
+    });
+    send(
+        &mut p,
+        1,
+        &payload(9000, 1),
+        true,
+        expect(512, Some(16 * KIB)),
+    );
+    let start = p.now;
+    p.drive_until(start.saturating_add(core::time::Duration::from_millis(2)));
+    assert_eq!(replies(&p).len(), 1, "the reply arrived");
+    assert_eq!(
+        p.peers[SERVER].conn.resources().serve_slots_busy,
+        1,
+        "the Send is still posted: the slot waits for it"
+    );
+    assert_eq!(p.peers[SERVER].conn.stats().stale_completions, 1);
+    p.drive();
+    assert_eq!(p.peers[SERVER].conn.resources().serve_slots_busy, 0);
+    close_and_check_leaks(&mut p);
+}
+
 #[test]
 fn engine_duplicate_completions_are_counted_and_ignored() {
     let mut p = pair();

@@ -41,6 +41,20 @@ pub enum WrKind {
 }
 
 impl WrKind {
+    /// Whether ids of this kind carry an op number: the work requests
+    /// of one exchange of a slot (its Sends, Reads and Writes), each
+    /// counted once however often the provider reports it ([`OpSet`]).
+    pub fn numbers_ops(self) -> bool {
+        matches!(
+            self,
+            WrKind::CallSend
+                | WrKind::ReplySend
+                | WrKind::ChunkRead
+                | WrKind::ChunkWrite
+                | WrKind::ReplyRead
+        )
+    }
+
     fn from_bits(bits: u64) -> Option<WrKind> {
         Some(match bits {
             1 => WrKind::Recv,
@@ -61,8 +75,12 @@ impl WrKind {
 /// A typed work-request id: the kind, the index of the slot or buffer that
 /// owns the request, and that owner's generation when the request was
 /// posted. A completion whose generation no longer matches its owner is
-/// stale (a duplicate, or a leftover from a recycled slot) and is counted
-/// and dropped.
+/// stale (a leftover from a recycled slot) and is counted and dropped.
+///
+/// The work requests of a slot's exchange ([`WrKind::numbers_ops`]) also
+/// carry their op number, in the generation's bits 16..28 (the slot's
+/// generation keeps 16 bits there; [`WrId::for_op`]): a second completion
+/// of the same request is a duplicate, counted and dropped ([`OpSet`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WrId {
     /// What the request is.
@@ -75,8 +93,34 @@ pub struct WrId {
 
 const GEN_BITS: u32 = 28;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+/// Generation bits of an id that carries an op number.
+const OP_GEN_BITS: u32 = 16;
+const OP_GEN_MASK: u32 = (1 << OP_GEN_BITS) - 1;
+/// Work requests of one kind family (Sends and Writes of a reply; Reads)
+/// one exchange of a slot may post: their numbers fit 12 bits.
+pub const MAX_OPS: u32 = 1 << (GEN_BITS - OP_GEN_BITS);
 
 impl WrId {
+    /// The id of op number `op` (below [`MAX_OPS`]) of the exchange of
+    /// slot `index` at `generation`.
+    pub fn for_op(kind: WrKind, index: u32, generation: u32, op: u32) -> WrId {
+        debug_assert!(kind.numbers_ops() && op < MAX_OPS);
+        WrId {
+            kind,
+            index,
+            generation: (generation & OP_GEN_MASK) | ((op % MAX_OPS) << OP_GEN_BITS),
+        }
+    }
+
+    /// The op number ([`WrId::for_op`]); 0 for kinds that carry none.
+    pub fn op(&self) -> u32 {
+        if self.kind.numbers_ops() {
+            (self.generation & GEN_MASK) >> OP_GEN_BITS
+        } else {
+            0
+        }
+    }
+
     /// Packs the id into the 64-bit `wr_id` of a verbs work request:
     /// kind in bits 60..64, generation (mod 2^28) in 32..60, index in 0..32.
     pub fn to_u64(self) -> u64 {
@@ -97,9 +141,64 @@ impl WrId {
     }
 
     /// True when this id was posted by an owner now at `current`
-    /// generation (compared modulo 2^28, the width `to_u64` keeps).
+    /// generation (compared modulo 2^28, the width `to_u64` keeps; modulo
+    /// 2^16 for an id that carries an op number).
     pub fn same_generation(&self, current: u32) -> bool {
-        self.generation & GEN_MASK == current & GEN_MASK
+        let mask = if self.kind.numbers_ops() {
+            OP_GEN_MASK
+        } else {
+            GEN_MASK
+        };
+        self.generation & mask == current & mask
+    }
+}
+
+/// Which of the work requests one exchange of a slot posted (numbered
+/// from 0, [`WrId::for_op`]) have completed: each counts once, so a
+/// provider that reported a completion twice cannot make a slot think its
+/// last Write or Read is done while another is still posted. Grows once
+/// to the most ops an exchange of the slot posted, then keeps its room.
+#[derive(Debug)]
+pub(super) struct OpSet {
+    done: Vec<u64>,
+}
+
+impl Default for OpSet {
+    /// Room for 64 ops from the start (most exchanges post a few), so
+    /// that the first use of a slot on the data path does not allocate.
+    fn default() -> Self {
+        OpSet { done: vec![0; 1] }
+    }
+}
+
+impl OpSet {
+    /// A new exchange that will number up to `ops` work requests.
+    pub(super) fn reset(&mut self, ops: usize) {
+        let words = ops.div_ceil(64);
+        if self.done.len() < words {
+            self.done.resize(words, 0);
+        }
+        for w in self.done.iter_mut().take(words) {
+            *w = 0;
+        }
+    }
+
+    /// Marks op `op` of the `posted` ones complete; false when it is not
+    /// one of them or completed before (a duplicate).
+    pub(super) fn first_completion(&mut self, op: u32, posted: usize) -> bool {
+        let op = op as usize;
+        if op >= posted {
+            return false;
+        }
+        let Some(w) = self.done.get_mut(op / 64) else {
+            return false;
+        };
+        let bit = 1u64 << (op % 64);
+        if *w & bit != 0 {
+            return false;
+        }
+        *w |= bit;
+        true
     }
 }
 
