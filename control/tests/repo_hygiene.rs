@@ -161,8 +161,15 @@ const LAYERED_DIRS: [(&str, &[&str]); 5] = [
 
 /// Engine files that use each other's items on purpose: `impl Connection`
 /// is split across them (state in `connection.rs`, each role's methods in
-/// its own file), so they are one unit, not layers.
-const ONE_UNIT: [&str; 4] = ["connection", "requester", "responder", "msgp"];
+/// its own file, message continuation's receiving side in
+/// `continuation.rs`), so they are one unit, not layers.
+const ONE_UNIT: [&str; 5] = [
+    "connection",
+    "requester",
+    "responder",
+    "msgp",
+    "continuation",
+];
 
 /// `text` without `//` comments (doc comments included: an intra-doc link
 /// is not an import). Naive about `//` inside string literals, which at
@@ -366,7 +373,12 @@ fn the_circle_scanner_finds_what_it_must() {
 /// changes the bytes while it lives, which a peer can break. It is read by
 /// copying (`mem::copy_out`, `mem::PeerBytes`). Each entry: a file, and a
 /// fragment every such line in it must contain.
-const RAW_SLICES_ALLOWED: [(&str, &str, &str); 9] = [
+const RAW_SLICES_ALLOWED: [(&str, &str, &str); 10] = [
+    (
+        "dataplane/src/engine/fuzz.rs",
+        "Box::from_raw",
+        "the fuzz harness taking back a region it leaked for a connection now dropped (no peer exists)",
+    ),
     (
         "dataplane/src/tcp/buf.rs",
         "from_raw_parts",
