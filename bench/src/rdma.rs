@@ -551,6 +551,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 }
             },
             conf_rdma: false,
+            extensions: dataplane::engine::Extensions::EMPTY,
             idle: idle_strategy(spec.idle),
             wait_timeout: Duration::from_secs(60),
         };
