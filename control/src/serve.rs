@@ -139,6 +139,7 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
         max_rdma_read: t.max_rdma_read,
         inbound_rdma_read: t.max_rdma_read,
         serve_conf_rdma: true,
+        extensions: t.extension_set(),
         limits: c.chunks.to_wire_limits(),
         idle_timeout: (t.idle_timeout_s > 0).then(|| Duration::from_secs(t.idle_timeout_s.into())),
         ..engine::Config::default()
