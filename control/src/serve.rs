@@ -269,6 +269,14 @@ impl DataPath {
                 });
             }
         }
+        let extensions = config.transport.extension_set();
+        if !extensions.is_empty() {
+            tracing::info!(
+                "transport: extensions offered to clients that negotiate with CONF_RDMA \
+                 version 2: {} (those the engine implements)",
+                dataplane::extension_names::Names(extensions)
+            );
+        }
         let services: Arc<ServiceTable> = Arc::new(ServiceTable::builtin());
         let dispatcher: Arc<dyn Dispatcher> = services;
         let cores: Vec<Option<usize>> = config.workers.cores.iter().map(|&c| Some(c)).collect();
