@@ -578,8 +578,9 @@ fn linux_nfs3_over_rdma_through_the_gateway() {
     // The daemon ran with every extension offered.
     assert!(
         s.daemon.stderr().contains(
-            "extensions offered to clients that negotiate with CONF_RDMA version 2: \
-             responder_read_chunks,remote_invalidate,message_continuation,send_placement"
+            "transport: extensions configured: \
+             responder_read_chunks,remote_invalidate,message_continuation,send_placement; \
+             offered to clients that negotiate with CONF_RDMA version 2: "
         ),
         "{}",
         s.daemon.stderr()
