@@ -69,6 +69,19 @@ struct Cli {
     /// on a fixed core).
     #[arg(long, global = true)]
     no_pin: bool,
+    /// RPC-over-RDMA extensions for `shm` and `roce`: comma-separated
+    /// names (responder_read_chunks, remote_invalidate,
+    /// message_continuation, send_placement), `all` or `none` (the
+    /// default). The client offers them in CONF_RDMA version 2 and an
+    /// embedded server offers them too; each transport prints the set
+    /// negotiated once (docs/EXTENSIONS.md).
+    #[arg(
+        long,
+        value_name = "LIST",
+        global = true,
+        value_parser = dataplane::extension_names::parse_list
+    )]
+    extensions: Option<dataplane::engine::Extensions>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -342,6 +355,7 @@ fn header(command: &str, common: &Common) -> serde_json::Value {
         "unix_time": output::unix_time(),
         "machine": Machine::this(),
         "idle": common.idle,
+        "extensions": dataplane::extension_names::Names(common.open.extensions).to_string(),
     })
 }
 
@@ -511,6 +525,7 @@ fn main() -> ExitCode {
             cores: pin,
             idle,
             server_pid: cli.server_pid,
+            extensions: cli.extensions.unwrap_or_default(),
         },
         cores: cores.map_or((0, 0), |c| (c.server, c.client)),
     };

@@ -277,6 +277,7 @@ impl<P: Provider> RdmaNfs<P> {
                 ..EndpointConfig::default()
             },
             conf_rdma: false,
+            extensions: dataplane::engine::Extensions::EMPTY,
             idle: match idle {
                 Idle::Spin => IdleStrategy::Spin,
                 Idle::Adaptive => IdleStrategy::Adaptive {

@@ -25,7 +25,8 @@ use std::time::Duration;
 use dataplane::client::{
     CallOutcome, Client, ClientConfig, ClientError, Directed, MemKey, MemRange, ReplyTarget,
 };
-use dataplane::engine::{self, CallHandle, SendCallError};
+use dataplane::engine::{self, CallHandle, Extensions, SendCallError};
+use dataplane::extension_names::Names;
 use dataplane::service::bench::{encode_call, encode_call_directed, Args};
 use dataplane::service::ServiceTable;
 use dataplane::verbs::{Context, VerbsError};
@@ -128,7 +129,11 @@ struct EmbeddedServer<P: PoolProvider> {
 }
 
 impl<P: PoolProvider> EmbeddedServer<P> {
-    fn start(core: Option<usize>, shape: ServerShape) -> Result<Self, BenchError> {
+    fn start(
+        core: Option<usize>,
+        shape: ServerShape,
+        extensions: Extensions,
+    ) -> Result<Self, BenchError> {
         let (url, client_url) = embedded_urls(P::SCHEME);
         let fail = |what: &str, e: &dyn std::fmt::Display| BenchError::Unsupported {
             transport: P::SCHEME,
@@ -145,6 +150,7 @@ impl<P: PoolProvider> EmbeddedServer<P> {
         // A server connection never calls: one requester slot (as the
         // worker's default does).
         endpoint.engine.max_outstanding_calls = 1;
+        endpoint.engine.extensions = extensions;
         let config = WorkerConfig {
             endpoint,
             idle: idle_strategy(shape.idle),
@@ -299,6 +305,10 @@ pub struct RdmaDriver<P: PoolProvider> {
     /// (the server writes that buffer, so it is never a slice); sized at
     /// prepare, so the copy never allocates.
     reply_copy: Vec<u8>,
+    /// Extensions the client (and an embedded server) offer.
+    extensions: Extensions,
+    /// What the first connection negotiated (reported once).
+    negotiated: Option<Extensions>,
 }
 
 /// Limits of a connection that makes one NULL call and then idles (the
@@ -342,6 +352,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
         let server = EmbeddedServer::<P>::start(
             options.cores.map(|c| c.server),
             ServerShape::for_run(&first),
+            options.extensions,
         )?;
         let url = server.client_url.clone();
         Ok(Self::with_server(
@@ -392,6 +403,8 @@ impl<P: PoolProvider> RdmaDriver<P> {
             keep: false,
             prepared: None,
             reply_copy: Vec::new(),
+            extensions: options.extensions,
+            negotiated: None,
         }
     }
 
@@ -410,6 +423,12 @@ impl<P: PoolProvider> RdmaDriver<P> {
     /// The server's URL (an embedded server's own, once started).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The extensions the first connection negotiated (CONF_RDMA
+    /// version 2), once one was made.
+    pub fn negotiated(&self) -> Option<Extensions> {
+        self.negotiated
     }
 
     /// Whether the server is embedded in this process.
@@ -459,7 +478,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
     }
 
     fn describe(&self) -> String {
-        match &self.server {
+        let base = match &self.server {
             Server::Embedded(s) => format!(
                 "{}: RPC over RDMA, embedded one-worker server at {} ({}, {} idle){}",
                 self.name,
@@ -486,6 +505,10 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                     None => String::new(),
                 }
             ),
+        };
+        match self.negotiated {
+            Some(n) => format!("{base}, extensions negotiated: {}", Names(n)),
+            None => base,
         }
     }
 
@@ -520,7 +543,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 if self.client_core.is_some() && !self.allowed.is_empty() {
                     set_affinity(&self.allowed);
                 }
-                let server = EmbeddedServer::start(core, shape)?;
+                let server = EmbeddedServer::start(core, shape, self.extensions)?;
                 self.url = server.client_url.clone();
                 self.server = Server::Embedded(server);
             }
@@ -551,11 +574,23 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 }
             },
             conf_rdma: false,
+            extensions: self.extensions,
             idle: idle_strategy(spec.idle),
             wait_timeout: Duration::from_secs(60),
         };
         let mut client = Client::<P>::connect(&self.url, config)
             .map_err(|e| self.call_error(format!("connect {}: {e}", self.url)))?;
+        if self.negotiated.is_none() && !self.extensions.is_empty() {
+            let negotiated = client.negotiated();
+            println!(
+                "{}: extensions negotiated: {} (configured: {}, advertised: {})",
+                self.name,
+                Names(negotiated),
+                Names(self.extensions),
+                Names(client.endpoint().connection().advertised_extensions()),
+            );
+            self.negotiated = Some(negotiated);
+        }
         self.app = if directed {
             Some(
                 client

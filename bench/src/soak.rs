@@ -196,6 +196,7 @@ pub fn client(
         cores: None,
         idle: Idle::Adaptive,
         server_pid: None,
+        extensions: dataplane::engine::Extensions::EMPTY,
     };
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     let mut state = ClientState::new(seed, max_size, max_depth, Instant::now() + duration);

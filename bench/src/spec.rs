@@ -408,4 +408,8 @@ pub struct OpenOptions {
     /// PID of the `--connect` server's process, for its CPU figures
     /// (`/proc/<pid>/stat`); `None`: not reported.
     pub server_pid: Option<u32>,
+    /// RPC-over-RDMA extensions (`--extensions`) the `shm` and `roce`
+    /// clients offer in CONF_RDMA version 2, and their embedded servers
+    /// too (docs/EXTENSIONS.md). Empty: plain Version One, no CONF_RDMA.
+    pub extensions: dataplane::engine::Extensions,
 }

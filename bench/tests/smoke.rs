@@ -395,3 +395,82 @@ fn without_connect_the_bench_runs_rpc_over_shm() {
     // The embedded worker is a thread of the bench: its CPU is measured.
     assert!(doc["results"][0]["server_cpu"]["total_s"].as_f64().unwrap() >= 0.0);
 }
+
+/// `--extensions all` over shm: the client and the embedded server offer
+/// every extension, and the set the bench reports negotiated is exactly
+/// what the engine advertises (the engine, not this test, says whether
+/// that includes message continuation); the data still checks out.
+#[test]
+fn extensions_all_over_shm_negotiates_what_the_engine_advertises() {
+    use dataplane::engine::{self, Connection, Extensions};
+    use dataplane::extension_names::{parse_list, Names};
+
+    let advertised = Connection::new(engine::Config {
+        extensions: Extensions::ALL,
+        ..engine::Config::default()
+    })
+    .unwrap()
+    .advertised_extensions();
+    let json = scratch("shm-extensions.json");
+    let argv = [
+        "--connect",
+        "shm",
+        "--extensions",
+        "all",
+        "--duration",
+        "0.2",
+        "--no-pin",
+        "read",
+        "--size",
+        "64k",
+        "--depth",
+        "2",
+        "--check",
+    ];
+    let (stdout, doc) = run_bench(&argv, &json);
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("shm: extensions negotiated: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "reported once:\n{stdout}");
+    let names = lines[0]
+        .strip_prefix("shm: extensions negotiated: ")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap();
+    let negotiated = parse_list(names).unwrap();
+    assert_eq!(negotiated, advertised, "{stdout}");
+    assert_eq!(
+        negotiated.contains(Extensions::MESSAGE_CONTINUATION),
+        advertised.contains(Extensions::MESSAGE_CONTINUATION)
+    );
+    assert!(
+        lines[0].contains(&format!("advertised: {})", Names(advertised))),
+        "{stdout}"
+    );
+    assert_eq!(doc["extensions"], Names(Extensions::ALL).to_string());
+    let described = doc["transports"][0].as_str().unwrap();
+    assert!(
+        described.ends_with(&format!("extensions negotiated: {}", Names(advertised))),
+        "{described}"
+    );
+    let r = &doc["results"][0];
+    check_result(r, "shm", "read", 2, true);
+    assert_eq!(r["check"]["ok"], true, "{r}");
+}
+
+#[test]
+fn an_unknown_extension_fails_naming_the_known_ones() {
+    let out = Command::new(BIN)
+        .args([
+            "--extensions",
+            "remote_invalidate,nosuch",
+            "lat",
+            "--duration",
+            "0.01",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown extension `nosuch`"), "{stderr}");
+}

@@ -389,6 +389,23 @@ pub struct Transport {
     /// Seconds without a received message (and nothing in flight) after
     /// which an RDMA connection is closed; 0: never.
     pub idle_timeout_s: u32,
+    /// RPC-over-RDMA extensions offered to clients that ask with CONF_RDMA
+    /// version 2 (docs/EXTENSIONS.md); a Version One client never sees
+    /// one. Empty by default. Names as `dataplane::extension_names`; any
+    /// other is refused by the check, at its line.
+    pub extensions: Vec<String>,
+}
+
+impl Transport {
+    /// The extensions `transport.extensions` names, as one set (a name
+    /// that is not an extension, which the check refuses, counts for
+    /// nothing).
+    pub fn extension_set(&self) -> dataplane::engine::Extensions {
+        self.extensions
+            .iter()
+            .filter_map(|n| dataplane::extension_names::by_name(n))
+            .fold(dataplane::engine::Extensions::EMPTY, |acc, e| acc.union(e))
+    }
 }
 
 /// Default `transport.max_message`: 1 MiB of data plus 4 KiB of headers.
@@ -405,6 +422,7 @@ impl Default for Transport {
             // Linux's RPC server ages idle transports out on this period
             // (as our TCP connections do).
             idle_timeout_s: 360,
+            extensions: Vec::new(),
         }
     }
 }
@@ -895,6 +913,17 @@ impl Config {
             0,
             7 * 24 * 3600,
         )?;
+        for (i, name) in t.extensions.iter().enumerate() {
+            if dataplane::extension_names::by_name(name).is_none() {
+                return Err(sem(
+                    &[Key("transport"), Key("extensions"), Index(i)],
+                    format!(
+                        "transport.extensions: {}",
+                        dataplane::extension_names::unknown(name)
+                    ),
+                ));
+            }
+        }
         if t.max_message % 4 != 0 {
             return Err(sem(
                 &[Key("transport"), Key("max_message")],

@@ -633,7 +633,7 @@ fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
     let (o, n) = (&old.workers, &new.workers);
     let (ot, nt) = (&old.transport, &new.transport);
     let (oc, nc) = (&old.chunks, &new.chunks);
-    let checks: [(&'static str, bool); 23] = [
+    let checks: [(&'static str, bool); 24] = [
         ("workers.cores", o.cores != n.cores),
         // The workers count connections out against the limit they
         // started with.
@@ -663,6 +663,10 @@ fn fixed_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
         (
             "transport.idle_timeout_s",
             ot.idle_timeout_s != nt.idle_timeout_s,
+        ),
+        (
+            "transport.extensions",
+            ot.extension_set() != nt.extension_set(),
         ),
         (
             "chunks.max_read_segments",

@@ -139,6 +139,7 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
         max_rdma_read: t.max_rdma_read,
         inbound_rdma_read: t.max_rdma_read,
         serve_conf_rdma: true,
+        extensions: t.extension_set(),
         limits: c.chunks.to_wire_limits(),
         idle_timeout: (t.idle_timeout_s > 0).then(|| Duration::from_secs(t.idle_timeout_s.into())),
         ..engine::Config::default()
@@ -150,8 +151,9 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
             Hugepages::Prefer => Backing::Auto,
             Hugepages::Required => Backing::Huge,
         },
-        // The daemon answers calls and offers no responder-provided read
-        // chunks: its peers never need a key to its memory.
+        // The daemon answers calls: its peers need a key to its memory
+        // only when it may expose replies in responder-provided read
+        // chunks (`transport.extensions`).
         expose_memory: engine.reply_read_chunks
             || engine
                 .extensions
@@ -159,6 +161,20 @@ pub fn endpoint_config(c: &Config) -> EndpointConfig {
         max_send_wr: dataplane::worker::SERVER_MAX_SEND_WR,
         ..EndpointConfig::default()
     }
+}
+
+/// The extensions the daemon's connections advertise in CONF_RDMA
+/// version 2: those of `transport.extensions` the engine implements
+/// (`Connection::advertised_extensions`, which depends on the configured
+/// set alone, so a small probe connection answers it).
+pub fn offered_extensions(c: &Config) -> engine::Extensions {
+    engine::Connection::new(engine::Config {
+        extensions: c.transport.extension_set(),
+        ..engine::Config::default()
+    })
+    .map_or(engine::Extensions::EMPTY, |probe| {
+        probe.advertised_extensions()
+    })
 }
 
 /// The TCP limits: a call record and a reply may each be
@@ -267,6 +283,16 @@ impl DataPath {
                     served: SERVED_SCHEMES,
                 });
             }
+        }
+        let extensions = config.transport.extension_set();
+        if !extensions.is_empty() {
+            use dataplane::extension_names::Names;
+            tracing::info!(
+                "transport: extensions configured: {}; offered to clients that negotiate with \
+                 CONF_RDMA version 2: {}",
+                Names(extensions),
+                Names(offered_extensions(config))
+            );
         }
         let services: Arc<ServiceTable> = Arc::new(ServiceTable::builtin());
         let dispatcher: Arc<dyn Dispatcher> = services;

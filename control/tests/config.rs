@@ -84,6 +84,30 @@ fn shipped_configs_pass_check_config_where_the_host_allows() {
     }
 }
 
+#[test]
+fn transport_extensions_parse_by_name() {
+    use dataplane::engine::Extensions;
+    let c = Config::parse("", "empty.toml", &host(1)).unwrap();
+    assert!(c.transport.extensions.is_empty());
+    assert_eq!(c.transport.extension_set(), Extensions::EMPTY);
+    let text = "[transport]\nextensions = [\"message_continuation\", \"responder_read_chunks\", \
+                \"remote_invalidate\", \"send_placement\"]\n";
+    let c = Config::parse(text, "all.toml", &host(1)).unwrap();
+    assert_eq!(c.transport.extension_set(), Extensions::ALL);
+    let c = Config::parse(
+        "[transport]\nextensions = [\"remote_invalidate\"]\n",
+        "one.toml",
+        &host(1),
+    )
+    .unwrap();
+    assert_eq!(c.transport.extension_set(), Extensions::REMOTE_INVALIDATE);
+    // The daemon's connections advertise them (as far as the engine
+    // implements them).
+    let engine = control::serve::endpoint_config(&c).engine;
+    assert_eq!(engine.extensions, Extensions::REMOTE_INVALIDATE);
+    assert!(engine.serve_conf_rdma);
+}
+
 /// (name, file text, line, message) of every bad config.
 fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
     let usable = {
@@ -272,6 +296,21 @@ fn bad_configs() -> Vec<(&'static str, String, usize, String)> {
             "`rpcbind.local` is not an rpcbind address: expected IP:PORT (e.g. 127.0.0.1:111) \
              or an absolute socket path (e.g. /run/rpcbind.sock)"
                 .into(),
+        ),
+        (
+            "unknown-extension",
+            "[transport]\ncredits = 8\nextensions = [\n  \"remote_invalidate\",\n  \"continuation\",\n]\n"
+                .into(),
+            5,
+            "transport.extensions: unknown extension `continuation`: expected \"responder_read_chunks\", \
+             \"remote_invalidate\", \"message_continuation\", \"send_placement\""
+                .into(),
+        ),
+        (
+            "extensions-not-a-list",
+            "[transport]\nextensions = \"all\"\n".into(),
+            2,
+            "invalid type: string \"all\", expected a sequence".into(),
         ),
         (
             "syntax-error",

@@ -25,7 +25,13 @@
 //!   back after a remount and a cache drop (READ results in the client's
 //!   write chunks); `ls -l` of a 2,000-entry directory made on the export
 //!   lists every entry; the umount is clean; the gateway's metrics count
-//!   the relayed calls and no error.
+//!   the relayed calls and no error. The daemon runs with every
+//!   RPC-over-RDMA extension in `transport.extensions`: the Linux client
+//!   speaks plain Version One and never asks for one, so it must not see
+//!   one. The session passes as without them, and a capture of it on the
+//!   guest's link (dumpcap, headers only) has thousands of RPC-over-RDMA
+//!   headers each way and none of message type 5 (RDMA_OPTIONAL) or
+//!   beyond. The NFSv4.1 test keeps the default, none.
 //! * `linux_nfs41_over_rdma_through_the_gateway`: the same with
 //!   `vers=4.1` from ganesha's pseudo path `/export` (no MOUNT protocol):
 //!   READ and READDIR travel in COMPOUNDs after SEQUENCE and PUTFH, and
@@ -34,7 +40,8 @@
 //!
 //! Needs what `deploy/linux-peer` and the ganesha backend need (root,
 //! qemu, busybox-static, the NFS/RDMA userland, nfs-ganesha and its VFS
-//! FSAL, rpcbind, iproute2, util-linux). The real-peer rule applies. On
+//! FSAL, rpcbind, iproute2, util-linux), and dumpcap (wireshark) for the
+//! NFSv3 test. The real-peer rule applies. On
 //! drop, panics included, the guest unmounts (bounded), the daemon and
 //! the backend are killed, the guest is powered off and the namespace
 //! deleted.
@@ -45,6 +52,7 @@ mod linux_guest;
 mod support;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,7 +60,7 @@ use std::time::Duration;
 use ganesha::{GaneshaBackend, RpcTcp, MAX_IO};
 use linux_guest::Guest;
 use nix::sys::signal::Signal;
-use support::{find_tool, http_get, write_file, Daemon, BIN};
+use support::{find_tool, http_get, ip_packets, skip, wait_child, write_file, Daemon, BIN};
 
 /// The host side of the guest's link (deploy/linux-peer).
 const HOST: &str = "198.18.0.1";
@@ -78,13 +86,14 @@ const GUEST_COMMAND_DEADLINE: Duration = Duration::from_secs(900);
 /// link; NFS (v3 and v4) and NFSACL to ganesha's port (ganesha answers
 /// NFSACL there without registering it); MOUNT is not routed: the guest
 /// asks rpcbind and calls ganesha over TCP itself. The routed programs
-/// are registered under `rdma` with the namespace's rpcbind.
-fn gateway_config() -> String {
+/// are registered under `rdma` with the namespace's rpcbind. `extensions`
+/// is the value of `transport.extensions`.
+fn gateway_config(extensions: &str) -> String {
     let nfs = ganesha::NFS_PORT;
     format!(
         "[workers]\ncores = [0]\nidle = \"adaptive\"\n\n\
          [[listeners]]\nurl = \"roce://{HOST}:{PORT}\"\n\n\
-         [transport]\nmax_message = {MAX_MESSAGE}\n\n\
+         [transport]\nmax_message = {MAX_MESSAGE}\nextensions = {extensions}\n\n\
          [[gateway]]\nprogram = 100003\nversions = [3, 4]\nbackend = \"127.0.0.1:{nfs}\"\nconnections = 2\n\n\
          [[gateway]]\nprogram = 100227\nversions = [3]\nbackend = \"127.0.0.1:{nfs}\"\n\n\
          [rpcbind]\nregister = true\naddress = \"/run/rpcbind.sock\"\n\n\
@@ -110,11 +119,18 @@ struct Setup {
 /// cores for no gain.
 static GUEST_LOCK: Mutex<()> = Mutex::new(());
 
+/// Every extension, by name, in `transport.extensions`: the NFSv3 test's
+/// daemon offers them all, and the Linux client, which speaks plain
+/// Version One (it never calls CONF_RDMA version 2), must not notice.
+const ALL_EXTENSIONS: &str =
+    r#"["message_continuation", "responder_read_chunks", "remote_invalidate", "send_placement"]"#;
+
 impl Setup {
     /// Boots the guest, starts ganesha and rpcbind in its namespace, puts
-    /// the test directory on the export, and starts the gateway. `None`
-    /// when skipped (the real-peer rule).
-    fn start(name: &str) -> Option<Setup> {
+    /// the test directory on the export, and starts the gateway with
+    /// `transport.extensions = extensions`. `None` when skipped (the
+    /// real-peer rule).
+    fn start(name: &str, extensions: &str) -> Option<Setup> {
         let one_at_a_time = GUEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let guest = Guest::boot(name)?;
         let backend = GaneshaBackend::start_in_netns(name, guest.netns())?;
@@ -123,7 +139,7 @@ impl Setup {
         for i in 0..DIR_ENTRIES {
             std::fs::write(export.join(format!("many/entry-{i:04}")), b"").unwrap();
         }
-        let cfg = write_file(guest.dir(), "gateway.toml", &gateway_config());
+        let cfg = write_file(guest.dir(), "gateway.toml", &gateway_config(extensions));
         let mut cmd = backend.command(BIN);
         cmd.arg("--config").arg(&cfg);
         let mut daemon = Daemon::spawn_command(cmd);
@@ -384,11 +400,130 @@ fn check_relay(s: &Setup, nfsacl: bool) {
     );
 }
 
+/// dumpcap on the namespace's tap (the guest's link): the first
+/// [`SNAPLEN`] bytes of every RoCEv2 packet, stopped by
+/// [`Capture::finish`] (SIGINT: it flushes) or on drop.
+struct Capture(std::process::Child);
+
+/// Bytes kept of each frame: Ethernet, IPv4, UDP, BTH, the largest
+/// extension headers of a Send and the RPC-over-RDMA header's four fixed
+/// words fit (86 bytes); the data does not need to be kept.
+const SNAPLEN: &str = "128";
+
+impl Capture {
+    fn start(netns: &str, dumpcap: &Path, file: &Path) -> Capture {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(find_tool("ip").expect("ip"))
+            .args(["netns", "exec", netns])
+            .arg(dumpcap)
+            .args([
+                "-i",
+                "tap0",
+                "-f",
+                "udp port 4791",
+                "-s",
+                SNAPLEN,
+                "-P",
+                "-w",
+            ])
+            .arg(file)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run dumpcap");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("Capturing on") {
+                // Keep draining stderr so dumpcap never blocks on it.
+                std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+                return Capture(child);
+            }
+            line.clear();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("dumpcap did not start: {line}");
+    }
+
+    fn finish(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGINT);
+        let _ = wait_child(&mut self.0);
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::kill(pid, Signal::SIGINT);
+            let _ = wait_child(&mut self.0);
+        }
+    }
+}
+
+/// The message types of the RPC-over-RDMA Version One headers in a
+/// capture, by sender: a header opens the first (or only) packet of every
+/// Send, behind BTH and the opcode's extension headers (RFC 8166 s4.2:
+/// XID, version, credits, message type). Counts indexed by type 0..=5
+/// (5: anything from 5 up, where RDMA_OPTIONAL is 5), per direction
+/// (0: from the guest, 1: to it).
+fn rpcrdma_types(pcap: &[u8]) -> [[u64; 6]; 2] {
+    use dataplane::wire::roce::Opcode;
+    let mut counts = [[0u64; 6]; 2];
+    for ip in ip_packets(pcap, 0) {
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ip[9] != 17 || ip.len() < ihl + 8 + 12 {
+            continue;
+        }
+        let bth = &ip[ihl + 8..];
+        let Some(op) = Opcode::from_u8(bth[0]) else {
+            continue;
+        };
+        if !matches!(
+            op,
+            Opcode::RcSendFirst
+                | Opcode::RcSendOnly
+                | Opcode::RcSendOnlyImm
+                | Opcode::RcSendOnlyInv
+        ) {
+            continue;
+        }
+        let at = 12 + op.headers().len();
+        let Some(h) = bth.get(at..at + 16) else {
+            continue;
+        };
+        let word = |i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        if word(4) != 1 {
+            continue;
+        }
+        let from_guest = ip[12..16]
+            == linux_guest::GUEST_IP
+                .parse::<std::net::Ipv4Addr>()
+                .unwrap()
+                .octets();
+        counts[usize::from(!from_guest)][word(12).min(5) as usize] += 1;
+    }
+    counts
+}
+
 #[test]
 fn linux_nfs3_over_rdma_through_the_gateway() {
-    let Some(mut s) = Setup::start("linux-gw-nfs3") else {
+    let Some(dumpcap) = find_tool("dumpcap")
+        .or_else(|| find_tool("tshark").map(|t| t.with_file_name("dumpcap")))
+        .filter(|d| d.exists())
+    else {
+        return skip("dumpcap (wireshark) not installed");
+    };
+    let Some(mut s) = Setup::start("linux-gw-nfs3", ALL_EXTENSIONS) else {
         return;
     };
+    // From before the mount to the end: the whole session with every
+    // extension offered.
+    let pcap = s.guest.dir().join("nfs3-session.pcap");
+    let capture = Capture::start(s.guest.netns(), &dumpcap, &pcap);
     // What the guest's mount helper finds at the server's address: the
     // namespace's rpcbind maps MOUNT v3 over TCP to ganesha, so MNT goes
     // there straight (no MOUNT route in the gateway).
@@ -420,8 +555,36 @@ fn linux_nfs3_over_rdma_through_the_gateway() {
     );
 
     let sha = file_and_directory_session(&mut s, &opts, &path);
+    capture.finish();
 
     check_relay(&s, true);
+    // Both directions spoke RPC-over-RDMA Version One, and never with an
+    // RDMA_OPTIONAL header (message type 5): the Linux client negotiated
+    // no extension, so the daemon sent none (and Linux none either).
+    let types = rpcrdma_types(&std::fs::read(&pcap).expect("the capture"));
+    println!(
+        "RPC-over-RDMA message types 0..=4, 5+ captured: from the guest {:?}, to it {:?}",
+        types[0], types[1]
+    );
+    assert!(
+        types[0][0] > 100 && types[1][0] > 100,
+        "too few RDMA_MSG headers captured: {types:?}"
+    );
+    assert_eq!(
+        (types[0][5], types[1][5]),
+        (0, 0),
+        "RDMA_OPTIONAL (type 5) or beyond on a Version One connection"
+    );
+    // The daemon ran with every extension offered.
+    assert!(
+        s.daemon.stderr().contains(
+            "transport: extensions configured: \
+             responder_read_chunks,remote_invalidate,message_continuation,send_placement; \
+             offered to clients that negotiate with CONF_RDMA version 2: "
+        ),
+        "{}",
+        s.daemon.stderr()
+    );
     println!("sha256 of the 64 MiB file: {sha}");
 
     s.daemon.signal(Signal::SIGTERM);
@@ -434,7 +597,7 @@ fn linux_nfs3_over_rdma_through_the_gateway() {
 /// the client's write chunk as it does for NFSv3.
 #[test]
 fn linux_nfs41_over_rdma_through_the_gateway() {
-    let Some(mut s) = Setup::start("linux-gw-nfs41") else {
+    let Some(mut s) = Setup::start("linux-gw-nfs41", "[]") else {
         return;
     };
     let opts = format!("vers=4.1,proto=rdma,port={PORT}");

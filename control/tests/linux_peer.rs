@@ -191,6 +191,7 @@ impl Nfs {
             },
             // knfsd serves no CONF_RDMA program.
             conf_rdma: false,
+            extensions: dataplane::engine::Extensions::EMPTY,
             idle: IdleStrategy::Adaptive {
                 park_max: Duration::from_micros(200),
             },

@@ -553,3 +553,67 @@ fn no_log_line_per_rpc_even_at_trace() {
     d.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `transport.extensions`: the daemon's connections negotiate them with a
+/// client that asks with CONF_RDMA version 2, as far as both engines
+/// implement them (the engine's advertised set, not a list written here),
+/// and a Version One client gets none; both are served.
+#[test]
+fn configured_extensions_are_negotiated_with_a_version_two_client_only() {
+    use dataplane::engine::{self, Connection, Extensions};
+    let dir = scratch_dir("serve-extensions");
+    let url = format!("shm://{}/d.sock", dir.display());
+    let cfg = daemon_config(
+        &dir,
+        &url,
+        "127.0.0.1:19511".parse().unwrap(),
+        "[transport]\nextensions = [\"remote_invalidate\", \"message_continuation\"]\n",
+    );
+    let mut daemon = Daemon::spawn(&["--config", cfg.to_str().unwrap()]);
+    daemon.wait_for_line("started");
+    let advertised = |ext| {
+        Connection::new(engine::Config {
+            extensions: ext,
+            ..engine::Config::default()
+        })
+        .unwrap()
+        .advertised_extensions()
+    };
+    let daemon_offers =
+        advertised(Extensions::REMOTE_INVALIDATE.union(Extensions::MESSAGE_CONTINUATION));
+    assert!(daemon_offers.contains(Extensions::REMOTE_INVALIDATE));
+    assert!(
+        daemon.stderr().contains(&format!(
+            "transport: extensions configured: remote_invalidate,message_continuation; \
+             offered to clients that negotiate with CONF_RDMA version 2: {}",
+            dataplane::extension_names::Names(daemon_offers)
+        )),
+        "{}",
+        daemon.stderr()
+    );
+
+    let mut v2 = client_config(1 << 20, 4);
+    v2.extensions = Extensions::ALL;
+    let mut c2 = Client::<Shm>::connect(&url, v2).expect("connect v2");
+    assert_eq!(
+        c2.negotiated(),
+        advertised(Extensions::ALL).intersection(daemon_offers)
+    );
+    let mut c1 = Client::<Shm>::connect(&url, client_config(1 << 20, 4)).expect("connect v1");
+    assert!(c1.conf_rdma_reply().is_some(), "the version 1 exchange ran");
+    assert_eq!(c1.negotiated(), Extensions::EMPTY);
+    let data = vec![7u8; 100_000];
+    for c in [&mut c1, &mut c2] {
+        assert_eq!(
+            simple_call(
+                c,
+                Args::Echo(&data),
+                ReplyTarget::WriteChunk { max_ddp: 100_000 }
+            ),
+            data
+        );
+    }
+    drop((c1, c2));
+    daemon.stop_cleanly();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -215,6 +215,7 @@ pub fn run(socket: &std::path::Path) -> Result<(Returned, Returned), String> {
                     ..EndpointConfig::default()
                 },
                 conf_rdma: true,
+                extensions: dataplane::engine::Extensions::EMPTY,
                 idle,
                 wait_timeout: Duration::from_secs(30),
             },

@@ -21,13 +21,15 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::engine::{
-    self, decode_conf_rdma_reply, encode_conf_rdma_call, AppChunks, CallFailure, CallHandle,
-    DdpItem, Event, OutgoingCall, ReplyExpect, SendCallError,
+    self, decode_conf_rdma_reply, decode_conf_rdma_reply_v2, encode_conf_rdma_call,
+    encode_conf_rdma_call_v2, AppChunks, CallFailure, CallHandle, ConfRdmaError, DdpItem, Event,
+    Extensions, OutgoingCall, ReplyExpect, SendCallError,
 };
 use crate::mem::PeerBytes;
 use crate::verbs::shm::Shm;
 use crate::verbs::{Completion, Context, Provider, VerbsError};
 use crate::wire::conf::ConfigRdmaReply;
+use crate::wire::conf2::is_plain_version_one;
 use crate::wire::rpcrdma::MIN_CHUNKED_HEADER_LEN;
 use crate::worker::{Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST};
 
@@ -37,8 +39,21 @@ pub struct ClientConfig {
     /// Engine limits and queue depths of the connection.
     pub endpoint: EndpointConfig,
     /// Run the CONF_RDMA exchange (RFC 5666 s6) right after connecting and
-    /// apply the server's limits before any other call.
+    /// apply the server's limits before any other call. Non-empty
+    /// `extensions` run it too.
     pub conf_rdma: bool,
+    /// RPC-over-RDMA extensions to offer the server (docs/EXTENSIONS.md;
+    /// names in `extension_names`). Default: none, a plain Version One
+    /// client. When non-empty, the connection's engine configuration gets
+    /// them (added to `endpoint.engine.extensions`) and CONF_RDMA runs at
+    /// connect as version 2, whether or not `conf_rdma` is set: the client
+    /// advertises what it both wants and implements
+    /// (`Connection::advertised_extensions`), and uses only what the
+    /// server advertised too ([`Client::negotiated`]). A server that
+    /// answers as plain Version One (PROG_MISMATCH, PROG_UNAVAIL,
+    /// PROC_UNAVAIL) gets the version 1 exchange for the limits instead,
+    /// and nothing is negotiated.
+    pub extensions: Extensions,
     /// How [`Client::wait`] waits.
     pub idle: IdleStrategy,
     /// How long [`Client::wait`] (and the CONF_RDMA exchange) waits at most.
@@ -50,6 +65,7 @@ impl Default for ClientConfig {
         ClientConfig {
             endpoint: EndpointConfig::default(),
             conf_rdma: false,
+            extensions: Extensions::EMPTY,
             idle: IdleStrategy::default(),
             wait_timeout: Duration::from_secs(30),
         }
@@ -269,7 +285,11 @@ impl<P: Provider> Client<P> {
     /// # Errors
     /// [`ClientError::Verbs`] / [`ClientError::Endpoint`] for setup,
     /// [`ClientError::ConfRdma`] when the exchange fails.
-    pub fn connect(url: &str, config: ClientConfig) -> Result<Client<P>, ClientError> {
+    pub fn connect(url: &str, mut config: ClientConfig) -> Result<Client<P>, ClientError> {
+        // What we offer is part of the connection's engine configuration,
+        // so that `advertised_extensions` reflects it.
+        config.endpoint.engine.extensions =
+            config.endpoint.engine.extensions.union(config.extensions);
         let ctx = P::open(url)?;
         let pd = ctx.alloc_pd()?;
         let prepared = crate::worker::PreparedEndpoint::<P>::new(&ctx, &pd, &config.endpoint)?;
@@ -291,7 +311,9 @@ impl<P: Provider> Client<P> {
             ops: vec![OpSlot::default(); slots],
             next_op: 1,
         };
-        if config.conf_rdma {
+        if !config.extensions.is_empty() {
+            client.conf_rdma_v2()?;
+        } else if config.conf_rdma {
             client.conf_rdma()?;
         }
         Ok(client)
@@ -362,7 +384,55 @@ impl<P: Provider> Client<P> {
         }
     }
 
-    /// The server's CONF_RDMA answer, if the exchange ran.
+    /// CONF_RDMA version 2 (docs/EXTENSIONS.md, sections 2-3): our limits
+    /// and advertised extensions; the server's limits and extensions come
+    /// back and both sides use what both advertised. A plain Version One
+    /// server (`conf2::is_plain_version_one`) gets the version 1 exchange
+    /// for the limits, and nothing is negotiated.
+    fn conf_rdma_v2(&mut self) -> Result<(), ClientError> {
+        let req = self
+            .ep
+            .connection()
+            .conf_rdma_request_v2()
+            .map_err(|e| ClientError::ConfRdma(e.to_string()))?;
+        let call = self.call(ReplyTarget::Inline, |xid, buf| {
+            encode_conf_rdma_call_v2(buf, xid, &req)
+                .ok()
+                .map(|n| (n, None))
+        })?;
+        let reply = match self.wait(call)? {
+            CallOutcome::Reply { .. } => {
+                let decoded = self
+                    .reply(call)
+                    .map(|r| decode_conf_rdma_reply_v2(&r.to_vec()))
+                    .ok_or_else(|| ClientError::ConfRdma("reply vanished".into()));
+                self.release(call);
+                decoded?
+            }
+            CallOutcome::Failed(f) => return Err(ClientError::ConfRdma(format!("{f:?}"))),
+        };
+        match reply {
+            Ok(r) => {
+                self.ep.connection_mut().apply_conf_rdma_reply_v2(&r);
+                self.conf = Some(r.base);
+                Ok(())
+            }
+            Err(ConfRdmaError::NotSuccessful(status)) if is_plain_version_one(status) => {
+                self.conf_rdma()
+            }
+            Err(e) => Err(ClientError::ConfRdma(e.to_string())),
+        }
+    }
+
+    /// The extensions in use on the connection: those both sides
+    /// advertised in CONF_RDMA version 2 (empty without that exchange, or
+    /// with a plain Version One server).
+    pub fn negotiated(&self) -> Extensions {
+        self.ep.connection().negotiated()
+    }
+
+    /// The server's CONF_RDMA answer, if the exchange ran (its version 1
+    /// words, for either version).
     pub fn conf_rdma_reply(&self) -> Option<&ConfigRdmaReply> {
         self.conf.as_ref()
     }

@@ -7,6 +7,7 @@
 //!                            drives it; it reads nfs replies for their DDP item)
 //!   nfs                      NFSv3/MOUNT v3 codecs, DDP marking, service helpers
 //!   service, client          RpcService trait, requester API
+//!   extension_names          configuration names of the RPC-over-RDMA extensions
 //!   worker                   pinned polling loop: engine <-> provider glue
 //!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
 //!   wire                     pure codecs, no I/O
@@ -18,6 +19,7 @@
 
 pub mod client;
 pub mod engine;
+pub mod extension_names;
 pub mod gateway;
 pub mod mem;
 pub mod nfs;

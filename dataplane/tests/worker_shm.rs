@@ -592,3 +592,135 @@ fn null_round_trip(client: &mut Client<Shm>) {
     ));
     assert!(client.release(call));
 }
+
+/// Extensions configured on the client: CONF_RDMA version 2 at connect
+/// (without `conf_rdma` set), and the negotiated set is what both sides
+/// advertise, whatever the engine implements today.
+#[test]
+fn client_extensions_negotiate_with_conf_rdma_v2() {
+    use dataplane::engine::Extensions;
+    for (server_ext, client_ext) in [
+        (Extensions::ALL, Extensions::ALL),
+        (Extensions::EMPTY, Extensions::ALL),
+        (Extensions::REMOTE_INVALIDATE, Extensions::ALL),
+        (Extensions::ALL, Extensions::REMOTE_INVALIDATE),
+    ] {
+        let mut server_cfg = engine_config(64 << 10, 4);
+        server_cfg.extensions = server_ext;
+        server_cfg.inline_recv_size = 2048;
+        let server = Server::start(1, server_cfg);
+        let mut cfg = client_config(engine_config(64 << 10, 4));
+        cfg.extensions = client_ext;
+        let mut client = Client::<Shm>::connect(&server.url, cfg).unwrap();
+        // The limits were exchanged too.
+        let r = *client.conf_rdma_reply().expect("CONF_RDMA ran");
+        assert_eq!(r.maxcall_sendsize, 2048);
+        // What the server's engine would advertise with its configuration.
+        let server_advertises = dataplane::engine::Connection::new(server_cfg)
+            .unwrap()
+            .advertised_extensions();
+        let ours = client.endpoint().connection().advertised_extensions();
+        assert!(client_ext.contains(ours));
+        assert_eq!(
+            client.negotiated(),
+            ours.intersection(server_advertises),
+            "server {server_ext:?}, client {client_ext:?}"
+        );
+        let payload = pattern(3000, 5);
+        let (back, _) = echo(&mut client, &payload, true, ReplyTarget::ReplyChunk);
+        assert!(back == payload);
+        client.close().unwrap();
+        let report = server.stop(Duration::from_secs(1));
+        assert_clean(&report);
+    }
+}
+
+/// No extensions configured: the version 1 exchange (or none), nothing
+/// negotiated.
+#[test]
+fn client_without_extensions_negotiates_nothing() {
+    let mut server_cfg = engine_config(64 << 10, 4);
+    server_cfg.extensions = dataplane::engine::Extensions::ALL;
+    let server = Server::start(1, server_cfg);
+    for conf_rdma in [false, true] {
+        let mut cfg = client_config(engine_config(64 << 10, 4));
+        cfg.conf_rdma = conf_rdma;
+        let mut client = Client::<Shm>::connect(&server.url, cfg).unwrap();
+        assert_eq!(client.conf_rdma_reply().is_some(), conf_rdma);
+        assert!(client.negotiated().is_empty());
+        null_round_trip(&mut client);
+        client.close().unwrap();
+    }
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+}
+
+/// A plain Version One server: CONF_RDMA version 1 only, version 2 gets
+/// PROG_MISMATCH 1..1 (served by the dispatcher, not the engine).
+struct VersionOneConf(std::sync::Arc<dyn dataplane::worker::Dispatcher>);
+
+impl dataplane::worker::Dispatcher for VersionOneConf {
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> dataplane::worker::Dispatched {
+        use dataplane::wire::conf::{ConfigRdmaReply, CONFIG_RDMA_PROG};
+        use dataplane::wire::rpc::{CallHeader, OpaqueAuth, ReplyHeader};
+        use dataplane::wire::xdr::Encoder;
+        let Ok((h, _)) = CallHeader::parse(call) else {
+            return self.0.dispatch(call, reply);
+        };
+        if h.program != CONFIG_RDMA_PROG {
+            return self.0.dispatch(call, reply);
+        }
+        let mut e = Encoder::new(reply);
+        let done = if h.version == 1 {
+            ReplyHeader::accepted(h.xid, OpaqueAuth::None, AcceptStatus::Success)
+                .emit(&mut e)
+                .and_then(|()| {
+                    ConfigRdmaReply {
+                        maxcall_sendsize: 1536,
+                        align: 4,
+                        maxrdmaread: 2,
+                    }
+                    .encode(&mut e)
+                })
+        } else {
+            ReplyHeader::accepted(
+                h.xid,
+                OpaqueAuth::None,
+                AcceptStatus::ProgMismatch { low: 1, high: 1 },
+            )
+            .emit(&mut e)
+        };
+        match done {
+            Ok(()) => dataplane::worker::Dispatched::Reply {
+                len: e.position(),
+                ddp: None,
+            },
+            Err(_) => dataplane::worker::Dispatched::Drop,
+        }
+    }
+}
+
+/// Against a plain Version One server the client falls back to the
+/// version 1 exchange for the limits and negotiates nothing.
+#[test]
+fn client_extensions_fall_back_to_version_one() {
+    let mut server_cfg = engine_config(64 << 10, 4);
+    server_cfg.serve_conf_rdma = false;
+    let server = Server::with_dispatcher(
+        1,
+        server_cfg,
+        std::sync::Arc::new(VersionOneConf(bench_service())),
+    );
+    let mut cfg = client_config(engine_config(64 << 10, 4));
+    cfg.extensions = dataplane::engine::Extensions::ALL;
+    let mut client = Client::<Shm>::connect(&server.url, cfg).unwrap();
+    let r = *client.conf_rdma_reply().expect("version 1 exchange ran");
+    assert_eq!((r.maxcall_sendsize, r.maxrdmaread), (1536, 2));
+    assert!(client.negotiated().is_empty());
+    let payload = pattern(3000, 6);
+    let (back, _) = echo(&mut client, &payload, true, ReplyTarget::ReplyChunk);
+    assert!(back == payload);
+    client.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+}

@@ -36,6 +36,7 @@ pub fn client_config(max_message: u32, calls: u32) -> ClientConfig {
             ..EndpointConfig::default()
         },
         conf_rdma: true,
+        extensions: dataplane::engine::Extensions::EMPTY,
         idle: IdleStrategy::Adaptive {
             park_max: std::time::Duration::from_micros(200),
         },

@@ -209,10 +209,10 @@ impl Default for EndpointConfig {
 }
 
 impl EndpointConfig {
-    /// Receive-queue depth: every receive the engine may post.
+    /// Receive-queue depth: every receive the engine may post
+    /// (`engine::Config::max_receives`, whatever it counts), and one more.
     fn max_recv_wr(&self) -> u32 {
-        let c = &self.engine;
-        c.credits + c.max_outstanding_calls + c.replies_exposed_at_most() + 1
+        self.engine.max_receives() + 1
     }
 
     /// Our RFC 8797 private data: inline sizes, no remote invalidation

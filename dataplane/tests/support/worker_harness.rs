@@ -122,6 +122,7 @@ pub fn client_config(engine: engine::Config) -> ClientConfig {
             ..EndpointConfig::default()
         },
         conf_rdma: false,
+        extensions: dataplane::engine::Extensions::EMPTY,
         idle: adaptive(),
         wait_timeout: Duration::from_secs(60),
     }
