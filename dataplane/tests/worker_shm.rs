@@ -635,6 +635,40 @@ fn client_extensions_negotiate_with_conf_rdma_v2() {
     }
 }
 
+/// Message continuation over a real provider and the worker: a long
+/// call and its long reply, neither with a DDP item, each go as a
+/// transmission group of Sends (no RDMA Read of the call, no reply chunk
+/// written), byte exact, through a worker's server.
+#[test]
+fn message_continuation_carries_long_calls_and_replies_in_sends() {
+    use dataplane::engine::Extensions;
+    // Each transmission of a group takes a credit: 32, so that a 60 KB
+    // call's 15 fit the grant.
+    let mut server_cfg = engine_config(64 << 10, 32);
+    server_cfg.extensions = Extensions::MESSAGE_CONTINUATION;
+    let server = Server::start(1, server_cfg);
+    let mut cfg = client_config(engine_config(64 << 10, 32));
+    cfg.extensions = Extensions::MESSAGE_CONTINUATION;
+    let mut client = Client::<Shm>::connect(&server.url, cfg).unwrap();
+    assert!(client
+        .negotiated()
+        .contains(Extensions::MESSAGE_CONTINUATION));
+    for (n, len) in [20_000usize, 60_000, 100].into_iter().enumerate() {
+        let payload = pattern(len, n as u8);
+        let (back, ddp) = echo(&mut client, &payload, false, ReplyTarget::ReplyChunk);
+        assert!(back == payload, "echo of {len} bytes");
+        assert_eq!(ddp, None);
+    }
+    let s = *client.endpoint().connection().stats();
+    assert_eq!(s.call_groups_sent, 2, "20 KB and 60 KB calls: {s:?}");
+    assert_eq!(s.reply_groups_received, 2, "{s:?}");
+    assert_eq!((s.calls_pulled, s.replies_pulled), (0, 0), "no Read");
+    assert_eq!(s.groups_dropped + s.transmission_errors_received, 0);
+    client.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+}
+
 /// No extensions configured: the version 1 exchange (or none), nothing
 /// negotiated.
 #[test]
