@@ -391,6 +391,20 @@ pub(crate) enum Seen {
 /// `own_xids` are the XIDs of the engine's calls: a long call also
 /// travels as RDMA_NOMSG with a position-zero read chunk.
 pub(crate) fn see_send(bytes: &[u8], own_xids: core::ops::Range<u32>) -> Seen {
+    // A call sent as a transmission group (message continuation): its
+    // first transmission names the XID; it offers no chunks.
+    if let Ok((h, _)) =
+        crate::wire::rtrext::OptionalHeader::parse(bytes, &crate::wire::rtrext::Limits::DEFAULT)
+    {
+        return match h.op {
+            crate::wire::rtrext::Operation::TransmitRequest { .. } => Seen::Call(SeenCall {
+                xid: h.xid,
+                write_chunks: Vec::new(),
+                reply_chunk: None,
+            }),
+            _ => Seen::Other,
+        };
+    }
     let Ok((hdr, len)) = TransportHeader::parse(bytes, &Limits::DEFAULT) else {
         return Seen::Other;
     };

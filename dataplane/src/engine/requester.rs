@@ -139,6 +139,8 @@ pub(super) struct CallSlot {
     /// The DDP item's bytes are in `read_view`, not in the message.
     app_read: bool,
     msg_len: u32,
+    /// The longest reply the call expects (`ReplyExpect::max_len`).
+    reply_max: u32,
     plan: CallPlan,
     write_chunk: Option<u32>,
     reply_chunk: Option<u32>,
@@ -190,6 +192,7 @@ impl CallSlot {
             write_buf: ddp_buf,
             app_read: false,
             msg_len: 0,
+            reply_max: 0,
             plan: CallPlan::Inline,
             write_chunk: None,
             reply_chunk: None,
@@ -366,6 +369,7 @@ impl Connection {
         let s = &mut self.calls[idx as usize];
         s.xid = xid;
         s.msg_len = msg.len() as u32;
+        s.reply_max = reply.max_len;
         s.plan = plan;
         s.write_chunk = write_chunk;
         s.reply_chunk = reply_chunk;
@@ -638,20 +642,23 @@ impl Connection {
 
     /// Whether call `idx` goes as a Transmit Request (rtrext s9.2,
     /// `continuation.rs`): `(transmissions, receives reserved for the
-    /// reply)`. Only a call with no DDP item (nothing for a chunk to
-    /// carry but the message itself), when message continuation is in
-    /// use and the group gains a round trip: a call that would be a long
-    /// call goes as a group the peer accepts (s8.4) and the grant has
-    /// credits for (s4.3); a reply that might not fit inline gets
-    /// reserved receives (s8.5) instead of a reply chunk. A call that
-    /// needs a reply chunk it cannot trade for receives stays Version
-    /// One, as does one that fits one Send with a reply that does too.
+    /// reply)`. When message continuation is in use, a call whose message
+    /// (a DDP-eligible argument included: sending it inline is the
+    /// requester's choice, RFC 8166 s3.4.3) fits a group the peer accepts
+    /// (s8.4) and the grant has credits for (s4.3) goes as that group,
+    /// instead of a read chunk the peer would pull (a round trip); a
+    /// reply that might not fit inline (a DDP-eligible result included)
+    /// gets reserved receives (s8.5) instead of a reply chunk or a write
+    /// chunk. A call that needs a chunk it cannot trade this way stays
+    /// Version One, as does one that fits one Send with a reply that does
+    /// too, and a directed operation (its data is in application memory
+    /// the peer reaches by RDMA).
     fn call_group(&self, idx: usize) -> Option<(u32, u32)> {
         if !self.continues() {
             return None;
         }
         let s = &self.calls[idx];
-        if s.write_chunk.is_some() || s.app_read || matches!(s.plan, CallPlan::ReadChunk { .. }) {
+        if s.app_read || s.write_buf != s.ddp_buf {
             return None;
         }
         let c = &self.config;
@@ -662,17 +669,19 @@ impl Connection {
         if count > max.min(self.peer_group_recv_limit) || self.outstanding + count > self.granted {
             return None;
         }
-        let reply_buffers = match s.reply_chunk {
-            None => 0,
-            Some(longest) => {
-                let n = super::continuation::reply_transmissions(longest, recv_limit)?;
+        let reply_buffers = if s.reply_chunk.is_none() && s.write_chunk.is_none() {
+            0
+        } else {
+            {
+                let n = super::continuation::reply_transmissions(s.reply_max, recv_limit)?;
                 if n > max.min(self.peer_group_send_limit) || n - 1 > self.cont_recvs_free {
                     return None;
                 }
                 n - 1
             }
         };
-        (count > 1 || reply_buffers > 0).then_some((count, reply_buffers))
+        let chunked = !matches!(s.plan, CallPlan::Inline) || s.write_chunk.is_some();
+        (count > 1 || reply_buffers > 0 || chunked).then_some((count, reply_buffers))
     }
 
     /// Queues call `idx` as a transmission group of `count` (one Transmit
@@ -690,6 +699,7 @@ impl Connection {
         let credits = c.max_outstanding_calls;
         let s = &mut self.calls[idx];
         s.reply_chunk = None;
+        s.write_chunk = None;
         s.group_len = count;
         s.reply_buffers = reply_buffers;
         self.cont_recvs_free -= reply_buffers;
