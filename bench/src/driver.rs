@@ -88,6 +88,14 @@ pub trait RpcDriver {
 
     /// The server's cumulative CPU time, if this driver can see it.
     fn server_cpu(&self) -> Option<CpuTimes>;
+
+    /// RPC over RDMA: (calls sent, RDMA Reads the calls and their replies
+    /// needed, each a round trip of its own) so far on this connection,
+    /// for [`RunResult::round_trips_per_call`]. `None` for transports
+    /// without such a notion.
+    fn round_trips(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Empty polls before the adaptive idle policy starts yielding the core.
@@ -238,6 +246,7 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
     let mut in_flight = 0u32;
     let cpu0 = thread_cpu();
     let server0 = driver.server_cpu();
+    let trips0 = driver.round_trips();
     let t0 = Instant::now();
     let end = t0 + spec.duration;
     for slot in 0..depth {
@@ -326,7 +335,7 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
     let server = driver.server_cpu().zip(server0).map(|(a, b)| a.since(b));
     let seconds = (t_end - t0).as_secs_f64();
     let check = hash.then(|| CheckReport::new(hashed, first_hash, differing, spec.size));
-    Ok(RunResult::new(
+    let mut result = RunResult::new(
         name,
         spec,
         seconds,
@@ -335,7 +344,16 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
         cpu,
         server,
         check,
-    ))
+    );
+    result.round_trips_per_call =
+        driver
+            .round_trips()
+            .zip(trips0)
+            .and_then(|((c1, r1), (c0, r0))| {
+                let calls = c1.saturating_sub(c0);
+                (calls > 0).then(|| 1.0 + r1.saturating_sub(r0) as f64 / calls as f64)
+            });
+    Ok(result)
 }
 
 /// Polls until one call finishes (warm-up).

@@ -22,6 +22,7 @@ use bench::transport::{
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
+mod ext_cmd;
 mod floor;
 mod nfs_cmd;
 mod soak_cmd;
@@ -202,6 +203,20 @@ enum Cmd {
         /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
         #[arg(long, value_parser = parse_size)]
         memcpy_size: Option<u32>,
+    },
+    /// What the RPC-over-RDMA extensions buy (message continuation), in one
+    /// run: for shm and roce (embedded servers), ECHO, READ and WRITE of
+    /// each size at depth 1, busy-polling, once plain Version One and
+    /// once with every extension offered on both sides: round trips per
+    /// call and p50 latency each way, and their ratio (goal: at most 0.7x
+    /// where the extensions carry the call in Sends alone).
+    Extensions {
+        /// Sizes (default 8k,16k,32k,64k).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+        sizes: Option<Vec<u32>>,
+        /// Transports: shm, roce (embedded servers).
+        #[arg(long, value_delimiter = ',', default_values_t = ["shm".to_owned(), "roce".to_owned()])]
+        transports: Vec<String>,
     },
     /// Many idle connections against one busy one: opens COUNT connections
     /// to the server (each completes one NULL; one of them then stays
@@ -592,6 +607,14 @@ fn main() -> ExitCode {
                     doc
                 },
             )
+        }
+        Some(Cmd::Extensions { sizes, transports }) => {
+            let sizes = sizes.unwrap_or_else(|| vec![8 << 10, 16 << 10, 32 << 10, 64 << 10]);
+            ext_cmd::run(&common.open, common.duration(0.5), &sizes, &transports).map(|report| {
+                let mut doc = header("extensions", &common);
+                doc["extensions_compared"] = json!(report);
+                doc
+            })
         }
         Some(Cmd::Conns { count, step }) => {
             let spec = bench::conns::ConnsSpec {

@@ -730,6 +730,11 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
         Ok(finished)
     }
 
+    fn round_trips(&self) -> Option<(u64, u64)> {
+        let s = self.client.as_ref()?.endpoint().connection().stats();
+        Some((s.calls_sent, s.calls_pulled + s.replies_pulled))
+    }
+
     fn server_cpu(&self) -> Option<CpuTimes> {
         match &self.server {
             Server::Embedded(s) => thread_cpu_of(s.worker_tid?),

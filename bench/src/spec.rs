@@ -279,6 +279,12 @@ pub struct RunResult {
     pub server_cpu: Option<CpuReport>,
     /// Reply check, for checked runs.
     pub check: Option<CheckReport>,
+    /// Round trips per call (RPC over RDMA only): 1 for the call's Send
+    /// and the reply, plus one for each RDMA Read the call or its reply
+    /// needed (a read chunk the server pulled, a reply read chunk the
+    /// client pulled), from the client engine's counters over the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trips_per_call: Option<f64>,
 }
 
 impl RunResult {
@@ -311,6 +317,7 @@ impl RunResult {
             client_cpu: CpuReport::new(client, bytes, seconds),
             server_cpu: server.map(|s| CpuReport::new(s, bytes, seconds)),
             check,
+            round_trips_per_call: None,
         }
     }
 }

@@ -474,3 +474,43 @@ fn an_unknown_extension_fails_naming_the_known_ones() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown extension `nosuch`"), "{stderr}");
 }
+
+/// `extensions` compares plain Version One with message continuation in
+/// one run: an 8 KiB ECHO (its argument and result DDP-eligible) takes
+/// two round trips plain (the server pulls the argument by RDMA Read) and
+/// one with continuation (call and reply in Sends); a directed READ takes
+/// one either way. Counts from the client engine, not timing.
+#[test]
+fn extensions_compares_round_trips_with_and_without_continuation() {
+    let json = scratch("extensions.json");
+    let (stdout, doc) = run_bench(
+        &[
+            "--duration",
+            "0.05",
+            "--no-pin",
+            "extensions",
+            "--sizes",
+            "8k",
+            "--transports",
+            "shm",
+        ],
+        &json,
+    );
+    assert!(stdout.contains("trips plain"), "{stdout}");
+    check_header(&doc, "extensions");
+    let rows = doc["extensions_compared"]["rows"].as_array().unwrap();
+    let row = |op: &str| {
+        rows.iter()
+            .find(|r| r["op"] == op)
+            .unwrap_or_else(|| panic!("no {op} row in {rows:?}"))
+    };
+    let echo = row("echo");
+    assert_eq!(echo["trips_plain"].as_f64(), Some(2.0), "{echo}");
+    assert_eq!(echo["trips_ext"].as_f64(), Some(1.0), "{echo}");
+    assert_eq!(echo["goal_applies"], true);
+    let read = row("read");
+    assert_eq!(read["trips_plain"].as_f64(), Some(1.0), "{read}");
+    assert_eq!(read["trips_ext"].as_f64(), Some(1.0), "{read}");
+    assert!(echo["p50_plain_ns"].as_u64().unwrap() > 0);
+    assert!(echo["p50_ext_ns"].as_u64().unwrap() > 0);
+}

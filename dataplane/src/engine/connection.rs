@@ -158,7 +158,7 @@ pub(super) enum Parked {
 
 /// Where a received message is.
 #[derive(Clone, Copy)]
-enum Received<'a> {
+pub(super) enum Received<'a> {
     /// In one of the connection's own receive buffers.
     Own(BufId),
     /// In a shared receive lent by the connection's owner.
@@ -1137,6 +1137,20 @@ impl Connection {
     /// responder half. Header errors are answered before anything is
     /// allocated or read (RFC 5666 s4.2).
     fn process_message(&mut self, now: Instant, recv: Received<'_>, len: usize) -> Disposition {
+        // RDMA_OPTIONAL (rtrext, `continuation.rs`) only between peers
+        // that negotiated it: its header is copied out alone and its
+        // payload straight to where it goes (`Connection::copy_received`).
+        if self.continues() {
+            let mut fixed = [0u8; crate::wire::rtrext::OPTIONAL_FIXED_LEN];
+            let optional = |w: &[u8]| u32::from_be_bytes([w[12], w[13], w[14], w[15]]);
+            if len >= fixed.len()
+                && self.read_received(recv, 0, &mut fixed)
+                && optional(&fixed) == crate::wire::rtrext::RDMA_OPTIONAL
+                && fixed[4..8] == RPCRDMA_VERSION.to_be_bytes()
+            {
+                return self.on_optional(now, recv, len);
+            }
+        }
         // The one read of the receive buffer (see `rx_copy`).
         let buf = self.rx_copy;
         let copied = match recv {
@@ -1158,21 +1172,16 @@ impl Connection {
             self.stats.bad_recv_len += 1;
             return Disposition::Done;
         }
-        // RDMA_OPTIONAL (rtrext, `continuation.rs`) only between peers
-        // that negotiated it; for a Version One peer it stays an unknown
-        // message type. Any other header breaks off a group being
-        // received (rtrext s4.2).
-        let fixed = HeaderView::new_checked(self.bufs.bytes(buf).get(..len).unwrap_or(&[]))
-            .ok()
-            .map(|v| (v.xid(), v.vers(), v.proc_type()));
-        if let Some((xid, vers, proc_type)) = fixed {
-            if proc_type == crate::wire::rtrext::RDMA_OPTIONAL
-                && vers == RPCRDMA_VERSION
-                && self.continues()
-            {
-                return self.on_optional(now, buf, len);
+        // For a Version One peer RDMA_OPTIONAL stays an unknown message
+        // type. Any other header breaks off a group being received
+        // (rtrext s4.2).
+        if self.rx_group.is_some() {
+            let fixed = HeaderView::new_checked(self.bufs.bytes(buf).get(..len).unwrap_or(&[]))
+                .ok()
+                .map(|v| (v.xid(), v.proc_type()));
+            if let Some((xid, proc_type)) = fixed {
+                self.interrupt_group(xid, proc_type);
             }
-            self.interrupt_group(xid, proc_type);
         }
         let limits = self.config.limits;
         let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
@@ -1258,6 +1267,43 @@ impl Connection {
             },
         }
         Disposition::Done
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of a received message out of
+    /// its receive buffer (peer memory). False if they are not all there.
+    pub(super) fn read_received(&self, recv: Received<'_>, offset: u32, dst: &mut [u8]) -> bool {
+        match recv {
+            Received::Own(buf) => self.bufs.read(
+                LocalSlice {
+                    buf,
+                    offset,
+                    len: dst.len() as u32,
+                },
+                dst,
+            ),
+            Received::Shared(src) => src.read(offset, dst),
+        }
+    }
+
+    /// Copies `len` bytes at `offset` of a received message into `dest`
+    /// at `at`: the one copy of a transmission's payload out of peer
+    /// memory. False, copying nothing, if either range falls outside.
+    pub(super) fn copy_received(
+        &mut self,
+        recv: Received<'_>,
+        offset: u32,
+        len: u32,
+        dest: BufId,
+        at: usize,
+    ) -> bool {
+        match recv {
+            Received::Own(buf) => self.bufs.copy(LocalSlice { buf, offset, len }, dest, at),
+            Received::Shared(src) => self
+                .bufs
+                .bytes_mut(dest)
+                .get_mut(at..at + len as usize)
+                .is_some_and(|d| src.read(offset, d)),
+        }
     }
 
     /// Sends an RDMA_ERROR (RFC 5666 s4.2) for `xid`; no slot is used.

@@ -52,7 +52,7 @@
 //! sent is counted (the reply's slot is long gone).
 
 use super::buffers::{BufId, LocalSlice};
-use super::connection::Disposition;
+use super::connection::{Disposition, Received};
 use super::time::{Instant, Timer};
 use super::wr::{WorkRequest, WrId, WrKind};
 use super::{CallFailure, Connection, Extensions};
@@ -238,10 +238,29 @@ impl Connection {
     }
 
     /// A message whose fixed words say RDMA_OPTIONAL arrived on a
-    /// connection that negotiated message continuation: the `len` bytes
-    /// of `buf` (the private copy). Returns what became of it.
-    pub(super) fn on_optional(&mut self, now: Instant, buf: BufId, len: usize) -> Disposition {
-        let bytes = self.bufs.bytes(buf).get(..len).unwrap_or(&[]);
+    /// connection that negotiated message continuation: `len` bytes in
+    /// `recv`. Its header is copied out alone (into the private `rx_copy`)
+    /// and parsed there; the payload is copied once, from the receive
+    /// buffer straight to where it goes. Returns what became of it.
+    pub(super) fn on_optional(
+        &mut self,
+        now: Instant,
+        recv: Received<'_>,
+        len: usize,
+    ) -> Disposition {
+        // The header: the six fixed words and the optinfo they count.
+        let mut fixed = [0u8; crate::wire::rtrext::OPTIONAL_FIXED_LEN];
+        let _ = self.read_received(recv, 0, &mut fixed);
+        let info = u32::from_be_bytes([fixed[20], fixed[21], fixed[22], fixed[23]]);
+        let header = (fixed.len() as u64 + u64::from(info)).min(len as u64) as usize;
+        let copy = self.rx_copy;
+        let copied = header <= self.bufs.buf_len(copy) as usize
+            && self.copy_received(recv, 0, header as u32, copy, 0);
+        let bytes = if copied {
+            self.bufs.bytes(copy).get(..header).unwrap_or(&[])
+        } else {
+            &[]
+        };
         let parsed = self.opt_hdr.parse_into(bytes, &PARSE_LIMITS);
         let xid = self.opt_hdr.xid;
         let Ok(hlen) = parsed else {
@@ -274,7 +293,7 @@ impl Connection {
                 group,
                 payload_len,
             } => {
-                self.on_continue(now, buf, hlen, xid, seq, group, payload_len, room);
+                self.on_continue(now, recv, hlen, xid, seq, group, payload_len, room);
                 return Disposition::Done;
             }
             _ => self.break_group(
@@ -324,10 +343,10 @@ impl Connection {
                 reply_buffers,
                 payload_len,
             } if !placed => {
-                return self.on_call_group(now, buf, hlen, xid, count, reply_buffers, payload_len);
+                return self.on_call_group(now, recv, hlen, xid, count, reply_buffers, payload_len);
             }
             Operation::TransmitResponse { count, payload_len } if !placed => {
-                self.on_reply_group(now, buf, hlen, xid, count, payload_len);
+                self.on_reply_group(now, recv, hlen, xid, count, payload_len);
             }
             Operation::ReportError(r) => self.on_report(r),
             // Placement (send-based or explicit, s7.3) is not implemented
@@ -394,7 +413,7 @@ impl Connection {
     fn on_call_group(
         &mut self,
         now: Instant,
-        buf: BufId,
+        recv: Received<'_>,
         hlen: usize,
         xid: u32,
         count: u32,
@@ -432,7 +451,7 @@ impl Connection {
             Ok(idx) => {
                 let took = self.start_serve_group(
                     idx,
-                    buf,
+                    recv,
                     hlen,
                     xid,
                     count,
@@ -490,7 +509,7 @@ impl Connection {
     fn on_continue(
         &mut self,
         now: Instant,
-        buf: BufId,
+        recv: Received<'_>,
         hlen: usize,
         xid: u32,
         seq: u32,
@@ -521,7 +540,7 @@ impl Connection {
             if xid != g.xid || group != g.kind || seq < g.next || seq >= g.count {
                 self.rx_group = None;
                 self.timers.stop(Timer::GroupReassembly);
-                self.on_continue(now, buf, hlen, xid, seq, group, payload_len, room);
+                self.on_continue(now, recv, hlen, xid, seq, group, payload_len, room);
             } else if seq + 1 >= g.count {
                 self.rx_group = None;
                 self.timers.stop(Timer::GroupReassembly);
@@ -580,12 +599,7 @@ impl Connection {
             );
             return;
         }
-        let piece = LocalSlice {
-            buf,
-            offset: hlen as u32,
-            len: payload_len,
-        };
-        self.bufs.copy(piece, dest, g.filled as usize);
+        self.copy_received(recv, hlen as u32, payload_len, dest, g.filled as usize);
         let filled = g.filled + payload_len;
         if seq + 1 < g.count {
             if let Some(open) = &mut self.rx_group {
@@ -614,7 +628,7 @@ impl Connection {
     fn on_reply_group(
         &mut self,
         _now: Instant,
-        buf: BufId,
+        recv: Received<'_>,
         hlen: usize,
         xid: u32,
         count: u32,
@@ -659,12 +673,7 @@ impl Connection {
             self.discard_rest(xid, op);
             return;
         }
-        let piece = LocalSlice {
-            buf,
-            offset: hlen as u32,
-            len: payload_len,
-        };
-        self.bufs.copy(piece, reply_buf, 0);
+        self.copy_received(recv, hlen as u32, payload_len, reply_buf, 0);
         if count == 1 {
             self.finish_reply_group(idx, xid, payload_len, credits);
         } else {

@@ -154,6 +154,13 @@ pub struct Config {
     /// A transmission group that stops arriving is dropped after this
     /// long (its slot and credits come back; a call of ours fails).
     pub group_timeout: Duration,
+    /// With message continuation in use: the largest DDP-eligible
+    /// argument or result that goes in a call's or reply's Sends instead
+    /// of a read or write chunk (0: never). A group saves the chunk's
+    /// round trip but costs a Send per `inline_send_size` bytes, which
+    /// outweighs the round trip beyond a few Sends where a round trip is
+    /// cheap (docs/BENCHMARKS.md, "Message continuation").
+    pub continuation_ddp_max: u32,
     /// Responder-provided read chunks are in use from the start, because
     /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange
     /// turns them on, see [`Connection::negotiated`]). Then a reply that
@@ -310,6 +317,7 @@ impl Default for Config {
             max_group_transmissions: 17,
             continuation_receives: 32,
             group_timeout: Duration::from_secs(1),
+            continuation_ddp_max: 16 * 1024,
             reply_read_chunks: false,
             max_reply_read_chunks: 8,
             done_timeout: Duration::from_secs(1),

@@ -11,7 +11,9 @@
 //!   message becomes a position-zero read chunk of an RDMA_NOMSG (long
 //!   call, RFC 5666 s5.1).
 //!
-//! Credits (RFC 5666 s3.3): every call requests `max_outstanding_calls`;
+//! Credits (RFC 5666 s3.3): every call requests `max_outstanding_calls`
+//! (with message continuation in use, room for one group beside them:
+//! `Connection::credits_wanted`);
 //! every reply's grant replaces ours (a grant of 0 counts as 1, as Linux
 //! reads it); calls beyond the grant wait in `call_queue`, in order.
 
@@ -543,11 +545,12 @@ impl Connection {
             );
             return;
         }
+        let credits = self.credits_wanted();
         let h = &mut self.tx_hdr;
         h.chunks.clear();
         h.xid = xid;
         h.vers = RPCRDMA_VERSION;
-        h.credits = self.config.max_outstanding_calls;
+        h.credits = credits;
         h.body = MessageBody::Msg;
         match plan {
             CallPlan::Inline => {}
@@ -640,6 +643,23 @@ impl Connection {
         });
     }
 
+    /// The credits every message of ours asks for (RFC 5666 s3.3): one
+    /// per call we keep outstanding, and with message continuation in use
+    /// room for one group of the longest we send beside them (each of its
+    /// transmissions takes a credit, rtrext s4.3).
+    pub(super) fn credits_wanted(&self) -> u32 {
+        let calls = self.config.max_outstanding_calls;
+        if self.continues() {
+            let longest = self
+                .config
+                .max_group_transmissions
+                .min(self.peer_group_recv_limit);
+            calls + longest.saturating_sub(1)
+        } else {
+            calls
+        }
+    }
+
     /// Whether call `idx` goes as a Transmit Request (rtrext s9.2,
     /// `continuation.rs`): `(transmissions, receives reserved for the
     /// reply)`. When message continuation is in use, a call whose message
@@ -659,6 +679,14 @@ impl Connection {
         }
         let s = &self.calls[idx];
         if s.app_read || s.write_buf != s.ddp_buf {
+            return None;
+        }
+        let ddp_max = self.config.continuation_ddp_max;
+        let argument = match s.plan {
+            CallPlan::ReadChunk { len, .. } => len,
+            _ => 0,
+        };
+        if argument.max(s.write_chunk.unwrap_or(0)) > ddp_max {
             return None;
         }
         let c = &self.config;
@@ -696,7 +724,7 @@ impl Connection {
     fn encode_call_group(&mut self, idx: usize, count: u32, reply_buffers: u32) {
         let c = &self.config;
         let limit = c.inline_send_size.min(c.peer_inline_recv_size);
-        let credits = c.max_outstanding_calls;
+        let credits = self.credits_wanted();
         let s = &mut self.calls[idx];
         s.reply_chunk = None;
         s.write_chunk = None;
@@ -774,7 +802,7 @@ impl Connection {
     fn take_answer(&mut self, idx: usize, grant: Option<u32>) -> bool {
         self.outstanding = self.outstanding.saturating_sub(self.calls[idx].group_len);
         if let Some(g) = grant {
-            self.granted = g.clamp(1, self.config.max_outstanding_calls.max(1));
+            self.granted = g.clamp(1, self.credits_wanted().max(1));
         }
         self.unexpose_call(idx);
         if self.calls[idx].state == CallState::Abandoned {
@@ -1008,7 +1036,7 @@ impl Connection {
             let e = &mut self.err_bufs[i as usize];
             e.busy = true;
             let (buf, generation) = (e.buf, e.generation);
-            let h = TransportHeader::new(xid, self.config.max_outstanding_calls, MessageBody::Done);
+            let h = TransportHeader::new(xid, self.credits_wanted(), MessageBody::Done);
             let Ok(n) = h.emit(self.bufs.bytes_mut(buf)) else {
                 self.err_bufs[i as usize].busy = false;
                 self.err_free.push(i);

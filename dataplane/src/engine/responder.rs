@@ -716,7 +716,7 @@ impl Connection {
     pub(super) fn start_serve_group(
         &mut self,
         idx: u32,
-        buf: BufId,
+        recv: super::connection::Received<'_>,
         hlen: usize,
         xid: u32,
         count: u32,
@@ -745,12 +745,7 @@ impl Connection {
         s.hdr_credits = credits;
         s.credits_held = count;
         s.reply_buffers = reply_buffers;
-        let piece = LocalSlice {
-            buf,
-            offset: hlen as u32,
-            len: payload_len,
-        };
-        self.bufs.copy(piece, dest, 0);
+        self.copy_received(recv, hlen as u32, payload_len, dest, 0);
         self.active_calls += count;
         self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
         if count > 1 {
