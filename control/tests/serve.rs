@@ -613,6 +613,31 @@ fn configured_extensions_are_negotiated_with_a_version_two_client_only() {
             data
         );
     }
+    // Message continuation through the daemon (its worker's shared
+    // receives and credit pool): an 8 KiB echo goes in Sends both ways,
+    // one round trip.
+    if c2.negotiated().contains(Extensions::MESSAGE_CONTINUATION) {
+        let mut v2 = client_config(64 << 10, 4);
+        v2.extensions = Extensions::MESSAGE_CONTINUATION;
+        let mut c3 = Client::<Shm>::connect(&url, v2).expect("connect v2");
+        let data = vec![9u8; 8192];
+        for _ in 0..3 {
+            let back = simple_call(
+                &mut c3,
+                Args::Echo(&data),
+                ReplyTarget::WriteChunk { max_ddp: 8192 },
+            );
+            assert_eq!(back, data);
+        }
+        let s = *c3.endpoint().connection().stats();
+        assert_eq!(
+            (s.call_groups_sent, s.reply_groups_received),
+            (3, 3),
+            "{s:?}"
+        );
+        assert_eq!((s.calls_pulled, s.replies_pulled), (0, 0));
+        drop(c3);
+    }
     drop((c1, c2));
     daemon.stop_cleanly();
     let _ = std::fs::remove_dir_all(dir);
