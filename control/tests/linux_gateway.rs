@@ -52,7 +52,7 @@ mod linux_guest;
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
+
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -60,7 +60,7 @@ use std::time::Duration;
 use ganesha::{GaneshaBackend, RpcTcp, MAX_IO};
 use linux_guest::Guest;
 use nix::sys::signal::Signal;
-use support::{find_tool, http_get, ip_packets, skip, wait_child, write_file, Daemon, BIN};
+use support::{find_tool, http_get, ip_packets, skip, write_file, Capture, Daemon, BIN};
 
 /// The host side of the guest's link (deploy/linux-peer).
 const HOST: &str = "198.18.0.1";
@@ -400,69 +400,10 @@ fn check_relay(s: &Setup, nfsacl: bool) {
     );
 }
 
-/// dumpcap on the namespace's tap (the guest's link): the first
-/// [`SNAPLEN`] bytes of every RoCEv2 packet, stopped by
-/// [`Capture::finish`] (SIGINT: it flushes) or on drop.
-struct Capture(std::process::Child);
-
 /// Bytes kept of each frame: Ethernet, IPv4, UDP, BTH, the largest
 /// extension headers of a Send and the RPC-over-RDMA header's four fixed
 /// words fit (86 bytes); the data does not need to be kept.
 const SNAPLEN: &str = "128";
-
-impl Capture {
-    fn start(netns: &str, dumpcap: &Path, file: &Path) -> Capture {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new(find_tool("ip").expect("ip"))
-            .args(["netns", "exec", netns])
-            .arg(dumpcap)
-            .args([
-                "-i",
-                "tap0",
-                "-f",
-                "udp port 4791",
-                "-s",
-                SNAPLEN,
-                "-P",
-                "-w",
-            ])
-            .arg(file)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run dumpcap");
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while err.read_line(&mut line).unwrap_or(0) > 0 {
-            if line.contains("Capturing on") {
-                // Keep draining stderr so dumpcap never blocks on it.
-                std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-                return Capture(child);
-            }
-            line.clear();
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("dumpcap did not start: {line}");
-    }
-
-    fn finish(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, Signal::SIGINT);
-        let _ = wait_child(&mut self.0);
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-            let _ = nix::sys::signal::kill(pid, Signal::SIGINT);
-            let _ = wait_child(&mut self.0);
-        }
-    }
-}
 
 /// The message types of the RPC-over-RDMA Version One headers in a
 /// capture, by sender: a header opens the first (or only) packet of every
@@ -523,7 +464,13 @@ fn linux_nfs3_over_rdma_through_the_gateway() {
     // From before the mount to the end: the whole session with every
     // extension offered.
     let pcap = s.guest.dir().join("nfs3-session.pcap");
-    let capture = Capture::start(s.guest.netns(), &dumpcap, &pcap);
+    let capture = Capture::start(
+        s.guest.netns(),
+        &dumpcap,
+        "udp port 4791",
+        Some(SNAPLEN),
+        &pcap,
+    );
     // What the guest's mount helper finds at the server's address: the
     // namespace's rpcbind maps MOUNT v3 over TCP to ganesha, so MNT goes
     // there straight (no MOUNT route in the gateway).

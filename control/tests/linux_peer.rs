@@ -274,7 +274,13 @@ fn knfsd_serves_our_roce_client() {
         return skip("tshark not installed");
     };
     let pcap = peer.dir.join("session.pcap");
-    let capture = Capture::start(&peer, &tshark.with_file_name("dumpcap"), &pcap);
+    let capture = Capture::start(
+        &peer.netns,
+        &tshark.with_file_name("dumpcap"),
+        &format!("udp port 4791 or udp port {PROBE_PORT}"),
+        None,
+        &pcap,
+    );
     let probe_file = pcap.clone();
     peer.in_netns(move || capture_live(&probe_file));
     let stats = knfsd_session_with_one_retry(&peer);
@@ -548,60 +554,6 @@ fn knfsd_session() -> (usize, usize) {
 /// Probes and the end marker go to this UDP port (discard) of the guest;
 /// they are left out of the checks.
 const PROBE_PORT: u16 = 9;
-
-/// dumpcap in the namespace, stopped by [`Capture::finish`] or killed on
-/// drop.
-struct Capture(std::process::Child);
-
-impl Capture {
-    fn start(peer: &Peer, dumpcap: &Path, file: &Path) -> Capture {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new(find_tool("ip").unwrap())
-            .args(["netns", "exec", &peer.netns])
-            .arg(dumpcap)
-            .args(["-i", "tap0", "-f"])
-            .arg(format!("udp port 4791 or udp port {PROBE_PORT}"))
-            .args(["-P", "-w"])
-            .arg(file)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run dumpcap");
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while err.read_line(&mut line).unwrap_or(0) > 0 {
-            if line.contains("Capturing on") {
-                // Keep draining stderr so dumpcap never blocks on it.
-                std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-                return Capture(child);
-            }
-            line.clear();
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("dumpcap did not start: {line}");
-    }
-
-    /// SIGINT: dumpcap flushes and closes the file.
-    fn finish(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let _ = wait_child(&mut self.0);
-    }
-}
-
-impl Drop for Capture {
-    /// On a failure too the capture is flushed (SIGINT, then a kill only
-    /// after PATIENCE): it is what explains the failure.
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-            let _ = wait_child(&mut self.0);
-        }
-    }
-}
 
 /// Sends `payload` to the probe port until `file` holds `until` (from the
 /// namespace's thread); the deadline means the capture is broken.
@@ -880,7 +832,13 @@ fn rpcrdmad_on_linux_rxe_serves_our_roce_client_and_the_linux_nfs_client() {
     );
 
     let pcap = peer.dir.join("ibverbs-session.pcap");
-    let capture = Capture::start(&peer, &tshark.with_file_name("dumpcap"), &pcap);
+    let capture = Capture::start(
+        &peer.netns,
+        &tshark.with_file_name("dumpcap"),
+        &format!("udp port 4791 or udp port {PROBE_PORT}"),
+        None,
+        &pcap,
+    );
     let probe_file = pcap.clone();
     peer.in_netns(move || capture_live(&probe_file));
     let url = format!("roce://{GUEST}:{GUEST_DAEMON_PORT}");

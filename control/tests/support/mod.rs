@@ -401,3 +401,69 @@ pub fn scrape_until(metrics: SocketAddr, name: &str, at_least: u64) -> String {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// dumpcap capturing on `tap0` of a network namespace, stopped by
+/// [`Capture::finish`] (SIGINT: it flushes and closes the file) or on
+/// drop, a failure's included: the capture is what explains it.
+pub struct Capture(Child);
+
+impl Capture {
+    /// Starts `dumpcap` in `netns` with capture `filter`, writing `file`
+    /// (pcapng); `snaplen` bytes of each frame when given. Returns once
+    /// dumpcap says it is capturing.
+    pub fn start(
+        netns: &str,
+        dumpcap: &Path,
+        filter: &str,
+        snaplen: Option<&str>,
+        file: &Path,
+    ) -> Capture {
+        let mut cmd = Command::new(find_tool("ip").expect("ip"));
+        cmd.args(["netns", "exec", netns])
+            .arg(dumpcap)
+            .args(["-i", "tap0", "-f", filter]);
+        if let Some(n) = snaplen {
+            cmd.args(["-s", n]);
+        }
+        let mut child = cmd
+            .args(["-P", "-w"])
+            .arg(file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run dumpcap");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("Capturing on") {
+                // Keep draining stderr so dumpcap never blocks on it.
+                std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+                return Capture(child);
+            }
+            line.clear();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("dumpcap did not start: {line}");
+    }
+
+    /// SIGINT: dumpcap flushes and closes the file.
+    pub fn finish(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+            let _ = wait_child(&mut self.0);
+        }
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

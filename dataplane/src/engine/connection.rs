@@ -1318,7 +1318,7 @@ impl Connection {
         };
         let e = &mut self.err_bufs[i as usize];
         e.busy = true;
-        let (buf, generation) = (e.buf, e.generation);
+        let buf = e.buf;
         self.tx_hdr.chunks.clear();
         self.tx_hdr.xid = xid;
         self.tx_hdr.vers = RPCRDMA_VERSION;
@@ -1338,18 +1338,33 @@ impl Connection {
             ErrorBody::Vers { .. } => self.stats.err_vers_sent += 1,
             _ => self.stats.err_chunk_sent += 1,
         }
+        self.post_control(WrKind::ErrorSend, i, n as u32, None);
+    }
+
+    /// Queues the Send of the first `len` bytes of control buffer `i`
+    /// (busy since the caller took it), an RDMA_ERROR, a Report Error or
+    /// an RDMA_DONE (`kind`); its completion frees the buffer.
+    pub(super) fn post_control(
+        &mut self,
+        kind: WrKind,
+        i: u32,
+        len: u32,
+        invalidate_rkey: Option<u32>,
+    ) {
+        let e = &self.err_bufs[i as usize];
+        let (buf, generation) = (e.buf, e.generation);
         self.tx.push_back(WorkRequest::Send {
             wr_id: WrId {
-                kind: WrKind::ErrorSend,
+                kind,
                 index: i,
                 generation,
             },
             local: super::LocalSlice {
                 buf,
                 offset: 0,
-                len: n as u32,
+                len,
             },
-            invalidate_rkey: None,
+            invalidate_rkey,
         });
     }
 

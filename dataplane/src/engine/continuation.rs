@@ -815,8 +815,7 @@ impl Connection {
             credits,
             Operation::ReportError(ErrorReport { bad, lead, info }),
         );
-        let e = &mut self.err_bufs[i as usize];
-        let (buf, generation) = (e.buf, e.generation);
+        let buf = self.err_bufs[i as usize].buf;
         let Ok(n) = h.emit(self.negotiated, self.bufs.bytes_mut(buf)) else {
             self.err_free.push(i);
             self.stats.error_replies_dropped += 1;
@@ -824,18 +823,6 @@ impl Connection {
         };
         self.err_bufs[i as usize].busy = true;
         self.stats.transmission_errors_sent += 1;
-        self.tx.push_back(WorkRequest::Send {
-            wr_id: WrId {
-                kind: WrKind::ErrorSend,
-                index: i,
-                generation,
-            },
-            local: LocalSlice {
-                buf,
-                offset: 0,
-                len: n as u32,
-            },
-            invalidate_rkey: None,
-        });
+        self.post_control(WrKind::ErrorSend, i, n as u32, None);
     }
 }

@@ -1035,7 +1035,7 @@ impl Connection {
             self.done_queue.pop_front();
             let e = &mut self.err_bufs[i as usize];
             e.busy = true;
-            let (buf, generation) = (e.buf, e.generation);
+            let buf = e.buf;
             let h = TransportHeader::new(xid, self.credits_wanted(), MessageBody::Done);
             let Ok(n) = h.emit(self.bufs.bytes_mut(buf)) else {
                 self.err_bufs[i as usize].busy = false;
@@ -1046,19 +1046,8 @@ impl Connection {
             self.stats.max_outstanding_calls =
                 self.stats.max_outstanding_calls.max(self.outstanding);
             self.stats.done_sent += 1;
-            self.tx.push_back(WorkRequest::Send {
-                wr_id: WrId {
-                    kind: WrKind::DoneSend,
-                    index: i,
-                    generation,
-                },
-                local: LocalSlice {
-                    buf,
-                    offset: 0,
-                    len: n as u32,
-                },
-                invalidate_rkey: self.inval.take(xid),
-            });
+            let invalidate = self.inval.take(xid);
+            self.post_control(WrKind::DoneSend, i, n as u32, invalidate);
         }
     }
 
