@@ -893,6 +893,7 @@ impl Worker {
                 errors: n.error_completions
                     + stats.err_vers_sent
                     + stats.err_chunk_sent
+                    + stats.transmission_errors_sent
                     + stats.credit_overruns,
                 hugepages: Some(ep.is_hugepage_backed()),
             });
