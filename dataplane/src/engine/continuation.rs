@@ -577,6 +577,15 @@ impl Connection {
             self.break_group(xid, seq, info);
             return;
         }
+        if !self.group_target_alive(&g) {
+            // Its slot moved on (the call failed meanwhile): the rest of
+            // the group has nowhere to go.
+            if let Some(open) = &mut self.rx_group {
+                open.target = GroupTarget::Discard;
+                open.next = seq + 1;
+            }
+            return;
+        }
         // Append the payload to the message being reassembled.
         let dest = match g.target {
             GroupTarget::Serve(idx) => self.serves[idx as usize].message_buf(),
@@ -761,19 +770,26 @@ impl Connection {
         }
     }
 
+    /// Whether the slot a group is reassembled in is still waiting for
+    /// it: the responder slot receiving it, or our call still sent (or
+    /// abandoned at its timeout), in the same generation.
+    fn group_target_alive(&self, g: &RxGroup) -> bool {
+        match g.target {
+            GroupTarget::Serve(idx) => self.serves[idx as usize].receives_group(g.generation),
+            GroupTarget::Call(idx) => self.calls[idx as usize].awaits_answer(g.generation),
+            GroupTarget::Discard => false,
+        }
+    }
+
     /// Gives back what an unfinished group held.
     fn drop_group_target(&mut self, g: RxGroup, code: u32) {
+        if !self.group_target_alive(&g) {
+            return;
+        }
         match g.target {
-            GroupTarget::Serve(idx) => {
-                if self.serves[idx as usize].generation == g.generation {
-                    self.drop_serve_group(idx as usize);
-                }
-            }
+            GroupTarget::Serve(idx) => self.drop_serve_group(idx as usize),
             GroupTarget::Call(idx) => {
-                let idx = idx as usize;
-                if self.calls[idx].generation == g.generation {
-                    self.fail_reply(idx, CallFailure::TransmissionError { code });
-                }
+                self.fail_reply(idx as usize, CallFailure::TransmissionError { code });
             }
             GroupTarget::Discard => {}
         }

@@ -225,6 +225,13 @@ impl CallSlot {
         self.reply_buf
     }
 
+    /// Whether the call is still waiting for its answer (sent, or
+    /// abandoned at its timeout), in `generation`.
+    pub(super) fn awaits_answer(&self, generation: u32) -> bool {
+        matches!(self.state, CallState::Sent | CallState::Abandoned)
+            && self.generation == generation
+    }
+
     /// Receives this call reserved for its reply's continuations.
     pub(super) fn reply_receives(&self) -> u32 {
         self.reply_buffers

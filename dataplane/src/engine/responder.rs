@@ -269,6 +269,12 @@ impl ServeSlot {
         self.message
     }
 
+    /// Whether the slot is receiving a call's transmission group, in
+    /// `generation`.
+    pub(super) fn receives_group(&self, generation: u32) -> bool {
+        self.state == ServeState::ReceivingGroup && self.generation == generation
+    }
+
     /// The reassembled call is `len` bytes long.
     pub(super) fn set_call_len(&mut self, len: u32) {
         self.call_len = len;
