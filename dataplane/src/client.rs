@@ -362,6 +362,14 @@ impl<P: Provider> Client<P> {
     /// RFC 5666 s6: the first call on the connection; its answer sets our
     /// inline call size and Read limit.
     fn conf_rdma(&mut self) -> Result<(), ClientError> {
+        self.conf_rdma_v1(true)
+    }
+
+    /// The version 1 exchange; unless `required`, a server without
+    /// CONF_RDMA at all (PROG_UNAVAIL and the like, as from a Linux
+    /// server, which does not implement the program) leaves the limits as
+    /// they are instead of failing the connect.
+    fn conf_rdma_v1(&mut self, required: bool) -> Result<(), ClientError> {
         let req = self.ep.connection().conf_rdma_request();
         let call = self.call(ReplyTarget::Inline, |xid, buf| {
             encode_conf_rdma_call(buf, xid, &req)
@@ -375,10 +383,19 @@ impl<P: Provider> Client<P> {
                     .map(|r| decode_conf_rdma_reply(&r.to_vec()))
                     .ok_or_else(|| ClientError::ConfRdma("reply vanished".into()));
                 self.release(call);
-                let r = decoded?.map_err(|e| ClientError::ConfRdma(e.to_string()))?;
-                self.ep.connection_mut().apply_conf_rdma_reply(&r);
-                self.conf = Some(r);
-                Ok(())
+                match decoded? {
+                    Ok(r) => {
+                        self.ep.connection_mut().apply_conf_rdma_reply(&r);
+                        self.conf = Some(r);
+                        Ok(())
+                    }
+                    Err(ConfRdmaError::NotSuccessful(status))
+                        if !required && is_plain_version_one(status) =>
+                    {
+                        Ok(())
+                    }
+                    Err(e) => Err(ClientError::ConfRdma(e.to_string())),
+                }
             }
             CallOutcome::Failed(f) => Err(ClientError::ConfRdma(format!("{f:?}"))),
         }
@@ -417,8 +434,10 @@ impl<P: Provider> Client<P> {
                 self.conf = Some(r.base);
                 Ok(())
             }
+            // A plain Version One server: the version 1 exchange for the
+            // limits, if it has CONF_RDMA at all (Linux has not).
             Err(ConfRdmaError::NotSuccessful(status)) if is_plain_version_one(status) => {
-                self.conf_rdma()
+                self.conf_rdma_v1(false)
             }
             Err(e) => Err(ClientError::ConfRdma(e.to_string())),
         }

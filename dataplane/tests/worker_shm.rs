@@ -758,3 +758,25 @@ fn client_extensions_fall_back_to_version_one() {
     let report = server.stop(Duration::from_secs(1));
     assert_clean(&report);
 }
+
+/// Against a server without the CONF_RDMA program at all (as a Linux
+/// server: PROG_UNAVAIL to both versions), a client that asks for
+/// extensions still connects, as a plain Version One client with the
+/// limits of the connection's private data.
+#[test]
+fn client_extensions_against_a_server_without_conf_rdma_connect_plain() {
+    let mut server_cfg = engine_config(64 << 10, 4);
+    server_cfg.serve_conf_rdma = false;
+    let server = Server::with_dispatcher(1, server_cfg, bench_service());
+    let mut cfg = client_config(engine_config(64 << 10, 4));
+    cfg.extensions = dataplane::engine::Extensions::ALL;
+    let mut client = Client::<Shm>::connect(&server.url, cfg).unwrap();
+    assert!(client.conf_rdma_reply().is_none(), "no exchange applied");
+    assert!(client.negotiated().is_empty());
+    let payload = pattern(3000, 7);
+    let (back, _) = echo(&mut client, &payload, true, ReplyTarget::ReplyChunk);
+    assert!(back == payload);
+    client.close().unwrap();
+    let report = server.stop(Duration::from_secs(1));
+    assert_clean(&report);
+}
