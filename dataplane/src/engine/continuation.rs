@@ -178,7 +178,10 @@ impl Connection {
         let Some(count) = transmissions(g.len, g.limit, first_len) else {
             return 0;
         };
-        if u64::from(count) * u64::from(g.limit) > u64::from(self.bufs.buf_len(g.group_buf)) {
+        // Each transmission starts 4-aligned, so takes at most the limit
+        // rounded up.
+        let room = u64::from(count) * u64::from(g.limit.next_multiple_of(4));
+        if room > u64::from(self.bufs.buf_len(g.group_buf)) {
             return 0;
         }
         let queued_before = self.tx.len();
@@ -220,7 +223,10 @@ impl Connection {
                 offset: from,
                 len: n,
             };
-            self.bufs.copy(payload, g.group_buf, at as usize + hl);
+            if !self.bufs.copy(payload, g.group_buf, at as usize + hl) {
+                self.tx.truncate(queued_before);
+                return 0;
+            }
             self.tx.push_back(WorkRequest::Send {
                 wr_id: WrId::for_op(g.wr_id.kind, g.wr_id.index, g.wr_id.generation, seq),
                 local: LocalSlice {
@@ -608,7 +614,17 @@ impl Connection {
             );
             return;
         }
-        self.copy_received(recv, hlen as u32, payload_len, dest, g.filled as usize);
+        if !self.copy_received(recv, hlen as u32, payload_len, dest, g.filled as usize) {
+            // Checked above against both buffers: unreachable, but a
+            // payload that is not there breaks the group, never the engine.
+            let info = ErrorInfo::BadPayloadLength {
+                value: payload_len,
+                min: 0,
+                max: room,
+            };
+            self.break_group(xid, seq, info);
+            return;
+        }
         let filled = g.filled + payload_len;
         if seq + 1 < g.count {
             if let Some(open) = &mut self.rx_group {
@@ -682,7 +698,12 @@ impl Connection {
             self.discard_rest(xid, op);
             return;
         }
-        self.copy_received(recv, hlen as u32, payload_len, reply_buf, 0);
+        if !self.copy_received(recv, hlen as u32, payload_len, reply_buf, 0) {
+            // Checked above: unreachable; the call fails, never the engine.
+            self.fail_reply(idx, CallFailure::MalformedReply);
+            self.discard_rest(xid, op);
+            return;
+        }
         if count == 1 {
             self.finish_reply_group(idx, xid, payload_len, credits);
         } else {

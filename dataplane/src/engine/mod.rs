@@ -236,8 +236,9 @@ impl Config {
     /// used, else none.
     pub(crate) fn group_buffer_len(&self) -> u32 {
         if self.may_continue() {
+            // Each Send starts 4-aligned in the buffer.
             self.max_group_transmissions
-                .saturating_mul(self.inline_send_size)
+                .saturating_mul(self.inline_send_size.next_multiple_of(4))
         } else {
             0
         }

@@ -738,6 +738,11 @@ impl Connection {
             self.serve_free.push(idx);
             return false;
         }
+        if !self.copy_received(recv, hlen as u32, payload_len, dest, 0) {
+            self.bufs.release_bulk(dest);
+            self.serve_free.push(idx);
+            return false;
+        }
         let s = &mut self.serves[i];
         s.xid = xid;
         s.call_len = payload_len;
@@ -751,7 +756,6 @@ impl Connection {
         s.hdr_credits = credits;
         s.credits_held = count;
         s.reply_buffers = reply_buffers;
-        self.copy_received(recv, hlen as u32, payload_len, dest, 0);
         self.active_calls += count;
         self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
         if count > 1 {
