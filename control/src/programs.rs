@@ -4,6 +4,7 @@
 //! list is what the daemon registers with rpcbind.
 
 use dataplane::wire::conf::{CONFIG_RDMA_PROG, CONFIG_RDMA_VERS};
+use dataplane::wire::conf2::CONFIG_RDMA_VERS2;
 
 /// The bench program (echo, sink, source of N bytes; docs/PROTOCOL.md), served by
 /// `dataplane::service::bench`: program number 0x2052444D ("RDM" in its
@@ -24,11 +25,19 @@ pub struct ServedProgram {
     pub name: &'static str,
 }
 
-/// Every program/version the daemon registers with rpcbind.
-pub const SERVED_PROGRAMS: [ServedProgram; 2] = [
+/// Every program/version the daemon registers with rpcbind. Both
+/// versions of CONF_RDMA: the engine answers version 2 (the extension
+/// exchange, docs/EXTENSIONS.md) whatever extensions are configured, with
+/// an empty list when none are.
+pub const SERVED_PROGRAMS: [ServedProgram; 3] = [
     ServedProgram {
         program: CONFIG_RDMA_PROG,
         version: CONFIG_RDMA_VERS,
+        name: "rdmaconfig",
+    },
+    ServedProgram {
+        program: CONFIG_RDMA_PROG,
+        version: CONFIG_RDMA_VERS2,
         name: "rdmaconfig",
     },
     ServedProgram {

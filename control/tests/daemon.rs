@@ -127,6 +127,12 @@ fn registers_with_real_rpcbind_and_unregisters_on_sigterm() {
             "rdma",
             universal_address(v4),
         ),
+        (
+            CONFIG_RDMA_PROG,
+            dataplane::wire::conf2::CONFIG_RDMA_VERS2,
+            "rdma",
+            universal_address(v4),
+        ),
         (BENCH_PROG, BENCH_VERS, "rdma", universal_address(v4)),
     ];
     assert_eq!(expect[0].3, "127.0.0.21.78.181");
