@@ -765,7 +765,11 @@ impl Connection {
         // quietly, not reported one by one: after the transmission the
         // error was found on when that was one of its continuations (a
         // lost one, or a bad one), else from where it stopped.
-        let next = if seq > 0 { seq + 1 } else { g.next };
+        let next = if seq > 0 {
+            seq.saturating_add(1)
+        } else {
+            g.next
+        };
         if next < g.count {
             self.rx_group = Some(RxGroup {
                 target: GroupTarget::Discard,

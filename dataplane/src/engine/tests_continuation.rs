@@ -670,3 +670,41 @@ mod prop {
         }
     }
 }
+
+/// A continuation numbered 2^32-1 inside an open group (found by
+/// `engine_worker`): BADSEQ, the rest of the group dropped, no
+/// arithmetic overflow.
+#[test]
+fn rtrext_s9_5_a_last_possible_transmission_number_is_just_out_of_order() {
+    let mut p = continued_pair(mc(cfg()), mc(cfg()));
+    inject_optional(
+        &mut p,
+        79,
+        Operation::TransmitRequest {
+            count: 3,
+            reply_buffers: 0,
+            payload_len: 8,
+        },
+        &[0; 8],
+    );
+    inject_optional(
+        &mut p,
+        79,
+        Operation::TransmitContinue {
+            seq: u32::MAX,
+            group: GroupKind::Request,
+            payload_len: 0,
+        },
+        &[],
+    );
+    p.drive();
+    assert_eq!(
+        reports_from(&p, SERVER),
+        vec![ErrorInfo::BadSequence {
+            expected: 1,
+            current: u32::MAX
+        }]
+    );
+    assert_eq!(p.peers[SERVER].conn.resources().serve_slots_busy, 0);
+    close_and_check_leaks(&mut p);
+}
