@@ -264,6 +264,22 @@ impl ServeSlot {
         }
     }
 
+    /// A new call `xid` of `call_len` bytes (so far) takes the slot: no
+    /// Reads, no reply ops, no chunks yet; it holds `credits_held`
+    /// credits and may answer into `reply_buffers` reserved receives.
+    fn begin_call(&mut self, xid: u32, call_len: u32, credits_held: u32, reply_buffers: u32) {
+        self.xid = xid;
+        self.call_len = call_len;
+        self.reads.clear();
+        self.reads_issued = 0;
+        self.reads_done = 0;
+        self.ops_in_flight = 0;
+        self.reply_ops_posted = 0;
+        self.credits_held = credits_held;
+        self.reply_buffers = reply_buffers;
+        self.peer_chunks.clear();
+    }
+
     /// The buffer the call is reassembled in, then the reply.
     pub(super) fn message_buf(&self) -> BufId {
         self.message
@@ -483,16 +499,7 @@ impl Connection {
             self.warm_slot_lists();
         }
         let s = &mut self.serves[idx];
-        s.xid = self.rx_hdr.xid;
-        s.call_len = total;
-        s.reads.clear();
-        s.reads_issued = 0;
-        s.reads_done = 0;
-        s.ops_in_flight = 0;
-        s.reply_ops_posted = 0;
-        s.credits_held = 1;
-        s.reply_buffers = 0;
-        s.peer_chunks.clear();
+        s.begin_call(self.rx_hdr.xid, total, 1, 0);
         for c in self.rx_hdr.chunks.write_chunks() {
             // Cannot fail: the count came from a 32-bit word.
             let _ = s.peer_chunks.push_write_chunk(c.segments);
@@ -744,18 +751,9 @@ impl Connection {
             return false;
         }
         let s = &mut self.serves[i];
-        s.xid = xid;
-        s.call_len = payload_len;
-        s.reads.clear();
-        s.reads_issued = 0;
-        s.reads_done = 0;
-        s.ops_in_flight = 0;
-        s.reply_ops_posted = 0;
-        s.peer_chunks.clear();
+        s.begin_call(xid, payload_len, count, reply_buffers);
         s.maybe_reply = false;
         s.hdr_credits = credits;
-        s.credits_held = count;
-        s.reply_buffers = reply_buffers;
         self.active_calls += count;
         self.stats.max_active_calls = self.stats.max_active_calls.max(self.active_calls);
         if count > 1 {
