@@ -265,13 +265,9 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
     assert_eq!(w.conns[1].stats().done_received, total / 6);
 }
 
-/// Two engines that negotiated message continuation (draft-dnoveck-
-/// rpcrdma-rtrext-02) through CONF_RDMA version 2: long calls and long
-/// replies go as transmission groups, and steady state still allocates
-/// nothing.
-#[test]
-fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
-    use dataplane::engine::{decode_conf_rdma_reply_v2, encode_conf_rdma_call_v2, Extensions};
+/// Two engines that negotiated `ext` through CONF_RDMA version 2.
+fn negotiated_wire(ext: dataplane::engine::Extensions) -> Wire {
+    use dataplane::engine::{decode_conf_rdma_reply_v2, encode_conf_rdma_call_v2};
     let cfg = Config {
         peer_inline_recv_size: 4096,
         peer_inline_send_size: 4096,
@@ -280,7 +276,7 @@ fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
         max_call_size: 256 * 1024,
         max_reply_size: 256 * 1024,
         max_ddp_size: 256 * 1024,
-        extensions: Extensions::MESSAGE_CONTINUATION,
+        extensions: ext,
         ..Config::default()
     };
     let mut w = Wire::new(cfg);
@@ -301,9 +297,17 @@ fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
     assert_eq!(w.run(Instant(0)), 1);
     let reply = decode_conf_rdma_reply_v2(&w.kept.take().unwrap()).unwrap();
     w.conns[0].apply_conf_rdma_reply_v2(&reply);
-    assert!(w.conns[0]
-        .negotiated()
-        .contains(Extensions::MESSAGE_CONTINUATION));
+    assert_eq!(w.conns[0].negotiated(), ext);
+    w
+}
+
+/// Two engines that negotiated message continuation (draft-dnoveck-
+/// rpcrdma-rtrext-02) through CONF_RDMA version 2: long calls and long
+/// replies go as transmission groups, and steady state still allocates
+/// nothing.
+#[test]
+fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
+    let mut w = negotiated_wire(dataplane::engine::Extensions::MESSAGE_CONTINUATION);
     let shapes: [(usize, bool, ReplyExpect); 6] = [
         (
             100,
@@ -344,7 +348,7 @@ fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
                 max_len: 16 * 1024,
                 ddp_max: Some(16 * 1024),
             },
-        ), // read + write chunks, as in Version One
+        ), // argument and result inline in groups
         (
             60_000,
             false,
@@ -358,6 +362,30 @@ fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
     let (c, s) = (w.conns[0].stats(), w.conns[1].stats());
     assert!(c.call_groups_sent > 0 && s.call_groups_received == c.call_groups_sent);
     assert!(s.reply_groups_sent > 0 && c.reply_groups_received == s.reply_groups_sent);
+    assert_eq!(c.groups_dropped + s.groups_dropped, 0);
+}
+
+/// As above with send-based data placement (rtrext s7) as well: DDP
+/// arguments and results placed in the peer's target buffer segments,
+/// and the Transmit Request and Response headers carrying their
+/// placement, allocate nothing in steady state either.
+#[test]
+fn rtrext_s7_no_heap_allocation_per_rpc_with_send_placement() {
+    use dataplane::engine::Extensions;
+    let mut w = negotiated_wire(Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT));
+    let ddp = |max_len: u32, ddp_max: Option<u32>| ReplyExpect { max_len, ddp_max };
+    let shapes: [(usize, bool, ReplyExpect); 6] = [
+        (100, false, ddp(1024, None)),                      // inline both ways
+        (12_000, true, ddp(16 * 1024, Some(16 * 1024))),    // both items placed
+        (100_000, true, ddp(128 * 1024, Some(128 * 1024))), // read + write chunks
+        (3000, false, ddp(8192, Some(8192))),               // result directed, reply in one Send
+        (9000, true, ddp(16 * 1024, None)),                 // argument placed, reply group
+        (60_000, false, ddp(64 * 1024, None)),              // groups, nothing to place
+    ];
+    steady_state_allocates_nothing(&mut w, &shapes);
+    let (c, s) = (w.conns[0].stats(), w.conns[1].stats());
+    assert!(c.items_placed_sent > 0 && s.items_placed_received == c.items_placed_sent);
+    assert!(s.items_placed_sent > 0 && c.items_placed_received == s.items_placed_sent);
     assert_eq!(c.groups_dropped + s.groups_dropped, 0);
 }
 

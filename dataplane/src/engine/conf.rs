@@ -30,6 +30,7 @@
 //! * `align` (reply): we send 4, XDR's own alignment, since we neither send
 //!   nor accept RDMA_MSGP padding.
 
+use super::placement::TargetLayout;
 use super::time::Instant;
 use super::{Config, Connection, Extensions, PeerLimits};
 use crate::wire::conf::{
@@ -38,7 +39,7 @@ use crate::wire::conf::{
 };
 use crate::wire::conf2::{negotiate, ConfigRdmaReplyV2, ConfigRdmaReqV2, CONFIG_RDMA_VERS2};
 use crate::wire::rpc::{AcceptStatus, CallHeader, OpaqueAuth, ReplyBody, ReplyHeader};
-use crate::wire::rtrext::{prop_id, Limits as PropLimits, Property, PropertyList};
+use crate::wire::rtrext::{prop_id, BufferStructure, Limits as PropLimits, Property, PropertyList};
 use crate::wire::xdr::Encoder;
 
 /// The `align` we report: XDR alignment, no RDMA_MSGP padding.
@@ -263,7 +264,8 @@ impl Connection {
 
     /// Our property list: the extensions we advertise and, with message
     /// continuation, the longest group we accept and send (rtrext s8.4,
-    /// s8.5; both are `max_group_transmissions`).
+    /// s8.5; both are `max_group_transmissions`); with send-based
+    /// placement, the structure of our receive buffers (s8.3).
     fn push_advertisement(&self, list: &mut PropertyList) -> Result<(), crate::wire::Error> {
         let ours = self.advertised_extensions();
         list.push_extensions(ours)?;
@@ -272,13 +274,31 @@ impl Connection {
             list.push(Property::RequestTransmissionReceiveLimit(max))?;
             list.push(Property::ResponseTransmissionSendLimit(max))?;
         }
+        if ours.contains(Extensions::SEND_PLACEMENT) {
+            let len = self.config.inline_recv_size;
+            let (groups, n) = TargetLayout::our_groups(len);
+            list.push(Property::ReceiveBufferStructure(BufferStructure {
+                length: len,
+                groups: &groups[..n],
+            }))?;
+        }
         Ok(())
     }
 
     /// The peer's group limits from its property list (1 each, the
     /// draft's default, when it sent none): the longest call group it
-    /// accepts and the longest reply group it sends.
+    /// accepts and the longest reply group it sends; and where in its
+    /// receive buffers placed data may go (none when it sent no
+    /// structure, s5.3).
     fn apply_group_limits(&mut self, list: &PropertyList) {
+        self.peer_targets = match list.get(prop_id::RECEIVE_BUFFER_STRUCTURE) {
+            Some(Property::ReceiveBufferStructure(b))
+                if self.negotiated.contains(Extensions::SEND_PLACEMENT) =>
+            {
+                TargetLayout::from_structure(&b)
+            }
+            _ => TargetLayout::NONE,
+        };
         self.peer_group_recv_limit = match list.get(prop_id::REQUEST_TRANSMISSION_RECEIVE_LIMIT) {
             Some(Property::RequestTransmissionReceiveLimit(n)) => n.max(1),
             _ => 1,
@@ -289,16 +309,22 @@ impl Connection {
         };
     }
 
-    /// What we advertise: the configured extensions the engine implements
-    /// (responder-provided read chunks, remote invalidation and message
-    /// continuation; not send-based placement), never a promise it
-    /// cannot keep.
+    /// What we advertise: the configured extensions the engine implements,
+    /// never a promise it cannot keep. Send-based placement rides on the
+    /// transmission framing of message continuation here, so it is
+    /// advertised only together with it (docs/EXTENSIONS.md section 7).
     pub fn advertised_extensions(&self) -> Extensions {
-        self.config.extensions.intersection(
+        let ours = self.config.extensions.intersection(
             Extensions::RESPONDER_READ_CHUNKS
                 .union(Extensions::REMOTE_INVALIDATE)
-                .union(Extensions::MESSAGE_CONTINUATION),
-        )
+                .union(Extensions::MESSAGE_CONTINUATION)
+                .union(Extensions::SEND_PLACEMENT),
+        );
+        if ours.contains(Extensions::MESSAGE_CONTINUATION) {
+            ours
+        } else {
+            ours.difference(Extensions::SEND_PLACEMENT)
+        }
     }
 }
 

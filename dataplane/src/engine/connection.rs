@@ -120,6 +120,11 @@ pub struct Stats {
     /// Transmission groups dropped unfinished: broken off by another
     /// message, a bad transmission, the group timeout or the close.
     pub groups_dropped: u64,
+    /// DDP-eligible items we sent placed by Send into the peer's target
+    /// buffer segments (rtrext s7.3): call arguments and reply results.
+    pub items_placed_sent: u64,
+    /// Placed items we received and put back into their message.
+    pub items_placed_received: u64,
 }
 
 /// Resources in use, for the leak check: after [`Connection::close`] and
@@ -293,6 +298,17 @@ pub struct Connection {
     /// Continuation receives ([`Config::continuation_receives`]) no call
     /// has reserved.
     pub(super) cont_recvs_free: u32,
+    /// Where placed data may land in our receive buffers and in the
+    /// peer's (rtrext s7.2, s8.3; `placement.rs`).
+    pub(super) our_targets: super::placement::TargetLayout,
+    pub(super) peer_targets: super::placement::TargetLayout,
+    /// The placed items of the group being received, checked against
+    /// `our_targets` at its first transmission, and their segment numbers.
+    pub(super) rx_spans: [super::placement::ItemSpan; super::MAX_DDP_ITEMS],
+    pub(super) rx_n_spans: usize,
+    pub(super) rx_numbers: [u32; super::placement::MAX_ITEM_SEGMENTS],
+    /// Scratch for an RDMA_OPTIONAL header with placement being sent.
+    pub(super) tx_opt: crate::wire::rtrext::OptionalHeader,
     /// Rkeys for RDMA_DONE as Send With Invalidate (`inval.rs`).
     pub(super) inval: super::inval::DoneInvalidate,
 }
@@ -626,6 +642,18 @@ impl Connection {
             peer_group_recv_limit: 1,
             peer_group_send_limit: 1,
             cont_recvs_free: c.reply_continuation_receives(),
+            our_targets: super::placement::TargetLayout::ours(c.inline_recv_size),
+            peer_targets: super::placement::TargetLayout::NONE,
+            rx_spans: [super::placement::ItemSpan::default(); super::MAX_DDP_ITEMS],
+            rx_n_spans: 0,
+            rx_numbers: [0; super::placement::MAX_ITEM_SEGMENTS],
+            tx_opt: if c.may_continue() {
+                crate::wire::rtrext::OptionalHeader::with_capacity(
+                    &super::continuation::PARSE_LIMITS,
+                )
+            } else {
+                crate::wire::rtrext::OptionalHeader::default()
+            },
             inval: super::inval::DoneInvalidate::new(n_calls),
         })
     }

@@ -27,7 +27,9 @@
 //!   a reliable connection keeps their order). The first takes a
 //!   responder slot (a call) or finds its call (a reply); each payload is
 //!   appended to the slot's message buffer, and the receive goes back at
-//!   once. Anything else arriving before the group is whole breaks it
+//!   once (with send-based placement, the payload stream around the
+//!   placed items and each item's pieces to their places, `take_transmission`).
+//!   Anything else arriving before the group is whole breaks it
 //!   off: the peer gets a Report Error (s9.5) naming what was expected,
 //!   the partial message is dropped, and the message that broke in is
 //!   then handled as usual. A group that stops arriving is dropped after
@@ -46,6 +48,8 @@
 //! | a transmission number out of order (one lost) | `BADSEQ` |
 //! | a group longer than we accept (our limit, or the receives the call reserved) | `BADSEQ`, expected the most allowed |
 //! | a payload past the end of its Send, or past the message buffer | `BADPL` |
+//! | a placed item's segment number wrong for the group or the Send (send-based placement, s7.3, `placement.rs`) | `BADTBSN` |
+//! | a placed item's offset past its first segment | `BADOFF` |
 //!
 //! A Report Error about a call of ours fails that call
 //! ([`super::CallFailure::TransmissionError`]); one about a reply we
@@ -53,25 +57,28 @@
 
 use super::buffers::{BufId, LocalSlice};
 use super::connection::{Disposition, Received};
+use super::placement::{ItemSpan, PlacedLayout, ANSWER_HEADER_LEN, DIRECTION_HEADER_LEN};
 use super::time::{Instant, Timer};
 use super::wr::{WorkRequest, WrId, WrKind};
-use super::{CallFailure, Connection, Extensions};
+use super::{roundup4, CallFailure, Connection, DdpItem, Extensions};
 use crate::wire::rpc::MessageType;
 use crate::wire::rpcrdma::ErrorBody;
 use crate::wire::rtrext::{
-    op_type, ErrorInfo, ErrorReport, GroupKind, Limits as RtrLimits, Operation, OptionalHeader,
-    TransmissionId, RDMA_OPTIONAL,
+    op_type, Direction, ErrorInfo, ErrorReport, GroupKind, ItemLocation, Limits as RtrLimits,
+    Operation, OptionalHeader, PlacedItem, PlacementType, ReplyLocation, TransmissionId,
+    RDMA_OPTIONAL,
 };
 
 /// Header bytes of each kind of transmission we send (no placement, no
 /// directions: fixed sizes).
-const REQUEST_HEADER_LEN: u32 = 24 + 4 + 4 + 12;
-const RESPONSE_HEADER_LEN: u32 = 24 + 4 + 8;
-const CONTINUE_HEADER_LEN: u32 = 24 + 12;
+pub(super) const REQUEST_HEADER_LEN: u32 = 24 + 4 + 4 + 12;
+pub(super) const RESPONSE_HEADER_LEN: u32 = 24 + 4 + 8;
+pub(super) const CONTINUE_HEADER_LEN: u32 = 24 + 12;
 
-/// The placement lists we parse: we implement none of send-based
-/// placement, so a header that carries any is refused after parsing,
-/// but it must parse within these (`OptionalHeader::with_capacity`).
+/// The placement lists and directions we parse: within the codec's
+/// default limits (`OptionalHeader::with_capacity`, so parsing never
+/// allocates); what send-based placement can use of them is checked
+/// after parsing (`accept_placement`, `reply_direction`).
 pub(super) const PARSE_LIMITS: RtrLimits = RtrLimits::DEFAULT;
 
 /// Transmissions a message of `len` bytes takes in Sends of at most
@@ -82,17 +89,6 @@ pub(super) fn transmissions(len: u32, limit: u32, first: u32) -> Option<u32> {
     let head = limit.checked_sub(first).filter(|&n| n > 0)?;
     let body = limit.checked_sub(CONTINUE_HEADER_LEN).filter(|&n| n > 0)?;
     Some(1 + len.saturating_sub(head).div_ceil(body))
-}
-
-/// The transmissions a call of `len` bytes takes (a Transmit Request and
-/// its continuations).
-pub(super) fn call_transmissions(len: u32, limit: u32) -> Option<u32> {
-    transmissions(len, limit, REQUEST_HEADER_LEN)
-}
-
-/// The transmissions a reply of `len` bytes takes.
-pub(super) fn reply_transmissions(len: u32, limit: u32) -> Option<u32> {
-    transmissions(len, limit, RESPONSE_HEADER_LEN)
 }
 
 /// Where the group being received goes.
@@ -152,6 +148,29 @@ pub(super) struct GroupSend {
     /// The id of the group's first Send; the others carry the next op
     /// numbers ([`WrId::for_op`]).
     pub(super) wr_id: WrId,
+    /// The message's DDP-eligible item, placed by Send into the peer's
+    /// target segments as laid out (s7.3; `placement.rs`).
+    pub(super) place: Option<PlacedLayout>,
+    /// Transmit Request: the reply's DDP-eligible item is to be placed by
+    /// Send if at least this long (one response direction, s7.4).
+    pub(super) direct_reply: Option<u32>,
+    /// Transmit Response to a call that directed its reply's item, when
+    /// the item is not placed: too short (and where it is inline), or
+    /// none (s7.4 Table 2).
+    pub(super) answer: Option<(PlacementType, DdpItem)>,
+}
+
+impl GroupSend {
+    /// Header bytes of the first transmission, without a placed item's
+    /// entry.
+    pub(super) fn first_header_len(&self) -> u32 {
+        let base = match self.kind {
+            GroupKind::Request => REQUEST_HEADER_LEN,
+            GroupKind::Response => RESPONSE_HEADER_LEN,
+        };
+        base + self.direct_reply.map_or(0, |_| DIRECTION_HEADER_LEN)
+            + self.answer.map_or(0, |_| ANSWER_HEADER_LEN)
+    }
 }
 
 impl Connection {
@@ -160,23 +179,34 @@ impl Connection {
         self.negotiated.contains(Extensions::MESSAGE_CONTINUATION)
     }
 
+    /// True when send-based placement is in use too (it rides on the
+    /// transmission framing of continuation here).
+    pub(super) fn places(&self) -> bool {
+        self.negotiated
+            .contains(Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT))
+    }
+
     /// Writes the transmissions of `g` into its group buffer and queues
     /// their Sends back to back (s4.2: nothing may come between them).
     /// Returns how many Sends were queued; 0, queuing nothing, if the
     /// group does not fit the buffer or a header does not encode.
     ///
     /// ```text
-    /// first = xid vers=1 credits RDMA_OPTIONAL XMTREQ  len  dp=0 rsd=0 count rsbuf pslen payload
-    ///       / xid vers=1 credits RDMA_OPTIONAL XMTRESP len  dp=0 count pslen payload  -- s9.2, s9.3
-    /// next  = xid vers=1 credits RDMA_OPTIONAL XMTCONT 12   xnum itype pslen payload -- s9.4
+    /// first = xid vers=1 credits RDMA_OPTIONAL XMTREQ  len  dp rsd count rsbuf pslen payload [item]
+    ///       / xid vers=1 credits RDMA_OPTIONAL XMTRESP len  dp count pslen payload [item]  -- s9.2, s9.3
+    /// next  = xid vers=1 credits RDMA_OPTIONAL XMTCONT 12   xnum itype pslen payload [item] -- s9.4
+    /// dp    = { disp length TBSN offset <tbsn> } (a placed item, s7.3)
+    ///       | { disp length TOOSHORT | NOITEM } (a direction answered, s7.4)
+    /// rsd   = { begin end { minlen TBSN } }       (the reply's item placed, s7.4)
     /// ```
     pub(super) fn queue_group(&mut self, g: &GroupSend) -> u32 {
-        let first_len = match g.kind {
-            GroupKind::Request => REQUEST_HEADER_LEN,
-            GroupKind::Response => RESPONSE_HEADER_LEN,
-        };
-        let Some(count) = transmissions(g.len, g.limit, first_len) else {
-            return 0;
+        let first_len = g.first_header_len();
+        let count = match &g.place {
+            Some(p) => p.count,
+            None => match transmissions(g.len, g.limit, first_len) {
+                Some(n) => n,
+                None => return 0,
+            },
         };
         // Each transmission starts 4-aligned, so takes at most the limit
         // rounded up.
@@ -192,7 +222,11 @@ impl Connection {
             } else {
                 CONTINUE_HEADER_LEN
             };
-            let n = (g.limit - header).min(g.len - from);
+            let n = match &g.place {
+                Some(p) if seq == 0 => p.payload_len,
+                Some(_) => 0,
+                None => (g.limit - header).min(g.len - from),
+            };
             let op = match (seq, g.kind) {
                 (0, GroupKind::Request) => Operation::TransmitRequest {
                     count,
@@ -209,38 +243,169 @@ impl Connection {
                     payload_len: n,
                 },
             };
-            let h = OptionalHeader::new(g.xid, g.credits, op);
-            let out = self.bufs.bytes_mut(g.group_buf);
-            let Some(Ok(hl)) = out
-                .get_mut(at as usize..)
-                .map(|room| h.emit(self.negotiated, room))
-            else {
+            let Some(sent) = self.write_transmission(g, seq, at, op, n, from) else {
                 self.tx.truncate(queued_before);
                 return 0;
             };
-            let payload = LocalSlice {
-                buf: g.message,
-                offset: from,
-                len: n,
-            };
-            if !self.bufs.copy(payload, g.group_buf, at as usize + hl) {
-                self.tx.truncate(queued_before);
-                return 0;
-            }
             self.tx.push_back(WorkRequest::Send {
                 wr_id: WrId::for_op(g.wr_id.kind, g.wr_id.index, g.wr_id.generation, seq),
                 local: LocalSlice {
                     buf: g.group_buf,
                     offset: at,
-                    len: hl as u32 + n,
+                    len: sent,
                 },
                 invalidate_rkey: None,
             });
             from += n;
             // The next transmission starts 4-aligned.
-            at += (hl as u32 + n).next_multiple_of(4);
+            at += sent.next_multiple_of(4);
         }
         count
+    }
+
+    /// Writes transmission `seq` of `g` at `at` in its group buffer: the
+    /// header for `op`, `n` bytes of payload stream from `from` (the
+    /// first transmission of a placed message: the message without its
+    /// item), and the pieces of a placed item it carries. Returns its
+    /// length; `None` if a header does not encode or a piece does not
+    /// fit.
+    fn write_transmission(
+        &mut self,
+        g: &GroupSend,
+        seq: u32,
+        at: u32,
+        op: Operation,
+        n: u32,
+        from: u32,
+    ) -> Option<u32> {
+        let hl = if seq == 0 {
+            self.first_header(g, op)?
+        } else {
+            let h = OptionalHeader::new(g.xid, g.credits, op);
+            let out = self.bufs.bytes_mut(g.group_buf).get_mut(at as usize..)?;
+            h.emit(self.negotiated, out).ok()? as u32
+        };
+        let mut end = at + hl + n;
+        match &g.place {
+            Some(p) if seq == 0 => {
+                // The payload stream: the message around the item.
+                let (cut, padded) = (p.item.offset, roundup4(u64::from(p.item.len)) as u32);
+                let before = LocalSlice {
+                    buf: g.message,
+                    offset: 0,
+                    len: cut,
+                };
+                let after = LocalSlice {
+                    buf: g.message,
+                    offset: cut + padded,
+                    len: n - cut,
+                };
+                if !self.bufs.copy(before, g.group_buf, (at + hl) as usize)
+                    || !self.bufs.copy(after, g.group_buf, (at + hl + cut) as usize)
+                {
+                    return None;
+                }
+            }
+            Some(_) => {}
+            None => {
+                let payload = LocalSlice {
+                    buf: g.message,
+                    offset: from,
+                    len: n,
+                };
+                if !self.bufs.copy(payload, g.group_buf, (at + hl) as usize) {
+                    return None;
+                }
+            }
+        }
+        let Some(p) = &g.place else {
+            return Some(end - at);
+        };
+        let span = ItemSpan {
+            disp: p.item.offset,
+            len: p.item.len,
+            offset: 0,
+            first: 0,
+            count: p.n_segments as u32,
+        };
+        for (j, &number) in p.segment_numbers().iter().enumerate() {
+            let (t, piece) = span.piece(&self.peer_targets, j as u32, number)?;
+            if t != seq {
+                continue;
+            }
+            // What lies between is padding: zeros, not what the buffer
+            // held before.
+            let to = at + piece.src;
+            if to > end {
+                self.bufs
+                    .bytes_mut(g.group_buf)
+                    .get_mut(end as usize..to as usize)?
+                    .fill(0);
+            }
+            let bytes = LocalSlice {
+                buf: g.message,
+                offset: piece.dest,
+                len: piece.len,
+            };
+            if !self.bufs.copy(bytes, g.group_buf, to as usize) {
+                return None;
+            }
+            end = end.max(to + piece.len);
+        }
+        Some(end - at)
+    }
+
+    /// Emits the first header of `g` (operation `op`) at the start of its
+    /// transmission, with its placement and direction, into the group
+    /// buffer; returns its length. The scratch header keeps its storage,
+    /// so this allocates nothing.
+    fn first_header(&mut self, g: &GroupSend, op: Operation) -> Option<u32> {
+        let h = &mut self.tx_opt;
+        h.xid = g.xid;
+        h.credits = g.credits;
+        h.op = op;
+        h.placement.clear();
+        h.directions.clear();
+        if let Some(p) = &g.place {
+            h.placement
+                .push(PlacedItem {
+                    disp: p.item.offset,
+                    length: p.item.len,
+                    location: ItemLocation::TargetBuffers {
+                        offset: 0,
+                        buffer_segments: p.segment_numbers(),
+                    },
+                })
+                .ok()?;
+        }
+        if let Some((kind, item)) = g.answer {
+            let location = match kind {
+                PlacementType::TooShort => ItemLocation::TooShort,
+                _ => ItemLocation::NoItem,
+            };
+            h.placement
+                .push(PlacedItem {
+                    disp: item.offset,
+                    length: item.len,
+                    location,
+                })
+                .ok()?;
+        }
+        if let Some(min_len) = g.direct_reply {
+            let d = Direction {
+                min_len,
+                location: ReplyLocation::TargetBuffers,
+            };
+            h.directions
+                .push_set(0, roundup4(u64::from(g.len)).max(4) as u32, &[d])
+                .ok()?;
+        }
+        // The first transmission starts the group buffer.
+        let out = self.bufs.bytes_mut(g.group_buf);
+        self.tx_opt
+            .emit(self.negotiated, out)
+            .ok()
+            .map(|n| n as u32)
     }
 
     /// A message whose fixed words say RDMA_OPTIONAL arrived on a
@@ -292,7 +457,6 @@ impl Connection {
         };
         let op = self.opt_hdr.op;
         let room = (len - hlen) as u32;
-        let placed = !self.opt_hdr.placement.is_empty() || !self.opt_hdr.directions.is_empty();
         match op {
             Operation::TransmitContinue {
                 seq,
@@ -316,48 +480,61 @@ impl Connection {
                 Operation::TransmitResponse { .. } => MessageType::Reply,
                 _ => MessageType::Call,
             };
-            self.report(
-                TransmissionId {
-                    xid,
-                    direction,
-                    seq: 0,
-                },
-                None,
-                ErrorInfo::BadPayloadLength {
-                    value: op.payload_len(),
-                    min: 0,
-                    max: room,
-                },
-            );
-            if let Some(slot) = self
-                .find_sent_call(xid)
-                .filter(|_| direction == MessageType::Reply)
-            {
-                self.fail_reply(
-                    slot,
-                    CallFailure::TransmissionError {
-                        code: crate::wire::rtrext::err_code::BAD_PAYLOAD_LENGTH,
-                    },
-                );
-            }
-            self.discard_rest(xid, op);
+            let info = ErrorInfo::BadPayloadLength {
+                value: op.payload_len(),
+                min: 0,
+                max: room,
+            };
+            self.refuse_first(xid, direction, info, op);
             return Disposition::Done;
         }
+        // Placement (s7.3) and response directions (s7.4): what we
+        // implement is checked against our buffers here, once per group;
+        // the rest (explicit-RDMA locations and directions, more than one
+        // direction) is refused below like an unknown operation.
+        let (count, direction) = match op {
+            Operation::TransmitRequest { count, .. } => (count, MessageType::Call),
+            Operation::TransmitResponse { count, .. } => (count, MessageType::Reply),
+            _ => (0, MessageType::Call),
+        };
+        let supported = match op {
+            Operation::TransmitRequest { .. } | Operation::TransmitResponse { .. } => {
+                match self.accept_placement(count) {
+                    Ok(supported) => supported,
+                    Err(info) => {
+                        self.refuse_first(xid, direction, info, op);
+                        return Disposition::Done;
+                    }
+                }
+            }
+            _ => true,
+        };
+        let reply_direction = self.reply_direction();
         match op {
             Operation::TransmitRequest {
                 count,
                 reply_buffers,
                 payload_len,
-            } if !placed => {
-                return self.on_call_group(now, recv, hlen, xid, count, reply_buffers, payload_len);
+            } if supported && reply_direction.is_ok() => {
+                let rd = reply_direction.unwrap_or(None);
+                return self.on_call_group(
+                    now,
+                    recv,
+                    (hlen, len),
+                    xid,
+                    count,
+                    reply_buffers,
+                    payload_len,
+                    rd,
+                );
             }
-            Operation::TransmitResponse { count, payload_len } if !placed => {
-                self.on_reply_group(now, recv, hlen, xid, count, payload_len);
+            Operation::TransmitResponse { count, payload_len } if supported => {
+                self.on_reply_group(now, recv, (hlen, len), xid, count, payload_len);
             }
             Operation::ReportError(r) => self.on_report(r),
-            // Placement (send-based or explicit, s7.3) is not implemented
-            // and not advertised; unknown operations: as Version One's
-            // unknown message types (ERR_CHUNK, or the call fails).
+            // Explicit-RDMA placement (s7.3) and directions we cannot
+            // follow are not implemented; unknown operations: as Version
+            // One's unknown message types (ERR_CHUNK, or the call fails).
             _ => {
                 match self.find_sent_call(xid) {
                     Some(slot) => self.fail_reply(slot, CallFailure::UnsupportedReply),
@@ -367,6 +544,259 @@ impl Connection {
             }
         }
         Disposition::Done
+    }
+
+    /// The first transmission of a group (`op`, message `xid` going
+    /// `direction`) is refused for `info`: the peer is told (s9.5), our
+    /// call it answers fails, the rest of the group is dropped.
+    fn refuse_first(&mut self, xid: u32, direction: MessageType, info: ErrorInfo, op: Operation) {
+        let code = info.code();
+        let bad = TransmissionId {
+            xid,
+            direction,
+            seq: 0,
+        };
+        self.report(bad, None, info);
+        if direction == MessageType::Reply {
+            if let Some(slot) = self.find_sent_call(xid) {
+                self.fail_reply(slot, CallFailure::TransmissionError { code });
+            }
+        }
+        self.discard_rest(xid, op);
+    }
+
+    /// Takes the placement of the group whose first transmission
+    /// (`count` transmissions) is in `opt_hdr` (s7.3): target-buffer items
+    /// are checked against our buffers and kept in `rx_spans` for the
+    /// transmissions to come. `Ok(false)` for what we do not implement
+    /// (explicit-RDMA items, more items than a message may place);
+    /// `Err` for what is wrong (`BADTBSN`, `BADOFF`).
+    fn accept_placement(&mut self, count: u32) -> Result<bool, ErrorInfo> {
+        self.rx_n_spans = 0;
+        let placement = &self.opt_hdr.placement;
+        if placement.is_empty() {
+            return Ok(true);
+        }
+        if !self.negotiated.contains(Extensions::SEND_PLACEMENT) {
+            return Ok(false);
+        }
+        let per = self.our_targets.per_buffer();
+        let seg_len = self.our_targets.segment(0).map_or(0, |(_, _, len)| len);
+        // Segment numbers of this group: `count` buffers of ours.
+        let max = u64::from(count) * u64::from(per);
+        let mut numbers = 0usize;
+        for item in placement.items() {
+            let (offset, list) = match item.location {
+                ItemLocation::TargetBuffers {
+                    offset,
+                    buffer_segments,
+                } => (offset, buffer_segments),
+                ItemLocation::TooShort | ItemLocation::NoItem => continue,
+                ItemLocation::ExplicitRdma(_) => return Ok(false),
+            };
+            if self.rx_n_spans == self.rx_spans.len() {
+                return Ok(false);
+            }
+            let top = max.saturating_sub(1).min(u64::from(u32::MAX)) as u32;
+            if let Some(&bad) = list.iter().find(|&&n| u64::from(n) >= max) {
+                return Err(ErrorInfo::BadBufferNumber {
+                    value: bad,
+                    min: 0,
+                    max: top,
+                });
+            }
+            if offset >= seg_len {
+                return Err(ErrorInfo::BadOffset {
+                    value: offset,
+                    min: 0,
+                    max: seg_len.saturating_sub(1),
+                });
+            }
+            // Exactly the segments the item fills (the codec saw at least
+            // one, in increasing order).
+            let need = ItemSpan::segments_needed(item.length, offset, seg_len).max(1);
+            if list.len() as u64 != need {
+                let at = (need as usize).min(list.len() - 1);
+                return Err(ErrorInfo::BadBufferNumber {
+                    value: list[at],
+                    min: 0,
+                    max: top,
+                });
+            }
+            if numbers + list.len() > self.rx_numbers.len() {
+                return Ok(false);
+            }
+            self.rx_numbers[numbers..numbers + list.len()].copy_from_slice(list);
+            self.rx_spans[self.rx_n_spans] = ItemSpan {
+                disp: item.disp,
+                len: item.length,
+                offset,
+                first: numbers as u32,
+                count: list.len() as u32,
+            };
+            self.rx_n_spans += 1;
+            numbers += list.len();
+        }
+        Ok(true)
+    }
+
+    /// The response direction of the call in `opt_hdr` (s7.4): `None`
+    /// when it has none; the shortest item to place when it has one
+    /// direction that send-based placement may follow (target buffers, or
+    /// the responder's choice); `Err` for anything else (explicit RDMA,
+    /// by size, several directions), which we do not implement.
+    fn reply_direction(&self) -> Result<Option<u32>, ()> {
+        let dirs = &self.opt_hdr.directions;
+        if dirs.is_empty() {
+            return Ok(None);
+        }
+        if !self.negotiated.contains(Extensions::SEND_PLACEMENT) || dirs.len() != 1 {
+            return Err(());
+        }
+        let mut found = None;
+        for set in dirs.sets() {
+            for d in set.directions() {
+                if found.is_some() {
+                    return Err(());
+                }
+                match d.location {
+                    ReplyLocation::TargetBuffers | ReplyLocation::Choice(_) => {
+                        found = Some(d.min_len);
+                    }
+                    _ => return Err(()),
+                }
+            }
+        }
+        found.map(Some).ok_or(())
+    }
+
+    /// `cursor` moved past the placed items that start there (each with
+    /// its XDR padding: the virtual XDR stream, s6.2).
+    fn skip_placed(&self, mut cursor: u32) -> u32 {
+        for span in &self.rx_spans[..self.rx_n_spans] {
+            if span.disp == cursor {
+                cursor = cursor
+                    .saturating_add(roundup4(u64::from(span.len)).min(u64::from(u32::MAX)) as u32);
+            }
+        }
+        cursor
+    }
+
+    /// Where the next placed item after `cursor` starts.
+    fn next_placed(&self, cursor: u32) -> Option<u32> {
+        self.rx_spans[..self.rx_n_spans]
+            .iter()
+            .map(|s| s.disp)
+            .find(|&d| d > cursor)
+    }
+
+    /// Copies transmission `seq` of a group of `count` into `dest` (at
+    /// most `cap` bytes): `len` bytes in `recv`, a header of `hlen`, then
+    /// `payload_len` bytes of payload stream, which continue the message
+    /// at `cursor` around the placed items (s6.2, s7.3), and the pieces
+    /// of placed items this transmission carries in our target segments.
+    /// Returns where the payload stream goes on; after the last
+    /// transmission, the message length. Each byte is copied once, from
+    /// the receive buffer to where it belongs.
+    #[allow(clippy::too_many_arguments)]
+    fn take_transmission(
+        &mut self,
+        recv: Received<'_>,
+        (hlen, len): (u32, u32),
+        payload_len: u32,
+        seq: u32,
+        count: u32,
+        dest: BufId,
+        cap: u32,
+        mut cursor: u32,
+    ) -> Result<u32, ErrorInfo> {
+        let too_long = |max: u32| ErrorInfo::BadPayloadLength {
+            value: payload_len,
+            min: 0,
+            max,
+        };
+        let (mut src, mut left) = (hlen, payload_len);
+        loop {
+            cursor = self.skip_placed(cursor);
+            if left == 0 {
+                break;
+            }
+            let n = left.min(self.next_placed(cursor).map_or(u32::MAX, |d| d - cursor));
+            if u64::from(cursor) + u64::from(n) > u64::from(cap)
+                || !self.copy_received(recv, src, n, dest, cursor as usize)
+            {
+                return Err(too_long(cap.saturating_sub(cursor).min(len - hlen)));
+            }
+            (src, left, cursor) = (src + n, left - n, cursor + n);
+        }
+        let stream_end = hlen + payload_len;
+        for i in 0..self.rx_n_spans {
+            let span = self.rx_spans[i];
+            for j in 0..span.count {
+                let number = self.rx_numbers[(span.first + j) as usize];
+                let Some((t, piece)) = span.piece(&self.our_targets, j, number) else {
+                    return Err(ErrorInfo::BadBufferNumber {
+                        value: number,
+                        min: 0,
+                        max: count * self.our_targets.per_buffer() - 1,
+                    });
+                };
+                if t != seq {
+                    continue;
+                }
+                // A segment under the payload stream, or past the end of
+                // the Send, holds none of the item.
+                if piece.src < stream_end
+                    || u64::from(piece.src) + u64::from(piece.len) > u64::from(len)
+                {
+                    let per = self.our_targets.per_buffer();
+                    return Err(ErrorInfo::BadBufferNumber {
+                        value: number,
+                        min: seq * per,
+                        max: seq * per + per - 1,
+                    });
+                }
+                if u64::from(piece.dest) + u64::from(piece.len) > u64::from(cap)
+                    || !self.copy_received(recv, piece.src, piece.len, dest, piece.dest as usize)
+                {
+                    return Err(too_long(cap.saturating_sub(cursor)));
+                }
+            }
+        }
+        if seq + 1 < count {
+            return Ok(cursor);
+        }
+        // The message is whole: every placed item must lie inside it;
+        // their XDR padding is zeros.
+        for span in &self.rx_spans[..self.rx_n_spans] {
+            let end = u64::from(span.disp) + roundup4(u64::from(span.len));
+            if end > u64::from(cursor) {
+                // The payload stream ended before the item's place.
+                return Err(ErrorInfo::BadPayloadLength {
+                    value: cursor,
+                    min: end.min(u64::from(u32::MAX)) as u32,
+                    max: cap,
+                });
+            }
+            let at = (u64::from(span.disp) + u64::from(span.len)) as usize;
+            self.bufs.zero(dest, at, end as usize - at);
+        }
+        self.stats.items_placed_received += self.rx_n_spans as u64;
+        Ok(cursor)
+    }
+
+    /// [`Connection::take_transmission`] for a group's first transmission
+    /// (number 0, the message starting at 0).
+    fn take_first(
+        &mut self,
+        recv: Received<'_>,
+        hlen_len: (u32, u32),
+        payload_len: u32,
+        count: u32,
+        dest: BufId,
+        cap: u32,
+    ) -> Result<u32, ErrorInfo> {
+        self.take_transmission(recv, hlen_len, payload_len, 0, count, dest, cap, 0)
     }
 
     /// After refusing the first transmission of a group of more than
@@ -414,17 +844,19 @@ impl Connection {
     }
 
     /// The first transmission of a call (Transmit Request, s9.2) of
-    /// `count` transmissions, `payload_len` payload bytes after `hlen`.
+    /// `count` transmissions, `payload_len` payload bytes after `hlen`
+    /// in a Send of `len`, its reply directed as `reply_direction` says.
     #[allow(clippy::too_many_arguments)]
     fn on_call_group(
         &mut self,
         now: Instant,
         recv: Received<'_>,
-        hlen: usize,
+        (hlen, len): (usize, usize),
         xid: u32,
         count: u32,
         reply_buffers: u32,
         payload_len: u32,
+        reply_direction: Option<u32>,
     ) -> Disposition {
         let op = self.opt_hdr.op;
         let max = self.config.max_group_transmissions;
@@ -455,33 +887,33 @@ impl Connection {
         let reply_buffers = reply_buffers.min(max - 1);
         match self.take_group_slot(now, count, reply_buffers) {
             Ok(idx) => {
-                let took = self.start_serve_group(
-                    idx,
+                let dest = self.serves[idx as usize].message_buf();
+                let cap = self.bufs.buf_len(dest).min(self.config.max_call_size);
+                let taken = self.take_first(
                     recv,
-                    hlen,
+                    (hlen as u32, len as u32),
+                    payload_len,
+                    count,
+                    dest,
+                    cap,
+                );
+                let filled = match taken {
+                    Ok(filled) => filled,
+                    Err(info) => {
+                        self.return_group_slot(idx);
+                        self.refuse_first(xid, MessageType::Call, info, op);
+                        return Disposition::Done;
+                    }
+                };
+                self.start_serve_group(
+                    idx,
                     xid,
                     count,
                     reply_buffers,
-                    payload_len,
+                    filled,
                     credits,
+                    reply_direction,
                 );
-                if !took {
-                    self.report(
-                        TransmissionId {
-                            xid,
-                            direction: MessageType::Call,
-                            seq: 0,
-                        },
-                        None,
-                        ErrorInfo::BadPayloadLength {
-                            value: payload_len,
-                            min: 0,
-                            max: self.config.max_call_size,
-                        },
-                    );
-                    self.discard_rest(xid, op);
-                    return Disposition::Done;
-                }
                 if count == 1 {
                     self.finish_serve_group(now, idx);
                 } else {
@@ -492,7 +924,7 @@ impl Connection {
                         GroupTarget::Serve(idx),
                         generation,
                         count,
-                        payload_len,
+                        filled,
                         credits,
                     );
                 }
@@ -602,30 +1034,23 @@ impl Connection {
             GroupTarget::Serve(_) => self.bufs.buf_len(dest).min(self.config.max_call_size),
             _ => self.bufs.buf_len(dest),
         };
-        if u64::from(g.filled) + u64::from(payload_len) > u64::from(cap) {
-            self.break_group(
-                xid,
-                seq,
-                ErrorInfo::BadPayloadLength {
-                    value: payload_len,
-                    min: 0,
-                    max: cap - g.filled,
-                },
-            );
-            return;
-        }
-        if !self.copy_received(recv, hlen as u32, payload_len, dest, g.filled as usize) {
-            // Checked above against both buffers: unreachable, but a
-            // payload that is not there breaks the group, never the engine.
-            let info = ErrorInfo::BadPayloadLength {
-                value: payload_len,
-                min: 0,
-                max: room,
-            };
-            self.break_group(xid, seq, info);
-            return;
-        }
-        let filled = g.filled + payload_len;
+        let taken = self.take_transmission(
+            recv,
+            (hlen as u32, hlen as u32 + room),
+            payload_len,
+            seq,
+            g.count,
+            dest,
+            cap,
+            g.filled,
+        );
+        let filled = match taken {
+            Ok(filled) => filled,
+            Err(info) => {
+                self.break_group(xid, seq, info);
+                return;
+            }
+        };
         if seq + 1 < g.count {
             if let Some(open) = &mut self.rx_group {
                 open.next += 1;
@@ -654,7 +1079,7 @@ impl Connection {
         &mut self,
         _now: Instant,
         recv: Received<'_>,
-        hlen: usize,
+        (hlen, len): (usize, usize),
         xid: u32,
         count: u32,
         payload_len: u32,
@@ -669,43 +1094,30 @@ impl Connection {
         let allowed = 1 + self.calls[idx].reply_receives();
         let reply_buf = self.calls[idx].reply_buffer();
         let cap = self.bufs.buf_len(reply_buf);
-        let wrong = if count > allowed {
-            Some(ErrorInfo::BadSequence {
+        let taken = if count > allowed {
+            Err(ErrorInfo::BadSequence {
                 expected: allowed,
                 current: count,
             })
-        } else if payload_len > cap {
-            Some(ErrorInfo::BadPayloadLength {
-                value: payload_len,
-                min: 0,
-                max: cap,
-            })
         } else {
-            None
+            self.take_first(
+                recv,
+                (hlen as u32, len as u32),
+                payload_len,
+                count,
+                reply_buf,
+                cap,
+            )
         };
-        if let Some(info) = wrong {
-            let code = info.code();
-            self.report(
-                TransmissionId {
-                    xid,
-                    direction: MessageType::Reply,
-                    seq: 0,
-                },
-                None,
-                info,
-            );
-            self.fail_reply(idx, CallFailure::TransmissionError { code });
-            self.discard_rest(xid, op);
-            return;
-        }
-        if !self.copy_received(recv, hlen as u32, payload_len, reply_buf, 0) {
-            // Checked above: unreachable; the call fails, never the engine.
-            self.fail_reply(idx, CallFailure::MalformedReply);
-            self.discard_rest(xid, op);
-            return;
-        }
+        let filled = match taken {
+            Ok(filled) => filled,
+            Err(info) => {
+                self.refuse_first(xid, MessageType::Reply, info, op);
+                return;
+            }
+        };
         if count == 1 {
-            self.finish_reply_group(idx, xid, payload_len, credits);
+            self.finish_reply_group(idx, xid, filled, credits);
         } else {
             let generation = self.calls[idx].generation;
             self.open_group(
@@ -714,7 +1126,7 @@ impl Connection {
                 GroupTarget::Call(idx as u32),
                 generation,
                 count,
-                payload_len,
+                filled,
                 credits,
             );
         }

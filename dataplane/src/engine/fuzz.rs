@@ -297,11 +297,12 @@ impl Coverage {
     }
 }
 
-/// Message continuation for the fuzz targets' engines when `on`
-/// (negotiated only if the input's peer asks for it in CONF_RDMA v2).
+/// Message continuation and send-based placement for the fuzz targets'
+/// engines when `on` (each negotiated only if the input's peer asks for
+/// it in CONF_RDMA v2).
 pub(crate) fn continuation_if(on: bool) -> Extensions {
     if on {
-        Extensions::MESSAGE_CONTINUATION
+        Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT)
     } else {
         Extensions::EMPTY
     }

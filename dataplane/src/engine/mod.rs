@@ -48,6 +48,7 @@ pub(crate) mod fuzz;
 mod heap;
 mod inval;
 mod msgp;
+mod placement;
 mod requester;
 mod responder;
 mod time;
@@ -59,6 +60,8 @@ mod harness;
 mod tests;
 #[cfg(test)]
 mod tests_continuation;
+#[cfg(test)]
+mod tests_placement;
 #[cfg(test)]
 mod tests_show;
 

@@ -19,6 +19,8 @@
 
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{PendingRead, ReadOwner};
+use super::continuation::{self, GroupSend, CONTINUE_HEADER_LEN, RESPONSE_HEADER_LEN};
+use super::placement;
 use super::time::{Instant, Timer};
 use super::wr::{OpSet, WorkRequest, WrId, WrKind, MAX_OPS};
 use super::{
@@ -30,6 +32,14 @@ use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
 use crate::wire::rpcrdma::{
     chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
 };
+use crate::wire::rtrext::GroupKind;
+
+/// A call going as a transmission group (`Connection::call_group`): its
+/// Sends and what its first header carries.
+pub(super) struct CallGroup {
+    count: u32,
+    send: GroupSend,
+}
 
 /// Where one of our calls is (SPDK-style request state). Every transition
 /// is made by `Connection::process_call`, whose doc comment holds the
@@ -504,8 +514,8 @@ impl Connection {
     ///               in the message (directed operation)
     /// ```
     fn encode_call(&mut self, idx: usize) {
-        if let Some((count, reply_buffers)) = self.call_group(idx) {
-            self.encode_call_group(idx, count, reply_buffers);
+        if let Some(group) = self.call_group(idx) {
+            self.encode_call_group(idx, group);
             return;
         }
         let s = &self.calls[idx];
@@ -680,7 +690,7 @@ impl Connection {
     /// Version One, as does one that fits one Send with a reply that does
     /// too, and a directed operation (its data is in application memory
     /// the peer reaches by RDMA).
-    fn call_group(&self, idx: usize) -> Option<(u32, u32)> {
+    fn call_group(&self, idx: usize) -> Option<CallGroup> {
         if !self.continues() {
             return None;
         }
@@ -700,58 +710,110 @@ impl Connection {
         let send_limit = c.inline_send_size.min(c.peer_inline_recv_size);
         let recv_limit = c.inline_recv_size.min(c.peer_inline_send_size);
         let max = c.max_group_transmissions;
-        let count = super::continuation::call_transmissions(s.msg_len, send_limit)?;
+        // With send-based placement (s7.4) the reply's item is asked for
+        // in our target segments; the receives reserved cover it placed
+        // or answered too short (inline).
+        let direct_reply = s
+            .write_chunk
+            .filter(|_| self.places() && !self.our_targets.is_empty())
+            .map(|_| placement::direction_min_len(c.inline_recv_size));
+        let mut probe = GroupSend {
+            xid: s.xid,
+            credits: 0,
+            kind: GroupKind::Request,
+            reply_buffers: 0,
+            message: s.call_buf,
+            len: s.msg_len,
+            group_buf: s.group_buf,
+            limit: send_limit,
+            // Set when queued.
+            wr_id: WrId {
+                kind: WrKind::CallSend,
+                index: idx as u32,
+                generation: s.generation,
+            },
+            place: None,
+            direct_reply,
+            answer: None,
+        };
+        // The argument placed by Send (s7.3) when the peer has target
+        // segments that take it; else inline in the payload stream.
+        probe.place = match s.plan {
+            CallPlan::ReadChunk { position, len } if self.places() => placement::plan(
+                &self.peer_targets,
+                send_limit,
+                s.msg_len,
+                DdpItem {
+                    offset: position,
+                    len,
+                },
+                probe.first_header_len(),
+                CONTINUE_HEADER_LEN,
+            ),
+            _ => None,
+        };
+        let count = match &probe.place {
+            Some(p) => p.count,
+            None => continuation::transmissions(s.msg_len, send_limit, probe.first_header_len())?,
+        };
         if count > max.min(self.peer_group_recv_limit) || self.outstanding + count > self.granted {
             return None;
         }
         let reply_buffers = if s.reply_chunk.is_none() && s.write_chunk.is_none() {
             0
         } else {
-            {
-                let n = super::continuation::reply_transmissions(s.reply_max, recv_limit)?;
-                if n > max.min(self.peer_group_send_limit) || n - 1 > self.cont_recvs_free {
-                    return None;
-                }
-                n - 1
+            let answered =
+                RESPONSE_HEADER_LEN + direct_reply.map_or(0, |_| placement::ANSWER_HEADER_LEN);
+            let inline = continuation::transmissions(s.reply_max, recv_limit, answered)?;
+            let placed = match (direct_reply, s.write_chunk) {
+                (Some(_), Some(w)) => placement::plan(
+                    &self.our_targets,
+                    recv_limit,
+                    s.reply_max,
+                    DdpItem { offset: 0, len: w },
+                    RESPONSE_HEADER_LEN,
+                    CONTINUE_HEADER_LEN,
+                )
+                .map_or(0, |p| p.count),
+                _ => 0,
+            };
+            let n = inline.max(placed);
+            if n > max.min(self.peer_group_send_limit) || n - 1 > self.cont_recvs_free {
+                return None;
             }
+            n - 1
         };
         let chunked = !matches!(s.plan, CallPlan::Inline) || s.write_chunk.is_some();
-        (count > 1 || reply_buffers > 0 || chunked).then_some((count, reply_buffers))
+        probe.reply_buffers = reply_buffers;
+        (count > 1 || reply_buffers > 0 || chunked).then_some(CallGroup { count, send: probe })
     }
 
-    /// Queues call `idx` as a transmission group of `count` (one Transmit
-    /// Request, then Transmit Continues) reserving `reply_buffers`
-    /// continuation receives for its reply; no chunk is exposed.
+    /// Queues call `idx` as the transmission group `group` describes (one
+    /// Transmit Request, then Transmit Continues), reserving its
+    /// continuation receives for the reply; no chunk is exposed.
     ///
     /// ```text
-    /// call = xid vers=1 credits=requested RDMA_OPTIONAL XMTREQ count rsbuf pslen part0
+    /// call = xid vers=1 credits=requested RDMA_OPTIONAL XMTREQ dp rsd count rsbuf pslen part0
     ///        { xid vers=1 credits=requested RDMA_OPTIONAL XMTCONT n itype=XMTREQ pslen partn }
-    ///                                              -- rtrext s9.2, s9.4 (docs/EXTENSIONS.md s4)
+    ///                                    -- rtrext s9.2, s9.4, s7.3-7.4 (docs/EXTENSIONS.md s4, s7)
     /// ```
-    fn encode_call_group(&mut self, idx: usize, count: u32, reply_buffers: u32) {
-        let c = &self.config;
-        let limit = c.inline_send_size.min(c.peer_inline_recv_size);
+    fn encode_call_group(&mut self, idx: usize, group: CallGroup) {
         let credits = self.credits_wanted();
+        let CallGroup { count, send } = group;
         let s = &mut self.calls[idx];
         s.reply_chunk = None;
         s.write_chunk = None;
         s.group_len = count;
-        s.reply_buffers = reply_buffers;
-        self.cont_recvs_free -= reply_buffers;
-        let g = super::continuation::GroupSend {
-            xid: s.xid,
+        s.reply_buffers = send.reply_buffers;
+        self.cont_recvs_free -= send.reply_buffers;
+        let g = GroupSend {
             credits,
-            kind: crate::wire::rtrext::GroupKind::Request,
-            reply_buffers,
-            message: s.call_buf,
-            len: s.msg_len,
-            group_buf: s.group_buf,
-            limit,
             wr_id: WrId {
                 kind: WrKind::CallSend,
                 index: idx as u32,
                 generation: s.generation,
             },
+            ..send
         };
         let sends = self.queue_group(&g);
         if sends == 0 {
@@ -767,6 +829,9 @@ impl Connection {
         }
         if sends > 1 {
             self.stats.call_groups_sent += 1;
+        }
+        if g.place.is_some() {
+            self.stats.items_placed_sent += 1;
         }
         self.process_call(idx, CallEvent::SendPosted { sends });
     }

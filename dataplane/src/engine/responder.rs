@@ -35,6 +35,7 @@ use crate::wire::rpcrdma::{
     chunked_header_len, ChunkLists, ErrorBody, Limits, MessageBody, ReadSegment, Segment,
     RPCRDMA_VERSION,
 };
+use crate::wire::rtrext::PlacementType;
 
 /// Where a call from the peer is (SPDK-style request state). Every
 /// transition is made by `Connection::process_serve`, whose doc comment
@@ -189,6 +190,10 @@ pub(super) struct ServeSlot {
     /// transmissions (rtrext s9.2 `optxrq_rsbuf`); 0 for a Version One
     /// call.
     reply_buffers: u32,
+    /// The call's response direction (rtrext s7.4): its reply's
+    /// DDP-eligible item is placed by Send (`placement.rs`) if at least
+    /// this long, else answered as too short.
+    reply_direction: Option<u32>,
     /// Where a reply's transmission group is laid out
     /// (`Config::group_buffer_len`; empty without message continuation).
     group_buf: BufId,
@@ -260,6 +265,7 @@ impl ServeSlot {
             hdr_credits: 0,
             credits_held: 1,
             reply_buffers: 0,
+            reply_direction: None,
             group_buf: b.add(BufClass::Send, c.group_buffer_len()),
         }
     }
@@ -277,6 +283,7 @@ impl ServeSlot {
         self.reply_ops_posted = 0;
         self.credits_held = credits_held;
         self.reply_buffers = reply_buffers;
+        self.reply_direction = None;
         self.peer_chunks.clear();
     }
 
@@ -316,6 +323,9 @@ struct ReplyPlan {
     /// The reply goes as a transmission group into the receives the call
     /// reserved (rtrext s4.3, s9.3).
     use_group: bool,
+    /// The reply's first DDP-eligible item, in the message (a group may
+    /// place it by Send, rtrext s7.4).
+    group_item: Option<DdpItem>,
 }
 
 /// Sets the segment lengths of a chunk to the bytes actually placed when
@@ -721,37 +731,24 @@ impl Connection {
     }
 
     /// Sets up slot `idx` (just taken) for a call arriving as a group of
-    /// `count`: the first transmission's payload (`payload_len` bytes of
-    /// `buf` after `hlen`) at the start of its message buffer, `count`
-    /// credits held. False, giving the slot back, if the payload does not
-    /// fit.
+    /// `count` whose first transmission put `filled` bytes into its
+    /// message buffer (`message_buf`), `count` credits held, the reply
+    /// directed as `reply_direction` says.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_serve_group(
         &mut self,
         idx: u32,
-        recv: super::connection::Received<'_>,
-        hlen: usize,
         xid: u32,
         count: u32,
         reply_buffers: u32,
-        payload_len: u32,
+        filled: u32,
         credits: u32,
-    ) -> bool {
+        reply_direction: Option<u32>,
+    ) {
         let i = idx as usize;
-        let dest = self.serves[i].message;
-        let cap = self.bufs.buf_len(dest).min(self.config.max_call_size);
-        if payload_len > cap {
-            self.bufs.release_bulk(dest);
-            self.serve_free.push(idx);
-            return false;
-        }
-        if !self.copy_received(recv, hlen as u32, payload_len, dest, 0) {
-            self.bufs.release_bulk(dest);
-            self.serve_free.push(idx);
-            return false;
-        }
         let s = &mut self.serves[i];
-        s.begin_call(xid, payload_len, count, reply_buffers);
+        s.begin_call(xid, filled, count, reply_buffers);
+        s.reply_direction = reply_direction;
         s.maybe_reply = false;
         s.hdr_credits = credits;
         self.active_calls += count;
@@ -760,7 +757,14 @@ impl Connection {
             self.note_group_messages(count);
             self.process_serve(i, ServeEvent::GroupStarted);
         }
-        true
+    }
+
+    /// Gives back slot `idx`, just taken for a group whose first
+    /// transmission was refused.
+    pub(super) fn return_group_slot(&mut self, idx: u32) {
+        let dest = self.serves[idx as usize].message;
+        self.bufs.release_bulk(dest);
+        self.serve_free.push(idx);
     }
 
     /// The call in slot `idx` is whole (the last transmission of its
@@ -958,12 +962,13 @@ impl Connection {
             use_reply_chunk,
             use_read_chunk,
             use_group,
+            group_item,
             ..
         } = plan;
         let s = &self.serves[idx];
         let (reply_buf, send_buf, generation) = (s.message, s.send_buf, s.generation);
         if use_group {
-            return self.post_reply_group(now, idx, inline_len as u32);
+            return self.post_reply_group(now, idx, inline_len as u32, group_item);
         }
         // Expose a reply read chunk first: with key windows its key is
         // taken here, and its bind queued ahead of the Send.
@@ -1106,38 +1111,73 @@ impl Connection {
 
     /// Queues the reply in slot `idx`'s message buffer (`len` bytes) as a
     /// transmission group (rtrext s4.2, s9.3) into the receives its call
-    /// reserved (`plan_reply` checked they suffice).
+    /// reserved (`plan_reply` checked they suffice). If the call directed
+    /// its reply's item (s7.4), `item` (the reply's first DDP-eligible
+    /// one) is placed by Send when it is long enough and its layout fits
+    /// those receives; otherwise the header answers too short (the item
+    /// inline) or no item.
     ///
     /// # Errors
     /// `TooLarge` if the group does not fit the slot's group buffer,
     /// which `plan_reply` rules out; nothing is queued then.
-    fn post_reply_group(&mut self, now: Instant, idx: usize, len: u32) -> Result<(), ReplyError> {
+    fn post_reply_group(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        len: u32,
+        item: Option<DdpItem>,
+    ) -> Result<(), ReplyError> {
+        let credits = self.grant_to_send(self.serves[idx].hdr_credits);
         let s = &self.serves[idx];
-        let g = super::continuation::GroupSend {
+        let limit = self
+            .config
+            .inline_send_size
+            .min(self.config.peer_inline_recv_size);
+        let mut g = super::continuation::GroupSend {
             xid: s.xid,
-            credits: 0,
+            credits,
             kind: crate::wire::rtrext::GroupKind::Response,
             reply_buffers: 0,
             message: s.message,
             len,
             group_buf: s.group_buf,
-            limit: self
-                .config
-                .inline_send_size
-                .min(self.config.peer_inline_recv_size),
+            limit,
             wr_id: WrId::for_op(WrKind::ReplySend, idx as u32, s.generation, 0),
+            place: None,
+            direct_reply: None,
+            answer: None,
         };
-        let hdr_credits = s.hdr_credits;
-        let g = super::continuation::GroupSend {
-            credits: self.grant_to_send(hdr_credits),
-            ..g
-        };
+        if let Some(min_len) = s.reply_direction {
+            let most = (1 + s.reply_buffers).min(self.config.max_group_transmissions);
+            g.place = item
+                .filter(|d| d.len >= min_len && self.places())
+                .and_then(|d| {
+                    super::placement::plan(
+                        &self.peer_targets,
+                        limit,
+                        len,
+                        d,
+                        g.first_header_len(),
+                        super::continuation::CONTINUE_HEADER_LEN,
+                    )
+                    .filter(|p| p.count <= most)
+                });
+            if g.place.is_none() {
+                g.answer = Some(match item {
+                    Some(d) => (PlacementType::TooShort, d),
+                    None => (PlacementType::NoItem, DdpItem::default()),
+                });
+            }
+        }
         let sends = self.queue_group(&g);
         if sends == 0 {
             return Err(ReplyError::TooLarge);
         }
         if sends > 1 {
             self.stats.reply_groups_sent += 1;
+        }
+        if g.place.is_some() {
+            self.stats.items_placed_sent += 1;
         }
         self.process_serve(
             idx,
@@ -1192,11 +1232,18 @@ impl Connection {
         // A call that reserved receives for a continued reply (rtrext
         // s4.3, s9.2) brought no chunks: its reply goes as a group when it
         // fits the receives reserved and the Sends we send at most.
+        // A reply to a call that directed its item (rtrext s7.4) answers
+        // the direction in its header: placed, or inline if it must.
+        let answer = s
+            .reply_direction
+            .map_or(0, |_| super::placement::ANSWER_HEADER_LEN);
         let group_fits = || {
-            super::continuation::reply_transmissions(inline_len as u32, send_limit as u32)
-                .is_some_and(|n| {
-                    n <= (1 + s.reply_buffers).min(self.config.max_group_transmissions)
-                })
+            super::continuation::transmissions(
+                inline_len as u32,
+                send_limit as u32,
+                super::continuation::RESPONSE_HEADER_LEN + answer,
+            )
+            .is_some_and(|n| n <= (1 + s.reply_buffers).min(self.config.max_group_transmissions))
         };
         if hdr(0, None) + inline_len > send_limit {
             match s.peer_chunks.reply() {
@@ -1228,6 +1275,7 @@ impl Connection {
             use_reply_chunk,
             use_read_chunk,
             use_group,
+            group_item: ddp.first().copied(),
         })
     }
 

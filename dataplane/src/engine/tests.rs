@@ -2488,7 +2488,7 @@ pub(super) fn conf_v2_exchange(
     p: &mut Pair,
 ) -> Result<crate::wire::conf2::ConfigRdmaReplyV2, ConfRdmaError> {
     let req = p.peers[CLIENT].conn.conf_rdma_request_v2().unwrap();
-    let mut buf = [0u8; 128];
+    let mut buf = [0u8; 256];
     let n = encode_conf_rdma_call_v2(&mut buf, 0x0c01, &req).unwrap();
     let h = conf_call(p, &buf[..n]);
     p.drive();
@@ -2507,9 +2507,7 @@ fn extensions_conf_rdma_v2_turns_on_responder_read_chunks_only_when_both_adverti
     // Both advertise: negotiated on both sides, then used.
     let mut p = Pair::new(rrc_adv(cfg()), rrc_adv(cfg()));
     let reply = conf_v2_exchange(&mut p).unwrap();
-    let implemented = Extensions::RESPONDER_READ_CHUNKS
-        .union(Extensions::REMOTE_INVALIDATE)
-        .union(Extensions::MESSAGE_CONTINUATION);
+    let implemented = Extensions::ALL;
     assert_eq!(reply.properties.extensions(), implemented);
     assert_eq!(p.peers[SERVER].conn.negotiated(), implemented);
     assert_eq!(

@@ -23,8 +23,9 @@ fn mc(c: Config) -> Config {
     }
 }
 
-/// A pair that negotiated message continuation through CONF_RDMA v2.
-fn continued_pair(client: Config, server: Config) -> Pair {
+/// A pair that negotiated what its configurations advertise (message
+/// continuation at least) through CONF_RDMA v2.
+pub(super) fn continued_pair(client: Config, server: Config) -> Pair {
     let mut p = Pair::new(client, server);
     let reply = conf_v2_exchange(&mut p).expect("CONF_RDMA v2");
     p.conn(CLIENT).apply_conf_rdma_reply_v2(&reply);
@@ -35,7 +36,7 @@ fn continued_pair(client: Config, server: Config) -> Pair {
     p
 }
 
-fn optional(bytes: &[u8]) -> Option<OptionalHeader> {
+pub(super) fn optional(bytes: &[u8]) -> Option<OptionalHeader> {
     let v = HeaderView::new_checked(bytes).ok()?;
     if v.proc_type() != RDMA_OPTIONAL {
         return None;
@@ -580,8 +581,19 @@ mod prop {
         fn groups_survive_faults(
             sizes in proptest::collection::vec(1usize..40_000, 1..6),
             faults in proptest::collection::vec((0u8..6, 0usize..64, 1u8..=255), 0..6),
+            placed in any::<bool>(),
         ) {
-            let mut p = continued_pair(mc(cfg()), mc(cfg()));
+            // With send-based placement too, the echoes' data are the
+            // DDP-eligible items both ways (placed when short enough).
+            let ext = |c: Config| if placed {
+                Config {
+                    extensions: Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT),
+                    ..mc(c)
+                }
+            } else {
+                mc(c)
+            };
+            let mut p = continued_pair(ext(cfg()), ext(cfg()));
             let plan = Rc::new(RefCell::new(faults));
             let seen = Rc::new(RefCell::new(0usize));
             let corrupted = Rc::new(RefCell::new(false));
@@ -618,11 +630,11 @@ mod prop {
                 let xid = 100 + i as u32;
                 let data = payload(n, i as u8);
                 let now = p.now;
-                let (msg, _) = echo_call(xid, &data);
+                let (msg, item) = echo_call(xid, &data);
                 let call = OutgoingCall {
                     message: &msg,
-                    ddp: None,
-                    reply: expect(48 * KIB, None),
+                    ddp: placed.then_some(item),
+                    reply: expect(48 * KIB, placed.then_some(40_000)),
                     app: AppChunks::NONE,
                 };
                 if let Ok(h) = p.conn(CLIENT).send_call(now, &call) {
@@ -651,10 +663,7 @@ mod prop {
             if !*corrupted.borrow() {
                 for (xid, h, data) in &sent {
                     if done.iter().any(|r| r.0 == *xid) {
-                        let m = reply_of(&p, *h).unwrap();
-                        let (_, hl) = crate::wire::rpc::ReplyHeader::parse(&m).unwrap();
-                        let got = crate::wire::xdr::Decoder::new(&m[hl..]).get_opaque(usize::MAX);
-                        prop_assert_eq!(got.ok(), Some(&data[..]));
+                        prop_assert_eq!(&returned_payload(&p, *h), data);
                     }
                 }
             }

@@ -60,4 +60,9 @@ impl Extensions {
     pub const fn union(self, other: Extensions) -> Extensions {
         Extensions(self.0 | other.0)
     }
+
+    /// The extensions of `self` not in `other`.
+    pub const fn difference(self, other: Extensions) -> Extensions {
+        Extensions(self.0 & !other.0)
+    }
 }
