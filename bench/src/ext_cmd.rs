@@ -1,10 +1,13 @@
-//! `extensions`: what message continuation (draft-dnoveck-rpcrdma-
-//! rtrext-02, docs/EXTENSIONS.md) buys, in one run. For each of `shm` and
-//! `roce` (embedded servers), each operation and size, the same run twice
-//! back to back: plain Version One (no extensions), then with the
-//! extensions the engine implements offered on both sides. Reported per
-//! point: round trips per call (`RunResult::round_trips_per_call`) and p50
-//! latency each way, and their ratio.
+//! `extensions`: what message continuation and send-based data placement
+//! (draft-dnoveck-rpcrdma-rtrext-02, docs/EXTENSIONS.md) buy, in one run.
+//! For each of `shm` and `roce` (embedded servers), each operation and
+//! size, the same run twice back to back: plain Version One (no
+//! extensions), then with the extensions the engine implements offered
+//! on both sides. READ and WRITE carry their data as the message's
+//! DDP-eligible item (`OpenOptions::bulk_in_messages`): write and read
+//! chunks in Version One, placed in Sends with the extensions. Reported
+//! per point: round trips per call (`RunResult::round_trips_per_call`)
+//! and p50 latency each way, and their ratio.
 //!
 //! The goal stated for it: every point the extensions carry in Sends alone
 //! (one round trip) has a p50 at most 0.7x the chunked path's.
@@ -93,9 +96,14 @@ pub fn run(
                 spec.idle = Idle::Spin;
                 let mut results = Vec::with_capacity(2);
                 for extensions in [Extensions::EMPTY, ext] {
+                    // READ and WRITE as NFS does them: the data is the
+                    // message's DDP-eligible item, which the extensions
+                    // may carry in Sends (directed operations into
+                    // application memory keep their RDMA by design).
                     let opts = OpenOptions {
                         idle: Idle::Spin,
                         extensions,
+                        bulk_in_messages: true,
                         ..*options
                     };
                     match measure(url, &spec, &opts) {

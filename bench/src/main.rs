@@ -204,12 +204,14 @@ enum Cmd {
         #[arg(long, value_parser = parse_size)]
         memcpy_size: Option<u32>,
     },
-    /// What the RPC-over-RDMA extensions buy (message continuation), in one
-    /// run: for shm and roce (embedded servers), ECHO, READ and WRITE of
-    /// each size at depth 1, busy-polling, once plain Version One and
-    /// once with every extension offered on both sides: round trips per
-    /// call and p50 latency each way, and their ratio (goal: at most 0.7x
-    /// where the extensions carry the call in Sends alone).
+    /// What the RPC-over-RDMA extensions buy (message continuation and
+    /// send-based data placement), in one run: for shm and roce (embedded
+    /// servers), ECHO, READ and WRITE of each size at depth 1 (the data
+    /// as the message's DDP-eligible item, as NFS carries it),
+    /// busy-polling, once plain Version One and once with every extension
+    /// offered on both sides: round trips per call and p50 latency each
+    /// way, and their ratio (goal: at most 0.7x where the extensions carry
+    /// the call in Sends alone).
     Extensions {
         /// Sizes (default 8k,16k,32k,64k).
         #[arg(long, value_delimiter = ',', value_parser = parse_size)]
@@ -541,6 +543,7 @@ fn main() -> ExitCode {
             idle,
             server_pid: cli.server_pid,
             extensions: cli.extensions.unwrap_or_default(),
+            bulk_in_messages: false,
         },
         cores: cores.map_or((0, 0), |c| (c.server, c.client)),
     };

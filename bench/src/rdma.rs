@@ -307,6 +307,9 @@ pub struct RdmaDriver<P: PoolProvider> {
     reply_copy: Vec<u8>,
     /// Extensions the client (and an embedded server) offer.
     extensions: Extensions,
+    /// READ and WRITE data as the message's DDP item, not directed
+    /// (`OpenOptions::bulk_in_messages`).
+    bulk_in_messages: bool,
     /// What the first connection negotiated (reported once).
     negotiated: Option<Extensions>,
 }
@@ -404,6 +407,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
             prepared: None,
             reply_copy: Vec::new(),
             extensions: options.extensions,
+            bulk_in_messages: options.bulk_in_messages,
             negotiated: None,
         }
     }
@@ -558,7 +562,7 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             Op::Read | Op::Echo => ReplyTarget::WriteChunk { max_ddp: data },
             Op::Null | Op::Write => ReplyTarget::Inline,
         };
-        let directed = matches!(spec.op, Op::Read | Op::Write);
+        let directed = matches!(spec.op, Op::Read | Op::Write) && !self.bulk_in_messages;
         self.slot_bytes = data.next_multiple_of(64);
         let mut engine = engine_config(data, depth);
         if directed {

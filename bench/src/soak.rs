@@ -197,6 +197,7 @@ pub fn client(
         idle: Idle::Adaptive,
         server_pid: None,
         extensions: dataplane::engine::Extensions::EMPTY,
+        bulk_in_messages: false,
     };
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     let mut state = ClientState::new(seed, max_size, max_depth, Instant::now() + duration);

@@ -419,4 +419,9 @@ pub struct OpenOptions {
     /// clients offer in CONF_RDMA version 2, and their embedded servers
     /// too (docs/EXTENSIONS.md). Empty: plain Version One, no CONF_RDMA.
     pub extensions: dataplane::engine::Extensions,
+    /// READ and WRITE over `shm` and `roce` carry their data as the
+    /// message's DDP-eligible item, as NFS READ and WRITE do (write and
+    /// read chunks in Version One), instead of as directed operations
+    /// into registered application memory (the default).
+    pub bulk_in_messages: bool,
 }

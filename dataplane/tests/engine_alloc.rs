@@ -266,7 +266,7 @@ fn design_s4_no_heap_allocation_per_rpc_in_steady_state() {
 }
 
 /// Two engines that negotiated `ext` through CONF_RDMA version 2.
-fn negotiated_wire(ext: dataplane::engine::Extensions) -> Wire {
+fn negotiated_wire(ext: dataplane::engine::Extensions, place_results: bool) -> Wire {
     use dataplane::engine::{decode_conf_rdma_reply_v2, encode_conf_rdma_call_v2};
     let cfg = Config {
         peer_inline_recv_size: 4096,
@@ -277,6 +277,7 @@ fn negotiated_wire(ext: dataplane::engine::Extensions) -> Wire {
         max_reply_size: 256 * 1024,
         max_ddp_size: 256 * 1024,
         extensions: ext,
+        place_results,
         ..Config::default()
     };
     let mut w = Wire::new(cfg);
@@ -307,7 +308,7 @@ fn negotiated_wire(ext: dataplane::engine::Extensions) -> Wire {
 /// nothing.
 #[test]
 fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
-    let mut w = negotiated_wire(dataplane::engine::Extensions::MESSAGE_CONTINUATION);
+    let mut w = negotiated_wire(dataplane::engine::Extensions::MESSAGE_CONTINUATION, false);
     let shapes: [(usize, bool, ReplyExpect); 6] = [
         (
             100,
@@ -366,13 +367,24 @@ fn rtrext_s4_no_heap_allocation_per_rpc_with_message_continuation() {
 }
 
 /// As above with send-based data placement (rtrext s7) as well: DDP
-/// arguments and results placed in the peer's target buffer segments,
-/// and the Transmit Request and Response headers carrying their
-/// placement, allocate nothing in steady state either.
+/// arguments and results placed in the peer's target buffer segments
+/// (results by Send, `place_results`; or written by RDMA as the call
+/// directs, the default), and the Transmit Request and Response headers
+/// carrying their placement and directions, allocate nothing in steady
+/// state either.
 #[test]
 fn rtrext_s7_no_heap_allocation_per_rpc_with_send_placement() {
+    for place_results in [true, false] {
+        placement_allocates_nothing(place_results);
+    }
+}
+
+fn placement_allocates_nothing(place_results: bool) {
     use dataplane::engine::Extensions;
-    let mut w = negotiated_wire(Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT));
+    let mut w = negotiated_wire(
+        Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT),
+        place_results,
+    );
     let ddp = |max_len: u32, ddp_max: Option<u32>| ReplyExpect { max_len, ddp_max };
     let shapes: [(usize, bool, ReplyExpect); 6] = [
         (100, false, ddp(1024, None)),                      // inline both ways
@@ -385,7 +397,8 @@ fn rtrext_s7_no_heap_allocation_per_rpc_with_send_placement() {
     steady_state_allocates_nothing(&mut w, &shapes);
     let (c, s) = (w.conns[0].stats(), w.conns[1].stats());
     assert!(c.items_placed_sent > 0 && s.items_placed_received == c.items_placed_sent);
-    assert!(s.items_placed_sent > 0 && c.items_placed_received == s.items_placed_sent);
+    assert_eq!(c.items_placed_received, s.items_placed_sent);
+    assert_eq!(s.items_placed_sent > 0, place_results);
     assert_eq!(c.groups_dropped + s.groups_dropped, 0);
 }
 

@@ -57,7 +57,7 @@
 
 use super::buffers::{BufId, LocalSlice};
 use super::connection::{Disposition, Received};
-use super::placement::{ItemSpan, PlacedLayout, ANSWER_HEADER_LEN, DIRECTION_HEADER_LEN};
+use super::placement::{ItemSpan, PlacedLayout, ResultDirection, ANSWER_HEADER_LEN};
 use super::time::{Instant, Timer};
 use super::wr::{WorkRequest, WrId, WrKind};
 use super::{roundup4, CallFailure, Connection, DdpItem, Extensions};
@@ -89,6 +89,19 @@ pub(super) fn transmissions(len: u32, limit: u32, first: u32) -> Option<u32> {
     let head = limit.checked_sub(first).filter(|&n| n > 0)?;
     let body = limit.checked_sub(CONTINUE_HEADER_LEN).filter(|&n| n > 0)?;
     Some(1 + len.saturating_sub(head).div_ceil(body))
+}
+
+/// The most segments of an explicit-RDMA response direction we follow
+/// (a write chunk's, as our requester sends one).
+const MAX_WRITE_DIRECTION_SEGMENTS: usize = 16;
+
+/// A call's response direction as received (s7.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReceivedDirection {
+    /// Place the reply's item by Send if at least `min_len` long.
+    Send { min_len: u32 },
+    /// Write it by RDMA into the direction's segments.
+    Write,
 }
 
 /// Where the group being received goes.
@@ -151,9 +164,9 @@ pub(super) struct GroupSend {
     /// The message's DDP-eligible item, placed by Send into the peer's
     /// target segments as laid out (s7.3; `placement.rs`).
     pub(super) place: Option<PlacedLayout>,
-    /// Transmit Request: the reply's DDP-eligible item is to be placed by
-    /// Send if at least this long (one response direction, s7.4).
-    pub(super) direct_reply: Option<u32>,
+    /// Transmit Request: where the reply's DDP-eligible item goes (one
+    /// response direction, s7.4).
+    pub(super) direct_reply: Option<ResultDirection>,
     /// Transmit Response to a call that directed its reply's item, when
     /// the item is not placed: too short (and where it is inline), or
     /// none (s7.4 Table 2).
@@ -168,7 +181,7 @@ impl GroupSend {
             GroupKind::Request => REQUEST_HEADER_LEN,
             GroupKind::Response => RESPONSE_HEADER_LEN,
         };
-        base + self.direct_reply.map_or(0, |_| DIRECTION_HEADER_LEN)
+        base + self.direct_reply.map_or(0, |d| d.header_len())
             + self.answer.map_or(0, |_| ANSWER_HEADER_LEN)
     }
 }
@@ -391,11 +404,22 @@ impl Connection {
                 })
                 .ok()?;
         }
-        if let Some(min_len) = g.direct_reply {
-            let d = Direction {
+        let segment;
+        let direction = match g.direct_reply {
+            Some(ResultDirection::Send { min_len }) => Some(Direction {
                 min_len,
                 location: ReplyLocation::TargetBuffers,
-            };
+            }),
+            Some(ResultDirection::Write(s)) => {
+                segment = [s];
+                Some(Direction {
+                    min_len: 0,
+                    location: ReplyLocation::ExplicitRdma(&segment),
+                })
+            }
+            None => None,
+        };
+        if let Some(d) = direction {
             h.directions
                 .push_set(0, roundup4(u64::from(g.len)).max(4) as u32, &[d])
                 .ok()?;
@@ -516,7 +540,7 @@ impl Connection {
                 reply_buffers,
                 payload_len,
             } if supported && reply_direction.is_ok() => {
-                let rd = reply_direction.unwrap_or(None);
+                let rd = reply_direction.ok().flatten();
                 return self.on_call_group(
                     now,
                     recv,
@@ -641,11 +665,13 @@ impl Connection {
     }
 
     /// The response direction of the call in `opt_hdr` (s7.4): `None`
-    /// when it has none; the shortest item to place when it has one
-    /// direction that send-based placement may follow (target buffers, or
-    /// the responder's choice); `Err` for anything else (explicit RDMA,
-    /// by size, several directions), which we do not implement.
-    fn reply_direction(&self) -> Result<Option<u32>, ()> {
+    /// when it has none; one direction that send-based placement may
+    /// follow (target buffers, or the responder's choice), with the
+    /// shortest item to place; or one explicit-RDMA direction, followed
+    /// as a write chunk (its segments go to the slot with
+    /// `take_write_direction`). `Err` for anything else (by size,
+    /// several directions), which we do not implement.
+    fn reply_direction(&self) -> Result<Option<ReceivedDirection>, ()> {
         let dirs = &self.opt_hdr.directions;
         if dirs.is_empty() {
             return Ok(None);
@@ -659,15 +685,38 @@ impl Connection {
                 if found.is_some() {
                     return Err(());
                 }
-                match d.location {
+                found = Some(match d.location {
                     ReplyLocation::TargetBuffers | ReplyLocation::Choice(_) => {
-                        found = Some(d.min_len);
+                        ReceivedDirection::Send { min_len: d.min_len }
+                    }
+                    ReplyLocation::ExplicitRdma(segs)
+                        if !segs.is_empty() && segs.len() <= MAX_WRITE_DIRECTION_SEGMENTS =>
+                    {
+                        ReceivedDirection::Write
                     }
                     _ => return Err(()),
-                }
+                });
             }
         }
         found.map(Some).ok_or(())
+    }
+
+    /// The segments of the explicit-RDMA direction in `opt_hdr` become
+    /// the write chunk of responder slot `idx` (whose call just began):
+    /// the reply then goes as Version One does with a write chunk, the
+    /// item written by RDMA, the rest in an RDMA_MSG with the write list
+    /// (its lengths the answer to the direction).
+    fn take_write_direction(&mut self, idx: u32) {
+        self.warm_slot_lists_once();
+        let chunks = self.serves[idx as usize].peer_chunks_mut();
+        for set in self.opt_hdr.directions.sets() {
+            for d in set.directions() {
+                if let ReplyLocation::ExplicitRdma(segs) = d.location {
+                    // Cannot fail: `reply_direction` bounded the count.
+                    let _ = chunks.push_write_chunk(segs);
+                }
+            }
+        }
     }
 
     /// `cursor` moved past the placed items that start there (each with
@@ -856,7 +905,7 @@ impl Connection {
         count: u32,
         reply_buffers: u32,
         payload_len: u32,
-        reply_direction: Option<u32>,
+        reply_direction: Option<ReceivedDirection>,
     ) -> Disposition {
         let op = self.opt_hdr.op;
         let max = self.config.max_group_transmissions;
@@ -905,15 +954,14 @@ impl Connection {
                         return Disposition::Done;
                     }
                 };
-                self.start_serve_group(
-                    idx,
-                    xid,
-                    count,
-                    reply_buffers,
-                    filled,
-                    credits,
-                    reply_direction,
-                );
+                let place_min = match reply_direction {
+                    Some(ReceivedDirection::Send { min_len }) => Some(min_len),
+                    _ => None,
+                };
+                self.start_serve_group(idx, xid, count, reply_buffers, filled, credits, place_min);
+                if reply_direction == Some(ReceivedDirection::Write) {
+                    self.take_write_direction(idx);
+                }
                 if count == 1 {
                     self.finish_serve_group(now, idx);
                 } else {

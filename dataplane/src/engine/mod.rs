@@ -164,6 +164,14 @@ pub struct Config {
     /// outweighs the round trip beyond a few Sends where a round trip is
     /// cheap (docs/BENCHMARKS.md, "Message continuation").
     pub continuation_ddp_max: u32,
+    /// With send-based placement in use: ask for a call's DDP-eligible
+    /// result placed in our receive buffers' target segments (rtrext
+    /// s7.4, TBSN) instead of written by RDMA into our memory (EXRW).
+    /// Off by default: the RDMA Write adds no round trip (the reply's
+    /// Send follows it on the same connection) and measured faster than
+    /// the extra Sends on both soft providers (docs/BENCHMARKS.md,
+    /// "Message continuation"); placing saves exposing our memory.
+    pub place_results: bool,
     /// Responder-provided read chunks are in use from the start, because
     /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange
     /// turns them on, see [`Connection::negotiated`]). Then a reply that
@@ -322,6 +330,7 @@ impl Default for Config {
             continuation_receives: 32,
             group_timeout: Duration::from_secs(1),
             continuation_ddp_max: 16 * 1024,
+            place_results: false,
             reply_read_chunks: false,
             max_reply_read_chunks: 8,
             done_timeout: Duration::from_secs(1),

@@ -28,6 +28,7 @@
 //! item bytes; whatever else a Send carries is padding.
 
 use super::{roundup4, DdpItem};
+use crate::wire::rpcrdma::Segment;
 use crate::wire::rtrext::{BufferGroup, BufferStructure, SEGMENT_FLAG_PLACEMENT_TARGET};
 
 /// Bytes at the start of each of our receive buffers that no placed data
@@ -57,6 +58,34 @@ pub(super) const ANSWER_HEADER_LEN: u32 = 12;
 /// Bytes one response direction adds to a Transmit Request header: one
 /// set `begin end count` with one item `minlen type` (s7.4).
 pub(super) const DIRECTION_HEADER_LEN: u32 = 20;
+/// How a call of ours directs its reply's DDP-eligible item (s7.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ResultDirection {
+    /// Placed by Send in our target segments when at least `min_len`
+    /// long (TBSN).
+    Send {
+        /// Shorter items travel in the payload stream.
+        min_len: u32,
+    },
+    /// Written by RDMA into this segment of our memory (EXRW), as a
+    /// write chunk would be.
+    Write(Segment),
+}
+
+impl ResultDirection {
+    /// Bytes the direction adds to a Transmit Request header: one set
+    /// with one item, an EXRW one with its segment.
+    pub(super) fn header_len(&self) -> u32 {
+        match self {
+            ResultDirection::Send { .. } => DIRECTION_HEADER_LEN,
+            ResultDirection::Write(_) => DIRECTION_HEADER_LEN + 4 + SEGMENT_LEN,
+        }
+    }
+}
+
+/// Bytes of an RDMA segment on the wire (handle, length, offset).
+const SEGMENT_LEN: u32 = 16;
+
 /// The shortest reply item we ask to have placed: one of our segments.
 /// A shorter one travels in the payload stream (`XMPTYPE_TOOSHORT`).
 pub(super) const fn direction_min_len(recv_len: u32) -> u32 {

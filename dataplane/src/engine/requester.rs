@@ -20,7 +20,7 @@
 use super::buffers::{Access, BufClass, BufId, BufferTableBuilder, LocalSlice};
 use super::connection::{PendingRead, ReadOwner};
 use super::continuation::{self, GroupSend, CONTINUE_HEADER_LEN, RESPONSE_HEADER_LEN};
-use super::placement;
+use super::placement::{self, ResultDirection};
 use super::time::{Instant, Timer};
 use super::wr::{OpSet, WorkRequest, WrId, WrKind, MAX_OPS};
 use super::{
@@ -30,7 +30,8 @@ use super::{
 use crate::mem::PeerBytes;
 use crate::wire::rpc::{peek_direction, peek_xid, MessageType};
 use crate::wire::rpcrdma::{
-    chunked_header_len, ErrorBody, MessageBody, ReadSegment, TransportHeader, RPCRDMA_VERSION,
+    chunked_header_len, ErrorBody, MessageBody, ReadSegment, Segment, TransportHeader,
+    RPCRDMA_VERSION,
 };
 use crate::wire::rtrext::GroupKind;
 
@@ -710,13 +711,34 @@ impl Connection {
         let send_limit = c.inline_send_size.min(c.peer_inline_recv_size);
         let recv_limit = c.inline_recv_size.min(c.peer_inline_send_size);
         let max = c.max_group_transmissions;
-        // With send-based placement (s7.4) the reply's item is asked for
-        // in our target segments; the receives reserved cover it placed
-        // or answered too short (inline).
-        let direct_reply = s
-            .write_chunk
-            .filter(|_| self.places() && !self.our_targets.is_empty())
-            .map(|_| placement::direction_min_len(c.inline_recv_size));
+        // Where the reply's DDP-eligible item goes (s7.4), once placement
+        // is in use: written by RDMA into our DDP buffer (EXRW, a write
+        // chunk in rtrext's words; no round trip of its own) when the rest
+        // of the reply fits one Send, which then is a Version One reply
+        // with the write list; placed by Send into our target segments
+        // when configured so (`place_results`) or the rest is long, the
+        // receives reserved covering it placed or inline.
+        let rest_fits = |w: u32| {
+            let hdr = chunked_header_len(0, 1, 1, None) as u64;
+            let rest = u64::from(s.reply_max).saturating_sub(roundup4(u64::from(w)));
+            hdr + rest <= u64::from(recv_limit)
+        };
+        let direct_reply = match s.write_chunk {
+            Some(w) if self.places() && !c.place_results && rest_fits(w) => {
+                // The segment's key is taken when the call is queued.
+                Some(ResultDirection::Write(Segment {
+                    handle: 0,
+                    length: w,
+                    offset: 0,
+                }))
+            }
+            Some(_) if self.places() && !self.our_targets.is_empty() => {
+                Some(ResultDirection::Send {
+                    min_len: placement::direction_min_len(c.inline_recv_size),
+                })
+            }
+            _ => None,
+        };
         let mut probe = GroupSend {
             xid: s.xid,
             credits: 0,
@@ -759,7 +781,8 @@ impl Connection {
         if count > max.min(self.peer_group_recv_limit) || self.outstanding + count > self.granted {
             return None;
         }
-        let reply_buffers = if s.reply_chunk.is_none() && s.write_chunk.is_none() {
+        let written = matches!(direct_reply, Some(ResultDirection::Write(_)));
+        let reply_buffers = if written || (s.reply_chunk.is_none() && s.write_chunk.is_none()) {
             0
         } else {
             let answered =
@@ -783,7 +806,9 @@ impl Connection {
             }
             n - 1
         };
-        let chunked = !matches!(s.plan, CallPlan::Inline) || s.write_chunk.is_some();
+        // A call whose only chunk would be a write chunk followed as one
+        // stays Version One: the Transmit Request would buy nothing.
+        let chunked = !matches!(s.plan, CallPlan::Inline) || (s.write_chunk.is_some() && !written);
         probe.reply_buffers = reply_buffers;
         (count > 1 || reply_buffers > 0 || chunked).then_some(CallGroup { count, send: probe })
     }
@@ -799,10 +824,29 @@ impl Connection {
     /// ```
     fn encode_call_group(&mut self, idx: usize, group: CallGroup) {
         let credits = self.credits_wanted();
-        let CallGroup { count, send } = group;
+        let CallGroup { count, mut send } = group;
+        // A result written by RDMA: our DDP buffer exposed as for a write
+        // chunk (with key windows the key is taken here), the direction's
+        // segment over it.
+        if let Some(ResultDirection::Write(seg)) = &mut send.direct_reply {
+            let write_buf = self.calls[idx].write_buf;
+            if !self.expose(write_buf, Access::RemoteWrite, 0, seg.length) {
+                self.process_call(
+                    idx,
+                    CallEvent::Failed {
+                        reason: CallFailure::NoKeyWindow,
+                    },
+                );
+                return;
+            }
+            *seg = self.bufs.segment(write_buf, 0, seg.length);
+        }
+        let written = matches!(send.direct_reply, Some(ResultDirection::Write(_)));
         let s = &mut self.calls[idx];
         s.reply_chunk = None;
-        s.write_chunk = None;
+        if !written {
+            s.write_chunk = None;
+        }
         s.group_len = count;
         s.reply_buffers = send.reply_buffers;
         self.cont_recvs_free -= send.reply_buffers;

@@ -287,6 +287,12 @@ impl ServeSlot {
         self.peer_chunks.clear();
     }
 
+    /// The call's write list and reply chunk, to fill from an rtrext
+    /// response direction.
+    pub(super) fn peer_chunks_mut(&mut self) -> &mut ChunkLists {
+        &mut self.peer_chunks
+    }
+
     /// The buffer the call is reassembled in, then the reply.
     pub(super) fn message_buf(&self) -> BufId {
         self.message
@@ -493,6 +499,13 @@ impl Connection {
 
     /// Gives every serve slot its usual list room ([`SLOT_READS`],
     /// [`SLOT_CHUNKS`]), once per connection, at its first chunked call.
+    /// [`Connection::warm_slot_lists`] unless done.
+    pub(super) fn warm_slot_lists_once(&mut self) {
+        if !self.slot_lists_warm {
+            self.warm_slot_lists();
+        }
+    }
+
     fn warm_slot_lists(&mut self) {
         for s in self.serves.iter_mut() {
             s.reads.reserve(SLOT_READS);

@@ -20,9 +20,14 @@ fn sp(c: Config) -> Config {
     }
 }
 
-/// A pair that negotiated continuation and placement through CONF_RDMA v2.
+/// A pair that negotiated continuation and placement through CONF_RDMA
+/// v2, the client asking for results placed by Send.
 fn placing_pair() -> Pair {
-    continued_pair(sp(cfg()), sp(cfg()))
+    let client = Config {
+        place_results: true,
+        ..sp(cfg())
+    };
+    continued_pair(client, sp(cfg()))
 }
 
 /// The first RDMA_OPTIONAL header `side` sent.
@@ -140,6 +145,40 @@ fn rtrext_s7_4_a_ddp_result_is_placed_as_the_call_directed_not_written() {
     assert_eq!(returned_payload(&p, h), data);
     assert_eq!(p.peers[SERVER].conn.stats().items_placed_sent, 1);
     assert_eq!(p.peers[CLIENT].conn.stats().items_placed_received, 1);
+    close_and_check_leaks(&mut p);
+}
+
+#[test]
+fn rtrext_s7_4_by_default_a_ddp_result_is_written_by_rdma_as_the_call_directed() {
+    // The default requester: the argument placed by Send, the result
+    // directed to our memory by an explicit-RDMA direction (no round trip
+    // of its own), answered by a Version One reply with the write list.
+    let mut p = continued_pair(sp(cfg()), sp(cfg()));
+    let data = payload(12_000, 12);
+    let (msg, _) = echo_call(13, &data);
+    let h = send(&mut p, 13, &data, true, expect(16 * KIB, Some(16 * KIB)));
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![msg]);
+    let call = first_header(&p, CLIENT);
+    assert!(matches!(
+        call.op,
+        Operation::TransmitRequest {
+            reply_buffers: 0,
+            ..
+        }
+    ));
+    assert_eq!(call.placement.len(), 1, "the argument placed");
+    let set = call.directions.sets().next().expect("one direction set");
+    let d = set.directions().next().expect("one direction");
+    let ReplyLocation::ExplicitRdma(segs) = d.location else {
+        panic!("{d:?}");
+    };
+    assert_eq!(segs[0].length, 16 * KIB);
+    assert_eq!((p.ops[1], p.ops[2]), (0, 1), "no Read, one Write");
+    let (_, _, _, ddp_len) = replies(&p)[0];
+    assert_eq!(ddp_len, Some(12_000), "the result in our DDP buffer");
+    assert_eq!(returned_payload(&p, h), data);
+    assert_eq!(p.peers[CLIENT].conn.stats().calls_pulled, 0);
     close_and_check_leaks(&mut p);
 }
 
