@@ -66,16 +66,25 @@ impl Wire {
             WorkRequest::Bind { .. } | WorkRequest::Invalidate { .. } => {
                 unreachable!("key operation without key windows: {wr:?}")
             }
-            WorkRequest::Send { wr_id, local, .. } => {
+            WorkRequest::Send {
+                wr_id,
+                local,
+                gather,
+                ..
+            } => {
                 self.ops[0] += 1;
                 let (rwr, rbuf) = self.rq[peer].pop_front().expect("receiver not ready");
-                let to = LocalSlice {
-                    buf: rbuf,
-                    offset: 0,
-                    len: local.len,
-                };
-                transfer(me.buffers(), local, other.buffers_mut(), to);
-                self.done.push_back((peer, Done::Recv(rwr, local.len)));
+                let mut len = 0;
+                for part in [Some(local), gather].into_iter().flatten() {
+                    let to = LocalSlice {
+                        buf: rbuf,
+                        offset: len,
+                        len: part.len,
+                    };
+                    transfer(me.buffers(), part, other.buffers_mut(), to);
+                    len += part.len;
+                }
+                self.done.push_back((peer, Done::Recv(rwr, len)));
                 self.done
                     .push_back((side, Done::Wc(wr_id, WcStatus::Success)));
             }

@@ -1392,6 +1392,7 @@ impl Connection {
                 offset: 0,
                 len,
             },
+            gather: None,
             invalidate_rkey,
         });
     }

@@ -57,7 +57,7 @@
 
 use super::buffers::{BufId, LocalSlice};
 use super::connection::{Disposition, Received};
-use super::placement::{ItemSpan, PlacedLayout, ResultDirection, ANSWER_HEADER_LEN};
+use super::placement::{ItemSpan, Piece, PlacedLayout, ResultDirection, ANSWER_HEADER_LEN};
 use super::time::{Instant, Timer};
 use super::wr::{WorkRequest, WrId, WrKind};
 use super::{roundup4, CallFailure, Connection, DdpItem, Extensions};
@@ -256,7 +256,7 @@ impl Connection {
                     payload_len: n,
                 },
             };
-            let Some(sent) = self.write_transmission(g, seq, at, op, n, from) else {
+            let Some((head, gather)) = self.write_transmission(g, seq, at, op, n, from) else {
                 self.tx.truncate(queued_before);
                 return 0;
             };
@@ -265,23 +265,27 @@ impl Connection {
                 local: LocalSlice {
                     buf: g.group_buf,
                     offset: at,
-                    len: sent,
+                    len: head,
                 },
+                gather,
                 invalidate_rkey: None,
             });
             from += n;
             // The next transmission starts 4-aligned.
-            at += sent.next_multiple_of(4);
+            at += head.next_multiple_of(4);
         }
         count
     }
 
     /// Writes transmission `seq` of `g` at `at` in its group buffer: the
-    /// header for `op`, `n` bytes of payload stream from `from` (the
-    /// first transmission of a placed message: the message without its
-    /// item), and the pieces of a placed item it carries. Returns its
-    /// length; `None` if a header does not encode or a piece does not
-    /// fit.
+    /// header for `op`, then what is sent from where it lies in the
+    /// message (one slice: `n` bytes of payload stream from `from`, or
+    /// the pieces of a placed item this transmission carries, when they
+    /// are contiguous), else copied after the header (the first
+    /// transmission of a placed message: its payload stream, the message
+    /// without the item). Returns the bytes written at `at` and the
+    /// slice to gather after them; `None` if a header does not encode or
+    /// a piece does not fit.
     fn write_transmission(
         &mut self,
         g: &GroupSend,
@@ -290,7 +294,7 @@ impl Connection {
         op: Operation,
         n: u32,
         from: u32,
-    ) -> Option<u32> {
+    ) -> Option<(u32, Option<LocalSlice>)> {
         let hl = if seq == 0 {
             self.first_header(g, op)?
         } else {
@@ -298,42 +302,29 @@ impl Connection {
             let out = self.bufs.bytes_mut(g.group_buf).get_mut(at as usize..)?;
             h.emit(self.negotiated, out).ok()? as u32
         };
-        let mut end = at + hl + n;
-        match &g.place {
-            Some(p) if seq == 0 => {
-                // The payload stream: the message around the item.
-                let (cut, padded) = (p.item.offset, roundup4(u64::from(p.item.len)) as u32);
-                let before = LocalSlice {
-                    buf: g.message,
-                    offset: 0,
-                    len: cut,
-                };
-                let after = LocalSlice {
-                    buf: g.message,
-                    offset: cut + padded,
-                    len: n - cut,
-                };
-                if !self.bufs.copy(before, g.group_buf, (at + hl) as usize)
-                    || !self.bufs.copy(after, g.group_buf, (at + hl + cut) as usize)
-                {
-                    return None;
-                }
-            }
-            Some(_) => {}
-            None => {
-                let payload = LocalSlice {
-                    buf: g.message,
-                    offset: from,
-                    len: n,
-                };
-                if !self.bufs.copy(payload, g.group_buf, (at + hl) as usize) {
-                    return None;
-                }
-            }
-        }
-        let Some(p) = &g.place else {
-            return Some(end - at);
+        let message = |offset, len| LocalSlice {
+            buf: g.message,
+            offset,
+            len,
         };
+        let Some(p) = &g.place else {
+            // The payload stream, from where it lies.
+            return Some((hl, (n > 0).then(|| message(from, n))));
+        };
+        let mut end = at + hl;
+        if seq == 0 {
+            // The payload stream: the message around the item.
+            let (cut, padded) = (p.item.offset, roundup4(u64::from(p.item.len)) as u32);
+            let before = message(0, cut);
+            let after = message(cut + padded, n - cut);
+            if !self.bufs.copy(before, g.group_buf, end as usize)
+                || !self.bufs.copy(after, g.group_buf, (end + cut) as usize)
+            {
+                return None;
+            }
+            end += n;
+        }
+        // The item's pieces in this transmission, in order.
         let span = ItemSpan {
             disp: p.item.offset,
             len: p.item.len,
@@ -341,31 +332,54 @@ impl Connection {
             first: 0,
             count: p.n_segments as u32,
         };
+        let (mut first, mut last): (Option<Piece>, Option<Piece>) = (None, None);
+        let mut contiguous = true;
         for (j, &number) in p.segment_numbers().iter().enumerate() {
             let (t, piece) = span.piece(&self.peer_targets, j as u32, number)?;
             if t != seq {
                 continue;
             }
-            // What lies between is padding: zeros, not what the buffer
-            // held before.
-            let to = at + piece.src;
-            if to > end {
-                self.bufs
-                    .bytes_mut(g.group_buf)
-                    .get_mut(end as usize..to as usize)?
-                    .fill(0);
+            if let Some(l) = last {
+                contiguous &= piece.src == l.src + l.len && piece.dest == l.dest + l.len;
             }
-            let bytes = LocalSlice {
-                buf: g.message,
-                offset: piece.dest,
-                len: piece.len,
-            };
-            if !self.bufs.copy(bytes, g.group_buf, to as usize) {
+            first.get_or_insert(piece);
+            last = Some(piece);
+        }
+        let (Some(first), Some(last)) = (first, last) else {
+            return Some((end - at, None));
+        };
+        // What lies between the header (and payload) and the item is
+        // padding: zeros, not what the buffer held before.
+        let to = at + first.src;
+        if to > end {
+            self.bufs
+                .zero(g.group_buf, end as usize, (to - end) as usize);
+        }
+        if contiguous {
+            let len = last.dest + last.len - first.dest;
+            return Some((to - at, Some(message(first.dest, len))));
+        }
+        // Target segments that are not back to back (a peer's structure
+        // may say so): each piece copied to its place.
+        for (j, &number) in p.segment_numbers().iter().enumerate() {
+            let (t, piece) = span.piece(&self.peer_targets, j as u32, number)?;
+            if t != seq {
+                continue;
+            }
+            let dest = at + piece.src;
+            if dest > end {
+                self.bufs
+                    .zero(g.group_buf, end as usize, (dest - end) as usize);
+            }
+            if !self
+                .bufs
+                .copy(message(piece.dest, piece.len), g.group_buf, dest as usize)
+            {
                 return None;
             }
-            end = end.max(to + piece.len);
+            end = end.max(dest + piece.len);
         }
-        Some(end - at)
+        Some((end - at, None))
     }
 
     /// Emits the first header of `g` (operation `op`) at the start of its

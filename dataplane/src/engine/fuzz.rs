@@ -1218,8 +1218,12 @@ impl Harness {
                     self.recvs.push_back((wr_id, buf));
                     continue;
                 }
-                WorkRequest::Send { local, .. } => {
-                    if let Some(bytes) = c.buffers().to_vec(local) {
+                WorkRequest::Send { local, gather, .. } => {
+                    let bufs = c.buffers();
+                    if let Some(mut bytes) = bufs.to_vec(local) {
+                        if let Some(more) = gather.and_then(|g| bufs.to_vec(g)) {
+                            bytes.extend_from_slice(&more);
+                        }
                         self.peer.saw_send(&bytes);
                     }
                 }

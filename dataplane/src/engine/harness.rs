@@ -340,13 +340,14 @@ impl Pair {
                     WorkRequest::Send {
                         wr_id,
                         local,
+                        gather,
                         invalidate_rkey,
                     } => {
-                        let bytes = self.peers[side]
-                            .conn
-                            .buffers()
-                            .to_vec(local)
-                            .expect("send slice");
+                        let bufs = self.peers[side].conn.buffers();
+                        let mut bytes = bufs.to_vec(local).expect("send slice");
+                        if let Some(g) = gather {
+                            bytes.extend(bufs.to_vec(g).expect("gathered slice"));
+                        }
                         Op::Send {
                             wr_id,
                             bytes,

@@ -657,6 +657,7 @@ impl Connection {
                 offset: 0,
                 len: total as u32,
             },
+            gather: None,
             invalidate_rkey: None,
         });
     }

@@ -1109,6 +1109,7 @@ impl Connection {
                 offset: 0,
                 len: total as u32,
             },
+            gather: None,
             invalidate_rkey: self.remote_invalidation_for(idx),
         });
         self.process_serve(

@@ -222,6 +222,11 @@ pub enum WorkRequest {
         wr_id: WrId,
         /// The bytes to send.
         local: LocalSlice,
+        /// More bytes sent right after `local` in the same message (a
+        /// second SGE): a payload sent from where it lies instead of
+        /// copied next to its header. Owned by the Send until its
+        /// completion, as `local` is.
+        gather: Option<LocalSlice>,
         /// Send With Invalidate of this rkey of the peer: set only on an
         /// RDMA_DONE, to the reply read chunk's rkey, when both peers
         /// negotiated `Extensions::REMOTE_INVALIDATE` (draft-lever s4.1.4).

@@ -562,13 +562,25 @@ fn lease_sge<P: Provider>(
     offset: u32,
     len: u32,
 ) -> Option<SgeList> {
+    lease_one(mem, bufs, buf, offset, len).map(SgeList::one)
+}
+
+/// One SGE over `len` bytes at `offset` of engine buffer `buf`, on a
+/// lease of its region's registration.
+fn lease_one<P: Provider>(
+    mem: &Registered<P>,
+    bufs: &BufferTable,
+    buf: engine::BufId,
+    offset: u32,
+    len: u32,
+) -> Option<Sge> {
     let lease = mem.region(bufs.memory(buf)).leases.alloc()?;
     let at = bufs.slab_offset(buf) as u64 + u64::from(offset);
-    Some(SgeList::one(Sge {
+    Some(Sge {
         buf: lease,
         offset: at as u32,
         len,
-    }))
+    })
 }
 
 /// The completion queue of an endpoint: its own, or one it shares (a
@@ -1328,6 +1340,28 @@ impl<P: Provider> Iterator for SendBatch<'_, P> {
             WorkRequest::Send {
                 wr_id,
                 local,
+                gather: Some(more),
+                invalidate_rkey,
+            } => {
+                // Header and payload from where each lies: two SGEs.
+                let op = invalidate_rkey.map_or(SendOp::Send, SendOp::SendWithInv);
+                let (Some(mut sgl), Some(second)) = (
+                    lease_sge(self.mem, self.bufs, local.buf, local.offset, local.len),
+                    lease_one(self.mem, self.bufs, more.buf, more.offset, more.len),
+                ) else {
+                    self.starved = true;
+                    return None;
+                };
+                // Cannot fail: one SGE of `MAX_SGE` is taken.
+                let _ = sgl.push(second);
+                self.pending.pop_front();
+                self.last = Some(wr);
+                return Some(SendWr::new(to_verbs_wr_id(wr_id), op, sgl));
+            }
+            WorkRequest::Send {
+                wr_id,
+                local,
+                gather: None,
                 invalidate_rkey,
             } => (
                 wr_id,
