@@ -24,6 +24,11 @@
 //!   reconnects and retransmits it under the same XID: the gateway's
 //!   duplicate request cache answers NFS3_OK, where a second run at the
 //!   backend would answer NFS3ERR_NOENT; the backend saw it once.
+//! * `nfs3_through_the_gateway_with_the_extensions_negotiated`: a client
+//!   and a gateway that both offer message continuation and send-based
+//!   placement: 8 KiB WRITEs go with their data placed by Send (nothing
+//!   pulled), 8 KiB READs come back written by RDMA (a write chunk, which
+//!   costs no round trip), byte-exact on disk and read back.
 //!
 //! Needs root, nfs-ganesha, nfs-ganesha-vfs, rpcbind, iproute2 and
 //! util-linux; the real-peer rule applies.
@@ -76,7 +81,14 @@ struct NfsRdma<P: Provider> {
 
 impl<P: Provider> NfsRdma<P> {
     fn connect(url: &str) -> NfsRdma<P> {
-        let client = Client::<P>::connect(url, client_config(MAX_MESSAGE, 8))
+        Self::connect_offering(url, dataplane::engine::Extensions::EMPTY)
+    }
+
+    /// Connects offering `extensions` in CONF_RDMA version 2.
+    fn connect_offering(url: &str, extensions: dataplane::engine::Extensions) -> NfsRdma<P> {
+        let mut config = client_config(MAX_MESSAGE, 8);
+        config.extensions = extensions;
+        let client = Client::<P>::connect(url, config)
             .unwrap_or_else(|e| panic!("connect to the gateway at {url}: {e}"));
         NfsRdma { client }
     }
@@ -682,5 +694,90 @@ fn a_retransmitted_remove_is_answered_from_the_reply_cache() {
     assert_eq!(calls, 2, "{body}");
     d.signal(Signal::SIGTERM);
     assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that offers the RPC-over-RDMA extensions to a gateway that
+/// offers them too: WRITEs of 8 KiB go as transmission groups with their
+/// data placed by Send (no read chunk for the gateway to pull), READs of
+/// 8 KiB have their data written by RDMA (a plain write chunk: the Write
+/// costs no round trip), and the file on disk and read back through the
+/// gateway is byte-exact.
+#[test]
+fn nfs3_through_the_gateway_with_the_extensions_negotiated() {
+    use dataplane::engine::Extensions;
+    let Some(backend) = GaneshaBackend::start("gateway-ext") else {
+        return;
+    };
+    std::fs::write(backend.export_dir().join("placed"), b"").unwrap();
+    let dir = scratch_dir("gateway-ext");
+    let shm = format!("shm://{}", dir.join("gw.sock").display());
+    let metrics: SocketAddr = "127.0.0.1:9480".parse().unwrap();
+    let config = gateway_config(&shm, "roce://127.0.0.1:20054", metrics).replace(
+        "[transport]\n",
+        "[transport]\nextensions = [\"message_continuation\", \"send_placement\"]\n",
+    );
+    let cfg = write_file(&dir, "gateway.toml", &config);
+    let mut cmd = backend.command(BIN);
+    cmd.arg("--config").arg(&cfg);
+    let mut d = Daemon::spawn_command(cmd);
+    d.wait_for_line("started");
+    let path = backend.export_path();
+
+    let mut nfs = NfsRdma::<Shm>::connect_offering(&shm, Extensions::ALL);
+    let both = Extensions::MESSAGE_CONTINUATION.union(Extensions::SEND_PLACEMENT);
+    assert_eq!(nfs.client.negotiated(), both);
+    let root = nfs.mount(&path);
+    let (fh, _, _) = nfs.lookup(&root, "placed");
+    const IO: usize = 8192;
+    let written = pattern(32 * IO + 5, 7);
+    for (n, chunk) in written.chunks(IO).enumerate() {
+        let args = Nfs3Args::Write(Write3Args::new(
+            FileHandle::new(&fh).unwrap(),
+            (n * IO) as u64,
+            StableHow::FileSync,
+            chunk,
+        ));
+        nfs.call(ReplyTarget::Inline, &args, |res| match res {
+            Nfs3Res::Write(Res3::Ok(ok)) => assert_eq!(ok.count as usize, chunk.len()),
+            other => panic!("WRITE: {other:?}"),
+        });
+    }
+    // The last WRITE, of 5 bytes, fits one Send inline.
+    let long_writes = (written.len() / IO) as u64;
+    let stats = nfs.client.endpoint().connection().stats();
+    assert_eq!(
+        stats.items_placed_sent, long_writes,
+        "every long WRITE's data placed"
+    );
+    assert_eq!(stats.calls_pulled, 0, "no read chunk pulled");
+    let on_disk = std::fs::read(backend.export_dir().join("placed")).unwrap();
+    assert!(on_disk == written, "the file on disk");
+
+    let mut read = Vec::new();
+    loop {
+        let args = Nfs3Args::Read(Read3Args {
+            file: FileHandle::new(&fh).unwrap(),
+            offset: read.len() as u64,
+            count: IO as u32,
+        });
+        let target = ReplyTarget::WriteChunk { max_ddp: IO as u32 };
+        let eof = nfs.call(target, &args, |res| match res {
+            Nfs3Res::Read(Res3::Ok(ok)) => {
+                read.extend_from_slice(ok.data);
+                ok.eof
+            }
+            other => panic!("READ: {other:?}"),
+        });
+        if eof {
+            break;
+        }
+    }
+    assert!(read == written, "read back through the gateway");
+    nfs.client.close().expect("close");
+
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait().code(), Some(0), "{}", d.stderr());
+    assert!(!d.stderr().contains("leak"), "{}", d.stderr());
     let _ = std::fs::remove_dir_all(&dir);
 }
