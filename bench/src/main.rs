@@ -75,7 +75,8 @@ struct Cli {
     /// message_continuation, send_placement), `all` or `none` (the
     /// default). The client offers them in CONF_RDMA version 2 and an
     /// embedded server offers them too; each transport prints the set
-    /// negotiated once (docs/EXTENSIONS.md).
+    /// negotiated once (docs/EXTENSIONS.md). `nfs` offers them to the
+    /// gateway (rpcrdmad uses what its `[transport] extensions` lists).
     #[arg(
         long,
         value_name = "LIST",
@@ -635,17 +636,21 @@ fn main() -> ExitCode {
                 doc
             })
         }
-        Some(Cmd::Nfs { args }) => {
-            nfs_cmd::run(common.duration(0.5), common.idle, args).map(|body| {
-                let mut doc = header("nfs", &common);
-                if let serde_json::Value::Object(m) = body {
-                    for (k, v) in m {
-                        doc[k] = v;
-                    }
+        Some(Cmd::Nfs { args }) => nfs_cmd::run(
+            common.duration(0.5),
+            common.idle,
+            common.open.extensions,
+            args,
+        )
+        .map(|body| {
+            let mut doc = header("nfs", &common);
+            if let serde_json::Value::Object(m) = body {
+                for (k, v) in m {
+                    doc[k] = v;
                 }
-                doc
-            })
-        }
+            }
+            doc
+        }),
         Some(Cmd::Soak { args }) => match soak_cmd::run(args, cli.server_pid) {
             Ok((body, clean)) => {
                 let mut doc = header("soak", &common);

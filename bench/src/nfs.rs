@@ -256,11 +256,18 @@ pub struct RdmaNfs<P: Provider> {
 
 impl<P: Provider> RdmaNfs<P> {
     /// Connects to the gateway listener at `url`, with room for
-    /// [`MAX_DEPTH`] calls of up to [`MAX_IO`] bytes.
+    /// [`MAX_DEPTH`] calls of up to [`MAX_IO`] bytes, offering
+    /// `extensions` in CONF_RDMA version 2 (`--extensions`; empty: plain
+    /// Version One).
     ///
     /// # Errors
     /// The connection failed.
-    pub fn connect(name: &'static str, url: &str, idle: Idle) -> Result<Self, BenchError> {
+    pub fn connect(
+        name: &'static str,
+        url: &str,
+        idle: Idle,
+        extensions: dataplane::engine::Extensions,
+    ) -> Result<Self, BenchError> {
         let max_message = MAX_IO + HEADER_ROOM;
         let config = ClientConfig {
             endpoint: EndpointConfig {
@@ -277,7 +284,7 @@ impl<P: Provider> RdmaNfs<P> {
                 ..EndpointConfig::default()
             },
             conf_rdma: false,
-            extensions: dataplane::engine::Extensions::EMPTY,
+            extensions,
             idle: match idle {
                 Idle::Spin => IdleStrategy::Spin,
                 Idle::Adaptive => IdleStrategy::Adaptive {

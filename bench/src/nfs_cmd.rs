@@ -2,6 +2,7 @@
 //! point (the transports back to back per point, so that a ratio compares
 //! runs taken seconds apart), prints, plots.
 
+use dataplane::engine::Extensions;
 use std::path::PathBuf;
 
 use bench::nfs::{self, Files, NfsOp, NfsPoint, NfsTransport, PointSpec, RdmaNfs, TcpNfs};
@@ -72,11 +73,11 @@ struct Conn {
     describe: String,
 }
 
-fn open_gateway(url: &str, a: &Args, idle: Idle) -> Result<Conn, BenchError> {
+fn open_gateway(url: &str, a: &Args, idle: Idle, ext: Extensions) -> Result<Conn, BenchError> {
     let mut t: Box<dyn NfsTransport> = if url.starts_with("shm://") {
-        Box::new(RdmaNfs::<Shm>::connect("shm", url, idle)?)
+        Box::new(RdmaNfs::<Shm>::connect("shm", url, idle, ext)?)
     } else if url.starts_with("roce://") {
-        Box::new(RdmaNfs::<Roce>::connect("roce", url, idle)?)
+        Box::new(RdmaNfs::<Roce>::connect("roce", url, idle, ext)?)
     } else {
         return Err(unsupported(format!(
             "--gateway {url}: shm://PATH or roce://IP:PORT"
@@ -145,6 +146,7 @@ fn open_direct(url: &str, a: &Args) -> Result<Conn, BenchError> {
 pub fn run(
     duration: std::time::Duration,
     idle: Idle,
+    extensions: Extensions,
     a: Args,
 ) -> Result<serde_json::Value, BenchError> {
     let ops: Vec<NfsOp> = a
@@ -173,7 +175,7 @@ pub fn run(
     }
     let mut conns = Vec::new();
     for url in &a.gateway {
-        conns.push(open_gateway(url, &a, idle)?);
+        conns.push(open_gateway(url, &a, idle, extensions)?);
     }
     if let Some(url) = &a.direct {
         conns.push(open_direct(url, &a)?);
