@@ -203,6 +203,137 @@ seeds.update({
 })
 
 
+# Send-based data placement (draft-dnoveck-rpcrdma-rtrext-02 s7,
+# docs/EXTENSIONS.md section 8): the peer advertises it too (extension
+# flag 0x4 in property 0x80000001, besides RTR Support with Transmit
+# Request and Response) and describes its receive buffers (Receive Buffer
+# Structure, property 4: 4096 bytes, a 64-byte head and seven
+# placement-targetable segments of 576, like the engine's own).
+RECV_LEN, HEAD, SEG, PER_BUF = 4096, 64, 576, 7
+
+
+def buffer_structure():
+    groups = [(1, HEAD, 4, 0), (PER_BUF, SEG, 4, 1)]
+    return u32(RECV_LEN) + u32(len(groups)) + b"".join(
+        u32(c) + u32(ln) + u32(al) + u32(fl) for c, ln, al, fl in groups)
+
+
+CONF_V2_PLACEMENT = raw(rdma_hdr(0x0c02, 4, 0) + rpc_call(
+    0x0c02, 100417, 2, 1,
+    u32(4096) + u32(4096) + u32(4) + u32(5)
+    + prop(3, u32(7)) + prop(5, u32(4)) + prop(6, u32(4))
+    + prop(0x80000001, u32(4)) + prop(4, buffer_structure())))
+
+
+def tbsn_item(disp, length, offset, numbers):
+    """An `xmdp_mitem` placed by target buffer segment numbers (s7.3)."""
+    return u32(disp) + u32(length) + u32(2) + u32(offset) + u32(len(numbers)) \
+        + b"".join(u32(n) for n in numbers)
+
+
+def placed_group(xid, msg, disp, length, tweak=None, bad_offset=None):
+    """A call of the peer in Sends, its item at `disp` (`length` bytes,
+    XDR padded) placed into the engine's target segments the way the
+    engine lays out its own (docs/EXTENSIONS.md section 8): the whole
+    payload stream (the message without the item) in the first
+    transmission, the item in every target segment past it, then in all
+    seven segments of each Transmit Continue (payload stream empty).
+    Segment numbers count seven per transmission; segment k of a buffer
+    is at 64 + 576 * k. The header lists `tweak(numbers)` and the offset
+    `bad_offset` when given (wrong ones are the point of some seeds); the
+    Sends are laid out by the right ones."""
+    padded = (length + 3) & ~3
+    stream = msg[:disp] + msg[disp + padded:]
+    item = msg[disp:disp + length]
+    need = (length + SEG - 1) // SEG
+    # The header grows by four bytes per number, which may push the first
+    # segment out: redo the layout until the list is stable (as
+    # placement::plan does).
+    numbers = []
+    while True:
+        floor = 24 + 4 + 20 + 4 * len(numbers) + 4 + 12 + len(stream)
+        good, t = [], 0
+        while len(good) < need:
+            good += [t * PER_BUF + k for k in range(PER_BUF)
+                     if HEAD + k * SEG >= floor][:need - len(good)]
+            t, floor = t + 1, 36
+        if len(good) == len(numbers):
+            break
+        numbers = good
+    count = numbers[-1] // PER_BUF + 1
+    sends = [bytearray(RECV_LEN) for _ in range(count)]
+    ends = [36] * count
+    for j, n in enumerate(numbers):
+        t, k = divmod(n, PER_BUF)
+        piece = item[j * SEG:(j + 1) * SEG]
+        at = HEAD + k * SEG
+        sends[t][at:at + len(piece)] = piece
+        ends[t] = at + len(piece)
+    listed = tweak(numbers) if tweak else numbers
+    offset = 0 if bad_offset is None else bad_offset
+    info = u32(1) + tbsn_item(disp, length, offset, listed) + u32(0) \
+        + u32(count) + u32(0) + u32(len(stream))
+    first = u32(xid) + u32(1) + u32(4) + u32(5) + u32(5) + u32(len(info)) + info + stream
+    assert len(first) <= HEAD + numbers[0] * SEG
+    sends[0][:len(first)] = first
+    for t in range(1, count):
+        sends[t][:36] = u32(xid) + u32(1) + u32(4) + u32(5) + u32(7) + u32(12) \
+            + u32(t) + u32(5) + u32(0)
+    # Each Send ends with the last byte of the item it carries.
+    return b"".join(raw(bytes(sends[t][:ends[t]])) for t in range(count))
+
+
+# A DDP-eligible argument: an NFSv3 WRITE-like call, the data (an opaque
+# of 10,000 bytes) placed, one word of other arguments after it.
+W_DATA = bytes((i * 7 + 3) & 0xff for i in range(10000))
+W_DISP = 40 + 4
+
+
+def write_call(xid):
+    return rpc_call(xid, 100003, 3, 7, u32(len(W_DATA)) + W_DATA + u32(0x0a0b0c0d))
+
+
+# A small call whose reply's DDP-eligible item is to be placed (s7.4):
+# one direction set over the whole call, one TBSN direction (placed if at
+# least 576 bytes, one of the peer's segments), three receives reserved.
+r_call = rpc_call(0x3004, 100003, 3, 6, b"\x31" * 36)
+DIRECTED = u32(1) + u32(0) + u32((len(r_call) + 3) & ~3) + u32(1) + u32(SEG) + u32(2)
+directed_req = raw(u32(0x3004) + u32(1) + u32(4) + u32(5) + u32(5)
+                   + u32(4 + len(DIRECTED) + 12) + u32(0) + DIRECTED
+                   + u32(1) + u32(3) + u32(len(r_call)) + r_call)
+seeds.update({
+    # A call of the peer in three transmissions, its 10,000-byte argument
+    # in 18 of the engine's target segments; answered.
+    "placement_peer_call_placed": b(CONF_RDMA) + CONF_V2_PLACEMENT + all_done()
+    + placed_group(0x3000, write_call(0x3000), W_DISP, len(W_DATA)) + all_done()
+    + answer(0, 0) + all_done(),
+    # Segment numbers the engine refuses (OPTRERR_BADTBSN): one past the
+    # three transmissions' 21 segments (checked at the first
+    # transmission; the group's Transmit Continues are then dropped), and
+    # segment 0 of the first transmission, under its header and payload
+    # stream (checked as the transmission is taken).
+    "placement_peer_call_bad_tbsn": b(CONF_RDMA) + CONF_V2_PLACEMENT + all_done()
+    + placed_group(0x3001, write_call(0x3001), W_DISP, len(W_DATA),
+                   tweak=lambda ns: ns[:-1] + [40]) + all_done()
+    + placed_group(0x3002, write_call(0x3002), W_DISP, len(W_DATA),
+                   tweak=lambda ns: [0] + ns[1:]) + all_done(),
+    # An offset past the first segment's end (OPTRERR_BADOFF).
+    "placement_peer_call_bad_offset": b(CONF_RDMA) + CONF_V2_PLACEMENT + all_done()
+    + placed_group(0x3003, write_call(0x3003), W_DISP, len(W_DATA), bad_offset=SEG)
+    + all_done(),
+    # A Transmit Request directing its reply's item into the peer's
+    # target segments; the engine's reply (9,028 bytes, a 9,000-byte DDP
+    # item) goes as a Transmit Response group with the item placed.
+    "placement_reply_directed": b(CONF_RDMA) + CONF_V2_PLACEMENT + all_done()
+    + directed_req + all_done() + answer(0, 2 | 4) + all_done(),
+    # The engine's own call with a 9,000-byte DDP argument goes placed
+    # into the peer's target segments (after replies granting credits).
+    "placement_engine_call_placed": b(CONF_RDMA) + CONF_V2_PLACEMENT + all_done()
+    + reply(0, 0) + all_done() + reply(1, 0) + reply(2, 0) + all_done()
+    + op(ENGINE_CALL, 0, b(2 | 4)) + all_done(),
+})
+
+
 def write(d, seeds):
     os.makedirs(d, exist_ok=True)
     # Crash inputs found by fuzzing are kept (they are not generated here).

@@ -222,6 +222,30 @@ fn engine_recv_seeds_reach_their_paths() {
         ("raw_done_unknown_xid", &["stats: done_ignored"]),
         ("raw_runt", &["stats: runts_dropped"]),
         ("raw_vers2", &["stats: err_vers_sent"]),
+        (
+            "placement_peer_call_placed",
+            &[
+                "stats: items_placed_received",
+                "stats: call_groups_received",
+                "event: CallArrived",
+            ],
+        ),
+        (
+            "placement_peer_call_bad_tbsn",
+            &["stats: transmission_errors_sent", "stats: groups_dropped"],
+        ),
+        (
+            "placement_peer_call_bad_offset",
+            &["stats: transmission_errors_sent", "stats: groups_dropped"],
+        ),
+        (
+            "placement_reply_directed",
+            &["stats: items_placed_sent", "reply sent with DDP"],
+        ),
+        (
+            "placement_engine_call_placed",
+            &["stats: items_placed_sent"],
+        ),
     ];
     let seeds = seeds("engine_recv");
     let mut failed = Vec::new();

@@ -110,6 +110,8 @@ impl Coverage {
         "stats: transmission_errors_sent",
         "stats: transmission_errors_received",
         "stats: groups_dropped",
+        "stats: items_placed_sent",
+        "stats: items_placed_received",
         "endpoint: foreign_completions",
         "endpoint: queue_full",
         "endpoint: backlog",
@@ -283,6 +285,11 @@ impl Coverage {
                 label!("stats: transmission_errors_received"),
             ),
             (s.groups_dropped, label!("stats: groups_dropped")),
+            (s.items_placed_sent, label!("stats: items_placed_sent")),
+            (
+                s.items_placed_received,
+                label!("stats: items_placed_received"),
+            ),
         ] {
             if n > 0 {
                 self.set(label);
