@@ -14,12 +14,13 @@
 //!   Transmission Receive Limit (s8.4) allows its length and the peer's
 //!   grant has a credit for every transmission (s4.3: each Send of the
 //!   group takes a receive of the peer's, so a group of n holds n
-//!   credits until its reply). A call whose reply might not fit inline
-//!   reserves receives for the reply's later transmissions instead of
-//!   offering a reply chunk (`optxrq_rsbuf`, s4.3, s5.2), when the peer's
-//!   Response Transmission Send Limit (s8.5) and our free continuation
-//!   receives allow it; such a call goes as a Transmit Request even when
-//!   it fits one Send.
+//!   credits until its reply). Such a call whose reply might not fit
+//!   inline reserves receives for the reply's later transmissions
+//!   instead of offering a reply chunk (`optxrq_rsbuf`, s4.3, s5.2), when
+//!   the peer's Response Transmission Send Limit (s8.5) and our free
+//!   continuation receives allow it. A call that fits one Send with
+//!   nothing to pull stays Version One whatever its reply: the
+//!   responder's Writes into a reply or write chunk cost no round trip.
 //! * **Sending a reply** (`post_reply`): a reply too long for one Send,
 //!   to a call that reserved enough receives, goes as a group.
 //! * **Receiving**: the transmissions of a group follow each other with

@@ -685,13 +685,15 @@ impl Connection {
     /// (a DDP-eligible argument included: sending it inline is the
     /// requester's choice, RFC 8166 s3.4.3) fits a group the peer accepts
     /// (s8.4) and the grant has credits for (s4.3) goes as that group,
-    /// instead of a read chunk the peer would pull (a round trip); a
-    /// reply that might not fit inline (a DDP-eligible result included)
-    /// gets reserved receives (s8.5) instead of a reply chunk or a write
-    /// chunk. A call that needs a chunk it cannot trade this way stays
-    /// Version One, as does one that fits one Send with a reply that does
-    /// too, and a directed operation (its data is in application memory
-    /// the peer reaches by RDMA).
+    /// instead of a read chunk the peer would pull (a round trip); its
+    /// reply, if it might not fit inline, gets reserved receives (s8.5)
+    /// instead of a reply chunk, and its DDP-eligible result an
+    /// explicit-RDMA direction (or placement, `placement.rs`) instead of
+    /// a write chunk. A call that needs a chunk it cannot trade this way
+    /// stays Version One, as does one that fits one Send with nothing to
+    /// pull (its reply's chunks cost no round trip), and a directed
+    /// operation (its data is in application memory the peer reaches by
+    /// RDMA).
     fn call_group(&self, idx: usize) -> Option<CallGroup> {
         if !self.continues() {
             return None;
@@ -807,11 +809,15 @@ impl Connection {
             }
             n - 1
         };
-        // A call whose only chunk would be a write chunk followed as one
-        // stays Version One: the Transmit Request would buy nothing.
-        let chunked = !matches!(s.plan, CallPlan::Inline) || (s.write_chunk.is_some() && !written);
+        // Only the call itself makes it a group: too long for one Send,
+        // or a chunk the peer would have to pull (a round trip). A reply
+        // chunk or a write chunk costs no round trip (the responder's
+        // Writes precede its Send), and measured faster than a reply in
+        // Sends (docs/BENCHMARKS.md, "Send-based placement"): a call that
+        // fits one Send with nothing to pull stays Version One.
         probe.reply_buffers = reply_buffers;
-        (count > 1 || reply_buffers > 0 || chunked).then_some(CallGroup { count, send: probe })
+        (count > 1 || !matches!(s.plan, CallPlan::Inline))
+            .then_some(CallGroup { count, send: probe })
     }
 
     /// Queues call `idx` as the transmission group `group` describes (one

@@ -116,9 +116,11 @@ fn rtrext_s4_2_a_long_call_goes_as_a_transmission_group_not_a_read_chunk() {
 fn rtrext_s4_3_a_long_reply_comes_in_the_receives_its_call_reserved() {
     let mut p = continued_pair(mc(cfg()), mc(cfg()));
     let data = payload(30_000, 9);
-    // The reply may be 48 KiB: without the extension a reply chunk; here
-    // 12 receives beyond the first (4060 payload bytes each).
-    let h = send(&mut p, 9, b"x", false, expect(48 * KIB, None));
+    // A call of two Sends whose reply may be 48 KiB: without the
+    // extension a read chunk and a reply chunk; here 12 receives beyond
+    // the first (4060 payload bytes each). (A call that fits one Send
+    // keeps its reply chunk: a Write costs no round trip.)
+    let h = send(&mut p, 9, &payload(5_000, 1), false, expect(48 * KIB, None));
     p.drive_with(&mut |side, conn, now, ev| {
         if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
             let (m, _) = echo_reply(xid, &data);
@@ -138,12 +140,12 @@ fn rtrext_s4_3_a_long_reply_comes_in_the_receives_its_call_reserved() {
         matches!(
             ops[0],
             Operation::TransmitRequest {
-                count: 1,
+                count: 2,
                 reply_buffers: 12,
                 ..
             }
         ),
-        "one Send, receives reserved instead of a reply chunk: {:?}",
+        "two Sends, receives reserved instead of a reply chunk: {:?}",
         ops[0]
     );
     let replies_ops = ops_from(&p, SERVER);
@@ -543,7 +545,13 @@ fn rtrext_s9_5_a_lost_reply_transmission_fails_the_call_and_tells_the_responder(
         _ => Fault::Deliver,
     });
     let data = payload(30_000, 9);
-    send(&mut p, 40, b"x", false, expect(48 * KIB, None));
+    send(
+        &mut p,
+        40,
+        &payload(5_000, 2),
+        false,
+        expect(48 * KIB, None),
+    );
     p.drive_with(&mut |side, conn, now, ev| {
         if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
             let (m, _) = echo_reply(xid, &data);

@@ -203,6 +203,13 @@ fn rtrext_s7_4_both_items_of_an_exchange_are_placed() {
     close_and_check_leaks(&mut p);
 }
 
+/// The argument of a call too long for one Send (a group of two): only
+/// such a call goes as a Transmit Request that can direct its reply (a
+/// call that fits one Send keeps Version One's write chunk).
+fn long_call() -> Vec<u8> {
+    payload(5_000, 3)
+}
+
 /// Replies with `reply` (message and items) to the first call.
 fn answer_with(p: &mut Pair, reply: impl Fn(u32) -> (Vec<u8>, Vec<DdpItem>)) {
     p.drive_with(&mut |side, conn, now, ev| {
@@ -226,7 +233,13 @@ fn rtrext_s7_4_a_result_shorter_than_directed_is_answered_too_short_and_sent_inl
     let mut p = placing_pair();
     let short = payload(100, 8);
     let tail = payload(6_000, 9);
-    let h = send(&mut p, 10, b"x", false, expect(16 * KIB, Some(16 * KIB)));
+    let h = send(
+        &mut p,
+        10,
+        &long_call(),
+        false,
+        expect(16 * KIB, Some(16 * KIB)),
+    );
     // The reply is long, its DDP-eligible item short: an echo of 100
     // bytes followed by 6,000 bytes of other results.
     let reply_msg = |xid| {
@@ -252,7 +265,13 @@ fn rtrext_s7_4_a_result_shorter_than_directed_is_answered_too_short_and_sent_inl
 fn rtrext_s7_4_a_reply_without_an_item_answers_no_item() {
     let mut p = placing_pair();
     let data = payload(6_000, 9);
-    let h = send(&mut p, 11, b"x", false, expect(16 * KIB, Some(16 * KIB)));
+    let h = send(
+        &mut p,
+        11,
+        &long_call(),
+        false,
+        expect(16 * KIB, Some(16 * KIB)),
+    );
     answer_with(&mut p, |xid| (echo_reply(xid, &data).0, Vec::new()));
     let reply = first_header(&p, SERVER);
     let answer = reply.placement.get(0).expect("the direction's answer");
