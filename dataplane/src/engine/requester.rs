@@ -809,15 +809,15 @@ impl Connection {
             }
             n - 1
         };
-        // Only the call itself makes it a group: too long for one Send,
-        // or a chunk the peer would have to pull (a round trip). A reply
-        // chunk or a write chunk costs no round trip (the responder's
-        // Writes precede its Send), and measured faster than a reply in
-        // Sends (docs/BENCHMARKS.md, "Send-based placement"): a call that
-        // fits one Send with nothing to pull stays Version One.
+        // Only the call itself makes it a group: a chunk the peer would
+        // have to pull (a read chunk, or the whole call in one: a round
+        // trip). A reply chunk or a write chunk costs no round trip (the
+        // responder's Writes precede its Send), and measured faster than
+        // a reply in Sends (docs/BENCHMARKS.md, "Send-based placement"):
+        // a call that fits one Send inline stays Version One, even where
+        // the group's longer header would make it two.
         probe.reply_buffers = reply_buffers;
-        (count > 1 || !matches!(s.plan, CallPlan::Inline))
-            .then_some(CallGroup { count, send: probe })
+        (!matches!(s.plan, CallPlan::Inline)).then_some(CallGroup { count, send: probe })
     }
 
     /// Queues call `idx` as the transmission group `group` describes (one
