@@ -802,7 +802,7 @@ impl Connection {
                     return Err(ErrorInfo::BadBufferNumber {
                         value: number,
                         min: 0,
-                        max: count * self.our_targets.per_buffer() - 1,
+                        max: (count * self.our_targets.per_buffer()).saturating_sub(1),
                     });
                 };
                 if t != seq {
