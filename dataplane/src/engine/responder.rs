@@ -497,15 +497,16 @@ impl Connection {
         need <= u64::from(self.bufs.buf_len(message)) || self.bufs.lease_bulk(message)
     }
 
-    /// Gives every serve slot its usual list room ([`SLOT_READS`],
-    /// [`SLOT_CHUNKS`]), once per connection, at its first chunked call.
-    /// [`Connection::warm_slot_lists`] unless done.
+    /// [`Connection::warm_slot_lists`] unless done (an rtrext call that
+    /// brings a write chunk in its response direction).
     pub(super) fn warm_slot_lists_once(&mut self) {
         if !self.slot_lists_warm {
             self.warm_slot_lists();
         }
     }
 
+    /// Gives every serve slot its usual list room ([`SLOT_READS`],
+    /// [`SLOT_CHUNKS`]), once per connection, at its first chunked call.
     fn warm_slot_lists(&mut self) {
         for s in self.serves.iter_mut() {
             s.reads.reserve(SLOT_READS);
