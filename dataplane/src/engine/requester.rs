@@ -699,7 +699,14 @@ impl Connection {
             return None;
         }
         let s = &self.calls[idx];
-        if s.app_read || s.write_buf != s.ddp_buf {
+        // Only the call itself makes it a group: a chunk the peer would
+        // have to pull (a read chunk, or the whole call in one: a round
+        // trip). A reply chunk or a write chunk costs no round trip (the
+        // responder's Writes precede its Send), and measured faster than
+        // a reply in Sends (docs/BENCHMARKS.md, "Send-based placement"):
+        // a call that fits one Send inline stays Version One, even where
+        // the group's longer header would make it two.
+        if s.app_read || s.write_buf != s.ddp_buf || matches!(s.plan, CallPlan::Inline) {
             return None;
         }
         let ddp_max = self.config.continuation_ddp_max;
@@ -809,15 +816,8 @@ impl Connection {
             }
             n - 1
         };
-        // Only the call itself makes it a group: a chunk the peer would
-        // have to pull (a read chunk, or the whole call in one: a round
-        // trip). A reply chunk or a write chunk costs no round trip (the
-        // responder's Writes precede its Send), and measured faster than
-        // a reply in Sends (docs/BENCHMARKS.md, "Send-based placement"):
-        // a call that fits one Send inline stays Version One, even where
-        // the group's longer header would make it two.
         probe.reply_buffers = reply_buffers;
-        (!matches!(s.plan, CallPlan::Inline)).then_some(CallGroup { count, send: probe })
+        Some(CallGroup { count, send: probe })
     }
 
     /// Queues call `idx` as the transmission group `group` describes (one
