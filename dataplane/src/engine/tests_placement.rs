@@ -406,3 +406,60 @@ fn rtrext_s5_3_a_peer_without_placement_gets_the_item_inline() {
     }
     close_and_check_leaks(&mut p);
 }
+
+#[test]
+fn rtrext_s7_2_target_segments_that_are_not_back_to_back_are_filled_one_by_one() {
+    use crate::wire::rtrext::{BufferGroup, BufferStructure, SEGMENT_FLAG_PLACEMENT_TARGET};
+    // A receive buffer whose target segments have gaps between them: a
+    // 64-byte head, then seven of 500 bytes, each followed by 76 bytes
+    // nobody may place into. The sender cannot send an item's pieces as
+    // one gathered slice, so it copies each to its place; the receiver
+    // finds every byte.
+    let mut p = placing_pair();
+    let mut groups = vec![BufferGroup {
+        count: 1,
+        length: 64,
+        align: 4,
+        flags: 0,
+    }];
+    for _ in 0..7 {
+        groups.push(BufferGroup {
+            count: 1,
+            length: 500,
+            align: 4,
+            flags: SEGMENT_FLAG_PLACEMENT_TARGET,
+        });
+        groups.push(BufferGroup {
+            count: 1,
+            length: 76,
+            align: 4,
+            flags: 0,
+        });
+    }
+    let gappy = TargetLayout::from_structure(&BufferStructure {
+        length: 4096,
+        groups: &groups,
+    });
+    assert_eq!(gappy.per_buffer(), 7);
+    assert_eq!(gappy.segment(1), Some((0, 64 + 576, 500)));
+    // As if the server had advertised it: the client places into it, the
+    // server checks against it.
+    p.peers[CLIENT].conn.peer_targets = gappy;
+    p.peers[SERVER].conn.our_targets = gappy;
+    let data = payload(12_000, 14);
+    let (msg, _) = echo_call(15, &data);
+    let h = send(&mut p, 15, &data, true, expect(16 * KIB, Some(16 * KIB)));
+    let seen = run_recording(&mut p);
+    assert_eq!(seen, vec![msg], "the server sees the call as sent");
+    let call = first_header(&p, CLIENT);
+    let ItemLocation::TargetBuffers {
+        buffer_segments, ..
+    } = call.placement.get(0).expect("placed").location
+    else {
+        panic!("{call:?}");
+    };
+    assert_eq!(buffer_segments.len(), 24, "12,000 bytes in segments of 500");
+    assert_eq!(p.peers[SERVER].conn.stats().items_placed_received, 1);
+    assert_eq!(returned_payload(&p, h), data);
+    close_and_check_leaks(&mut p);
+}
