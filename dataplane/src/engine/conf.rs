@@ -185,7 +185,7 @@ impl Connection {
                         self.apply_conf_rdma_request(&req.base);
                         let ours = self.advertised_extensions();
                         self.negotiated = negotiate(ours, req.properties.extensions());
-                        self.apply_group_limits(&req.properties);
+                        self.apply_peer_properties(&req.properties);
                         let mut reply = ConfigRdmaReplyV2 {
                             base: self.config.conf_rdma_reply(),
                             properties: PropertyList::new(),
@@ -259,7 +259,7 @@ impl Connection {
     pub fn apply_conf_rdma_reply_v2(&mut self, reply: &ConfigRdmaReplyV2) {
         self.apply_conf_rdma_reply(&reply.base);
         self.negotiated = negotiate(self.advertised_extensions(), reply.properties.extensions());
-        self.apply_group_limits(&reply.properties);
+        self.apply_peer_properties(&reply.properties);
     }
 
     /// Our property list: the extensions we advertise and, with message
@@ -285,12 +285,11 @@ impl Connection {
         Ok(())
     }
 
-    /// The peer's group limits from its property list (1 each, the
-    /// draft's default, when it sent none): the longest call group it
-    /// accepts and the longest reply group it sends; and where in its
-    /// receive buffers placed data may go (none when it sent no
-    /// structure, s5.3).
-    fn apply_group_limits(&mut self, list: &PropertyList) {
+    /// What the peer's property list says: the longest call group it
+    /// accepts and the longest reply group it sends (1 each, the draft's
+    /// default, when it sent none), and where in its receive buffers
+    /// placed data may go (none when it sent no structure, s5.3).
+    fn apply_peer_properties(&mut self, list: &PropertyList) {
         self.peer_targets = match list.get(prop_id::RECEIVE_BUFFER_STRUCTURE) {
             Some(Property::ReceiveBufferStructure(b))
                 if self.negotiated.contains(Extensions::SEND_PLACEMENT) =>

@@ -326,20 +326,10 @@ impl Connection {
             end += n;
         }
         // The item's pieces in this transmission, in order.
-        let span = ItemSpan {
-            disp: p.item.offset,
-            len: p.item.len,
-            offset: 0,
-            first: 0,
-            count: p.n_segments as u32,
-        };
         let (mut first, mut last): (Option<Piece>, Option<Piece>) = (None, None);
         let mut contiguous = true;
-        for (j, &number) in p.segment_numbers().iter().enumerate() {
-            let (t, piece) = span.piece(&self.peer_targets, j as u32, number)?;
-            if t != seq {
-                continue;
-            }
+        for piece in p.pieces_in(&self.peer_targets, seq) {
+            let piece = piece?;
             if let Some(l) = last {
                 contiguous &= piece.src == l.src + l.len && piece.dest == l.dest + l.len;
             }
@@ -362,11 +352,8 @@ impl Connection {
         }
         // Target segments that are not back to back (a peer's structure
         // may say so): each piece copied to its place.
-        for (j, &number) in p.segment_numbers().iter().enumerate() {
-            let (t, piece) = span.piece(&self.peer_targets, j as u32, number)?;
-            if t != seq {
-                continue;
-            }
+        for piece in p.pieces_in(&self.peer_targets, seq) {
+            let piece = piece?;
             let dest = at + piece.src;
             if dest > end {
                 self.bufs

@@ -170,7 +170,7 @@ pub struct Config {
     /// Off by default: the RDMA Write adds no round trip (the reply's
     /// Send follows it on the same connection) and measured faster than
     /// the extra Sends on both soft providers (docs/BENCHMARKS.md,
-    /// "Message continuation"); placing saves exposing our memory.
+    /// "Send-based placement"); placing saves exposing our memory.
     pub place_results: bool,
     /// Responder-provided read chunks are in use from the start, because
     /// both peers agreed out of band (otherwise a CONF_RDMA v2 exchange

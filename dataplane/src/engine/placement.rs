@@ -252,6 +252,34 @@ impl PlacedLayout {
     pub(super) fn segment_numbers(&self) -> &[u32] {
         &self.segments[..self.n_segments]
     }
+
+    /// The pieces of the item that transmission `seq` carries, in order,
+    /// where the receiver's `targets` put them (`Piece::dest` is where
+    /// the bytes are in the message); `None` for a segment number
+    /// `targets` does not have.
+    pub(super) fn pieces_in<'a>(
+        &'a self,
+        targets: &'a TargetLayout,
+        seq: u32,
+    ) -> impl Iterator<Item = Option<Piece>> + 'a {
+        let span = ItemSpan {
+            disp: self.item.offset,
+            len: self.item.len,
+            offset: 0,
+            first: 0,
+            count: self.n_segments as u32,
+        };
+        self.segment_numbers()
+            .iter()
+            .enumerate()
+            .filter_map(
+                move |(j, &number)| match span.piece(targets, j as u32, number) {
+                    Some((t, piece)) if t == seq => Some(Some(piece)),
+                    Some(_) => None,
+                    None => Some(None),
+                },
+            )
+    }
 }
 
 /// Lays out a message of `msg_len` bytes with `item` placed into a
@@ -451,19 +479,14 @@ mod tests {
         assert_eq!(l.n_segments, 15);
         assert_eq!(l.count, 3);
         // Every piece of the item, as the receiver finds it, is the
-        // sender's byte for byte.
-        let span = ItemSpan {
-            disp: 100,
-            len: 8192,
-            offset: 0,
-            first: 0,
-            count: 15,
-        };
+        // sender's byte for byte, transmission after transmission.
         let mut covered = 0;
-        for (j, &n) in l.segment_numbers().iter().enumerate() {
-            let (_, p) = span.piece(&t, j as u32, n).unwrap();
-            assert_eq!(p.dest, 100 + covered);
-            covered += p.len;
+        for seq in 0..l.count {
+            for p in l.pieces_in(&t, seq) {
+                let p = p.unwrap();
+                assert_eq!(p.dest, 100 + covered);
+                covered += p.len;
+            }
         }
         assert_eq!(covered, 8192);
         assert_eq!(ItemSpan::segments_needed(8192, 0, 576), 15);
