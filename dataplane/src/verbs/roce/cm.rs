@@ -567,6 +567,16 @@ impl Cm {
             CmMessage::Dreq(d) => {
                 let mut drep_ids = (0, d.local_comm_id);
                 if let Some(rec) = self.conns.get_mut(&d.remote_comm_id) {
+                    if rec.active && matches!(rec.state, ConnState::ReqSent) {
+                        // The peer accepted (it sent a REP, which has not
+                        // reached us yet) and is already disconnecting.
+                        // Closing now would hand `connect` a connection
+                        // without the REP's QPN and private data; the DREQ
+                        // is dropped unanswered instead, as the IB CM does
+                        // outside the established states, and the peer
+                        // repeats it (`DreqSent` retries) after the REP.
+                        return;
+                    }
                     if rec.peer_ip == *src.ip() && d.remote_qpn == rec.qpn {
                         qps.with(rec.qpn, |qp| {
                             qp.peer_disconnected = true;
