@@ -10,7 +10,7 @@ use super::buffers::{
     SlabMemory,
 };
 use super::bulk::BulkPool;
-use super::requester::{CallSlot, CallState};
+use super::requester::{CallSlot, CallState, XidIndex};
 use super::responder::{ServeSlot, ServeState};
 use super::time::{Instant, Timer, TimerTable};
 use super::wr::{WcStatus, WorkRequest, WrId, WrKind};
@@ -244,6 +244,8 @@ pub struct Connection {
     // Requester side.
     pub(super) calls: Vec<CallSlot>,
     pub(super) call_free: Vec<u32>,
+    /// Where a reply's XID is looked up first (`requester::XidIndex`).
+    pub(super) call_by_xid: XidIndex,
     /// Calls encoded and waiting for a credit, in order.
     pub(super) call_queue: VecDeque<u32>,
     /// The peer's latest grant (RFC 5666 s3.3); 1 until the first reply.
@@ -601,6 +603,7 @@ impl Connection {
             err_bufs,
             err_free,
             call_queue: VecDeque::with_capacity(calls.len()),
+            call_by_xid: XidIndex::new(calls.len()),
             calls,
             call_free,
             granted: 1,

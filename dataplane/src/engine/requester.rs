@@ -386,6 +386,7 @@ impl Connection {
         let idx = self.call_free.pop().ok_or(SendCallError::NoSlot)?;
         let deadline = self.config.call_timeout.map(|t| now.saturating_add(t));
         self.process_call(idx as usize, CallEvent::Submitted);
+        self.call_by_xid.insert(xid, idx);
         let s = &mut self.calls[idx as usize];
         s.xid = xid;
         s.msg_len = msg.len() as u32;
@@ -905,11 +906,19 @@ impl Connection {
         self.transmit_queued_calls();
     }
 
-    /// The slot of a sent (or abandoned) call with this XID.
+    /// The slot of a sent (or abandoned) call with this XID: the slot the
+    /// index names when it holds that call (O(1), the usual case), else a
+    /// scan of the slots.
     pub(super) fn find_sent_call(&self, xid: u32) -> Option<usize> {
-        self.calls
-            .iter()
-            .position(|s| matches!(s.state, CallState::Sent | CallState::Abandoned) && s.xid == xid)
+        let is_it = |s: &CallSlot| {
+            matches!(s.state, CallState::Sent | CallState::Abandoned) && s.xid == xid
+        };
+        if let Some(idx) = self.call_by_xid.get(xid) {
+            if self.calls.get(idx).is_some_and(is_it) {
+                return Some(idx);
+            }
+        }
+        self.calls.iter().position(is_it)
     }
 
     /// Whether call `idx` offered the peer a reply chunk (only then can an
@@ -1529,5 +1538,44 @@ impl Connection {
         if then == Then::SettleAndPumpReads {
             self.pump_reads();
         }
+    }
+}
+
+/// The call slot last given each XID, direct-mapped by the XID's low bits
+/// into a table of at least twice as many entries as there are slots,
+/// made once with the connection (nothing allocated per call). Requesters
+/// number their calls in sequence (ours, Linux's, libtirpc's), so the
+/// calls in flight, fewer than the table's entries, never share an entry
+/// and a reply finds its call in one probe instead of a scan of every
+/// slot. An entry is a hint: the caller checks that the slot holds that
+/// XID, and scans when it does not (XIDs chosen otherwise, a call
+/// outstanding while the numbers went round the table).
+#[derive(Debug)]
+pub(super) struct XidIndex {
+    slots: Box<[u32]>,
+}
+
+impl XidIndex {
+    const EMPTY: u32 = u32::MAX;
+
+    pub(super) fn new(call_slots: usize) -> XidIndex {
+        let n = (call_slots.max(1) * 2).next_power_of_two();
+        XidIndex {
+            slots: vec![Self::EMPTY; n].into_boxed_slice(),
+        }
+    }
+
+    fn entry(&self, xid: u32) -> usize {
+        xid as usize & (self.slots.len() - 1)
+    }
+
+    pub(super) fn insert(&mut self, xid: u32, idx: u32) {
+        let e = self.entry(xid);
+        self.slots[e] = idx;
+    }
+
+    pub(super) fn get(&self, xid: u32) -> Option<usize> {
+        let idx = self.slots[self.entry(xid)];
+        (idx != Self::EMPTY).then_some(idx as usize)
     }
 }

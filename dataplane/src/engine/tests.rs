@@ -2809,3 +2809,55 @@ fn a_timed_out_call_withdraws_its_application_range_at_once() {
     );
     close_and_check_leaks(&mut p);
 }
+
+// ---------------------------------------------------------------------------
+// Reply matching (RFC 5531 s8: the XID pairs a reply with its call)
+
+/// Calls held by the server and answered newest first: every reply finds
+/// its call, both when the XIDs are in sequence (the index's one-probe
+/// case) and when they all share one entry of the index (XIDs 8 apart
+/// with 4 call slots: the index names only the last, the others are
+/// found by the scan).
+#[test]
+fn rfc5531_s8_replies_in_any_order_find_their_calls_whatever_the_xids() {
+    for xids in [[100u32, 101, 102, 103], [5, 13, 21, 29]] {
+        let mut p = pair();
+        // One call answered first: its reply brings the grant of 4.
+        let first = send(&mut p, 1, b"grant", false, expect(512, None));
+        p.drive();
+        assert!(p.conn(CLIENT).release_reply(first));
+        p.peers[CLIENT].events.clear();
+        let datas: Vec<Vec<u8>> = (0..4).map(|i| payload(40 + i, i as u8)).collect();
+        let handles: Vec<CallHandle> = xids
+            .iter()
+            .zip(&datas)
+            .map(|(&xid, d)| send(&mut p, xid, d, false, expect(512, None)))
+            .collect();
+        type Held = Vec<(IncomingCall, u32, Vec<u8>)>;
+        let held: Rc<RefCell<Held>> = Rc::default();
+        let h2 = held.clone();
+        p.drive_with(&mut |side, conn, _now, ev| {
+            if let (SERVER, Event::CallArrived { call, xid, .. }) = (side, ev) {
+                let data = echo_payload(conn.call_message(call).expect("call")).expect("echo");
+                h2.borrow_mut().push((call, xid, data));
+            }
+        });
+        let mut held = held.take();
+        assert_eq!(held.len(), 4, "every call reached the server");
+        let now = p.now;
+        while let Some((call, xid, data)) = held.pop() {
+            reply_echo(p.conn(SERVER), now, call, xid, &data);
+        }
+        p.drive();
+        let got = replies(&p);
+        assert_eq!(got.len(), 4);
+        let order: Vec<u32> = got.iter().map(|r| r.0).collect();
+        assert_eq!(order, xids.iter().rev().copied().collect::<Vec<_>>());
+        for (xid, handle, _, _) in got {
+            let i = xids.iter().position(|&x| x == xid).expect("known xid");
+            assert_eq!(handle, handles[i], "xid {xid} matched its own call");
+            assert_eq!(returned_payload(&p, handle), datas[i]);
+        }
+        assert_eq!(p.conn(CLIENT).stats().unmatched_replies, 0);
+    }
+}
