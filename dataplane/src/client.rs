@@ -456,10 +456,7 @@ impl<P: Provider> Client<P> {
         self.conf.as_ref()
     }
 
-    /// Queues a call; the next [`Client::progress`] (or `poll`, `wait`)
-    /// posts it, with every other call queued since, as one batch (one
-    /// post of the send queue, as a worker posts once per iteration).
-    /// `encode(xid, buf)` writes the whole RPC call message
+    /// Queues a call. `encode(xid, buf)` writes the whole RPC call message
     /// (with that XID) into the client's buffer (`max_call_size` bytes) and
     /// returns its length and its DDP-eligible argument, or `None` if it
     /// does not fit.
@@ -510,6 +507,7 @@ impl<P: Provider> Client<P> {
             app: AppChunks::NONE,
         };
         let handle = self.ep.connection_mut().send_call(now, &call)?;
+        self.ep.flush();
         Ok(handle)
     }
 
@@ -743,6 +741,7 @@ impl<P: Provider> Client<P> {
             app,
         };
         let handle = self.ep.connection_mut().send_call(now, &call)?;
+        self.ep.flush();
         let id = self.next_op;
         self.next_op += 1;
         for span in source.iter().chain(target.iter()) {
@@ -819,9 +818,7 @@ impl<P: Provider> Client<P> {
     /// Returns how much happened (0: idle).
     pub fn progress(&mut self) -> usize {
         let now = self.now();
-        // Calls queued since the last round go out first.
-        let mut work = self.ep.flush();
-        work += self.ep.poll_completions(now, &mut self.wcs);
+        let mut work = self.ep.poll_completions(now, &mut self.wcs);
         self.ep.handle_timeouts(now);
         while let Some(ev) = self.ep.poll_event() {
             work += 1;
