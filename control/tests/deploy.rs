@@ -281,3 +281,52 @@ fn k8s_entrypoint_renders_a_config_with_the_pods_cpus() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `deploy/callgrind-per-rpc` (behind `deploy/instructions`): per-RPC
+/// instructions of the functions run a few times per RPC, the base run's
+/// set-up subtracted and the idle loop left out.
+#[test]
+fn callgrind_per_rpc_subtracts_the_base_run_and_leaves_out_the_idle_loop() {
+    let Some(python) = require_peer("python3") else {
+        return;
+    };
+    let dir = scratch_dir("callgrind-per-rpc");
+    // main calls `setup` once (both runs), `work` once per RPC and
+    // `idle` a hundred times per RPC; names compressed as callgrind does.
+    let profile = |rpcs: u64| {
+        format!(
+            "version: 1\ncreator: test\npositions: line\nevents: Ir\n\
+             fn=(1) main\n0 10\n\
+             cfn=(2) setup\ncalls=1 0\n0 777\n\
+             cfn=(3) work\ncalls={rpcs} 0\n0 {}\n\
+             cfn=(4) idle\ncalls={} 0\n0 {}\n\
+             fn=(3)\n0 5\n",
+            rpcs * 130,
+            rpcs * 100,
+            rpcs * 100 * 7
+        )
+    };
+    let base = write_file(&dir, "cg.base", &profile(4));
+    let long = write_file(&dir, "cg.long", &profile(10));
+    let out = Command::new(python)
+        .args(["../deploy/callgrind-per-rpc"])
+        .arg(&long)
+        .arg("10")
+        .arg("--base")
+        .arg(&base)
+        .arg("4")
+        .output()
+        .expect("run deploy/callgrind-per-rpc");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows, vec![vec!["130", "1.00", "130", "work"]], "{text}");
+}
