@@ -260,7 +260,7 @@ pub struct Client<P: Provider = Shm> {
     call_buf: Box<[u8]>,
     wcs: Vec<Completion>,
     done: VecDeque<(CallHandle, CallOutcome)>,
-    origin: std::time::Instant,
+    clock: crate::clock::MonoClock,
     config: ClientConfig,
     next_xid: u32,
     conf: Option<ConfigRdmaReply>,
@@ -302,7 +302,7 @@ impl<P: Provider> Client<P> {
             call_buf: vec![0u8; config.endpoint.engine.max_call_size as usize].into_boxed_slice(),
             wcs: (0..POLL_BURST).map(|_| Completion::default()).collect(),
             done: VecDeque::with_capacity(slots * 2 + 4),
-            origin: std::time::Instant::now(),
+            clock: crate::clock::MonoClock::new(),
             config,
             // Start somewhere unpredictable-ish per connection.
             next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
@@ -356,7 +356,7 @@ impl<P: Provider> Client<P> {
     }
 
     fn now(&self) -> engine::Instant {
-        engine::Instant(self.origin.elapsed().as_nanos() as u64)
+        self.clock.now()
     }
 
     /// RFC 5666 s6: the first call on the connection; its answer sets our

@@ -18,6 +18,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod client;
+pub mod clock;
 pub mod engine;
 pub mod extension_names;
 pub mod gateway;

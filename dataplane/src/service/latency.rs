@@ -186,6 +186,7 @@ pub fn peek_procedure(call: &[u8]) -> Option<(u32, u32, u32)> {
 pub struct Timed {
     inner: Arc<dyn Dispatcher>,
     table: Arc<LatencyTable>,
+    clock: crate::clock::MonoClock,
 }
 
 impl core::fmt::Debug for Timed {
@@ -197,18 +198,22 @@ impl core::fmt::Debug for Timed {
 impl Timed {
     /// Times `inner` into `table` (the worker's own).
     pub fn new(inner: Arc<dyn Dispatcher>, table: Arc<LatencyTable>) -> Timed {
-        Timed { inner, table }
+        Timed {
+            inner,
+            table,
+            clock: crate::clock::MonoClock::new(),
+        }
     }
 }
 
 impl Dispatcher for Timed {
     #[inline]
     fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
-        let start = std::time::Instant::now();
+        let start = self.clock.raw();
         let d = self.inner.dispatch(call, reply);
         if matches!(d, Dispatch::Reply { .. }) {
             if let Some((program, version, procedure)) = peek_procedure(call) {
-                let ns = start.elapsed().as_nanos() as u64;
+                let ns = self.clock.nanos_between(start, self.clock.raw());
                 self.table.record(program, version, procedure, ns);
             }
         }

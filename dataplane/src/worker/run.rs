@@ -435,8 +435,8 @@ impl Conns {
 
 impl Worker {
     pub(super) fn run(self, forwarder: Option<Forwarder<Origin>>) -> WorkerReport {
-        let origin = std::time::Instant::now();
-        let clock = || engine::Instant(origin.elapsed().as_nanos() as u64);
+        let mono = crate::clock::MonoClock::new();
+        let clock = || mono.now();
         let hint = self.config.connections_hint;
         let mut conns = Conns {
             shm: ProviderConns::new(hint),
