@@ -16,6 +16,9 @@
 //! against the PSN it announced in that field; had we started anywhere
 //! else, it would have answered with a PSN sequence error NAK and the
 //! connection would never have carried a call.
+//!
+//! The same REP, with a DREQ sent ahead of it, pins how the connecting
+//! side treats a DREQ that overtakes the REP of its connect.
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 use dataplane::mem::{Arena, Slab, WrKind};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::*;
-use dataplane::wire::ibcm::{CmMad, CmMessage, GSI_QPN};
+use dataplane::wire::ibcm::{CmMad, CmMessage, Dreq, GSI_QPN};
 use dataplane::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
 use dataplane::wire::roce::{Aeth, Bth, Opcode, RocePacket, Syndrome};
 
@@ -276,4 +279,85 @@ fn our_first_send_carries_the_starting_psn_of_linuxs_rep() {
     linux.send(&ack);
     let c = next_completion(&side.cq);
     assert!(c.is_ok(), "{:?} {:?}", c.opcode, c.status);
+}
+
+/// A DREQ that overtakes the REP it follows (the accepting side of a
+/// failed bind accepts and disconnects at once) must not end our connect
+/// before the REP is in: no DREP answers that first DREQ, the REP gets its
+/// RTU and `connect` returns the REP's private data; the DREQ repeated
+/// afterwards, as the peer's DREQ retries do, gets the DREP and ends the
+/// connection.
+#[test]
+fn a_dreq_ahead_of_its_rep_waits_for_the_rep() {
+    let pid = std::process::id() & 0xFFFF;
+    let ours = Ipv4Addr::from(0x7F47_0000 | pid);
+    let theirs = Ipv4Addr::from(0x7F48_0000 | pid);
+    let linux = Linux::new(theirs, ours);
+    let t = connect_side(format!(
+        "roce://{theirs}:20049?udp_port={UDP}&local={ours}&verify_icrc=1"
+    ));
+
+    let req_pkt = linux.recv_mad();
+    let req_p = RocePacket::parse(&req_pkt).unwrap();
+    let CmMessage::Req(req) = CmMad::parse(req_p.payload).unwrap().message else {
+        panic!("expected a REQ")
+    };
+    let mut rep = linux_rep();
+    rep[TID_AT..TID_AT + 8].copy_from_slice(&req_pkt[TID_AT..TID_AT + 8]);
+    rep[REP_AT + 4..REP_AT + 8].copy_from_slice(&req.local_comm_id.to_be_bytes());
+    let rep_comm_id = {
+        let p = RocePacket::parse(&rep).unwrap();
+        let CmMessage::Rep(r) = CmMad::parse(p.payload).unwrap().message else {
+            unreachable!()
+        };
+        r.local_comm_id
+    };
+    // The DREQ goes in the REP's packet (same BTH and DETH, QP1 to QP1).
+    let dreq = |tid: u64| {
+        let mad = CmMad::new(
+            tid,
+            CmMessage::Dreq(Dreq {
+                local_comm_id: rep_comm_id,
+                remote_comm_id: req.local_comm_id,
+                remote_qpn: req.local_qpn,
+                private_data: &[],
+            }),
+        );
+        let mut b = rep.clone();
+        mad.emit(&mut b[MAD_AT..MAD_AT + 256]).unwrap();
+        b
+    };
+    // Both queued on our socket, the DREQ first.
+    linux.send_raw(dreq(0x0D_0001));
+    linux.send_raw(rep.clone());
+
+    let next = linux.recv_mad();
+    let m = CmMad::parse(RocePacket::parse(&next).unwrap().payload).unwrap();
+    assert!(
+        matches!(m.message, CmMessage::Rtu(_)),
+        "the REP is answered with an RTU, the early DREQ not at all: {:?}",
+        m.message
+    );
+    let (side, private) = t.join().unwrap();
+    assert_eq!(
+        &private[..4],
+        &[0xf6, 0xab, 0x0e, 0x18],
+        "the REP's private data"
+    );
+    assert!(!side.qp.peer_disconnected());
+
+    // The peer repeats its DREQ: now it is answered and ends the connection.
+    linux.send_raw(dreq(0x0D_0002));
+    let drep = linux.recv_mad();
+    let m = CmMad::parse(RocePacket::parse(&drep).unwrap().payload).unwrap();
+    assert!(matches!(m.message, CmMessage::Drep(_)), "{:?}", m.message);
+    assert_eq!(m.tid, 0x0D_0002, "the DREP answers the repeated DREQ");
+    let deadline = Instant::now() + PATIENCE;
+    while !side.qp.peer_disconnected() {
+        assert!(
+            Instant::now() < deadline,
+            "the connection never saw the DREQ"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
