@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use dataplane::mem::{Arena, Slab, WrKind};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::*;
-use dataplane::wire::ibcm::{CmMad, CmMessage, Dreq, GSI_QPN};
+use dataplane::wire::ibcm::{CmMad, CmMessage, Dreq, Req, GSI_QPN};
 use dataplane::wire::roce::icrc::{self, Ipv4Header, UdpPorts};
 use dataplane::wire::roce::{Aeth, Bth, Opcode, RocePacket, Syndrome};
 
@@ -133,7 +133,10 @@ struct Side {
     _ctx: dataplane::verbs::roce::RoceContext,
 }
 
-fn connect_side(url: String) -> std::thread::JoinHandle<(Side, Vec<u8>)> {
+/// Our side's connect, on its thread: the side and the REP's private data.
+type Connecting = std::thread::JoinHandle<(Side, Vec<u8>)>;
+
+fn connect_side(url: String) -> Connecting {
     std::thread::spawn(move || {
         let ctx = Roce::open(&url).unwrap();
         let pd = ctx.alloc_pd().unwrap();
@@ -169,6 +172,39 @@ fn connect_side(url: String) -> std::thread::JoinHandle<(Side, Vec<u8>)> {
         };
         (side, private.to_vec())
     })
+}
+
+/// Linux's UDP socket at 127.`net + 1`.x.y and our side connecting to it
+/// from 127.`net`.x.y on a thread; returns both and the REQ our side sent.
+fn linux_and_our_connect(net: u32) -> (Linux, Connecting, Vec<u8>) {
+    let pid = std::process::id() & 0xFFFF;
+    let ours = Ipv4Addr::from(net << 16 | pid);
+    let theirs = Ipv4Addr::from((net + 1) << 16 | pid);
+    let linux = Linux::new(theirs, ours);
+    let t = connect_side(format!(
+        "roce://{theirs}:20049?udp_port={UDP}&local={ours}&verify_icrc=1"
+    ));
+    let req_pkt = linux.recv_mad();
+    (linux, t, req_pkt)
+}
+
+/// The REQ in `req_pkt`.
+fn req_of(req_pkt: &[u8]) -> Req<'_> {
+    let p = RocePacket::parse(req_pkt).unwrap();
+    match CmMad::parse(p.payload).unwrap().message {
+        CmMessage::Req(req) => req,
+        other => panic!("expected REQ, got {other:?}"),
+    }
+}
+
+/// Linux's REP, answering the REQ in `req_pkt`. The only patches: the
+/// transaction ID our REQ used and its Communication ID as the REP's
+/// Remote Communication ID.
+fn rep_answering(req_pkt: &[u8]) -> Vec<u8> {
+    let mut rep = linux_rep();
+    rep[TID_AT..TID_AT + 8].copy_from_slice(&req_pkt[TID_AT..TID_AT + 8]);
+    rep[REP_AT + 4..REP_AT + 8].copy_from_slice(&req_of(req_pkt).local_comm_id.to_be_bytes());
+    rep
 }
 
 fn next_completion(cq: &dataplane::verbs::roce::RoceCq) -> Completion {
@@ -210,22 +246,9 @@ fn the_fixture_is_the_rep_linux_sent() {
 
 #[test]
 fn our_first_send_carries_the_starting_psn_of_linuxs_rep() {
-    let pid = std::process::id() & 0xFFFF;
-    let ours = Ipv4Addr::from(0x7F45_0000 | pid);
-    let theirs = Ipv4Addr::from(0x7F46_0000 | pid);
-    let linux = Linux::new(theirs, ours);
-    let t = connect_side(format!(
-        "roce://{theirs}:20049?udp_port={UDP}&local={ours}&verify_icrc=1"
-    ));
-
-    let req_pkt = linux.recv_mad();
-    let req_p = RocePacket::parse(&req_pkt).unwrap();
-    let m = CmMad::parse(req_p.payload).unwrap();
-    let CmMessage::Req(req) = m.message else {
-        panic!("expected REQ, got {:?}", m.message)
-    };
-
-    let mut rep = linux_rep();
+    let (linux, t, req_pkt) = linux_and_our_connect(0x7F45);
+    let req = req_of(&req_pkt);
+    let rep = rep_answering(&req_pkt);
     let (rep_qpn, rep_psn) = {
         let p = RocePacket::parse(&rep).unwrap();
         let CmMessage::Rep(r) = CmMad::parse(p.payload).unwrap().message else {
@@ -233,10 +256,6 @@ fn our_first_send_carries_the_starting_psn_of_linuxs_rep() {
         };
         (r.local_qpn, r.starting_psn)
     };
-    // The only patches: the transaction ID our REQ used and its
-    // Communication ID as the REP's Remote Communication ID.
-    rep[TID_AT..TID_AT + 8].copy_from_slice(&req_pkt[TID_AT..TID_AT + 8]);
-    rep[REP_AT + 4..REP_AT + 8].copy_from_slice(&req.local_comm_id.to_be_bytes());
     linux.send_raw(rep);
 
     let rtu = linux.recv_mad();
@@ -289,22 +308,9 @@ fn our_first_send_carries_the_starting_psn_of_linuxs_rep() {
 /// connection.
 #[test]
 fn a_dreq_ahead_of_its_rep_waits_for_the_rep() {
-    let pid = std::process::id() & 0xFFFF;
-    let ours = Ipv4Addr::from(0x7F47_0000 | pid);
-    let theirs = Ipv4Addr::from(0x7F48_0000 | pid);
-    let linux = Linux::new(theirs, ours);
-    let t = connect_side(format!(
-        "roce://{theirs}:20049?udp_port={UDP}&local={ours}&verify_icrc=1"
-    ));
-
-    let req_pkt = linux.recv_mad();
-    let req_p = RocePacket::parse(&req_pkt).unwrap();
-    let CmMessage::Req(req) = CmMad::parse(req_p.payload).unwrap().message else {
-        panic!("expected a REQ")
-    };
-    let mut rep = linux_rep();
-    rep[TID_AT..TID_AT + 8].copy_from_slice(&req_pkt[TID_AT..TID_AT + 8]);
-    rep[REP_AT + 4..REP_AT + 8].copy_from_slice(&req.local_comm_id.to_be_bytes());
+    let (linux, t, req_pkt) = linux_and_our_connect(0x7F47);
+    let req = req_of(&req_pkt);
+    let rep = rep_answering(&req_pkt);
     let rep_comm_id = {
         let p = RocePacket::parse(&rep).unwrap();
         let CmMessage::Rep(r) = CmMad::parse(p.payload).unwrap().message else {
