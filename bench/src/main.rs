@@ -196,7 +196,9 @@ enum Cmd {
     /// KiB at depth 8 (busy-polling), roce against TCP (NULL p50 and p99,
     /// READ 256 KiB at depth 8), and CPU per GB (adaptive), printed
     /// as the ratios the targets name with met / missed by how much.
-    /// Embedded servers only (--connect is ignored).
+    /// Embedded servers only (--connect is ignored). Each target is the
+    /// median of its ratio over ROUNDS rounds, each round taking both
+    /// sides of every ratio back to back.
     Targets {
         /// Round trips per floor ping-pong.
         #[arg(long, default_value_t = 100_000)]
@@ -204,6 +206,10 @@ enum Cmd {
         /// memcpy buffer bytes (default: 4 x LLC, at least 64 MiB).
         #[arg(long, value_parser = parse_size)]
         memcpy_size: Option<u32>,
+        /// Rounds of the transport runs; each target is the median of its
+        /// per-round ratios.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// What the RPC-over-RDMA extensions buy (message continuation and
     /// send-based data placement), in one run: for shm and roce (embedded
@@ -601,16 +607,27 @@ fn main() -> ExitCode {
             doc["floor"] = json!(report);
             Ok(doc)
         }
-        Some(Cmd::Targets { iters, memcpy_size }) => {
+        Some(Cmd::Targets {
+            iters,
+            memcpy_size,
+            rounds,
+        }) => {
             let bytes = memcpy_size.map_or_else(bench::membw::default_buffer_bytes, |b| b as usize);
             let duration = common.duration(2.0);
-            targets::run(&common.open, common.cores, duration, iters.max(100), bytes).map(
-                |report| {
-                    let mut doc = header("targets", &common);
-                    doc["targets"] = json!(report);
-                    doc
-                },
+            let rounds = rounds.max(1);
+            targets::run(
+                &common.open,
+                common.cores,
+                duration,
+                iters.max(100),
+                bytes,
+                rounds,
             )
+            .map(|report| {
+                let mut doc = header("targets", &common);
+                doc["targets"] = json!(report);
+                doc
+            })
         }
         Some(Cmd::Extensions { sizes, transports }) => {
             let sizes = sizes.unwrap_or_else(|| vec![8 << 10, 16 << 10, 32 << 10, 64 << 10]);

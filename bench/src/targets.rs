@@ -9,6 +9,15 @@
 //! stated for busy polling); the CPU-per-GB runs use the adaptive idle on
 //! both sides, because a spinning side costs a whole core whatever it
 //! moves, which would make CPU per GB merely the inverse of throughput.
+//!
+//! The transports run in rounds (`--rounds`, default 3): every round
+//! takes each pair a ratio compares back to back (roce's and shm's READ
+//! next to TCP's, roce's NULL next to TCP's) and the raw ping-pong again,
+//! and each target is the median of its per-round ratios. On a VM whose
+//! vCPU placement changes from one minute to the next (the raw ping-pong
+//! moved between 80 and 460 ns on the development machine, TCP's READ by
+//! 1.6x between two runs), one round's ratio says more about the moment
+//! than about the code; the median of a few adjacent pairs does not.
 use std::time::Duration;
 
 use bench::transport::{self, BenchError, Idle, Op, OpenOptions, RunResult, RunSpec};
@@ -43,9 +52,13 @@ pub struct TargetRow {
     pub from: String,
     /// Met or missed, and by how much.
     pub verdict: Verdict,
+    /// The ratio of each round (`measured` is their median).
+    pub rounds: Vec<f64>,
 }
 
 impl TargetRow {
+    /// A target measured once.
+    #[cfg(test)]
     fn new(
         target: &'static str,
         measured: Option<f64>,
@@ -53,6 +66,23 @@ impl TargetRow {
         at_most: bool,
         from: String,
     ) -> TargetRow {
+        TargetRow::of_rounds(target, measured.into_iter().collect(), goal, at_most, from)
+    }
+
+    /// A target measured once per round: its median, and the rounds'
+    /// spread appended to `from`.
+    fn of_rounds(
+        target: &'static str,
+        mut rounds: Vec<f64>,
+        goal: f64,
+        at_most: bool,
+        mut from: String,
+    ) -> TargetRow {
+        let measured = median(&mut rounds);
+        if rounds.len() > 1 {
+            let (lo, hi) = (rounds[0], rounds[rounds.len() - 1]);
+            from.push_str(&format!(" (rounds {lo:.2}-{hi:.2})"));
+        }
         let verdict = match measured {
             None => Verdict::NotMeasured,
             Some(m) if (at_most && m <= goal) || (!at_most && m >= goal) => Verdict::Met,
@@ -68,7 +98,19 @@ impl TargetRow {
             at_most,
             from,
             verdict,
+            rounds,
         }
+    }
+}
+
+/// Sorts `v` and returns its median (the mean of the middle two for an
+/// even count), `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
@@ -88,6 +130,10 @@ pub struct TargetsReport {
     pub skipped: Vec<(String, String)>,
     /// The targets with their verdicts.
     pub targets: Vec<TargetRow>,
+    /// Rounds taken.
+    pub rounds: usize,
+    /// The raw ping-pong median of each round (ns).
+    pub raw_pingpong_ns: Vec<f64>,
 }
 
 /// One run of `spec` on a transport opened for it (`None` when the
@@ -130,8 +176,10 @@ fn measure(
             Ok(Some(r))
         }
         Err(why) => {
-            eprintln!("targets: {url} not measured: {why}");
-            skipped.push((url.to_owned(), why));
+            if !skipped.iter().any(|(u, _)| u == url) {
+                eprintln!("targets: {url} not measured: {why}");
+                skipped.push((url.to_owned(), why));
+            }
             Ok(None)
         }
     }
@@ -141,9 +189,9 @@ fn cpu_per_gb(r: &RunResult) -> Option<f64> {
     Some(r.client_cpu.s_per_gb? + r.server_cpu.as_ref()?.s_per_gb?)
 }
 
-/// Runs the floor and the transports back to back and prints the target
-/// table. `duration` is per transport run (and bounds the memcpy
-/// measurement, at most 0.5 s).
+/// Runs the floor and `rounds` rounds of the transports back to back and
+/// prints the target table. `duration` is per transport run (and bounds
+/// the memcpy measurement, at most 0.5 s).
 ///
 /// # Errors
 /// A transport that opens but fails during its run.
@@ -153,6 +201,7 @@ pub fn run(
     duration: Duration,
     iters: u64,
     memcpy_bytes: usize,
+    rounds: usize,
 ) -> Result<TargetsReport, BenchError> {
     // On a thread of its own too: the floor pins the thread it runs on.
     let floor = std::thread::scope(|s| {
@@ -203,21 +252,47 @@ pub fn run(
         s
     };
     let null = spec(Op::Null, 0, 1, Idle::Spin);
-    let shm_lat = measure("shm", &null, options, &mut skipped, &mut runs)?;
-    let tirpc_lat = measure("tirpc", &null, options, &mut skipped, &mut runs)?;
     let rate = spec(Op::Null, 0, 32, Idle::Spin);
-    let shm_rate = measure("shm", &rate, options, &mut skipped, &mut runs)?;
     let read = spec(Op::Read, 256 << 10, 8, Idle::Spin);
-    let shm_read = measure("shm", &read, options, &mut skipped, &mut runs)?;
-    let tcp_read = measure("tcp", &read, options, &mut skipped, &mut runs)?;
-    // Software RoCEv2 against RPC over TCP on the same loopback, back to
-    // back: the NULL latency pair first, then the READ next to TCP's.
-    let roce_lat = measure("roce", &null, options, &mut skipped, &mut runs)?;
-    let tcp_lat = measure("tcp", &null, options, &mut skipped, &mut runs)?;
-    let roce_read = measure("roce", &read, options, &mut skipped, &mut runs)?;
     let read_cpu = spec(Op::Read, 256 << 10, 8, Idle::Adaptive);
-    let shm_cpu = measure("shm", &read_cpu, options, &mut skipped, &mut runs)?;
-    let tcp_cpu = measure("tcp", &read_cpu, options, &mut skipped, &mut runs)?;
+    let mut taken: Vec<Round> = Vec::new();
+    for round in 0..rounds.max(1) {
+        if rounds > 1 {
+            println!("targets: round {} of {rounds}", round + 1);
+        }
+        // The first round's ping-pong is the floor's, taken just before.
+        let round_raw_ns = if round == 0 {
+            raw_ns
+        } else {
+            raw_pingpong_ns(iters, cores)?
+        };
+        let (o, sk, rs) = (options, &mut skipped, &mut runs);
+        let shm_lat = measure("shm", &null, o, sk, rs)?;
+        let tirpc_lat = measure("tirpc", &null, o, sk, rs)?;
+        let shm_rate = measure("shm", &rate, o, sk, rs)?;
+        let shm_read = measure("shm", &read, o, sk, rs)?;
+        let tcp_read = measure("tcp", &read, o, sk, rs)?;
+        // Software RoCEv2 against RPC over TCP on the same loopback, back
+        // to back: roce's READ right after TCP's, its NULL right before.
+        let roce_read = measure("roce", &read, o, sk, rs)?;
+        let roce_lat = measure("roce", &null, o, sk, rs)?;
+        let tcp_lat = measure("tcp", &null, o, sk, rs)?;
+        let shm_cpu = measure("shm", &read_cpu, o, sk, rs)?;
+        let tcp_cpu = measure("tcp", &read_cpu, o, sk, rs)?;
+        taken.push(Round {
+            raw_ns: round_raw_ns,
+            shm_lat,
+            tirpc_lat,
+            shm_rate,
+            shm_read,
+            tcp_read,
+            roce_read,
+            roce_lat,
+            tcp_lat,
+            shm_cpu,
+            tcp_cpu,
+        });
+    }
 
     // The floor again, after the transports: on a VM the two vCPUs may
     // sit on cores that share a cache or not, and that changes from one
@@ -242,107 +317,107 @@ pub fn run(
         }
     );
     let p50 = |r: &Option<RunResult>| r.as_ref().map(|r| r.latency.p50_ns as f64);
+    let p99 = |r: &Option<RunResult>| r.as_ref().map(|r| r.latency.p99_ns as f64);
     let mb = |r: &Option<RunResult>| r.as_ref().map(|r| r.mb_per_s);
     let cpu = |r: &Option<RunResult>| r.as_ref().and_then(cpu_per_gb);
     let div = |a: Option<f64>, b: Option<f64>| Some(a? / b?.max(f64::MIN_POSITIVE));
+    // A figure of every round, and its median over the rounds.
+    let each =
+        |f: &dyn Fn(&Round) -> Option<f64>| -> Vec<f64> { taken.iter().filter_map(f).collect() };
+    let med = |f: &dyn Fn(&Round) -> Option<f64>| median(&mut each(f));
     let show =
         |x: Option<f64>, unit: &str| x.map_or("n/a".to_owned(), |v| format!("{v:.0} {unit}"));
-    let p99 = |r: &Option<RunResult>| r.as_ref().map(|r| r.latency.p99_ns as f64);
     let show_cpu = |x: Option<f64>| x.map_or("n/a".to_owned(), |v| format!("{v:.3} s/GB"));
+    // "numerator / denominator", each the median over the rounds.
+    let pair =
+        |a: &dyn Fn(&Round) -> Option<f64>, b: &dyn Fn(&Round) -> Option<f64>, unit: &str| {
+            format!("{} / {}", show(med(a), unit), show(med(b), unit))
+        };
+    let raw = |r: &Round| Some(r.raw_ns);
 
     let targets = vec![
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm NULL p50 / cache-line ping-pong RTT",
-            div(p50(&shm_lat), Some(raw_ns)),
+            each(&|r| div(p50(&r.shm_lat), Some(r.raw_ns))),
             4.0,
             true,
-            format!("{} / {raw_ns:.0} ns", show(p50(&shm_lat), "ns")),
+            pair(&|r| p50(&r.shm_lat), &raw, "ns"),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "libtirpc NULL p50 / shm NULL p50",
-            div(p50(&tirpc_lat), p50(&shm_lat)),
+            each(&|r| div(p50(&r.tirpc_lat), p50(&r.shm_lat))),
             10.0,
             false,
-            format!(
-                "{} / {}",
-                show(p50(&tirpc_lat), "ns"),
-                show(p50(&shm_lat), "ns")
-            ),
+            pair(&|r| p50(&r.tirpc_lat), &|r| p50(&r.shm_lat), "ns"),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm NULL calls/s pipelined at depth 32 (millions)",
-            shm_rate.as_ref().map(|r| r.calls_per_s / 1e6),
+            each(&|r| r.shm_rate.as_ref().map(|r| r.calls_per_s / 1e6)),
             4.0,
             false,
-            show(shm_rate.as_ref().map(|r| r.calls_per_s), "calls/s"),
+            show(
+                med(&|r| r.shm_rate.as_ref().map(|r| r.calls_per_s)),
+                "calls/s",
+            ),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm READ 256 KiB depth 8 / single-core memcpy",
-            div(mb(&shm_read), Some(memcpy_mb_s)),
+            each(&|r| div(mb(&r.shm_read), Some(memcpy_mb_s))),
             0.8,
             false,
-            format!("{} / {memcpy_mb_s:.0} MB/s", show(mb(&shm_read), "MB/s")),
+            format!(
+                "{} / {memcpy_mb_s:.0} MB/s",
+                show(med(&|r| mb(&r.shm_read)), "MB/s")
+            ),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm READ 256 KiB depth 8 / memcpy of its working set",
-            div(mb(&shm_read), Some(memcpy_set_mb_s)),
+            each(&|r| div(mb(&r.shm_read), Some(memcpy_set_mb_s))),
             0.8,
             false,
             format!(
                 "{} / {memcpy_set_mb_s:.0} MB/s",
-                show(mb(&shm_read), "MB/s")
+                show(med(&|r| mb(&r.shm_read)), "MB/s")
             ),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm READ 256 KiB depth 8 / RPC over TCP",
-            div(mb(&shm_read), mb(&tcp_read)),
+            each(&|r| div(mb(&r.shm_read), mb(&r.tcp_read))),
             3.0,
             false,
-            format!(
-                "{} / {}",
-                show(mb(&shm_read), "MB/s"),
-                show(mb(&tcp_read), "MB/s")
-            ),
+            pair(&|r| mb(&r.shm_read), &|r| mb(&r.tcp_read), "MB/s"),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "shm CPU per GB / TCP CPU per GB (client + server, adaptive)",
-            div(cpu(&shm_cpu), cpu(&tcp_cpu)),
+            each(&|r| div(cpu(&r.shm_cpu), cpu(&r.tcp_cpu))),
             0.4,
             true,
-            format!("{} / {}", show_cpu(cpu(&shm_cpu)), show_cpu(cpu(&tcp_cpu))),
+            format!(
+                "{} / {}",
+                show_cpu(med(&|r| cpu(&r.shm_cpu))),
+                show_cpu(med(&|r| cpu(&r.tcp_cpu)))
+            ),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "roce READ 256 KiB depth 8 / RPC over TCP",
-            div(mb(&roce_read), mb(&tcp_read)),
+            each(&|r| div(mb(&r.roce_read), mb(&r.tcp_read))),
             1.0,
             false,
-            format!(
-                "{} / {}",
-                show(mb(&roce_read), "MB/s"),
-                show(mb(&tcp_read), "MB/s")
-            ),
+            pair(&|r| mb(&r.roce_read), &|r| mb(&r.tcp_read), "MB/s"),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "roce NULL p50 / RPC over TCP NULL p50",
-            div(p50(&roce_lat), p50(&tcp_lat)),
+            each(&|r| div(p50(&r.roce_lat), p50(&r.tcp_lat))),
             1.3,
             true,
-            format!(
-                "{} / {}",
-                show(p50(&roce_lat), "ns"),
-                show(p50(&tcp_lat), "ns")
-            ),
+            pair(&|r| p50(&r.roce_lat), &|r| p50(&r.tcp_lat), "ns"),
         ),
-        TargetRow::new(
+        TargetRow::of_rounds(
             "roce NULL p99 / RPC over TCP NULL p99",
-            div(p99(&roce_lat), p99(&tcp_lat)),
+            each(&|r| div(p99(&r.roce_lat), p99(&r.tcp_lat))),
             3.0,
             true,
-            format!(
-                "{} / {}",
-                show(p99(&roce_lat), "ns"),
-                show(p99(&tcp_lat), "ns")
-            ),
+            pair(&|r| p99(&r.roce_lat), &|r| p99(&r.tcp_lat), "ns"),
         ),
     ];
     print_table(&targets);
@@ -353,6 +428,37 @@ pub fn run(
         runs,
         skipped,
         targets,
+        rounds: taken.len(),
+        raw_pingpong_ns: taken.iter().map(|r| r.raw_ns).collect(),
+    })
+}
+
+/// What one round measured: a run per transport and target (`None`: not
+/// available here) and the raw ping-pong it is compared against.
+struct Round {
+    raw_ns: f64,
+    shm_lat: Option<RunResult>,
+    tirpc_lat: Option<RunResult>,
+    shm_rate: Option<RunResult>,
+    shm_read: Option<RunResult>,
+    tcp_read: Option<RunResult>,
+    roce_read: Option<RunResult>,
+    roce_lat: Option<RunResult>,
+    tcp_lat: Option<RunResult>,
+    shm_cpu: Option<RunResult>,
+    tcp_cpu: Option<RunResult>,
+}
+
+/// The raw cross-core ping-pong median, taken again for a later round.
+fn raw_pingpong_ns(iters: u64, cores: (usize, usize)) -> Result<f64, BenchError> {
+    std::thread::scope(|s| {
+        s.spawn(|| floor::run(iters, cores, 4 << 20, Duration::ZERO))
+            .join()
+    })
+    .map(|f| f.raw_pingpong.median_ns() as f64)
+    .map_err(|_| BenchError::Call {
+        transport: "floor",
+        reason: "a round's ping-pong panicked".to_owned(),
     })
 }
 
@@ -392,6 +498,19 @@ mod tests {
         let met = TargetRow::new("x", Some(4.0), 4.0, false, String::new());
         assert_eq!(met.verdict, Verdict::Met);
         let none = TargetRow::new("x", None, 4.0, false, String::new());
+        assert_eq!(none.verdict, Verdict::NotMeasured);
+    }
+
+    #[test]
+    fn a_target_of_rounds_is_their_median_and_shows_their_spread() {
+        let r = TargetRow::of_rounds("x", vec![1.3, 0.9, 1.1], 1.0, false, "a / b".into());
+        assert_eq!(r.measured, Some(1.1));
+        assert_eq!(r.verdict, Verdict::Met);
+        assert_eq!(r.rounds, vec![0.9, 1.1, 1.3]);
+        assert_eq!(r.from, "a / b (rounds 0.90-1.30)");
+        let even = TargetRow::of_rounds("x", vec![2.0, 1.0], 4.0, true, String::new());
+        assert_eq!(even.measured, Some(1.5));
+        let none = TargetRow::of_rounds("x", Vec::new(), 4.0, true, String::new());
         assert_eq!(none.verdict, Verdict::NotMeasured);
     }
 }

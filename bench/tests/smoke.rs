@@ -297,6 +297,8 @@ fn targets_reports_every_target_with_a_verdict() {
             "2000",
             "--memcpy-size",
             "4m",
+            "--rounds",
+            "2",
         ],
         &json,
     );
@@ -309,9 +311,11 @@ fn targets_reports_every_target_with_a_verdict() {
     assert_eq!(t["memcpy_working_set"]["blocks"], 8);
     let tirpc = bench::tirpc::binaries().is_ok();
     let runs = t["runs"].as_array().expect("runs");
-    // shm NULL, rate, READ spin + adaptive; tcp READ spin + adaptive;
-    // roce NULL and READ, tcp NULL; libtirpc NULL when built.
-    assert_eq!(runs.len(), 9 + usize::from(tirpc), "{runs:?}");
+    // Per round: shm NULL, rate, READ spin + adaptive; tcp READ spin +
+    // adaptive; roce NULL and READ, tcp NULL; libtirpc NULL when built.
+    assert_eq!(t["rounds"], 2);
+    assert_eq!(t["raw_pingpong_ns"].as_array().map(Vec::len), Some(2));
+    assert_eq!(runs.len(), 2 * (9 + usize::from(tirpc)), "{runs:?}");
     for r in runs {
         positive(r, "calls_per_s");
         positive(&r["latency"], "p50_ns");
@@ -328,6 +332,8 @@ fn targets_reports_every_target_with_a_verdict() {
         }
         positive(row, "measured");
         positive(row, "goal");
+        // The median of one ratio per round.
+        assert_eq!(row["rounds"].as_array().map(Vec::len), Some(2), "{row}");
         // Met, or missed by a factor above 1.
         assert!(
             verdict == "met" || verdict["missed"]["by"].as_f64().unwrap() > 1.0,
