@@ -630,11 +630,17 @@ fn spawn_acceptor<P: PoolProvider>(
         Arc::clone(stop),
         Arc::clone(counters),
     );
+    // The provider's counts are its device's, which other listeners may
+    // share: what they held before this listener is not its refusals. The
+    // baseline is read here, before the thread exists: read in the thread,
+    // it missed refusals made before the thread first ran (a flood sent
+    // as soon as the daemon said it had started was refused, and never
+    // counted).
+    let mut provider_seen = provider_refusals(&listener);
     std::thread::Builder::new()
         .name(format!("rpcrdma-acc{index}"))
         .spawn(move || {
             let mut log = RefusalLog::new(url.to_string());
-            let mut provider_seen = provider_refusals(&listener);
             while !stop.load(Ordering::SeqCst) {
                 let refused = provider_refusals(&listener);
                 if refused.half_open > provider_seen.half_open {
