@@ -159,6 +159,9 @@ pub(super) struct ServeSlot {
     /// slot needs the larger of the two sizes, not their sum.
     message: BufId,
     call_len: u32,
+    /// Length of the call's RPC header (`xid` through the verifier), as
+    /// `examine_call` parsed it.
+    header_len: u32,
     /// Capacity `limits.max_read_segments`, reserved at construction.
     reads: Vec<PendingRead>,
     reads_issued: usize,
@@ -245,6 +248,7 @@ impl ServeSlot {
             send_buf: b.add(BufClass::Send, c.inline_send_size),
             message,
             call_len: 0,
+            header_len: 0,
             // A slot's lists start empty; every slot's get their usual
             // room at the connection's first chunked call (all at once,
             // so that which slot a later call lands in cannot make it
@@ -817,6 +821,15 @@ impl Connection {
     pub fn call_message(&self, call: IncomingCall) -> Option<&[u8]> {
         let s = self.executing(call)?;
         self.bufs.bytes(s.message).get(..s.call_len as usize)
+    }
+
+    /// Length of `call`'s RPC header (`xid` through the verifier, RFC 5531
+    /// s9), as the engine's parse of it found (while it waits for its
+    /// reply): a service given it need not parse the header again. An
+    /// accessor rather than an `Event::CallArrived` field, so existing
+    /// matches keep compiling.
+    pub fn call_header_len(&self, call: IncomingCall) -> Option<usize> {
+        self.executing(call).map(|s| s.header_len as usize)
     }
 
     fn executing(&self, call: IncomingCall) -> Option<&ServeSlot> {
@@ -1501,6 +1514,7 @@ impl Connection {
                         let s = &mut self.serves[idx];
                         let (xid, generation, len) = (s.xid, s.generation, s.call_len);
                         s.state = S::Executing;
+                        s.header_len = hl as u32;
                         self.stats.calls_received += 1;
                         let first = !self.first_call_delivered;
                         self.first_call_delivered = true;

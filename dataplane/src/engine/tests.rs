@@ -2861,3 +2861,26 @@ fn rfc5531_s8_replies_in_any_order_find_their_calls_whatever_the_xids() {
         assert_eq!(p.conn(CLIENT).stats().unmatched_replies, 0);
     }
 }
+
+/// `call_header_len` is the length the RPC header parse finds (what a
+/// service skips to reach the arguments), for a call waiting for its
+/// reply; nothing once it is answered.
+#[test]
+fn rfc5531_s9_call_header_len_is_where_the_arguments_start() {
+    let mut p = pair();
+    send(&mut p, 9, b"arguments", false, expect(512, None));
+    let arrived: Rc<RefCell<Vec<IncomingCall>>> = Rc::default();
+    let a2 = arrived.clone();
+    p.drive_with(&mut |side, _conn, _now, ev| {
+        if let (SERVER, Event::CallArrived { call, .. }) = (side, ev) {
+            a2.borrow_mut().push(call);
+        }
+    });
+    let call = arrived.borrow()[0];
+    let msg = p.conn(SERVER).call_message(call).expect("waiting").to_vec();
+    let (_, parsed_len) = CallHeader::parse(&msg).expect("a call");
+    assert_eq!(p.conn(SERVER).call_header_len(call), Some(parsed_len));
+    let now = p.now;
+    reply_echo(p.conn(SERVER), now, call, 9, b"arguments");
+    assert_eq!(p.conn(SERVER).call_header_len(call), None);
+}

@@ -49,6 +49,10 @@ use crate::wire::rpc::{
 use crate::wire::xdr::{Decoder, Encoder};
 use crate::wire::Error as WireError;
 
+/// `xid`, `msg_type`, `rpcvers`, `prog`, `vers`, `proc` (RFC 5531 s9): the
+/// credential follows.
+const CALL_FIXED_LEN: usize = 24;
+
 /// One decoded call, as a service sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct CallInfo<'a> {
@@ -195,6 +199,38 @@ pub enum Dispatch {
     Drop,
 }
 
+/// A call whose RPC header the transport has parsed already (the RDMA
+/// engine does, to know what it delivers): its fields, and where its
+/// arguments start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownCall {
+    /// RPC XID.
+    pub xid: u32,
+    /// Program number.
+    pub program: u32,
+    /// Program version.
+    pub version: u32,
+    /// Procedure number.
+    pub procedure: u32,
+    /// Length of the call header (`xid` through the verifier).
+    pub header_len: usize,
+}
+
+impl KnownCall {
+    /// The fixed words of `call` with the header length a parse found
+    /// (`None` when the fixed words are not there).
+    pub fn peek(call: &[u8], header_len: usize) -> Option<KnownCall> {
+        let (program, version, procedure) = latency::peek_procedure(call)?;
+        Some(KnownCall {
+            xid: peek_xid(call)?,
+            program,
+            version,
+            procedure,
+            header_len,
+        })
+    }
+}
+
 /// What a worker (RDMA or TCP) does with a call message: the seam between
 /// the transports and the services. [`ServiceTable`] implements it; tests
 /// plug in any handler.
@@ -202,6 +238,28 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// Handles the RPC call message `call` (XDR, as received), writing the
     /// whole RPC reply message into `reply`.
     fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch;
+
+    /// As [`Dispatcher::dispatch`], for a call whose header `known`
+    /// describes (parsed from these very bytes): a dispatcher may skip
+    /// parsing it again. Answers exactly as `dispatch` would.
+    fn dispatch_known(&self, call: &[u8], known: &KnownCall, reply: &mut [u8]) -> Dispatch {
+        let _ = known;
+        self.dispatch(call, reply)
+    }
+
+    /// [`Dispatcher::dispatch_known`] when the header is known, else
+    /// [`Dispatcher::dispatch`].
+    fn dispatch_known_or_not(
+        &self,
+        call: &[u8],
+        known: Option<&KnownCall>,
+        reply: &mut [u8],
+    ) -> Dispatch {
+        match known {
+            Some(k) => self.dispatch_known(call, k, reply),
+            None => self.dispatch(call, reply),
+        }
+    }
 
     /// The (program, version) pairs it serves, for the workers' latency
     /// tables ([`latency`]); none by default (nothing is then recorded).
@@ -213,6 +271,10 @@ pub trait Dispatcher: Send + Sync + 'static {
 impl Dispatcher for ServiceTable {
     fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
         ServiceTable::dispatch(self, call, reply)
+    }
+
+    fn dispatch_known(&self, call: &[u8], known: &KnownCall, reply: &mut [u8]) -> Dispatch {
+        ServiceTable::dispatch_known(self, call, known, reply)
     }
 
     fn programs(&self) -> Vec<(u32, u32)> {
@@ -314,7 +376,67 @@ impl ServiceTable {
                 None => Dispatch::Drop,
             };
         };
-        if !matches!(header.credential, OpaqueAuth::None | OpaqueAuth::Sys(_)) {
+        let known = KnownCall {
+            xid,
+            program: header.program,
+            version: header.version,
+            procedure: header.procedure,
+            header_len,
+        };
+        self.answer(call_message, &known, header.credential, out)
+    }
+
+    /// As [`ServiceTable::dispatch`] for a call whose header the transport
+    /// parsed (`known`, from these bytes): the six fixed words are compared
+    /// with `known` and only the credential and verifier are decoded again,
+    /// which must end at `known.header_len`. Anything that differs takes
+    /// the full path, so the answer is `dispatch`'s whatever `known` says.
+    pub fn dispatch_known(
+        &self,
+        call_message: &[u8],
+        known: &KnownCall,
+        out: &mut [u8],
+    ) -> Dispatch {
+        let word = |i: usize| {
+            call_message
+                .get(i * 4..i * 4 + 4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let fixed = [
+            known.xid,
+            MessageType::Call.to_wire(),
+            RPC_VERSION,
+            known.program,
+            known.version,
+            known.procedure,
+        ];
+        if (0..fixed.len()).any(|i| word(i) != Some(fixed[i])) {
+            return self.dispatch(call_message, out);
+        }
+        let mut d = Decoder::new(call_message);
+        let credential = match (
+            d.skip(CALL_FIXED_LEN),
+            OpaqueAuth::decode(&mut d),
+            OpaqueAuth::decode(&mut d),
+        ) {
+            (Ok(()), Ok(credential), Ok(_verifier)) if d.position() == known.header_len => {
+                credential
+            }
+            _ => return self.dispatch(call_message, out),
+        };
+        self.answer(call_message, known, credential, out)
+    }
+
+    /// The answer to a decoded call (the common part of both dispatches).
+    fn answer(
+        &self,
+        call_message: &[u8],
+        header: &KnownCall,
+        credential: OpaqueAuth<'_>,
+        out: &mut [u8],
+    ) -> Dispatch {
+        let xid = header.xid;
+        if !matches!(credential, OpaqueAuth::None | OpaqueAuth::Sys(_)) {
             return denied(out, xid, RejectedReply::AuthError(AuthStat::BadCred));
         }
         let Some(service) = self.find(header.program) else {
@@ -349,8 +471,8 @@ impl ServiceTable {
             program: header.program,
             version: header.version,
             procedure: header.procedure,
-            credential: header.credential,
-            args: &call_message[header_len..],
+            credential,
+            args: call_message.get(header.header_len..).unwrap_or(&[]),
         };
         let mut writer = ReplyWriter {
             enc: Encoder::new(body),

@@ -267,6 +267,64 @@ proptest! {
         }
     }
 
+    // `dispatch_known` answers byte for byte as `dispatch`, for the header
+    // the parse found and for any other `known`: calls to the bench program
+    // or others, any procedure, AUTH_NONE, AUTH_SYS or another flavor,
+    // arguments or garbage after the header, a mutated byte anywhere.
+    #[test]
+    fn dispatch_known_answers_as_dispatch(
+        program in prop_oneof![Just(bench::PROGRAM), any::<u32>()],
+        version in 0u32..3,
+        procedure in 0u32..6,
+        flavor in 0u32..3,
+        rest in proptest::collection::vec(any::<u8>(), 0..64),
+        flip in proptest::option::of((0usize..120, any::<u8>())),
+        lie in proptest::option::of((0usize..5, any::<u32>())),
+        out_len in 0usize..300,
+    ) {
+        let sys = AuthSys::new(7, b"host", 1000, 1000, &[1000, 27]).unwrap();
+        let credential = match flavor {
+            0 => OpaqueAuth::None,
+            1 => OpaqueAuth::Sys(sys),
+            _ => OpaqueAuth::Other { flavor: crate::wire::rpc::AuthFlavor(6), body: b"gss!" },
+        };
+        let h = CallHeader::new(0x1234_5678, program, version, procedure, credential, OpaqueAuth::None);
+        let mut bytes = vec![0u8; h.buffer_len()];
+        h.emit(&mut Encoder::new(&mut bytes)).unwrap();
+        bytes.extend_from_slice(&rest);
+        if let Some((at, v)) = flip {
+            if let Some(b) = bytes.get_mut(at) {
+                *b = v;
+            }
+        }
+        let parsed = CallHeader::parse(&bytes).ok();
+        let mut known = match parsed {
+            Some((h, header_len)) => KnownCall { xid: h.xid, program: h.program, version: h.version, procedure: h.procedure, header_len },
+            None => KnownCall { xid: 0x1234_5678, program, version, procedure, header_len: 40 },
+        };
+        if let Some((field, v)) = lie {
+            match field {
+                0 => known.xid = v,
+                1 => known.program = v,
+                2 => known.version = v,
+                3 => known.procedure = v,
+                _ => known.header_len = v as usize % 200,
+            }
+        }
+        let t = ServiceTable::builtin();
+        let (mut a, mut b) = (vec![0u8; out_len], vec![0u8; out_len]);
+        let da = t.dispatch(&bytes, &mut a);
+        let db = t.dispatch_known(&bytes, &known, &mut b);
+        match (da, db) {
+            (Dispatch::Reply { len: la, ddp: pa }, Dispatch::Reply { len: lb, ddp: pb }) => {
+                prop_assert_eq!(&a[..la], &b[..lb]);
+                prop_assert_eq!(pa, pb);
+            }
+            (Dispatch::Drop, Dispatch::Drop) => {}
+            (x, y) => prop_assert!(false, "dispatch {:?}, dispatch_known {:?}", x, y),
+        }
+    }
+
     // Round trip of the client encoders through the table.
     #[test]
     fn echo_round_trip(data in proptest::collection::vec(any::<u8>(), 0..3000)) {

@@ -18,6 +18,7 @@ use super::{
     IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
 };
 use crate::gateway::{Answer, Forwarded, Forwarder, Token};
+use crate::service::KnownCall;
 use crate::tcp::{Relayed, TcpCallId, TcpConnections, TcpRelay, TcpStats};
 #[cfg(feature = "ibverbs")]
 use crate::verbs::ibverbs::Ibverbs;
@@ -919,9 +920,14 @@ impl Worker {
         let c = &*self.counters;
         let (qp, client) = (ep.qp_num(), ep.peer_identity());
         let conn = ep.connection_mut();
-        let Some(msg) = conn.call_message(call) else {
+        let (Some(header_len), Some(msg)) = (conn.call_header_len(call), conn.call_message(call))
+        else {
             return;
         };
+        // The engine parsed the call's header: the service need not again
+        // (`None` cannot happen for a call the engine delivered; the full
+        // dispatch then).
+        let known = KnownCall::peek(msg, header_len);
         let xid = msg.get(..4).map(|b| [b[0], b[1], b[2], b[3]]);
         if let (Some(fw), Some(x)) = (scratch.forwarder.as_mut(), xid) {
             if fw.routes(msg) {
@@ -958,7 +964,11 @@ impl Worker {
                 return;
             };
             let limit = out.len().min(scratch.reply.len());
-            match self.dispatcher.dispatch(call_copy, &mut out[..limit]) {
+            match self.dispatcher.dispatch_known_or_not(
+                call_copy,
+                known.as_ref(),
+                &mut out[..limit],
+            ) {
                 Dispatched::Reply { len, ddp } => {
                     let sent = ep.connection_mut().send_reply_in_place(now, call, len, ddp);
                     self.answered(now, ep, call, xid, sent);
@@ -970,7 +980,10 @@ impl Worker {
             }
             return;
         }
-        match self.dispatcher.dispatch(msg, &mut scratch.reply) {
+        match self
+            .dispatcher
+            .dispatch_known_or_not(msg, known.as_ref(), &mut scratch.reply)
+        {
             Dispatched::Reply { len, ddp } => {
                 let reply = OutgoingReply {
                     message: scratch.reply.get(..len).unwrap_or(&[]),
