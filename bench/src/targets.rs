@@ -264,7 +264,7 @@ pub fn run(
         let round_raw_ns = if round == 0 {
             raw_ns
         } else {
-            raw_pingpong_ns(iters, cores)?
+            floor_again(iters, cores)?.raw_pingpong.median_ns() as f64
         };
         let (o, sk, rs) = (options, &mut skipped, &mut runs);
         let shm_lat = measure("shm", &null, o, sk, rs)?;
@@ -299,14 +299,7 @@ pub fn run(
     // minute to the next (the raw ping-pong moved between 140 and 430 ns
     // here); a ratio is only as steady as that placement, so say how far
     // it moved during this run.
-    let floor_after = std::thread::scope(|s| {
-        s.spawn(|| floor::run(iters, cores, 4 << 20, Duration::ZERO))
-            .join()
-    })
-    .map_err(|_| BenchError::Call {
-        transport: "floor",
-        reason: "the second floor measurement panicked".to_owned(),
-    })?;
+    let floor_after = floor_again(iters, cores)?;
     let raw_after_ns = floor_after.raw_pingpong.median_ns() as f64;
     println!(
         "raw cache-line ping-pong before / after the transport runs: {raw_ns:.0} / {raw_after_ns:.0} ns{}",
@@ -449,16 +442,17 @@ struct Round {
     tcp_cpu: Option<RunResult>,
 }
 
-/// The raw cross-core ping-pong median, taken again for a later round.
-fn raw_pingpong_ns(iters: u64, cores: (usize, usize)) -> Result<f64, BenchError> {
+/// The floor's ping-pongs again (a short memcpy), on a thread of its own
+/// (it pins the thread it runs on): for a later round, and after the
+/// rounds.
+fn floor_again(iters: u64, cores: (usize, usize)) -> Result<FloorReport, BenchError> {
     std::thread::scope(|s| {
         s.spawn(|| floor::run(iters, cores, 4 << 20, Duration::ZERO))
             .join()
     })
-    .map(|f| f.raw_pingpong.median_ns() as f64)
     .map_err(|_| BenchError::Call {
         transport: "floor",
-        reason: "a round's ping-pong panicked".to_owned(),
+        reason: "a floor measurement panicked".to_owned(),
     })
 }
 

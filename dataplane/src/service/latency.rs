@@ -206,32 +206,41 @@ impl Timed {
     }
 }
 
-impl Dispatcher for Timed {
+impl Timed {
+    /// Runs `dispatch` and records its time under the procedure
+    /// `procedure` names when it answered.
     #[inline]
-    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
+    fn timed(
+        &self,
+        dispatch: impl FnOnce() -> Dispatch,
+        procedure: impl FnOnce() -> Option<(u32, u32, u32)>,
+    ) -> Dispatch {
         let start = self.clock.raw();
-        let d = self.inner.dispatch(call, reply);
+        let d = dispatch();
         if matches!(d, Dispatch::Reply { .. }) {
-            if let Some((program, version, procedure)) = peek_procedure(call) {
+            if let Some((program, version, procedure)) = procedure() {
                 let ns = self.clock.nanos_between(start, self.clock.raw());
                 self.table.record(program, version, procedure, ns);
             }
         }
         d
     }
+}
+
+impl Dispatcher for Timed {
+    #[inline]
+    fn dispatch(&self, call: &[u8], reply: &mut [u8]) -> Dispatch {
+        self.timed(|| self.inner.dispatch(call, reply), || peek_procedure(call))
+    }
 
     /// As `dispatch`, with the procedure taken from `known` instead of
     /// peeked.
     #[inline]
     fn dispatch_known(&self, call: &[u8], known: &KnownCall, reply: &mut [u8]) -> Dispatch {
-        let start = self.clock.raw();
-        let d = self.inner.dispatch_known(call, known, reply);
-        if matches!(d, Dispatch::Reply { .. }) {
-            let ns = self.clock.nanos_between(start, self.clock.raw());
-            self.table
-                .record(known.program, known.version, known.procedure, ns);
-        }
-        d
+        self.timed(
+            || self.inner.dispatch_known(call, known, reply),
+            || Some((known.program, known.version, known.procedure)),
+        )
     }
 
     fn programs(&self) -> Vec<(u32, u32)> {

@@ -247,20 +247,6 @@ pub trait Dispatcher: Send + Sync + 'static {
         self.dispatch(call, reply)
     }
 
-    /// [`Dispatcher::dispatch_known`] when the header is known, else
-    /// [`Dispatcher::dispatch`].
-    fn dispatch_known_or_not(
-        &self,
-        call: &[u8],
-        known: Option<&KnownCall>,
-        reply: &mut [u8],
-    ) -> Dispatch {
-        match known {
-            Some(k) => self.dispatch_known(call, k, reply),
-            None => self.dispatch(call, reply),
-        }
-    }
-
     /// The (program, version) pairs it serves, for the workers' latency
     /// tables ([`latency`]); none by default (nothing is then recorded).
     fn programs(&self) -> Vec<(u32, u32)> {
@@ -397,20 +383,12 @@ impl ServiceTable {
         known: &KnownCall,
         out: &mut [u8],
     ) -> Dispatch {
-        let word = |i: usize| {
-            call_message
-                .get(i * 4..i * 4 + 4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        };
-        let fixed = [
-            known.xid,
-            MessageType::Call.to_wire(),
-            RPC_VERSION,
-            known.program,
-            known.version,
-            known.procedure,
-        ];
-        if (0..fixed.len()).any(|i| word(i) != Some(fixed[i])) {
+        // The fixed words are what `known` says (the same peeks
+        // `dispatch` starts with, and the ones `KnownCall::peek` reads).
+        if peek_direction(call_message) != Some(MessageType::Call)
+            || peek_rpc_version(call_message) != Some(RPC_VERSION)
+            || KnownCall::peek(call_message, known.header_len).as_ref() != Some(known)
+        {
             return self.dispatch(call_message, out);
         }
         let mut d = Decoder::new(call_message);

@@ -964,7 +964,8 @@ impl Worker {
                 return;
             };
             let limit = out.len().min(scratch.reply.len());
-            match self.dispatcher.dispatch_known_or_not(
+            match dispatch(
+                &*self.dispatcher,
                 call_copy,
                 known.as_ref(),
                 &mut out[..limit],
@@ -980,10 +981,7 @@ impl Worker {
             }
             return;
         }
-        match self
-            .dispatcher
-            .dispatch_known_or_not(msg, known.as_ref(), &mut scratch.reply)
-        {
+        match dispatch(&*self.dispatcher, msg, known.as_ref(), &mut scratch.reply) {
             Dispatched::Reply { len, ddp } => {
                 let reply = OutgoingReply {
                     message: scratch.reply.get(..len).unwrap_or(&[]),
@@ -1184,4 +1182,18 @@ fn resend_from<P: PoolProvider>(
     let (ep, _) = pc.find_mut(qp)?;
     let msg = ep.connection().call_message(call)?;
     (peek_xid(msg) == Some(xid)).then(|| fw.resend(now, token, msg))
+}
+
+/// `Dispatcher::dispatch_known` with the header the engine parsed, or the
+/// full `dispatch` without it.
+fn dispatch(
+    dispatcher: &dyn Dispatcher,
+    call: &[u8],
+    known: Option<&KnownCall>,
+    out: &mut [u8],
+) -> Dispatched {
+    match known {
+        Some(k) => dispatcher.dispatch_known(call, k, out),
+        None => dispatcher.dispatch(call, out),
+    }
 }
