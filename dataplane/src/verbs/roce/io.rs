@@ -404,6 +404,11 @@ pub(super) struct Tx {
     /// Packets queued with their payload left where it lies
     /// ([`Tx::commit_external`]).
     pub external_packets: u64,
+    /// The `sendmmsg` headers, kept from flush to flush: each flush
+    /// writes only the entries it sends (zeroing the whole arrays on the
+    /// stack cost about 10,000 instructions per flush, more than the
+    /// rest of a small packet's way through the provider).
+    msgs: Box<MsgHeaders<TX_BATCH, { 3 * TX_BATCH }>>,
 }
 
 impl Tx {
@@ -420,6 +425,7 @@ impl Tx {
             gso_sends: 0,
             gso_packets: 0,
             external_packets: 0,
+            msgs: MsgHeaders::boxed(),
         }
     }
 
@@ -539,36 +545,6 @@ impl Tx {
         let _ = icrc::seal_ipv4(&ip, ports, &mut self.buf[at..at + len as usize]);
     }
 
-    /// The iovecs of packet `i` into `out` (one, or three for a packet
-    /// with an external payload); returns how many.
-    fn packet_iovecs(&mut self, i: usize, out: &mut [libc::iovec]) -> usize {
-        let (len, _) = self.meta[i];
-        let e = self.ext[i];
-        let slot = self.buf[i * SLOT..].as_mut_ptr();
-        if e.len == 0 {
-            out[0] = libc::iovec {
-                iov_base: slot as *mut libc::c_void,
-                iov_len: len as usize,
-            };
-            return 1;
-        }
-        let head = usize::from(e.head);
-        out[0] = libc::iovec {
-            iov_base: slot as *mut libc::c_void,
-            iov_len: head,
-        };
-        out[1] = libc::iovec {
-            iov_base: e.addr as *mut libc::c_void,
-            iov_len: e.len as usize,
-        };
-        out[2] = libc::iovec {
-            // SAFETY: head + ICRC_LEN <= SLOT (`commit_external`).
-            iov_base: unsafe { slot.add(head) } as *mut libc::c_void,
-            iov_len: ICRC_LEN,
-        };
-        3
-    }
-
     /// Where the run of packets starting at `i` that can leave as one
     /// send ends (exclusive): all the same size to the same destination,
     /// the last possibly shorter, within the kernel's GSO limits.
@@ -615,35 +591,32 @@ impl Tx {
         let mut off = 0;
         while off < nruns {
             let cnt = nruns - off;
-            // SAFETY: zeroed mmsghdr/iovec/sockaddr/cmsg arrays are valid
-            // initial values; every pointer set below points into `self`
-            // or these stack arrays, alive for the call.
-            let mut addrs: [libc::sockaddr_in; TX_BATCH] = unsafe { std::mem::zeroed() };
-            let mut iov: [libc::iovec; 3 * TX_BATCH] = unsafe { std::mem::zeroed() };
-            let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
-            let mut cmsgs = [[0u64; CMSG_WORDS]; TX_BATCH];
+            let m = &mut *self.msgs;
             let mut used = 0;
             for r in 0..cnt {
                 let (a, b) = runs[off + r];
                 let (a, b) = (a as usize, b as usize);
                 let (seg, dst) = self.meta[a];
-                addrs[r] = sockaddr(dst);
+                m.addrs[r] = sockaddr(dst);
                 let first = used;
                 for k in a..b {
-                    used += self.packet_iovecs(k, &mut iov[used..]);
+                    used += packet_iovecs(&self.buf, &self.meta, &self.ext, k, &mut m.iov[used..]);
                 }
-                let h = &mut hdrs[r].msg_hdr;
-                h.msg_name = &mut addrs[r] as *mut _ as *mut libc::c_void;
+                let h = &mut m.hdrs[r].msg_hdr;
+                h.msg_name = &mut m.addrs[r] as *mut _ as *mut libc::c_void;
                 h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-                h.msg_iov = &mut iov[first];
+                h.msg_iov = &mut m.iov[first];
                 h.msg_iovlen = used - first;
+                h.msg_flags = 0;
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
                 if b - a > 1 {
                     // SAFETY: the buffer is CMSG_SPACE(2) bytes or more and
                     // aligned; CMSG_FIRSTHDR of a msghdr whose control
                     // length covers it is in bounds.
                     unsafe {
                         let space = libc::CMSG_SPACE(2) as usize;
-                        h.msg_control = cmsgs[r].as_mut_ptr() as *mut libc::c_void;
+                        h.msg_control = m.cmsgs[r].as_mut_ptr() as *mut libc::c_void;
                         h.msg_controllen = space;
                         let c = libc::CMSG_FIRSTHDR(h);
                         (*c).cmsg_level = libc::SOL_UDP;
@@ -653,11 +626,13 @@ impl Tx {
                     }
                 }
             }
-            // SAFETY: `hdrs[..cnt]` are initialised as above.
+            // SAFETY: `hdrs[..cnt]` were written above; every pointer in
+            // them points into `self.buf`, the header box or memory
+            // `commit_external` vouched for, all alive for the call.
             let r = unsafe {
                 libc::sendmmsg(
                     self.fd.as_raw_fd(),
-                    hdrs.as_mut_ptr(),
+                    m.hdrs.as_mut_ptr(),
                     cnt as libc::c_uint,
                     libc::MSG_DONTWAIT,
                 )
@@ -713,7 +688,7 @@ impl Tx {
         let mut sa = sockaddr(dst);
         // SAFETY: zeroed iovecs and msghdr are valid initial values.
         let mut iov: [libc::iovec; 3] = unsafe { std::mem::zeroed() };
-        let n = self.packet_iovecs(i, &mut iov);
+        let n = packet_iovecs(&self.buf, &self.meta, &self.ext, i, &mut iov);
         // SAFETY: as above.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
         h.msg_name = &mut sa as *mut _ as *mut libc::c_void;
@@ -736,6 +711,69 @@ impl Tx {
                 _ => return,
             }
         }
+    }
+}
+
+/// The iovecs of packet `i` of a transmit batch into `out` (one, or
+/// three for a packet with an external payload); returns how many.
+fn packet_iovecs(
+    buf: &[u8],
+    meta: &[(u16, SocketAddrV4)],
+    ext: &[External],
+    i: usize,
+    out: &mut [libc::iovec],
+) -> usize {
+    let (len, _) = meta[i];
+    let e = ext[i];
+    // The kernel only reads through these pointers (`sendmsg`).
+    let slot = buf[i * SLOT..].as_ptr() as *mut u8;
+    if e.len == 0 {
+        out[0] = libc::iovec {
+            iov_base: slot as *mut libc::c_void,
+            iov_len: len as usize,
+        };
+        return 1;
+    }
+    let head = usize::from(e.head);
+    out[0] = libc::iovec {
+        iov_base: slot as *mut libc::c_void,
+        iov_len: head,
+    };
+    out[1] = libc::iovec {
+        iov_base: e.addr as *mut libc::c_void,
+        iov_len: e.len as usize,
+    };
+    out[2] = libc::iovec {
+        // SAFETY: head + ICRC_LEN <= SLOT (`commit_external`).
+        iov_base: unsafe { slot.add(head) } as *mut libc::c_void,
+        iov_len: ICRC_LEN,
+    };
+    3
+}
+
+/// The C headers of one `sendmmsg`/`recvmmsg` batch of `N` datagrams
+/// with up to `V` iovecs, boxed so that the pointers between them (and
+/// into the batch's buffer, also on the heap) stay valid wherever the
+/// batch moves.
+struct MsgHeaders<const N: usize, const V: usize> {
+    addrs: [libc::sockaddr_in; N],
+    iov: [libc::iovec; V],
+    hdrs: [libc::mmsghdr; N],
+    cmsgs: [[u64; CMSG_WORDS]; N],
+}
+
+// SAFETY: the raw pointers inside point only into memory owned by the
+// batch that owns the box (its buffer, the box itself) or, during a
+// `sendmmsg`, memory its caller vouched for; they are used only by the
+// thread holding the batch (`&mut`), and moving the batch to another
+// thread moves that memory with it.
+unsafe impl<const N: usize, const V: usize> Send for MsgHeaders<N, V> {}
+
+impl<const N: usize, const V: usize> MsgHeaders<N, V> {
+    fn boxed() -> Box<Self> {
+        // SAFETY: all-zero sockaddr_in, iovec, mmsghdr and integer arrays
+        // are valid values (null pointers, zero lengths).
+        Box::new(unsafe { std::mem::zeroed() })
     }
 }
 
@@ -767,12 +805,19 @@ pub(super) struct Rx {
     /// Whether the last `recvmmsg` filled every datagram buffer (more may
     /// be queued).
     pub full: bool,
+    /// The `recvmmsg` headers, set up once: the kernel writes back only
+    /// each datagram's address length, control length, flags and length,
+    /// so a call resets those of the entries the previous call used
+    /// (`dirty`), not the whole arrays: an empty poll, the common case of
+    /// a spinning thread, then costs little besides the system call.
+    msgs: Box<MsgHeaders<RX_BATCH, RX_BATCH>>,
+    dirty: usize,
 }
 
 impl Rx {
     pub fn new(gro: bool) -> Rx {
         let slot = if gro { GRO_SLOT } else { SLOT };
-        Rx {
+        let mut rx = Rx {
             buf: vec![0u8; slot * RX_BATCH].into_boxed_slice(),
             slot,
             srcs: [SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0); RX_BATCH],
@@ -780,7 +825,24 @@ impl Rx {
             // datagram holds at most the kernel's 64 segments).
             pkts: Vec::with_capacity(RX_BATCH * GSO_MAX_SEGMENTS),
             full: false,
+            msgs: MsgHeaders::boxed(),
+            dirty: 0,
+        };
+        let m = &mut *rx.msgs;
+        for i in 0..RX_BATCH {
+            m.iov[i] = libc::iovec {
+                iov_base: rx.buf[i * slot..].as_mut_ptr() as *mut libc::c_void,
+                iov_len: slot,
+            };
+            let h = &mut m.hdrs[i].msg_hdr;
+            h.msg_name = &mut m.addrs[i] as *mut _ as *mut libc::c_void;
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut m.iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = m.cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = CMSG_WORDS * 8;
         }
+        rx
     }
 
     /// Packet `i` of the last batch.
@@ -804,39 +866,32 @@ impl Rx {
     /// many packets they hold (0 when none is queued). Truncated
     /// datagrams, and packets larger than a slot, are dropped.
     pub fn recv(&mut self, fd: i32) -> usize {
-        // SAFETY: as in `Tx::flush`: zeroed C structs, pointers into
-        // `self.buf` and stack arrays alive for the call.
-        let mut addrs: [libc::sockaddr_in; RX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut iov: [libc::iovec; RX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut cmsgs = [[0u64; CMSG_WORDS]; RX_BATCH];
-        for i in 0..RX_BATCH {
-            iov[i] = libc::iovec {
-                iov_base: self.buf[i * self.slot..].as_mut_ptr() as *mut libc::c_void,
-                iov_len: self.slot,
-            };
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            h.msg_iov = &mut iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = cmsgs[i].as_mut_ptr() as *mut libc::c_void;
-            h.msg_controllen = CMSG_WORDS * 8;
+        let m = &mut *self.msgs;
+        for h in &mut m.hdrs[..self.dirty] {
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = CMSG_WORDS * 8;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
         }
-        // SAFETY: initialised above; null timeout with MSG_DONTWAIT.
+        // SAFETY: the headers were set up by `new` (pointers into
+        // `self.buf` and the header box, both on the heap and alive as
+        // long as `self`) and their written-back fields reset above; null
+        // timeout with MSG_DONTWAIT.
         let r = unsafe {
             libc::recvmmsg(
                 fd,
-                hdrs.as_mut_ptr(),
+                m.hdrs.as_mut_ptr(),
                 RX_BATCH as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
         };
         let n = if r < 0 { 0 } else { r as usize };
+        // A failed call writes nothing back; entry 0 is reset anyway.
+        self.dirty = n.max(1);
         self.pkts.clear();
-        for (d, hdr) in hdrs.iter().enumerate().take(n) {
-            self.srcs[d] = from_sockaddr(&addrs[d]);
+        for (d, hdr) in m.hdrs.iter().enumerate().take(n) {
+            self.srcs[d] = from_sockaddr(&m.addrs[d]);
             if hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 continue;
             }
