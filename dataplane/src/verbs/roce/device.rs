@@ -26,8 +26,8 @@
 //! device's shard list, then a shard, then a ready list (the receive
 //! batch is only tried). A shard's lock is never held while the control
 //! lock is taken.
+use rustc_hash::FxHashMap;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -204,7 +204,12 @@ static SHARD_IDS: AtomicUsize = AtomicUsize::new(1);
 
 pub(super) struct ShardState {
     pub(super) tx: Tx,
-    pub(super) qps: HashMap<u32, RcQp>,
+    /// By QPN, looked up for every packet and every queue pair ticked:
+    /// Fx hashing (a multiply) rather than SipHash (about 120
+    /// instructions a lookup). Flooding cannot exploit it: the keys are
+    /// our own random 24-bit QPNs, so a peer's chosen QPN can only land
+    /// among entries we made.
+    pub(super) qps: FxHashMap<u32, RcQp>,
     /// Queue pairs to tick at the next progress: touched by a packet or a
     /// post, or with timers or output pending (`RcQp::needs_tick`). The
     /// others are idle and cost a progress nothing; every
@@ -214,7 +219,7 @@ pub(super) struct ShardState {
     /// The inboxes of the queue pairs of the device's other shards, by
     /// QPN: kept current by the control part at connection setup and
     /// teardown, so a handoff needs no lock but this shard's.
-    routes: HashMap<u32, Arc<Inbox>>,
+    routes: FxHashMap<u32, Arc<Inbox>>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -224,12 +229,12 @@ impl std::fmt::Debug for Shard {
 }
 
 impl Shard {
-    fn new(dev: &Device, routes: &HashMap<u32, Arc<Shard>>) -> Shard {
+    fn new(dev: &Device, routes: &FxHashMap<u32, Arc<Shard>>) -> Shard {
         Shard {
             id: SHARD_IDS.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(ShardState {
                 tx: dev.tx(),
-                qps: HashMap::new(),
+                qps: FxHashMap::default(),
                 active: Vec::new(),
                 next_full_tick: Instant::now(),
                 routes: routes.iter().map(|(q, s)| (*q, s.inbox.clone())).collect(),
@@ -306,7 +311,7 @@ pub(super) struct Control {
     pub(super) cm: Cm,
     pub(super) gsi_psn: Psn,
     /// Every queue pair of the device, by QPN, and its shard.
-    pub(super) routes: HashMap<u32, Arc<Shard>>,
+    pub(super) routes: FxHashMap<u32, Arc<Shard>>,
     /// When the connection manager's timers next run.
     next_cm_timers: Instant,
 }
@@ -427,7 +432,7 @@ impl Device {
                 tx: Tx::new(socket.clone(), local, oversized.clone(), gso),
                 cm: Cm::default(),
                 gsi_psn,
-                routes: HashMap::new(),
+                routes: FxHashMap::default(),
                 next_cm_timers: Instant::now(),
             }),
             socket,
@@ -718,8 +723,8 @@ impl Device {
                     let (data, src) = (rx.packet(i), rx.src(i));
                     match self.classify(data, src, rx.segment(i)) {
                         Inbound::Mad(p) => ctl.on_mad(self, p.payload, src, now),
-                        Inbound::Data(qpn) => {
-                            if let Some(s) = ctl.routes.get(&qpn) {
+                        Inbound::Data(p) => {
+                            if let Some(s) = ctl.routes.get(&p.bth.dest_qpn) {
                                 if s.inbox.hand(&self.spare, data, src) {
                                     self.counters
                                         .control_handed_out
@@ -789,7 +794,7 @@ impl Device {
             }
             return Inbound::Drop;
         }
-        Inbound::Data(p.bth.dest_qpn)
+        Inbound::Data(p)
     }
 
     /// Queues a MAD a shard received for the control part.
@@ -843,7 +848,9 @@ pub(super) struct IdlePass {
 
 enum Inbound<'a> {
     Mad(RocePacket<'a>),
-    Data(u32),
+    /// A packet for a queue pair (its `bth.dest_qpn`), parsed once here
+    /// for whoever runs it.
+    Data(RocePacket<'a>),
     Drop,
 }
 
@@ -951,7 +958,7 @@ impl Control {
 /// (for the connection manager).
 pub(super) struct QpRoutes<'a> {
     dev: &'a Device,
-    map: &'a HashMap<u32, Arc<Shard>>,
+    map: &'a FxHashMap<u32, Arc<Shard>>,
 }
 
 impl QueuePairs for QpRoutes<'_> {
@@ -1007,9 +1014,10 @@ impl ShardState {
                 let (data, src) = (rx.packet(i), rx.src(i));
                 match dev.classify(data, src, rx.segment(i)) {
                     Inbound::Mad(p) => dev.queue_mad(p.payload, src),
-                    Inbound::Data(qpn) => {
-                        if qps.contains_key(&qpn) {
-                            dreq |= on_packet(dev, qps, active, tx, data, src, now);
+                    Inbound::Data(p) => {
+                        let qpn = p.bth.dest_qpn;
+                        if let Some(qp) = qps.get_mut(&qpn) {
+                            dreq |= on_packet(dev, qp, active, tx, &p, src, now);
                         } else if let Some(inbox) = routes.get(&qpn) {
                             if inbox.hand(&dev.spare, data, src) {
                                 shard.counters.handed_out.fetch_add(1, Ordering::Relaxed);
@@ -1088,7 +1096,12 @@ impl ShardState {
         } = self;
         let mut dreq = false;
         while let Some(h) = shard.inbox.queue.pop() {
-            dreq |= on_packet(dev, qps, active, tx, &h.bytes[..h.len], h.src, now);
+            // The reader parsed it too, but handed over the bytes.
+            if let Ok(p) = RocePacket::parse(&h.bytes[..h.len]) {
+                if let Some(qp) = qps.get_mut(&p.bth.dest_qpn) {
+                    dreq |= on_packet(dev, qp, active, tx, &p, h.src, now);
+                }
+            }
             shard.counters.handed_in.fetch_add(1, Ordering::Relaxed);
             // Never full: it has room for all of them.
             let _ = dev.spare.push(h);
@@ -1097,23 +1110,18 @@ impl ShardState {
     }
 }
 
-/// Runs a data packet on its queue pair, if that is in `qps`; true if
-/// the queue pair now owes the peer a DREQ.
+/// Runs data packet `p` on its queue pair `qp` (the one its
+/// `bth.dest_qpn` names); true if the queue pair now owes the peer a
+/// DREQ.
 fn on_packet(
     dev: &Device,
-    qps: &mut HashMap<u32, RcQp>,
+    qp: &mut RcQp,
     active: &mut Vec<u32>,
     tx: &mut Tx,
-    data: &[u8],
+    p: &RocePacket<'_>,
     src: SocketAddrV4,
     now: Instant,
 ) -> bool {
-    let Ok(p) = RocePacket::parse(data) else {
-        return false;
-    };
-    let Some(qp) = qps.get_mut(&p.bth.dest_qpn) else {
-        return false;
-    };
     mark_ticking(active, qp);
     // Only the connected peer may talk to this QP: its address, and
     // the UDP source port its QP sends from. rxe derives that port
@@ -1135,6 +1143,6 @@ fn on_packet(
     // RTU that was lost or is still on its way (the connection manager
     // sees it when the REP would be resent).
     qp.awaiting_rtu = false;
-    qp.on_packet(&p, now, tx);
+    qp.on_packet(p, now, tx);
     qp.dreq_due
 }
