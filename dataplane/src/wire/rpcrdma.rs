@@ -916,6 +916,32 @@ impl TransportHeader {
     /// On error `self` holds a partial decode; its fixed fields are valid
     /// only if the input had 16 bytes (use [`HeaderView`] for the XID).
     pub fn parse_into(&mut self, bytes: &[u8], limits: &Limits) -> Result<Decoded> {
+        // The commonest header by far, a Version One RDMA_MSG with three
+        // empty lists (every call and reply carried inline), decoded
+        // without the list machinery; the general decode gives the same
+        // result (`tests::prop_shortcut_parse_is_the_general_parse`).
+        if let Some(w) = bytes.get(..MIN_CHUNKED_HEADER_LEN) {
+            let word = |i: usize| u32::from_be_bytes([w[i], w[i + 1], w[i + 2], w[i + 3]]);
+            if word(4) == RPCRDMA_VERSION
+                && word(12) == proc_type::RDMA_MSG
+                && w[FIXED_HEADER_LEN..].iter().all(|&b| b == 0)
+            {
+                self.chunks.clear();
+                self.xid = word(0);
+                self.vers = RPCRDMA_VERSION;
+                self.credits = word(8);
+                self.body = MessageBody::Msg;
+                return Ok(Decoded::Header {
+                    len: MIN_CHUNKED_HEADER_LEN,
+                });
+            }
+        }
+        self.parse_into_general(bytes, limits)
+    }
+
+    /// [`TransportHeader::parse_into`] without its shortcut for the
+    /// commonest header.
+    fn parse_into_general(&mut self, bytes: &[u8], limits: &Limits) -> Result<Decoded> {
         self.chunks.clear();
         let mut dec = Decoder::new(bytes);
         // fixed = xid vers credits proc               -- RFC 5666 s4.1
@@ -1032,6 +1058,17 @@ impl TransportHeader {
     //        / rpc_rdma_error                  ; RDMA_ERROR
     //                                          -- RFC 5666 s4.1, s4.3
     pub fn encode(&self, enc: &mut Encoder<'_>) -> Result<()> {
+        // The commonest header (see `parse_into`): seven words, nothing
+        // to validate.
+        if self.body == MessageBody::Msg && self.chunks.is_empty() {
+            let out = enc.take(MIN_CHUNKED_HEADER_LEN)?;
+            out[..4].copy_from_slice(&self.xid.to_be_bytes());
+            out[4..8].copy_from_slice(&self.vers.to_be_bytes());
+            out[8..12].copy_from_slice(&self.credits.to_be_bytes());
+            out[12..16].copy_from_slice(&proc_type::RDMA_MSG.to_be_bytes());
+            out[16..].fill(0);
+            return Ok(());
+        }
         self.validate()?;
         if enc.remaining() < self.buffer_len() {
             return Err(Error::BufferTooShort);

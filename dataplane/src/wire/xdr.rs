@@ -123,7 +123,7 @@ impl<'a> Encoder<'a> {
 
     /// Reserves `n` bytes and returns them for the caller to fill.
     #[inline]
-    fn take(&mut self, n: usize) -> Result<&mut [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&mut [u8]> {
         if self.remaining() < n {
             return Err(Error::BufferTooShort);
         }

@@ -936,6 +936,72 @@ proptest! {
         }
     }
 
+    /// `parse_into`'s shortcut (a Version One RDMA_MSG with three empty
+    /// lists) decodes exactly what the general decode does, on inputs
+    /// that take it and on near misses (a flipped bit anywhere in the
+    /// first 28 bytes, any trailing bytes, a header cut short), starting
+    /// from a scratch header that held lists before.
+    #[test]
+    fn prop_shortcut_parse_is_the_general_parse(
+        xid in any::<u32>(),
+        credits in any::<u32>(),
+        flip in proptest::option::of((0usize..28, 0u8..8)),
+        cut in proptest::option::of(0usize..28),
+        rest in proptest::collection::vec(any::<u8>(), 0..16),
+        warm in arb_header(),
+    ) {
+        let mut bytes = Vec::new();
+        for w in [xid, RPCRDMA_VERSION, credits, proc_type::RDMA_MSG, 0, 0, 0] {
+            bytes.extend_from_slice(&w.to_be_bytes());
+        }
+        if let Some((at, bit)) = flip {
+            bytes[at] ^= 1 << bit;
+        }
+        bytes.extend_from_slice(&rest);
+        if let Some(n) = cut {
+            bytes.truncate(n);
+        }
+        let mut warm_buf = vec![0u8; warm.buffer_len()];
+        warm.emit(&mut warm_buf).unwrap();
+        let (mut fast, mut general) = (TransportHeader::default(), TransportHeader::default());
+        for h in [&mut fast, &mut general] {
+            h.parse_into(&warm_buf, &L).unwrap();
+        }
+        let a = fast.parse_into(&bytes, &L);
+        let b = general.parse_into_general(&bytes, &L);
+        prop_assert_eq!(a, b);
+        if a.is_ok() {
+            prop_assert_eq!(&fast, &general);
+        }
+    }
+
+    /// `encode`'s shortcut writes the seven words the general encoder
+    /// writes for the same header.
+    #[test]
+    fn prop_shortcut_encode_is_the_general_encode(
+        xid in any::<u32>(),
+        vers in any::<u32>(),
+        credits in any::<u32>(),
+        room in 0usize..40,
+    ) {
+        let mut h = TransportHeader::new(xid, credits, MessageBody::Msg);
+        h.vers = vers;
+        let mut want = vec![0u8; 28];
+        let mut e = Encoder::new(&mut want);
+        for w in [xid, vers, credits, proc_type::RDMA_MSG, 0, 0, 0] {
+            e.put_u32(w).unwrap();
+        }
+        let mut got = vec![0xAAu8; room];
+        let r = h.emit(&mut got);
+        if room < 28 {
+            prop_assert_eq!(r, Err(Error::BufferTooShort));
+            prop_assert!(got.iter().all(|&b| b == 0xAA));
+        } else {
+            prop_assert_eq!(r, Ok(28));
+            prop_assert_eq!(&got[..28], &want[..]);
+        }
+    }
+
     #[test]
     fn prop_arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
         fuzz_parse(&data);
