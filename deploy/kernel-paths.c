@@ -132,9 +132,12 @@ static int run(const char *mode, int port, int send_core, int recv_core, double 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 3;
     int send_core = argc > 2 ? atoi(argv[2]) : 0, recv_core = argc > 3 ? atoi(argv[3]) : 1;
+    const char *only = argc > 4 ? argv[4] : NULL; /* one mode, e.g. under perf */
     const char *modes[] = {"tcp", "gso45", "gso1"};
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < 3; i++)
-            if (run(modes[i], 47900 + r * 3 + i, send_core, recv_core, 1.0)) return 1;
+            if ((!only || strcmp(only, modes[i]) == 0) &&
+                run(modes[i], 47900 + r * 3 + i, send_core, recv_core, 1.0))
+                return 1;
     return 0;
 }
