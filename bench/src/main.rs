@@ -194,7 +194,8 @@ enum Cmd {
     /// Every performance target of docs/BENCHMARKS.md, in one run: the floor, shm
     /// and libtirpc NULL latency, shm message rate, shm and TCP READ 256
     /// KiB at depth 8 (busy-polling), roce against TCP (NULL p50 and p99,
-    /// READ 256 KiB at depth 8), and CPU per GB (adaptive), printed
+    /// READ 256 KiB at depth 8), and CPU per GB of shm and roce against
+    /// TCP (adaptive), printed
     /// as the ratios the targets name with met / missed by how much.
     /// Embedded servers only (--connect is ignored). Each target is the
     /// median of its ratio over ROUNDS rounds, each round taking both

@@ -279,6 +279,7 @@ pub fn run(
         let tcp_lat = measure("tcp", &null, o, sk, rs)?;
         let shm_cpu = measure("shm", &read_cpu, o, sk, rs)?;
         let tcp_cpu = measure("tcp", &read_cpu, o, sk, rs)?;
+        let roce_cpu = measure("roce", &read_cpu, o, sk, rs)?;
         taken.push(Round {
             raw_ns: round_raw_ns,
             shm_lat,
@@ -291,6 +292,7 @@ pub fn run(
             tcp_lat,
             shm_cpu,
             tcp_cpu,
+            roce_cpu,
         });
     }
 
@@ -399,6 +401,17 @@ pub fn run(
             pair(&|r| mb(&r.roce_read), &|r| mb(&r.tcp_read), "MB/s"),
         ),
         TargetRow::of_rounds(
+            "roce CPU per GB / TCP CPU per GB (client + server, adaptive)",
+            each(&|r| div(cpu(&r.roce_cpu), cpu(&r.tcp_cpu))),
+            1.0,
+            true,
+            format!(
+                "{} / {}",
+                show_cpu(med(&|r| cpu(&r.roce_cpu))),
+                show_cpu(med(&|r| cpu(&r.tcp_cpu)))
+            ),
+        ),
+        TargetRow::of_rounds(
             "roce NULL p50 / RPC over TCP NULL p50",
             each(&|r| div(p50(&r.roce_lat), p50(&r.tcp_lat))),
             1.3,
@@ -440,6 +453,7 @@ struct Round {
     tcp_lat: Option<RunResult>,
     shm_cpu: Option<RunResult>,
     tcp_cpu: Option<RunResult>,
+    roce_cpu: Option<RunResult>,
 }
 
 /// The floor's ping-pongs again (a short memcpy), on a thread of its own

@@ -312,17 +312,18 @@ fn targets_reports_every_target_with_a_verdict() {
     let tirpc = bench::tirpc::binaries().is_ok();
     let runs = t["runs"].as_array().expect("runs");
     // Per round: shm NULL, rate, READ spin + adaptive; tcp READ spin +
-    // adaptive; roce NULL and READ, tcp NULL; libtirpc NULL when built.
+    // adaptive; roce NULL, READ spin + adaptive, tcp NULL; libtirpc NULL
+    // when built.
     assert_eq!(t["rounds"], 2);
     assert_eq!(t["raw_pingpong_ns"].as_array().map(Vec::len), Some(2));
-    assert_eq!(runs.len(), 2 * (9 + usize::from(tirpc)), "{runs:?}");
+    assert_eq!(runs.len(), 2 * (10 + usize::from(tirpc)), "{runs:?}");
     for r in runs {
         positive(r, "calls_per_s");
         positive(&r["latency"], "p50_ns");
     }
     let rows = t["targets"].as_array().expect("targets");
-    // Seven shm and libtirpc rows, three roce against TCP.
-    assert_eq!(rows.len(), 10, "{rows:?}");
+    // Seven shm and libtirpc rows, four roce against TCP.
+    assert_eq!(rows.len(), 11, "{rows:?}");
     for row in rows {
         let verdict = &row["verdict"];
         let tirpc_row = row["target"].as_str().unwrap().contains("libtirpc");
