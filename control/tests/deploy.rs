@@ -1,5 +1,6 @@
-//! `deploy/`: the host setup script plans without changing anything, and
-//! systemd itself accepts the unit (`systemd-analyze verify`).
+//! `deploy/`: the host setup script plans without changing anything,
+//! systemd itself accepts the unit (`systemd-analyze verify`), and the
+//! measuring tools run (`deploy/callgrind-per-rpc`, `deploy/kernel-paths`).
 
 mod support;
 
@@ -329,4 +330,40 @@ fn callgrind_per_rpc_subtracts_the_base_run_and_leaves_out_the_idle_loop() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows, vec![vec!["130", "1.00", "130", "work"]], "{text}");
+}
+
+/// `deploy/kernel-paths` compiles its C program and measures the mode it
+/// is given: one round of the roce-shaped UDP GSO sends prints that mode
+/// once, with a rate and the sender's CPU per GB.
+#[test]
+fn kernel_paths_measures_the_mode_it_is_given() {
+    if require_peer("cc").is_none() {
+        return;
+    }
+    let out = Command::new("../deploy/kernel-paths")
+        .args(["1", "0", "1", "gso45"])
+        .output()
+        .expect("run deploy/kernel-paths");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    // gso45  4.19 GB/s  sender 0.159 s/GB
+    let r = &rows[0];
+    assert_eq!(
+        (r[0], r[2], r[3], r[5]),
+        ("gso45", "GB/s", "sender", "s/GB"),
+        "{text}"
+    );
+    for v in [r[1], r[4]] {
+        let x: f64 = v.parse().expect("a number");
+        assert!(x > 0.0, "{text}");
+    }
 }
