@@ -383,6 +383,18 @@ impl<'a> OpaqueAuth<'a> {
     /// - [`Error::Malformed`], [`Error::TrailingBytes`]: an AUTH_SYS body that
     ///   does not hold `authsys_parms` exactly.
     pub fn decode(dec: &mut Decoder<'a>) -> Result<Self> {
+        // AUTH_NONE with an empty body, two zero words, is what most
+        // calls and nearly every reply verifier carry: taken without the
+        // opaque machinery (`tests::auth_none_shortcut_decodes_as_the_general_path`).
+        if dec.rest().get(..8) == Some(&[0u8; 8][..]) {
+            dec.skip(8)?;
+            return Ok(OpaqueAuth::None);
+        }
+        Self::decode_general(dec)
+    }
+
+    /// [`OpaqueAuth::decode`] without its shortcut for AUTH_NONE.
+    fn decode_general(dec: &mut Decoder<'a>) -> Result<Self> {
         let mut d = dec.clone();
         let flavor = AuthFlavor(d.get_u32()?);
         let body = d.get_opaque(MAX_AUTH_BODY_LEN)?;
@@ -1560,6 +1572,38 @@ pub fn fuzz_reassembly(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `OpaqueAuth::decode`'s AUTH_NONE shortcut gives what the
+        /// general decode gives, result and decoder position, on inputs
+        /// that take it and on near misses (any word pair, bytes cut
+        /// short, a decoder not at the start).
+        #[test]
+        fn auth_none_shortcut_decodes_as_the_general_path(
+            lead in 0usize..3,
+            flavor in prop_oneof![Just(0u32), Just(1), any::<u32>()],
+            len in prop_oneof![Just(0u32), Just(4), any::<u32>()],
+            body in proptest::collection::vec(any::<u8>(), 0..24),
+            cut in proptest::option::of(0usize..40),
+        ) {
+            let mut bytes = vec![0u8; 4 * lead];
+            bytes.extend_from_slice(&flavor.to_be_bytes());
+            bytes.extend_from_slice(&len.to_be_bytes());
+            bytes.extend_from_slice(&body);
+            if let Some(n) = cut {
+                bytes.truncate(n);
+            }
+            let (mut a, mut b) = (Decoder::new(&bytes), Decoder::new(&bytes));
+            for d in [&mut a, &mut b] {
+                d.skip((4 * lead).min(bytes.len())).unwrap();
+            }
+            let fast = OpaqueAuth::decode(&mut a);
+            let general = OpaqueAuth::decode_general(&mut b);
+            prop_assert_eq!(fast, general);
+            prop_assert_eq!(a.position(), b.position());
+        }
+    }
 
     // Golden messages, assembled by hand from the XDR of RFC 5531 s9,
     // s8.2 and appendix A, one XDR word per line.
