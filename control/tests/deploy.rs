@@ -309,27 +309,32 @@ fn callgrind_per_rpc_subtracts_the_base_run_and_leaves_out_the_idle_loop() {
     };
     let base = write_file(&dir, "cg.base", &profile(4));
     let long = write_file(&dir, "cg.long", &profile(10));
-    let out = Command::new(python)
-        .args(["../deploy/callgrind-per-rpc"])
-        .arg(&long)
-        .arg("10")
-        .arg("--base")
-        .arg(&base)
-        .arg("4")
-        .output()
-        .expect("run deploy/callgrind-per-rpc");
+    let rows = output_rows(
+        Command::new(python)
+            .args(["../deploy/callgrind-per-rpc"])
+            .arg(&long)
+            .arg("10")
+            .arg("--base")
+            .arg(&base)
+            .arg("4"),
+    );
+    // Below the heading row.
+    assert_eq!(rows[1..], [vec!["130", "1.00", "130", "work"]], "{rows:?}");
+}
+
+/// Runs `cmd`, checks that it succeeded, and returns its standard
+/// output's lines split into words.
+fn output_rows(cmd: &mut Command) -> Vec<Vec<String>> {
+    let out = cmd.output().expect("run the tool");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(rows, vec![vec!["130", "1.00", "130", "work"]], "{text}");
+    text.lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
 }
 
 /// `deploy/kernel-paths` compiles its C program and measures the mode it
@@ -340,30 +345,17 @@ fn kernel_paths_measures_the_mode_it_is_given() {
     if require_peer("cc").is_none() {
         return;
     }
-    let out = Command::new("../deploy/kernel-paths")
-        .args(["1", "0", "1", "gso45"])
-        .output()
-        .expect("run deploy/kernel-paths");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(rows.len(), 1, "{text}");
+    let rows = output_rows(Command::new("../deploy/kernel-paths").args(["1", "0", "1", "gso45"]));
+    assert_eq!(rows.len(), 1, "{rows:?}");
     // gso45  4.19 GB/s  sender 0.159 s/GB
-    let r = &rows[0];
+    let r: Vec<&str> = rows[0].iter().map(String::as_str).collect();
     assert_eq!(
         (r[0], r[2], r[3], r[5]),
         ("gso45", "GB/s", "sender", "s/GB"),
-        "{text}"
+        "{rows:?}"
     );
     for v in [r[1], r[4]] {
         let x: f64 = v.parse().expect("a number");
-        assert!(x > 0.0, "{text}");
+        assert!(x > 0.0, "{rows:?}");
     }
 }
