@@ -328,6 +328,10 @@ pub fn run(
         |a: &dyn Fn(&Round) -> Option<f64>, b: &dyn Fn(&Round) -> Option<f64>, unit: &str| {
             format!("{} / {}", show(med(a), unit), show(med(b), unit))
         };
+    // The same for the CPU-per-GB rows.
+    let cpu_pair = |a: &dyn Fn(&Round) -> Option<f64>, b: &dyn Fn(&Round) -> Option<f64>| {
+        format!("{} / {}", show_cpu(med(a)), show_cpu(med(b)))
+    };
     let raw = |r: &Round| Some(r.raw_ns);
 
     let targets = vec![
@@ -387,11 +391,7 @@ pub fn run(
             each(&|r| div(cpu(&r.shm_cpu), cpu(&r.tcp_cpu))),
             0.4,
             true,
-            format!(
-                "{} / {}",
-                show_cpu(med(&|r| cpu(&r.shm_cpu))),
-                show_cpu(med(&|r| cpu(&r.tcp_cpu)))
-            ),
+            cpu_pair(&|r| cpu(&r.shm_cpu), &|r| cpu(&r.tcp_cpu)),
         ),
         TargetRow::of_rounds(
             "roce READ 256 KiB depth 8 / RPC over TCP",
@@ -405,11 +405,7 @@ pub fn run(
             each(&|r| div(cpu(&r.roce_cpu), cpu(&r.tcp_cpu))),
             1.0,
             true,
-            format!(
-                "{} / {}",
-                show_cpu(med(&|r| cpu(&r.roce_cpu))),
-                show_cpu(med(&|r| cpu(&r.tcp_cpu)))
-            ),
+            cpu_pair(&|r| cpu(&r.roce_cpu), &|r| cpu(&r.tcp_cpu)),
         ),
         TargetRow::of_rounds(
             "roce NULL p50 / RPC over TCP NULL p50",
