@@ -3,9 +3,16 @@
 //! through, the region handle that deregisters on drop, and who owns the
 //! slots of a connection's key table (exposures, memory windows). One
 //! copy for both providers; `ibverbs` leaves all of this to the HCA.
+//!
+//! Registration and deregistration are control-path work under the
+//! table's mutex. The check every posted SGE goes through takes no lock
+//! and writes nothing: it reads a seqlock-style mirror of the table
+//! ([`KeyIndex`]), so the workers sharing a protection domain read its
+//! cache lines side by side instead of taking turns on one mutex.
 
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{
     bind_ok, check_registration, lock, Access, BindWindow, MemoryRegion, Sge, VerbsError, Window,
@@ -27,10 +34,96 @@ pub(crate) struct MrInfo {
     pub(crate) access: Access,
 }
 
+/// Most memory regions one protection domain holds at once (the lock-free
+/// index has room for this many local keys).
+pub(crate) const MAX_MRS: usize = 1 << 16;
+/// Entries of the index allocated together, when the first key of their
+/// range is handed out.
+const INDEX_CHUNK: usize = 64;
+
+/// One local key's entry in the [`KeyIndex`]: what the per-SGE check
+/// needs, without the arena (the SGE's own buffer keeps its memory alive).
+#[derive(Debug, Default)]
+struct IndexEntry {
+    /// Odd while a writer changes the entry; readers retry then, or when
+    /// it moved while they read.
+    seq: AtomicU32,
+    /// The key the entry is live under; 0 when free.
+    lkey: AtomicU32,
+    access: AtomicU32,
+    addr: AtomicU64,
+    len: AtomicU64,
+}
+
+/// The live registrations' keys, ranges and access, for lookups that take
+/// no lock. Writers (register, deregister) are serialised by the table's
+/// mutex; a chunk of entries, once allocated, lives as long as the table.
+#[derive(Debug)]
+struct KeyIndex {
+    chunks: Box<[OnceLock<Box<[IndexEntry; INDEX_CHUNK]>>]>,
+}
+
+impl Default for KeyIndex {
+    fn default() -> Self {
+        KeyIndex {
+            chunks: (0..MAX_MRS / INDEX_CHUNK)
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+}
+
+impl KeyIndex {
+    fn entry(&self, slot: usize) -> Option<&IndexEntry> {
+        self.chunks
+            .get(slot / INDEX_CHUNK)?
+            .get()
+            .map(|c| &c[slot % INDEX_CHUNK])
+    }
+
+    /// Sets slot `slot` to `(lkey, addr, len, access)`; `lkey` 0 frees it.
+    /// Only under the table's mutex (one writer at a time).
+    fn publish(&self, slot: usize, lkey: u32, addr: u64, len: u64, access: Access) {
+        let Some(chunk) = self.chunks.get(slot / INDEX_CHUNK) else {
+            return;
+        };
+        let e = &chunk.get_or_init(|| Box::new(std::array::from_fn(|_| IndexEntry::default())))
+            [slot % INDEX_CHUNK];
+        let seq = e.seq.load(Ordering::Relaxed);
+        e.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        e.lkey.store(lkey, Ordering::Relaxed);
+        e.access.store(access.bits(), Ordering::Relaxed);
+        e.addr.store(addr, Ordering::Relaxed);
+        e.len.store(len, Ordering::Relaxed);
+        e.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The live registration under `lkey`: (address, length, access).
+    fn lookup(&self, lkey: u32) -> Option<(u64, u64, Access)> {
+        let e = self.entry((lkey as usize).checked_sub(1)?)?;
+        loop {
+            let seq = e.seq.load(Ordering::Acquire);
+            if seq & 1 == 0 {
+                let live = e.lkey.load(Ordering::Relaxed);
+                let access = e.access.load(Ordering::Relaxed);
+                let addr = e.addr.load(Ordering::Relaxed);
+                let len = e.len.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if e.seq.load(Ordering::Relaxed) == seq {
+                    return (live == lkey).then(|| (addr, len, Access::from_bits_truncate(access)));
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
 /// The registrations of one protection domain.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
     mrs: Mutex<Vec<Option<MrInfo>>>,
+    index: KeyIndex,
 }
 
 impl MrTable {
@@ -47,9 +140,14 @@ impl MrTable {
         let mut mrs = lock(&self.mrs);
         let slot = match mrs.iter().position(Option::is_none) {
             Some(s) => s,
-            None => {
+            None if mrs.len() < MAX_MRS => {
                 mrs.push(None);
                 mrs.len() - 1
+            }
+            None => {
+                return Err(VerbsError::Limit(
+                    "protection domain already holds 65536 memory regions",
+                ))
             }
         };
         let info = MrInfo {
@@ -59,6 +157,8 @@ impl MrTable {
             len: len as u64,
             access,
         };
+        self.index
+            .publish(slot, info.lkey, info.addr, info.len, info.access);
         mrs[slot] = Some(info.clone());
         Ok(SoftMr {
             table: self.clone(),
@@ -82,21 +182,20 @@ impl MrTable {
     }
 
     /// [`MrTable::check_local`], and if it holds, whether a peer may write
-    /// the SGE's memory ([`Arena::peer_may_write`]).
+    /// the SGE's memory ([`Arena::peer_may_write`]). Takes no lock.
     pub(crate) fn check_local_source(&self, sge: &Sge, need: Access) -> Option<bool> {
         if !sge.in_bounds() {
             return None;
         }
-        let mrs = lock(&self.mrs);
-        let Some(Some(mr)) = mrs.get((sge.buf.lkey() as usize).wrapping_sub(1)) else {
-            return None;
-        };
+        let (start, len, access) = self.index.lookup(sge.buf.lkey())?;
         let addr = sge.addr();
-        let ok = mr.lkey == sge.buf.lkey()
-            && mr.access.contains(need)
-            && addr >= mr.addr
-            && addr + sge.len as u64 <= mr.addr + mr.len;
-        ok.then(|| mr.arena.peer_may_write())
+        let ok = access.contains(need)
+            && addr >= start
+            && addr.checked_add(sge.len as u64)? <= start.checked_add(len)?;
+        // In a live registration's range, the SGE's buffer lies in the
+        // registered arena (live arenas do not overlap), and it keeps that
+        // arena alive while we ask.
+        ok.then(|| sge.buf.arena().peer_may_write())
     }
 }
 
@@ -157,8 +256,10 @@ impl<P> MemoryRegion for SoftMr<P> {
 impl<P> Drop for SoftMr<P> {
     fn drop(&mut self) {
         let mut mrs = lock(&self.table.mrs);
-        if let Some(slot) = mrs.get_mut(self.info.lkey as usize - 1) {
-            *slot = None;
+        let slot = self.info.lkey as usize - 1;
+        if let Some(entry) = mrs.get_mut(slot) {
+            *entry = None;
+            self.table.index.publish(slot, 0, 0, 0, Access::NONE);
         }
     }
 }
@@ -323,6 +424,109 @@ pub(crate) fn check_window_keys(w: &Window) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An SGE over `len` bytes of a one-buffer slab of `arena` under `lkey`.
+    fn sge_in(arena: &Arc<Arena>, lkey: u32, len: u32) -> Sge {
+        let slab = crate::mem::Slab::new(arena.clone(), 0, 4096, 1, lkey, crate::mem::WrKind::Recv)
+            .unwrap();
+        let mut s = Sge::whole(slab.alloc().unwrap());
+        s.len = len;
+        s
+    }
+
+    #[test]
+    fn the_lock_free_check_follows_registration_and_deregistration() {
+        let table = Arc::new(MrTable::default());
+        let arena = Arena::new(1 << 16).unwrap();
+        let mr = table
+            .register::<()>(&arena, 0, 8192, Access::LOCAL_WRITE)
+            .unwrap();
+        let sge = sge_in(&arena, mr.info.lkey, 4096);
+        assert_eq!(
+            table.check_local_source(&sge, Access::LOCAL_WRITE),
+            Some(false)
+        );
+        assert_eq!(
+            table.check_local_source(&sge, Access::REMOTE_READ),
+            None,
+            "access the region lacks"
+        );
+        let stray = sge_in(&arena, mr.info.lkey + 1, 16);
+        assert_eq!(
+            table.check_local_source(&stray, Access::NONE),
+            None,
+            "no such key"
+        );
+        arena.mark_remote_writable();
+        assert_eq!(
+            table.check_local_source(&sge, Access::LOCAL_WRITE),
+            Some(true),
+            "a peer may write the arena now"
+        );
+        drop(mr);
+        assert_eq!(
+            table.check_local_source(&sge, Access::LOCAL_WRITE),
+            None,
+            "deregistered"
+        );
+        // The slot is reused by the next registration, whose range decides.
+        let small = table
+            .register::<()>(&arena, 0, 64, Access::LOCAL_WRITE)
+            .unwrap();
+        assert_eq!(small.info.lkey, sge.buf.lkey());
+        assert_eq!(
+            table.check_local_source(&sge, Access::LOCAL_WRITE),
+            None,
+            "past its end"
+        );
+    }
+
+    #[test]
+    fn index_readers_never_see_a_half_written_entry() {
+        // One writer flips slot 0 between two registrations and free while
+        // two readers look it up: every answer is one whole state.
+        const LOOKUPS: u64 = 200_000;
+        let index = Arc::new(KeyIndex::default());
+        let states = [
+            (0x1000, 0x10, Access::LOCAL_WRITE),
+            (0x9000, 0x90, Access::REMOTE_READ),
+        ];
+        let looked = Arc::new(AtomicU64::new(0));
+        let found = Arc::new(AtomicU64::new(0));
+        index.publish(0, 1, 0x1000, 0x10, Access::LOCAL_WRITE);
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (index, looked, found) = (index.clone(), looked.clone(), found.clone());
+                std::thread::spawn(move || {
+                    while looked.fetch_add(1, Ordering::Relaxed) < LOOKUPS {
+                        if let Some(entry) = index.lookup(1) {
+                            assert!(states.contains(&entry), "torn entry {entry:x?}");
+                            found.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut i = 0u64;
+        while looked.load(Ordering::Relaxed) < LOOKUPS {
+            assert!(std::time::Instant::now() < deadline, "readers stuck");
+            match i % 3 {
+                2 => index.publish(0, 0, 0, 0, Access::NONE),
+                k => {
+                    let (addr, len, access) = states[k as usize];
+                    index.publish(0, 1, addr, len, access);
+                }
+            }
+            i += 1;
+        }
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert!(found.load(Ordering::Relaxed) > 0, "the key was found live");
+        assert_eq!(index.lookup(2), None, "a key never published");
+        assert_eq!(index.lookup(0), None, "key 0 names no slot");
+    }
 
     #[test]
     fn slot_zero_never_gives_rkey_zero() {
