@@ -36,6 +36,7 @@
 
 use std::time::{Duration, Instant};
 
+use dataplane::clock::MonoClock;
 use dataplane::mem::PeerBytes;
 use dataplane::service::bench::{decode_data_reply, decode_ddp_reply, decode_void_reply, Args};
 
@@ -229,7 +230,11 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
     let work = Workload::new(spec);
     let depth = spec.depth.max(1);
     let mut hist = new_histogram();
-    let mut started: Vec<Option<Instant>> = vec![None; depth as usize];
+    // Per-call timestamps are TSC readings (`MonoClock`, as the data path
+    // reads time): two a call, where `Instant::now` would be two
+    // `clock_gettime` calls taken from the client's own core.
+    let clock = MonoClock::new();
+    let mut started: Vec<Option<u64>> = vec![None; depth as usize];
     // Slots to restart after a poll; never grows past `depth`.
     let mut restart: Vec<u32> = Vec::with_capacity(depth as usize);
     let hash = spec.check && matches!(spec.op, Op::Read | Op::Echo);
@@ -250,7 +255,7 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
     let t0 = Instant::now();
     let end = t0 + spec.duration;
     for slot in 0..depth {
-        started[slot as usize] = Some(Instant::now());
+        started[slot as usize] = Some(clock.raw());
         driver.start(slot, work.args())?;
         in_flight += 1;
     }
@@ -262,10 +267,10 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
         restart.clear();
         let now_measuring = measuring;
         let finished = driver.poll(|slot, reply| {
-            let now = Instant::now();
+            let now = clock.raw();
             let Some(t) = started
                 .get_mut(slot as usize)
-                .and_then(|s: &mut Option<Instant>| s.take())
+                .and_then(|s: &mut Option<u64>| s.take())
             else {
                 failure.get_or_insert_with(|| format!("completion for idle slot {slot}"));
                 return;
@@ -275,7 +280,7 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
                 Ok(h) => {
                     if now_measuring {
                         calls += 1;
-                        record_latency(&mut hist, (now - t).as_nanos() as u64);
+                        record_latency(&mut hist, clock.nanos_between(t, now));
                         if hash {
                             if hashed == 0 {
                                 first_hash = h;
@@ -322,7 +327,7 @@ pub fn drive<D: RpcDriver>(driver: &mut D, spec: &RunSpec) -> Result<RunResult, 
                 std::thread::sleep(spec.gap);
             }
             for &slot in &restart {
-                started[slot as usize] = Some(Instant::now());
+                started[slot as usize] = Some(clock.raw());
                 driver.start(slot, work.args())?;
                 in_flight += 1;
             }
