@@ -102,6 +102,7 @@ impl KeyIndex {
     /// The live registration under `lkey`: (address, length, access).
     fn lookup(&self, lkey: u32) -> Option<(u64, u64, Access)> {
         let e = self.entry((lkey as usize).checked_sub(1)?)?;
+        let mut spins = 0u32;
         loop {
             let seq = e.seq.load(Ordering::Acquire);
             if seq & 1 == 0 {
@@ -114,7 +115,14 @@ impl KeyIndex {
                     return (live == lkey).then(|| (addr, len, Access::from_bits_truncate(access)));
                 }
             }
-            std::hint::spin_loop();
+            // A writer is inside the entry (a few stores under the table's
+            // mutex); if it was preempted there, give it the core.
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
