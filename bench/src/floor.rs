@@ -7,7 +7,11 @@
 //!    the other's registered memory and spins on its own memory, like
 //!    `ib_write_lat`);
 //! 3. Send/Receive ping-pong (each side polls its CQ, reposts, answers);
-//! 4. single-core memcpy bandwidth over buffers larger than the LLC
+//! 4. Send/Receive exchanges pipelined at [`RATE_DEPTH`] (the ping-pong's
+//!    work with 32 outstanding, as `rate --depth 32` moves its calls, and
+//!    nothing above the provider): the provider's own ceiling for an RPC
+//!    message rate;
+//! 5. single-core memcpy bandwidth over buffers larger than the LLC
 //!    ([`bench::membw`]), the reference for bulk throughput.
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
@@ -22,6 +26,10 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// Spins between clock reads in the timed loops (see `write_pingpong`).
 const CLOCK_CHECK_SPINS: u32 = 1024;
 const MSG: usize = 64;
+/// Exchanges outstanding in the pipelined Send/Recv run: the RPC message
+/// rate's depth (`rpcrdma-bench rate --depth 32`, docs/BENCHMARKS.md), and
+/// the receives `setup` posts on each side.
+const RATE_DEPTH: u64 = 32;
 
 fn pin(core: usize) -> bool {
     core_affinity::set_for_current(core_affinity::CoreId { id: core })
@@ -55,6 +63,9 @@ pub struct FloorReport {
     pub shm_write_pingpong: Stats,
     /// shm Send/Recv ping-pong.
     pub shm_send_pingpong: Stats,
+    /// shm Send/Recv exchanges completed per second with [`RATE_DEPTH`]
+    /// outstanding.
+    pub shm_send_exchanges_per_s: f64,
     /// Single-core memcpy bandwidth.
     pub memcpy: bench::membw::MemcpyReport,
 }
@@ -244,6 +255,52 @@ impl Side {
         }
         samples
     }
+
+    /// `iters` request/answer exchanges with [`RATE_DEPTH`] outstanding:
+    /// the initiator sends the next request on each answer, the responder
+    /// answers each request, both repost their receive first (as the
+    /// ping-pong does). Returns the initiator's exchanges per second.
+    fn send_rate(&mut self, initiator: bool, iters: u64) -> f64 {
+        let msg = [7u8; MSG];
+        let t = Instant::now();
+        let mut sent = 0;
+        if initiator {
+            while sent < RATE_DEPTH.min(iters) {
+                self.send(SendOp::Send, &msg, false);
+                sent += 1;
+            }
+        }
+        let deadline = t + TIMEOUT;
+        let mut done = 0;
+        let mut spins = 0u32;
+        while done < iters {
+            let n = self.cq.poll(&mut self.comps);
+            // Stop at the last exchange: the responder leaves then, and
+            // the flush of our remaining receives may follow it in the
+            // same poll.
+            for i in 0..n.min((iters - done) as usize) {
+                let c = std::mem::take(&mut self.comps[i]);
+                assert!(c.is_ok(), "{:?}", c.status);
+                if c.opcode != WcOpcode::Recv {
+                    continue;
+                }
+                drop(c);
+                self.post_recv();
+                done += 1;
+                if !initiator {
+                    self.send(SendOp::Send, &msg, false);
+                } else if sent < iters {
+                    self.send(SendOp::Send, &msg, false);
+                    sent += 1;
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins % CLOCK_CHECK_SPINS == 0 {
+                assert!(Instant::now() < deadline, "pipelined exchanges stalled");
+            }
+        }
+        iters as f64 / t.elapsed().as_secs_f64()
+    }
 }
 
 fn setup(url: &str, listener: Option<&dataplane::verbs::shm::ShmListener>) -> Side {
@@ -321,6 +378,7 @@ pub fn peer(url: &str, page: &str, core: usize, iters: u64) {
     let mut side = setup(url, None);
     side.write_pingpong(false, iters);
     side.send_pingpong(false, iters);
+    side.send_rate(false, iters);
 }
 
 /// The initiator: spawns the responder, runs the three ping-pongs, then
@@ -359,6 +417,7 @@ pub fn run(
     let mut side = setup(&url, Some(&listener));
     let write = stats(side.write_pingpong(true, iters));
     let send = stats(side.send_pingpong(true, iters));
+    let exchanges = side.send_rate(true, iters);
     drop(side);
     let st = child.wait().unwrap();
     assert!(st.success(), "responder failed: {st}");
@@ -388,6 +447,11 @@ pub fn run(
         );
     }
     println!(
+        "shm Send/Recv pipelined, {RATE_DEPTH} outstanding: {:.2} M exchanges/s ({:.0} ns each)",
+        exchanges / 1e6,
+        1e9 / exchanges.max(1.0)
+    );
+    println!(
         "memcpy, one core, {} MiB buffers (LLC {}): best {:.2} GB/s, mean {:.2} GB/s over {} copies",
         memcpy.buffer_bytes >> 20,
         memcpy
@@ -405,6 +469,7 @@ pub fn run(
         raw_pingpong: raw,
         shm_write_pingpong: write,
         shm_send_pingpong: send,
+        shm_send_exchanges_per_s: exchanges,
         memcpy,
     }
 }
