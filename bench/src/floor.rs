@@ -381,9 +381,10 @@ pub fn peer(url: &str, page: &str, core: usize, iters: u64) {
     side.send_rate(false, iters);
 }
 
-/// The initiator: spawns the responder, runs the three ping-pongs, then
-/// the memcpy bandwidth on the first core (`memcpy_bytes` per copy, for
-/// at least `memcpy_time`); prints a table and returns the figures.
+/// The initiator: spawns the responder, runs the three ping-pongs and the
+/// pipelined exchanges, then the memcpy bandwidth on the first core
+/// (`memcpy_bytes` per copy, for at least `memcpy_time`); prints a table
+/// and returns the figures.
 pub fn run(
     iters: u64,
     cores: (usize, usize),
