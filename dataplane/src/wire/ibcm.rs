@@ -40,6 +40,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::bytes::{be16, be24, be32, be64, put24};
 use super::roce::seg::Mtu;
 use super::roce::{Bth, Deth, Opcode, Psn, RocePacket, GSI_QKEY};
 use super::{Error, Result};
@@ -166,18 +167,6 @@ pub const fn gsi_packet(psn: Psn, mad: &[u8]) -> RocePacket<'_> {
 // ---------------------------------------------------------------------------
 // Field helpers over fixed-size areas (indices are constants in range)
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-fn be24(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
-}
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn be64(b: &[u8], at: usize) -> u64 {
-    (u64::from(be32(b, at)) << 32) | u64::from(be32(b, at + 4))
-}
 fn gid(b: &[u8], at: usize) -> [u8; 16] {
     let mut g = [0u8; 16];
     g.copy_from_slice(&b[at..at + 16]);
@@ -185,9 +174,6 @@ fn gid(b: &[u8], at: usize) -> [u8; 16] {
 }
 fn put(b: &mut [u8], at: usize, v: &[u8]) {
     b[at..at + v.len()].copy_from_slice(v);
-}
-fn put24(b: &mut [u8], at: usize, v: u32) {
-    put(b, at, &v.to_be_bytes()[1..]);
 }
 /// Fails with [`Error::Malformed`] unless `v` fits in `bits` bits.
 fn width(v: u32, bits: u32) -> Result<()> {

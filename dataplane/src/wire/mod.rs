@@ -13,6 +13,7 @@
 //! buffers and return [`Error::BufferTooShort`] rather than panicking when
 //! the buffer is too small.
 
+mod bytes;
 pub mod conf;
 pub mod conf2;
 pub mod extensions;

@@ -46,6 +46,7 @@
 
 use core::cmp::Ordering;
 
+use super::bytes::{be24, be32, be64, put24};
 use super::{Error, Result};
 
 pub mod icrc;
@@ -930,27 +931,6 @@ impl<'a> RocePacket<'a> {
         debug_assert_eq!(at, payload_at);
         Ok(len)
     }
-}
-
-// ---------------------------------------------------------------------------
-// Byte helpers (callers guarantee the lengths)
-
-fn be24(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(w)
-}
-
-fn put24(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
 }
 
 // ---------------------------------------------------------------------------

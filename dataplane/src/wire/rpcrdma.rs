@@ -67,6 +67,7 @@
 //! panic when a codec invariant breaks. Emitters validate and return
 //! [`Error`] values; they check the buffer size before writing a byte.
 
+use super::bytes::be32;
 use super::xdr::{Decoder, Encoder};
 use super::{Error, Result};
 
@@ -921,7 +922,7 @@ impl TransportHeader {
         // without the list machinery; the general decode gives the same
         // result (`tests::prop_shortcut_parse_is_the_general_parse`).
         if let Some(w) = bytes.get(..MIN_CHUNKED_HEADER_LEN) {
-            let word = |i: usize| u32::from_be_bytes([w[i], w[i + 1], w[i + 2], w[i + 3]]);
+            let word = |i: usize| be32(w, i);
             if word(4) == RPCRDMA_VERSION
                 && word(12) == proc_type::RDMA_MSG
                 && w[FIXED_HEADER_LEN..].iter().all(|&b| b == 0)
