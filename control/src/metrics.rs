@@ -124,6 +124,10 @@ pub struct WorkerCounters {
     pub polls: AtomicU64,
     /// Polls that found nothing to do.
     pub idle_polls: AtomicU64,
+    /// Sleeps of the adaptive idle.
+    pub sleeps: AtomicU64,
+    /// Sleeps a doorbell ended before their timeout.
+    pub doorbell_wakeups: AtomicU64,
     /// Work completions reaped.
     pub completions: AtomicU64,
     /// RPCs completed (replies sent).
@@ -380,7 +384,7 @@ impl Registry {
         };
 
         type Field = fn(&WorkerCounters) -> &AtomicU64;
-        let counters: [(&'static str, &'static str, Field); 5] = [
+        let counters: [(&'static str, &'static str, Field); 7] = [
             (
                 "rpcrdma_worker_polls_total",
                 "Completion queue polls by the worker.",
@@ -390,6 +394,16 @@ impl Registry {
                 "rpcrdma_worker_idle_polls_total",
                 "Polls that found no work.",
                 |w| &w.idle_polls,
+            ),
+            (
+                "rpcrdma_worker_sleeps_total",
+                "Sleeps of the worker's adaptive idle.",
+                |w| &w.sleeps,
+            ),
+            (
+                "rpcrdma_worker_doorbell_wakeups_total",
+                "Sleeps a doorbell (a peer's message, a hand-off, a stop) ended before their timeout.",
+                |w| &w.doorbell_wakeups,
             ),
             (
                 "rpcrdma_worker_completions_total",

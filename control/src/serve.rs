@@ -810,6 +810,8 @@ fn install_metrics_bridge(set: &WorkerSet, registry: &Arc<Registry>) {
             let w = reg.worker(i);
             metrics::set(&w.polls, sum.polls);
             metrics::set(&w.idle_polls, sum.idle_polls);
+            metrics::set(&w.sleeps, sum.sleeps);
+            metrics::set(&w.doorbell_wakeups, sum.doorbell_wakeups);
             metrics::set(&w.completions, sum.completions);
             metrics::set(&w.rpcs, sum.rpcs);
             metrics::set(&w.bytes_received, sum.bytes_in);

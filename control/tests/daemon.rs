@@ -243,6 +243,8 @@ fn metrics_pass_promtool_check_metrics() {
     for name in [
         "rpcrdma_worker_polls_total{worker=\"0\",core=\"0\"}",
         "rpcrdma_worker_idle_polls_total",
+        "rpcrdma_worker_sleeps_total",
+        "rpcrdma_worker_doorbell_wakeups_total",
         "rpcrdma_worker_completions_total",
         "rpcrdma_worker_rpcs_total",
         "rpcrdma_worker_bytes_total",

@@ -347,12 +347,27 @@ impl<P: Provider> Client<P> {
     }
 
     /// Waits as `idler` says; before it parks, the connection's
-    /// completion queue is told (`CompletionQueue::before_sleep`).
+    /// completion queue is told (`CompletionQueue::before_sleep`) and,
+    /// where its provider rings one, the park sleeps on its doorbell: a
+    /// reply wakes the client at once, not at the park's timeout.
     fn idle(&self, idler: &mut Idler) {
-        if idler.will_park() {
-            self.ep.before_sleep();
+        if !idler.will_park() {
+            idler.idle(None);
+            return;
         }
-        idler.idle(None);
+        self.ep.before_sleep();
+        let mut fds: [libc::pollfd; 1] = [crate::wake::pollfd(-1)];
+        let n = match self.ep.wakeup_fd() {
+            Some(fd) => {
+                fds[0] = crate::wake::pollfd(fd);
+                1
+            }
+            None => 0,
+        };
+        if self.ep.arm_wakeup() {
+            idler.idle_on(None, &mut fds[..n]);
+        }
+        self.ep.disarm_wakeup();
     }
 
     fn now(&self) -> engine::Instant {

@@ -11,6 +11,7 @@
 //!   worker                   pinned polling loop: engine <-> provider glue
 //!   engine | verbs, mem      sans-IO RPC/RDMA logic | providers, registered memory
 //!   wire                     pure codecs, no I/O
+//!   clock, wake              time source; doorbells that wake a parked poller
 //! ```
 //!
 //! `wire` knows bytes only: it imports nothing else from this crate.
@@ -27,5 +28,6 @@ pub mod nfs;
 pub mod service;
 pub mod tcp;
 pub mod verbs;
+pub mod wake;
 pub mod wire;
 pub mod worker;

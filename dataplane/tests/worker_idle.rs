@@ -78,3 +78,55 @@ fn shm_idle_connections_are_not_processed() {
 fn roce_idle_connections_are_not_processed() {
     idle_connections_are_not_processed::<Roce>(loopback_url(""));
 }
+
+/// A park longer than any deadline here: a worker or client that only
+/// woke at its park's timeout would fail the test, not slow it down.
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A sleeping `shm` worker answers a call at once: the client's Send
+/// rings the worker's doorbell, the reply rings the sleeping client's,
+/// and a stop rings the worker's control doorbell. Both sides park for an
+/// hour at a time (adaptive idle), so each step can only finish through a
+/// doorbell; the counters say which sleeps a doorbell ended.
+#[test]
+fn shm_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
+    use dataplane::worker::IdleStrategy;
+    let engine = engine_config(4096, 4);
+    let server = Server::start_with(1, engine, |c| {
+        c.idle = IdleStrategy::Adaptive { park_max: HOUR }
+    });
+    let mut config = client_config(engine);
+    config.idle = IdleStrategy::Adaptive { park_max: HOUR };
+    let mut client = Client::<Shm>::connect(&server.url, config).expect("connect");
+    null(&mut client);
+    for round in 0..3 {
+        // Wait (deadline: broken) until the worker sleeps again.
+        let before = server.pool().snapshot()[0];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while server.pool().snapshot()[0].sleeps == before.sleeps {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the idle worker never went to sleep"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let asleep = server.pool().snapshot()[0];
+        null(&mut client);
+        let after = server.pool().snapshot()[0];
+        assert_eq!(after.rpcs - asleep.rpcs, 1);
+        assert!(
+            after.doorbell_wakeups > asleep.doorbell_wakeups,
+            "round {round}: answered, but no doorbell ended a sleep: {asleep:?} -> {after:?}"
+        );
+    }
+    drop(client);
+    // The stop wakes the sleeping worker through its control doorbell.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(server.stop(std::time::Duration::from_secs(1)));
+    });
+    let report = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("broken: a sleeping worker did not see its stop");
+    assert_eq!(report.workers.len(), 1, "{report:?}");
+}

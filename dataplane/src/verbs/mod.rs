@@ -38,6 +38,7 @@
 // queue-full path, which is a normal back-pressure event on the data path.
 #![allow(clippy::result_large_err)]
 
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -941,6 +942,28 @@ pub trait CompletionQueue: Send + Sync {
     /// (`roce`) sends now what it held for that thread's next poll and
     /// has its own thread take over until then. Default: nothing.
     fn before_sleep(&self) {}
+
+    /// A descriptor that becomes readable when news may have come for a
+    /// thread that sleeps after [`CompletionQueue::arm_wakeup`] returned
+    /// true (`crate::wake::sleep_on`). `None`: the provider cannot wake a
+    /// sleeper, which then sleeps until its timeout. Default: `None`.
+    fn wakeup_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// The polling thread is about to sleep on [`wakeup_fd`]: from now on
+    /// the queue's peers ring it when they publish something for it.
+    /// Returns false when something came already (look again instead of
+    /// sleeping). Default: true (nothing to arm).
+    ///
+    /// [`wakeup_fd`]: CompletionQueue::wakeup_fd
+    fn arm_wakeup(&self) -> bool {
+        true
+    }
+
+    /// The polling thread is back (or did not sleep): peers stop ringing
+    /// and the descriptor is quiet again. Default: nothing.
+    fn disarm_wakeup(&self) {}
 }
 
 /// A created queue pair, before connection (typestate).

@@ -24,6 +24,7 @@
 //! bits, index) folds into it losslessly as long as the index fits 24 bits,
 //! which every engine configuration guarantees (counts are at most 4096).
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1162,6 +1163,34 @@ impl<P: Provider> Endpoint<P> {
     pub fn before_sleep(&self) {
         if let CqHandle::Own(cq) = &self.cq {
             cq.before_sleep();
+        }
+    }
+
+    /// The doorbell of the connection's own completion queue, if it has
+    /// one and its provider rings it (`CompletionQueue::wakeup_fd`).
+    pub fn wakeup_fd(&self) -> Option<RawFd> {
+        match &self.cq {
+            CqHandle::Own(cq) => cq.wakeup_fd().map(|fd| fd.as_raw_fd()),
+            _ => None,
+        }
+    }
+
+    /// The polling thread is about to sleep on doorbells: arms the
+    /// connection's own completion queue, if it has one
+    /// (`CompletionQueue::arm_wakeup`). False when a completion is there
+    /// already: do not sleep. Every arm is followed by
+    /// [`Endpoint::disarm_wakeup`], slept or not.
+    pub fn arm_wakeup(&self) -> bool {
+        match &self.cq {
+            CqHandle::Own(cq) => cq.arm_wakeup(),
+            _ => true,
+        }
+    }
+
+    /// Back from a sleep (`CompletionQueue::disarm_wakeup`).
+    pub fn disarm_wakeup(&self) {
+        if let CqHandle::Own(cq) = &self.cq {
+            cq.disarm_wakeup();
         }
     }
 

@@ -102,27 +102,60 @@ impl Idler {
     /// Nothing was found: spin, yield or park (at most until `deadline`
     /// from now, if given). Returns true if it parked.
     pub fn idle(&mut self, until_deadline: Option<Duration>) -> bool {
+        self.idle_then(until_deadline, std::thread::park_timeout) != Sleep::None
+    }
+
+    /// As [`Idler::idle`], but a park sleeps on `fds` (doorbells armed by
+    /// the caller, `crate::wake`) until one is readable or the timeout;
+    /// with no descriptors it parks the thread as `idle` does.
+    pub fn idle_on(&mut self, until_deadline: Option<Duration>, fds: &mut [libc::pollfd]) -> Sleep {
+        if fds.is_empty() {
+            return self.idle_then(until_deadline, std::thread::park_timeout);
+        }
+        let mut woken = false;
+        match self.idle_then(until_deadline, |t| woken = crate::wake::sleep_on(fds, t)) {
+            Sleep::None => Sleep::None,
+            _ if woken => Sleep::Woken,
+            _ => Sleep::TimedOut,
+        }
+    }
+
+    fn idle_then(
+        &mut self,
+        until_deadline: Option<Duration>,
+        park: impl FnOnce(Duration),
+    ) -> Sleep {
         self.idle = self.idle.saturating_add(1);
         match self.strategy {
             IdleStrategy::Spin => {
                 std::hint::spin_loop();
-                false
+                Sleep::None
             }
             IdleStrategy::Adaptive { park_max } => {
                 if self.idle < IDLE_SPINS {
                     std::hint::spin_loop();
-                    false
+                    Sleep::None
                 } else if self.idle < IDLE_SPINS + IDLE_YIELDS {
                     std::thread::yield_now();
-                    false
+                    Sleep::None
                 } else {
-                    let t = until_deadline.map_or(park_max, |d| d.min(park_max));
-                    std::thread::park_timeout(t);
-                    true
+                    park(until_deadline.map_or(park_max, |d| d.min(park_max)));
+                    Sleep::TimedOut
                 }
             }
         }
     }
+}
+
+/// How an [`Idler`] step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sleep {
+    /// It spun or yielded: no sleep.
+    None,
+    /// It slept to its timeout (or a plain park was unparked).
+    TimedOut,
+    /// A doorbell ended the sleep (`Idler::idle_on`).
+    Woken,
 }
 
 /// Default of [`WorkerConfig::max_connections`].
@@ -286,6 +319,11 @@ pub struct WorkerCounters {
     pub polls: Counter,
     /// Iterations that found nothing to do.
     pub idle_polls: Counter,
+    /// Times the worker slept (adaptive idle's park).
+    pub sleeps: Counter,
+    /// Sleeps a doorbell ended before their timeout: a peer published a
+    /// message, or the control plane handed over work or a stop.
+    pub doorbell_wakeups: Counter,
     /// Completions handled.
     pub completions: Counter,
     /// Calls answered (service replies sent).
@@ -345,6 +383,8 @@ pub struct WorkerCounters {
 pub struct WorkerSnapshot {
     pub polls: u64,
     pub idle_polls: u64,
+    pub sleeps: u64,
+    pub doorbell_wakeups: u64,
     pub completions: u64,
     pub rpcs: u64,
     pub bytes_in: u64,
@@ -374,6 +414,8 @@ impl WorkerCounters {
         WorkerSnapshot {
             polls: self.polls.get(),
             idle_polls: self.idle_polls.get(),
+            sleeps: self.sleeps.get(),
+            doorbell_wakeups: self.doorbell_wakeups.get(),
             completions: self.completions.get(),
             rpcs: self.rpcs.get(),
             bytes_in: self.bytes_in.get(),

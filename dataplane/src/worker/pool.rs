@@ -21,6 +21,7 @@ use crate::verbs::ibverbs::Ibverbs;
 use crate::verbs::roce::Roce;
 use crate::verbs::shm::Shm;
 use crate::verbs::{Context as _, Incoming as _, Listener as _, Provider};
+use crate::wake::Doorbell;
 
 /// A verbs provider the workers serve: every provider built in (`Shm`,
 /// `Roce`; `Ibverbs` with the `ibverbs` feature). Sealed: a worker keeps
@@ -275,7 +276,21 @@ struct WorkerHandle {
     ring: Arc<ArrayQueue<Command>>,
     counters: Arc<WorkerCounters>,
     latency: Arc<crate::service::latency::LatencyTable>,
+    /// The worker's control doorbell (it sleeps on it, `run::Worker`).
+    doorbell: Arc<Doorbell>,
     thread: Option<JoinHandle<WorkerReport>>,
+}
+
+impl WorkerHandle {
+    /// Wakes the worker for a command just pushed on its ring: rings its
+    /// doorbell (a worker sleeping on its doorbells) and unparks its
+    /// thread (one parked without any).
+    fn wake(&self) {
+        self.doorbell.ring();
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
 }
 
 /// The name of worker thread `index`: `rpcrdma-wN`. Linux keeps 15 bytes of
@@ -393,12 +408,16 @@ impl WorkerSet {
             let relay_counters = state
                 .as_ref()
                 .map(|g| (g.config.clone(), g.counters[index].clone()));
+            // Its doorbell (an eventfd): failing to make one is failing
+            // to start the thread.
+            let doorbell = Arc::new(Doorbell::new().map_err(|e| WorkerError::Spawn(e.into()))?);
             let worker = Worker {
                 index,
                 ring: ring.clone(),
                 counters: counters.clone(),
                 dispatcher: timed,
                 config: config.clone(),
+                doorbell: doorbell.clone(),
             };
             let thread = std::thread::Builder::new()
                 .name(worker_thread_name(index))
@@ -446,6 +465,7 @@ impl WorkerSet {
                 ring,
                 counters,
                 latency,
+                doorbell,
                 thread: Some(thread),
             });
             // On error the set (and its started workers) stops on drop.
@@ -623,9 +643,7 @@ impl WorkerSet {
             w.counters.connections_by_transport[transport.index()].add(1);
             match w.ring.push(cmd) {
                 Ok(()) => {
-                    if let Some(t) = &w.thread {
-                        t.thread().unpark();
-                    }
+                    w.wake();
                     return Ok(i);
                 }
                 Err(back) => {
@@ -694,9 +712,7 @@ impl WorkerSet {
                 cmd = back;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            if let Some(t) = &w.thread {
-                t.thread().unpark();
-            }
+            w.wake();
         }
         *self.gateway.lock().unwrap_or_else(|e| e.into_inner()) = prepared.state;
     }
@@ -784,9 +800,7 @@ impl WorkerSet {
         w.counters.connections_by_transport[t].add(1);
         match w.ring.push(P::command(Box::new(ep))) {
             Ok(()) => {
-                if let Some(t) = &w.thread {
-                    t.thread().unpark();
-                }
+                w.wake();
                 Ok(worker)
             }
             Err(back) => {
@@ -926,9 +940,7 @@ impl WorkerSet {
                     Err(_) => break,
                 }
             }
-            if let Some(t) = &w.thread {
-                t.thread().unpark();
-            }
+            w.wake();
         }
         drop(tx);
         let mut out: Vec<super::WorkerStatus> = Vec::with_capacity(asked);
@@ -960,9 +972,7 @@ impl WorkerSet {
                 cmd = back;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            if let Some(t) = &w.thread {
-                t.thread().unpark();
-            }
+            w.wake();
         }
         for (i, w) in self.workers.iter_mut().enumerate() {
             if let Some(t) = w.thread.take() {

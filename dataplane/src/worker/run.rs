@@ -7,6 +7,7 @@
 //! statically dispatched; the TCP connections are one [`TcpConnections`]
 //! polled after them.
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
@@ -15,7 +16,8 @@ use super::endpoint::{Endpoint, POLL_BURST};
 use super::pool::PoolProvider;
 use super::{
     engine, system_err_reply, Command, Completion, Dispatched, Dispatcher, Event, Idler,
-    IncomingCall, Leak, OutgoingReply, Transport, WorkerConfig, WorkerCounters, WorkerReport,
+    IncomingCall, Leak, OutgoingReply, Sleep, Transport, WorkerConfig, WorkerCounters,
+    WorkerReport,
 };
 use crate::gateway::{Answer, Forwarded, Forwarder, Token};
 use crate::service::KnownCall;
@@ -34,6 +36,9 @@ pub(super) struct Worker {
     pub(super) counters: Arc<WorkerCounters>,
     pub(super) dispatcher: Arc<dyn Dispatcher>,
     pub(super) config: WorkerConfig,
+    /// Rung by the control plane when it hands over work or stops the
+    /// worker (a sleeping worker wakes at once).
+    pub(super) doorbell: Arc<crate::wake::Doorbell>,
 }
 
 /// Phase of a worker's shutdown.
@@ -339,6 +344,35 @@ impl<P: PoolProvider> ProviderConns<P> {
         }
     }
 
+    /// Arms every completion queue's doorbell for a sleep and adds the
+    /// doorbells to `fds` (`CompletionQueue::arm_wakeup`); false when one
+    /// has news already. Each arm is undone by `disarm_wakeup`.
+    fn arm_wakeup(&self, fds: &mut Vec<libc::pollfd>) -> bool {
+        let mut quiet = true;
+        for ep in &self.own {
+            if let Some(fd) = ep.wakeup_fd() {
+                fds.push(crate::wake::pollfd(fd));
+            }
+            quiet &= ep.arm_wakeup();
+        }
+        for cq in &self.cqs {
+            if let Some(fd) = cq.wakeup_fd() {
+                fds.push(crate::wake::pollfd(fd.as_raw_fd()));
+            }
+            quiet &= cq.arm_wakeup();
+        }
+        quiet
+    }
+
+    fn disarm_wakeup(&self) {
+        for ep in &self.own {
+            ep.disarm_wakeup();
+        }
+        for cq in &self.cqs {
+            cq.disarm_wakeup();
+        }
+    }
+
     /// The next time this provider's connections need the loop: the own
     /// endpoints' engine deadlines, the next sweep of the shared ones.
     fn next_deadline(&self) -> Option<engine::Instant> {
@@ -415,6 +449,21 @@ impl Conns {
         self.ibverbs.before_sleep();
     }
 
+    /// Arms every provider's doorbells (`ProviderConns::arm_wakeup`).
+    fn arm_wakeup(&self, fds: &mut Vec<libc::pollfd>) -> bool {
+        let quiet = self.shm.arm_wakeup(fds) & self.roce.arm_wakeup(fds);
+        #[cfg(feature = "ibverbs")]
+        let quiet = quiet & self.ibverbs.arm_wakeup(fds);
+        quiet
+    }
+
+    fn disarm_wakeup(&self) {
+        self.shm.disarm_wakeup();
+        self.roce.disarm_wakeup();
+        #[cfg(feature = "ibverbs")]
+        self.ibverbs.disarm_wakeup();
+    }
+
     fn next_deadline(&self) -> Option<engine::Instant> {
         let deadlines = [self.shm.next_deadline(), self.roce.next_deadline()];
         #[cfg(feature = "ibverbs")]
@@ -457,6 +506,7 @@ impl Worker {
             retiring: Vec::new(),
         };
         let mut idler = Idler::new(self.config.idle);
+        let mut sleep_fds: Vec<libc::pollfd> = Vec::new();
         let mut phase = Phase::Running;
         let mut report = WorkerReport {
             worker: self.index,
@@ -604,10 +654,25 @@ impl Worker {
                 let next = conns
                     .next_deadline()
                     .map(|t| t.saturating_duration_since(now));
-                if idler.will_park() {
+                if !idler.will_park() {
+                    idler.idle(next);
+                } else {
+                    // Sleep on the doorbells: the control plane's (a
+                    // hand-off, a stop) and every completion queue's
+                    // (its peers ring it while we sleep), so a message to
+                    // a sleeping worker does not wait for the timeout.
                     conns.before_sleep();
+                    sleep_fds.clear();
+                    sleep_fds.push(crate::wake::pollfd(self.doorbell.as_fd().as_raw_fd()));
+                    if conns.arm_wakeup(&mut sleep_fds) {
+                        c.sleeps.add(1);
+                        if idler.idle_on(next, &mut sleep_fds) == Sleep::Woken {
+                            c.doorbell_wakeups.add(1);
+                        }
+                    }
+                    conns.disarm_wakeup();
+                    self.doorbell.clear();
                 }
-                idler.idle(next);
             } else {
                 idler.reset();
             }

@@ -37,7 +37,7 @@
 //! bytes as untrusted input; nor punching holes in it (a SIGBUS risk on
 //! hugetlbfs, see "Known gaps" in docs/VERBS.md).
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,6 +55,7 @@ use super::soft_srq::SoftSrq;
 use super::*;
 use crate::mem::guard::{self, GuardProbe};
 use crate::mem::{Arena, Backing, PeerAccess};
+use crate::wake::{self, Doorbell};
 
 pub(crate) mod shared;
 #[cfg(test)]
@@ -203,6 +204,7 @@ impl Context<Shm> for ShmContext {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
                 qps: Mutex::new(CqQps::default()),
+                doorbell: Arc::new(Doorbell::new().map_err(os("eventfd"))?),
             }),
         })
     }
@@ -345,6 +347,7 @@ impl ShmPd {
             qpn,
             send_cq: send_cq.inner.id,
             recv_cq: recv_cq.inner.id,
+            recv_doorbell: recv_cq.inner.doorbell.clone(),
             dropped: AtomicBool::new(false),
             hot: [AtomicBool::new(false), AtomicBool::new(false)],
             inner: Mutex::new(QpInner {
@@ -392,6 +395,10 @@ struct CqInner {
     id: usize,
     depth: usize,
     qps: Mutex<CqQps>,
+    /// Rung by the peers of its queue pairs while its poller sleeps
+    /// (`CompletionQueue::arm_wakeup`); each queue pair it receives for
+    /// hands the peer this descriptor at setup.
+    doorbell: Arc<Doorbell>,
 }
 
 impl CqInner {
@@ -517,6 +524,44 @@ impl CompletionQueue for ShmCq {
         }
         got
     }
+
+    fn wakeup_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.inner.doorbell.as_fd())
+    }
+
+    /// Raises the sleeping flag in the outbox of every connection this
+    /// queue receives for, then (after a full fence, the other half of
+    /// `Conn::ring_if_sleeping`) looks once at each for anything already
+    /// published or completed. Costs a lock and a few loads per queue
+    /// pair, once per sleep, not per poll.
+    fn arm_wakeup(&self) -> bool {
+        let st = lock(&self.inner.qps);
+        let id = self.inner.id;
+        for qp in st.all.iter().filter(|qp| qp.recv_cq == id) {
+            if let Some(conn) = lock(&qp.inner).conn.as_mut() {
+                conn.set_sleeping(true);
+            }
+        }
+        fence(Ordering::SeqCst);
+        st.all.iter().all(|qp| {
+            let inner = lock(&qp.inner);
+            let news = inner.conn.as_ref().is_some_and(Conn::peer_has_news)
+                || !inner.send_done.is_empty()
+                || !inner.recv_done.is_empty();
+            !news
+        })
+    }
+
+    fn disarm_wakeup(&self) {
+        let st = lock(&self.inner.qps);
+        let id = self.inner.id;
+        for qp in st.all.iter().filter(|qp| qp.recv_cq == id) {
+            if let Some(conn) = lock(&qp.inner).conn.as_mut() {
+                conn.set_sleeping(false);
+            }
+        }
+        self.inner.doorbell.clear();
+    }
 }
 
 /// Drives one queue pair of CQ `id`: progress, then its completions for
@@ -557,6 +602,8 @@ struct QpShared {
     qpn: u32,
     send_cq: usize,
     recv_cq: usize,
+    /// Its receive CQ's doorbell, handed to the peer at setup.
+    recv_doorbell: Arc<Doorbell>,
     dropped: AtomicBool,
     /// In its send CQ's and its receive CQ's hot list ([`CqQps`]).
     hot: [AtomicBool; 2],
@@ -652,6 +699,13 @@ struct Conn {
     /// accepted it (none on the requesting side): released with the
     /// connection.
     _uid_slot: Option<UidSlot>,
+    /// The peer's outbox has [`FEATURE_DOORBELL`]: it raises its sleeping
+    /// flag and sends its doorbell. Read once at setup.
+    peer_rings: bool,
+    /// The peer's doorbell (an eventfd, from its `M_DOORBELL`).
+    peer_doorbell: Option<OwnedFd>,
+    /// Our sleeping flag as we last wrote it.
+    sleeping: bool,
 }
 
 impl Conn {
@@ -720,6 +774,16 @@ impl Conn {
                     }
                     self.in_mapped = mapped;
                     self.in_regions[id] = Some(map);
+                }
+                Ok(Some(m)) if m.kind == M_DOORBELL => {
+                    // Once, and an eventfd: we write to it from the
+                    // polling thread, so a pipe or a socket (which could
+                    // block us or carry our writes elsewhere) is refused.
+                    let fd = m.fd.ok_or(WcStatus::RemInvReqErr)?;
+                    if self.peer_doorbell.is_some() || !wake::is_eventfd(fd.as_fd()) {
+                        return Err(WcStatus::RemInvReqErr);
+                    }
+                    self.peer_doorbell = Some(fd);
                 }
                 Ok(Some(_)) => return Err(WcStatus::RemInvReqErr),
                 Err(_) => return Err(WcStatus::RetryExcErr),
@@ -829,6 +893,52 @@ impl Conn {
 
     fn set_flag(&self, flag: u64) {
         self.my_words()[W_FLAGS].fetch_or(flag, Ordering::Release);
+        // A sleeping peer learns of the end at once, not at its timeout.
+        if let Some(fd) = &self.peer_doorbell {
+            fence(Ordering::SeqCst);
+            if self.peer_word(W_SLEEPING) != 0 {
+                wake::ring_fd(fd.as_fd());
+            }
+        }
+    }
+
+    /// After publishing descriptors: rings the peer's doorbell if its
+    /// poller sleeps. The peer raises its flag, fences, then looks at our
+    /// descriptor head (`ShmCq::arm_wakeup`); we published, fence, then
+    /// look at its flag: one of the two sees the other (both fences are
+    /// sequentially consistent), so a message never waits for the peer's
+    /// timeout. A peer awake costs one load of a line it rarely writes.
+    fn ring_if_sleeping(&mut self) {
+        if !self.peer_rings {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        if self.peer_word(W_SLEEPING) == 0 {
+            return;
+        }
+        if self.peer_doorbell.is_none() {
+            // Its M_DOORBELL followed the setup; not read yet. A failure
+            // here is seen by the next regular look at the socket.
+            let _ = self.drain_socket();
+        }
+        if let Some(fd) = &self.peer_doorbell {
+            wake::ring_fd(fd.as_fd());
+        }
+    }
+
+    /// Raises or lowers our sleeping flag (the peer rings our doorbell
+    /// while it is raised).
+    fn set_sleeping(&mut self, on: bool) {
+        if self.sleeping != on {
+            self.sleeping = on;
+            self.my_words()[W_SLEEPING].store(u64::from(on), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the peer published something we have not consumed: a
+    /// descriptor, or its close or error flag.
+    fn peer_has_news(&self) -> bool {
+        self.peer_word(W_DESC_HEAD) != self.peer_desc_tail || self.peer_word(W_FLAGS) != 0
     }
 }
 
@@ -846,6 +956,7 @@ fn new_outbox(layout: Layout) -> Result<Arena, VerbsError> {
     w[1].store(layout.desc_cap as u64, Ordering::Relaxed);
     w[2].store(layout.rq_cap as u64, Ordering::Relaxed);
     w[3].store(layout.key_cap as u64, Ordering::Relaxed);
+    w[W_FEATURES].store(FEATURE_DOORBELL, Ordering::Relaxed);
     // The peer reads our outbox and must not write it: after this no new
     // writable mapping (and no write(2)) of the memfd is possible through
     // any descriptor; ours, made above, keeps working.
@@ -1373,6 +1484,16 @@ impl QpInner {
     }
 
     fn exec_sq(&mut self) {
+        let head = self.conn.as_ref().map(|c| c.desc_head);
+        self.exec_sq_run();
+        if let Some(conn) = self.conn.as_mut() {
+            if Some(conn.desc_head) != head {
+                conn.ring_if_sleeping();
+            }
+        }
+    }
+
+    fn exec_sq_run(&mut self) {
         while self.state == QpState::Rts {
             let Some(mut wr) = self.sq.pop_front() else {
                 break;
@@ -1620,7 +1741,22 @@ impl ShmPreparedQp {
                 guard_seen: 0,
                 fault_count,
                 _uid_slot: uid_slot,
+                peer_rings: false,
+                peer_doorbell: None,
+                sleeping: false,
             };
+            // A peer that rings doorbells gets ours (after its HELLO or
+            // our ACCEPT, so before anything else on the socket). One
+            // that predates them has 0 in the features word and is left
+            // alone: it never rings, and our sleep keeps its timeout.
+            if conn.peer.words()[W_FEATURES].load(Ordering::Relaxed) & FEATURE_DOORBELL != 0 {
+                conn.peer_rings = true;
+                if let Ok(msg) = Msg::new(M_DOORBELL, [0; 4], &[]) {
+                    // A failed send leaves the peer on its timeout; a
+                    // broken socket is found by the hang-up check.
+                    let _ = msg.send(conn.sock.as_fd(), Some(shared.recv_doorbell.as_fd()));
+                }
+            }
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);
             inner.state = QpState::Rts;

@@ -9,11 +9,13 @@
 //!
 //! ```text
 //! word 0        MAGIC
-//! word 1..4     desc_cap, rq_cap, key_cap (powers of two)
+//! word 1..3     desc_cap, rq_cap, key_cap (powers of two)
+//! word 4        features         bit 0: rings a sleeping peer's doorbell
 //! line 1 (w8)   desc_head        descriptors produced by the owner
 //! line 2 (w16)  recv_head        receives posted by the owner
 //! line 3 (w24)  peer_desc_tail   peer descriptors consumed by the owner
 //! line 4 (w32)  flags            bit 0 closed, bit 1 error
+//! line 5 (w40)  sleeping         non-zero: the owner's poller sleeps
 //! w64..         desc ring        desc_cap x 4 words
 //!               recv ring        rq_cap x 10 words
 //!               key table        key_cap x 8 words
@@ -38,6 +40,15 @@ pub(crate) const W_DESC_HEAD: usize = 8;
 pub(crate) const W_RECV_HEAD: usize = 16;
 pub(crate) const W_PEER_DESC_TAIL: usize = 24;
 pub(crate) const W_FLAGS: usize = 32;
+/// What the owner's side does beyond version 1 ([`FEATURE_DOORBELL`]);
+/// zero in an outbox of a side that predates the word.
+pub(crate) const W_FEATURES: usize = 4;
+/// The owner understands `M_DOORBELL`, rings ours when we sleep, and
+/// raises [`W_SLEEPING`] when it sleeps.
+pub(crate) const FEATURE_DOORBELL: u64 = 1;
+/// Non-zero while the owner's poller sleeps on its doorbell: a side that
+/// publishes something for it then rings that doorbell.
+pub(crate) const W_SLEEPING: usize = 40;
 pub(crate) const HEADER_WORDS: usize = 64;
 pub(crate) const DESC_WORDS: usize = 4;
 pub(crate) const RECV_WORDS: usize = 2 + 2 * MAX_SGE;
@@ -267,6 +278,10 @@ pub(crate) const M_HELLO: u32 = 1;
 pub(crate) const M_ACCEPT: u32 = 2;
 pub(crate) const M_REJECT: u32 = 3;
 pub(crate) const M_REGION: u32 = 4;
+/// The sender's doorbell (an eventfd, the message's descriptor): ring it
+/// after publishing while its [`W_SLEEPING`] is raised. Sent once, right
+/// after setup, and only to a peer whose outbox has [`FEATURE_DOORBELL`].
+pub(crate) const M_DOORBELL: u32 = 5;
 
 const MSG_HEADER: usize = 24;
 pub(crate) const MSG_MAX: usize = MSG_HEADER + MAX_PRIVATE_DATA;

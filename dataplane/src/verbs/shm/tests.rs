@@ -1146,3 +1146,73 @@ fn a_uid_gets_its_share_of_connections_and_a_close_makes_room() {
     let (_a3, _b3) = pair_on(&ctx, &listener, &url, caps);
     assert_eq!(listener.connections_of_uid(me), 2);
 }
+
+/// A receiver whose poller sleeps (its CQ armed) is woken by its peer's
+/// Send through its doorbell; awake, or disarmed, nobody rings it; armed
+/// with a message already waiting, the arm says so instead. Events only:
+/// a zero-timeout look at the doorbell, and a wait whose deadline means
+/// broken.
+#[test]
+fn a_send_rings_the_doorbell_of_a_sleeping_receiver_and_only_then() {
+    use std::os::fd::AsRawFd;
+    let (mut a, mut b) = pair();
+    let mut fds = [wake::pollfd(b.cq.wakeup_fd().unwrap().as_raw_fd())];
+    let rung = |fds: &mut [libc::pollfd], t| wake::sleep_on(fds, t);
+    send_and_receive(&mut a, &mut b);
+    assert!(!rung(&mut fds, Duration::ZERO), "rung while awake");
+    assert!(b.cq.arm_wakeup(), "nothing waits: may sleep");
+    send(&mut a, SendOp::Send);
+    assert!(rung(&mut fds, T), "broken: the Send never rang");
+    b.cq.disarm_wakeup();
+    assert!(!rung(&mut fds, Duration::ZERO), "disarm leaves it quiet");
+    assert!(!b.cq.arm_wakeup(), "a message waits: do not sleep");
+    b.cq.disarm_wakeup();
+    // Awake again: the next Send does not ring.
+    send(&mut a, SendOp::Send);
+    assert!(!rung(&mut fds, Duration::ZERO), "rung after disarm");
+    // A peer's end rings a sleeper too.
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    while b.cq.poll(&mut out) > 0 {}
+    assert!(b.cq.arm_wakeup());
+    a.qp.disconnect();
+    assert!(rung(&mut fds, T), "broken: the disconnect never rang");
+    b.cq.disarm_wakeup();
+}
+
+/// A peer's doorbell must be an eventfd, and comes once: anything else
+/// on the setup socket ends that connection (the polling thread writes to
+/// it, so a pipe could block it).
+#[test]
+fn a_doorbell_that_is_not_an_eventfd_ends_the_connection() {
+    let (mut a, b) = pair();
+    // Let a read b's real doorbell, then forget it, as if b had not sent
+    // one yet.
+    {
+        let mut inner = lock(&a.qp.shared.inner);
+        let conn = inner.conn.as_mut().unwrap();
+        conn.drain_socket().unwrap();
+        assert!(
+            conn.peer_doorbell.take().is_some(),
+            "b sent its doorbell at setup"
+        );
+    }
+    let (r, _w) = nix::unistd::pipe().unwrap();
+    {
+        let inner = lock(&b.qp.shared.inner);
+        let sock = &inner.conn.as_ref().unwrap().sock;
+        Msg::new(M_DOORBELL, [0; 4], b"")
+            .unwrap()
+            .send(sock.as_fd(), Some(r.as_fd()))
+            .unwrap();
+    }
+    let err = lock(&a.qp.shared.inner)
+        .conn
+        .as_mut()
+        .unwrap()
+        .drain_socket();
+    assert_eq!(err, Err(WcStatus::RemInvReqErr));
+    // And through the data path: the connection errors at its next look.
+    drop(b);
+    let seen = until_error(&mut a);
+    assert!(seen.iter().all(|c| c.status != WcStatus::Success));
+}
