@@ -31,7 +31,9 @@ use crate::verbs::{Completion, Context, Provider, VerbsError};
 use crate::wire::conf::ConfigRdmaReply;
 use crate::wire::conf2::is_plain_version_one;
 use crate::wire::rpcrdma::MIN_CHUNKED_HEADER_LEN;
-use crate::worker::{Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST};
+use crate::worker::{
+    Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST, UNRUNG_SLEEP_MAX,
+};
 
 /// Client configuration.
 #[derive(Debug, Clone, Copy)]
@@ -357,15 +359,24 @@ impl<P: Provider> Client<P> {
         }
         self.ep.before_sleep();
         let mut fds: [libc::pollfd; 1] = [crate::wake::pollfd(-1)];
+        // Until the doorbell or the engine's next deadline; a short nap
+        // where the provider rings nothing.
+        let mut until = self
+            .ep
+            .poll_timeout()
+            .map(|t| t.saturating_duration_since(self.now()));
         let n = match self.ep.wakeup_fd() {
             Some(fd) => {
                 fds[0] = crate::wake::pollfd(fd);
                 1
             }
-            None => 0,
+            None => {
+                until = Some(until.map_or(UNRUNG_SLEEP_MAX, |u| u.min(UNRUNG_SLEEP_MAX)));
+                0
+            }
         };
         if self.ep.arm_wakeup() {
-            idler.idle_on(None, &mut fds[..n]);
+            idler.idle_on(until, &mut fds[..n]);
         }
         self.ep.disarm_wakeup();
     }

@@ -83,43 +83,57 @@ fn roce_idle_connections_are_not_processed() {
 /// woke at its park's timeout would fail the test, not slow it down.
 const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// A sleeping `shm` worker answers a call at once: the client's Send
-/// rings the worker's doorbell, the reply rings the sleeping client's,
-/// and a stop rings the worker's control doorbell. Both sides park for an
-/// hour at a time (adaptive idle), so each step can only finish through a
-/// doorbell; the counters say which sleeps a doorbell ended.
-#[test]
-fn shm_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
+/// Waits (deadline: broken) until worker 0's counters satisfy `cond`.
+fn until<P: PoolProvider>(
+    server: &Server<P>,
+    what: &str,
+    cond: impl Fn(&dataplane::worker::WorkerSnapshot) -> bool,
+) -> dataplane::worker::WorkerSnapshot {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let s = server.pool().snapshot()[0];
+        if cond(&s) {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A sleeping worker answers a call at once: the client's message rings
+/// the worker's doorbell (`shm`: the client's Send; `roce`: the device's
+/// thread, which drives a sleeping worker's queue pairs, announcing the
+/// completion), the reply rings the sleeping client's, and a stop rings
+/// the worker's control doorbell. Both sides park for an hour at a time
+/// (adaptive idle) and no engine deadline is near, so each step can only
+/// finish through a doorbell: the calls complete within the client's
+/// wait timeout, and at the end every sleep the worker took was ended by
+/// a doorbell, none by its timeout.
+fn sleeping_worker_and_client_are_woken<P: PoolProvider>(url: String) {
     use dataplane::worker::IdleStrategy;
     let engine = engine_config(4096, 4);
-    let server = Server::start_with(1, engine, |c| {
+    let server = Server::<P>::at(url.clone(), 1, engine, bench_service(), |c| {
         c.idle = IdleStrategy::Adaptive { park_max: HOUR }
     });
     let mut config = client_config(engine);
     config.idle = IdleStrategy::Adaptive { park_max: HOUR };
-    let mut client = Client::<Shm>::connect(&server.url, config).expect("connect");
+    let mut client = Client::<P>::connect(&url, config).expect("connect");
     null(&mut client);
     for round in 0..3 {
-        // Wait (deadline: broken) until the worker sleeps again.
-        let before = server.pool().snapshot()[0];
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while server.pool().snapshot()[0].sleeps == before.sleeps {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: the idle worker never went to sleep"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let asleep = server.pool().snapshot()[0];
+        // Asleep now: a sleep begun and not yet ended (none ends by its
+        // timeout here, as the end of the test checks).
+        let asleep = until(&server, &format!("round {round}: never slept"), |s| {
+            s.sleeps > s.doorbell_wakeups
+        });
         null(&mut client);
-        let after = server.pool().snapshot()[0];
-        assert_eq!(after.rpcs - asleep.rpcs, 1);
-        assert!(
-            after.doorbell_wakeups > asleep.doorbell_wakeups,
-            "round {round}: answered, but no doorbell ended a sleep: {asleep:?} -> {after:?}"
-        );
+        until(&server, &format!("round {round}: not counted"), |s| {
+            s.rpcs == asleep.rpcs + 1
+        });
     }
     drop(client);
+    until(&server, "never slept before the stop", |s| {
+        s.sleeps > s.doorbell_wakeups
+    });
     // The stop wakes the sleeping worker through its control doorbell.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -128,5 +142,20 @@ fn shm_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
     let report = rx
         .recv_timeout(std::time::Duration::from_secs(60))
         .expect("broken: a sleeping worker did not see its stop");
-    assert_eq!(report.workers.len(), 1, "{report:?}");
+    let c = report.workers[0].counters;
+    assert!(c.sleeps >= 4, "{c:?}");
+    assert_eq!(
+        c.sleeps, c.doorbell_wakeups,
+        "a sleep ended by its timeout: {c:?}"
+    );
+}
+
+#[test]
+fn shm_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
+    sleeping_worker_and_client_are_woken::<Shm>(sock_url());
+}
+
+#[test]
+fn roce_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
+    sleeping_worker_and_client_are_woken::<Roce>(loopback_url(""));
 }

@@ -149,3 +149,43 @@ fn stop_finishes_the_call_being_received_then_ends_the_stream() {
     assert_eq!(w.counters.rpcs, 2);
     assert_eq!(w.counters.connections, 0);
 }
+
+/// A worker asleep (adaptive idle parking for an hour at a time) answers
+/// a TCP call at once: it sleeps on its TCP connections' readiness too,
+/// so the calls complete (PATIENCE means broken, not slow), and at the
+/// end every sleep was ended by a doorbell (the sockets, the stop's), none
+/// by its timeout.
+#[test]
+fn a_sleeping_worker_wakes_for_a_tcp_call() {
+    let config = WorkerConfig {
+        idle: IdleStrategy::Adaptive {
+            park_max: Duration::from_secs(3600),
+        },
+        ..WorkerConfig::default()
+    };
+    let set = WorkerSet::spawn(&[None], config, Arc::new(ServiceTable::builtin())).expect("spawn");
+    let mut client = connect(&set);
+    for xid in 1..=3 {
+        // Asleep now: a sleep begun and not yet ended (none ends by its
+        // timeout here, as the end of the test checks).
+        wait_for(&set, |s| s.sleeps > s.doorbell_wakeups);
+        client.write_all(&record(xid, Args::Null)).unwrap();
+        bench::decode_void_reply(&read_reply(&mut client)).unwrap();
+    }
+    wait_for(&set, |s| s.rpcs == 3);
+    drop(client);
+    wait_for(&set, |s| s.sleeps > s.doorbell_wakeups);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(set.stop(Duration::from_secs(1)));
+    });
+    let report = rx
+        .recv_timeout(PATIENCE)
+        .expect("broken: a sleeping worker did not see its stop");
+    let c = report.workers[0].counters;
+    assert!(c.sleeps >= 4, "{c:?}");
+    assert_eq!(
+        c.sleeps, c.doorbell_wakeups,
+        "a sleep ended by its timeout: {c:?}"
+    );
+}

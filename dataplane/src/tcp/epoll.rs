@@ -54,6 +54,12 @@ impl EpollSet {
         })
     }
 
+    /// The epoll instance's descriptor: readable while a registered
+    /// socket is ready (a sleeping worker waits on it).
+    pub fn raw_fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
     fn ctl(&self, op: libc::c_int, fd: RawFd, interest: Interest) -> io::Result<()> {
         let mut ev = libc::epoll_event {
             events: interest.0,

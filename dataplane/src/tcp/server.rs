@@ -772,6 +772,18 @@ impl TcpConnections {
         self.scan(services, relay, now, use_poll)
     }
 
+    /// Adds to `fds` what becomes readable when a connection has input
+    /// for a sleeping worker (docs/WORKER.md, "Doorbells"): the epoll
+    /// set, which holds every socket, or else each socket. Readiness is
+    /// the kernel's and level-triggered: nothing to arm, and input that
+    /// came before the sleep ends it at once.
+    pub fn wakeup_fds(&self, fds: &mut Vec<libc::pollfd>) {
+        match &self.epoll {
+            Some(e) => fds.push(crate::wake::pollfd(e.raw_fd())),
+            None => fds.extend(self.conns.iter().map(|c| crate::wake::pollfd(c.fd))),
+        }
+    }
+
     /// Answers the relayed call `id` with the RPC reply `reply` (one
     /// record). False when the connection is gone, or its output has no
     /// room for the reply now (counted as a dropped record; the client

@@ -147,6 +147,10 @@ impl Idler {
     }
 }
 
+/// Longest sleep while some news would ring no doorbell (an `ibverbs`
+/// queue, a gateway backend's reply; docs/WORKER.md, "Doorbells").
+pub const UNRUNG_SLEEP_MAX: Duration = Duration::from_millis(1);
+
 /// How an [`Idler`] step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sleep {

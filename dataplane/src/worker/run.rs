@@ -17,7 +17,7 @@ use super::pool::PoolProvider;
 use super::{
     engine, system_err_reply, Command, Completion, Dispatched, Dispatcher, Event, Idler,
     IncomingCall, Leak, OutgoingReply, Sleep, Transport, WorkerConfig, WorkerCounters,
-    WorkerReport,
+    WorkerReport, UNRUNG_SLEEP_MAX,
 };
 use crate::gateway::{Answer, Forwarded, Forwarder, Token};
 use crate::service::KnownCall;
@@ -170,6 +170,12 @@ fn is_clean(reason: engine::CloseReason) -> bool {
             | engine::CloseReason::PeerDisconnected
     )
 }
+
+/// Descriptors a sleep waits on that [`Worker::run`] makes room for at
+/// the start: the control doorbell, one per provider's completion queue
+/// and the TCP epoll set, with room to spare (more only come with TCP
+/// connections read without epoll, and grow the list once each).
+const SLEEP_FDS: usize = 16;
 
 /// How often the timers of connections on a shared completion queue are
 /// looked at. Engine deadlines are milliseconds to seconds (call and idle
@@ -373,6 +379,31 @@ impl<P: PoolProvider> ProviderConns<P> {
         }
     }
 
+    /// The next time a connection of this provider needs the loop, from
+    /// every endpoint's own deadline (not the periodic sweep of the
+    /// shared ones, which an awake loop uses to stay O(1) per iteration):
+    /// what a sleep that doorbells end may last. O(connections), once per
+    /// sleep.
+    fn sleep_deadline(&self) -> Option<engine::Instant> {
+        let endpoints = self.all().filter_map(|ep| ep.poll_timeout()).min();
+        let strays = self
+            .strays
+            .front()
+            .map(|(at, _)| instant_after(*at, STRAY_TTL));
+        match (endpoints, strays) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether every completion queue of this provider rings a doorbell
+    /// (`CompletionQueue::wakeup_fd`): if one does not, a sleep must stay
+    /// short, as its news wakes nobody.
+    fn all_ring(&self) -> bool {
+        self.own.iter().all(|ep| ep.wakeup_fd().is_some())
+            && self.cqs.iter().all(|cq| cq.wakeup_fd().is_some())
+    }
+
     /// The next time this provider's connections need the loop: the own
     /// endpoints' engine deadlines, the next sweep of the shared ones.
     fn next_deadline(&self) -> Option<engine::Instant> {
@@ -449,8 +480,30 @@ impl Conns {
         self.ibverbs.before_sleep();
     }
 
-    /// Arms every provider's doorbells (`ProviderConns::arm_wakeup`).
+    /// The end of a sleep that doorbells can cut short
+    /// (`ProviderConns::sleep_deadline`), every provider.
+    fn sleep_deadline(&self) -> Option<engine::Instant> {
+        let d = [self.shm.sleep_deadline(), self.roce.sleep_deadline()];
+        #[cfg(feature = "ibverbs")]
+        let d = [d[0], d[1], self.ibverbs.sleep_deadline()];
+        d.into_iter().flatten().min()
+    }
+
+    /// Whether every connection's news rings a doorbell: TCP sockets do
+    /// (their readiness), RDMA queues where the provider rings one.
+    fn all_ring(&self) -> bool {
+        let rdma = self.shm.all_ring() && self.roce.all_ring();
+        #[cfg(feature = "ibverbs")]
+        let rdma = rdma && self.ibverbs.all_ring();
+        rdma
+    }
+
+    /// Arms every provider's doorbells (`ProviderConns::arm_wakeup`) and
+    /// adds the TCP connections' readiness (`TcpConnections::wakeup_fds`).
     fn arm_wakeup(&self, fds: &mut Vec<libc::pollfd>) -> bool {
+        if let Some(tcp) = &self.tcp {
+            tcp.wakeup_fds(fds);
+        }
         let quiet = self.shm.arm_wakeup(fds) & self.roce.arm_wakeup(fds);
         #[cfg(feature = "ibverbs")]
         let quiet = quiet & self.ibverbs.arm_wakeup(fds);
@@ -506,7 +559,11 @@ impl Worker {
             retiring: Vec::new(),
         };
         let mut idler = Idler::new(self.config.idle);
-        let mut sleep_fds: Vec<libc::pollfd> = Vec::new();
+        // What a sleep waits on: the control doorbell, a doorbell per
+        // completion queue, the TCP epoll set (or each socket without
+        // one). Sized here, so the first sleep, which may come after the
+        // traffic started, allocates nothing.
+        let mut sleep_fds: Vec<libc::pollfd> = Vec::with_capacity(SLEEP_FDS);
         let mut phase = Phase::Running;
         let mut report = WorkerReport {
             worker: self.index,
@@ -664,9 +721,28 @@ impl Worker {
                     conns.before_sleep();
                     sleep_fds.clear();
                     sleep_fds.push(crate::wake::pollfd(self.doorbell.as_fd().as_raw_fd()));
+                    // Until a doorbell, the next deadline or `park_max`;
+                    // no longer than a short nap while some news would
+                    // ring nothing (a provider without doorbells, replies
+                    // from gateway backends).
+                    let phase_deadline = match phase {
+                        Phase::Running => None,
+                        Phase::Grace { deadline } | Phase::Draining { deadline } => Some(deadline),
+                    };
+                    let mut until = [conns.sleep_deadline(), phase_deadline]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                        .map(|t| t.saturating_duration_since(now));
+                    let unrung = !conns.all_ring()
+                        || scratch.forwarder.is_some()
+                        || !scratch.retiring.is_empty();
+                    if unrung {
+                        until = Some(until.map_or(UNRUNG_SLEEP_MAX, |u| u.min(UNRUNG_SLEEP_MAX)));
+                    }
                     if conns.arm_wakeup(&mut sleep_fds) {
                         c.sleeps.add(1);
-                        if idler.idle_on(next, &mut sleep_fds) == Sleep::Woken {
+                        if idler.idle_on(until, &mut sleep_fds) == Sleep::Woken {
                             c.doorbell_wakeups.add(1);
                         }
                     }

@@ -60,7 +60,10 @@ impl Context<Roce> for RoceContext {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
                 shards: Mutex::new(Vec::new()),
-                ready: Arc::new(ReadyList::default()),
+                ready: Arc::new(ReadyList::new().map_err(|source| VerbsError::Os {
+                    what: "eventfd",
+                    source,
+                })?),
                 orphans: Mutex::new(VecDeque::new()),
             }),
         })

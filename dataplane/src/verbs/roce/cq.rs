@@ -1,6 +1,7 @@
 //! Completion queues: a poll drives the shards of the queue's queue
 //! pairs and takes completions from those its ready list names.
 use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -124,6 +125,21 @@ impl CompletionQueue for RoceCq {
             lock(&s.shard.state).progress(&s.dev, &s.shard, now, false);
             s.shard.hand_to_device(&s.dev);
         }
+    }
+
+    fn wakeup_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.inner.ready.doorbell().as_fd())
+    }
+
+    /// While the poller sleeps its shards are the device thread's
+    /// (`before_sleep`), and an announcement that thread makes rings the
+    /// doorbell (`ReadyList::push`).
+    fn arm_wakeup(&self) -> bool {
+        self.inner.ready.arm() && lock(&self.inner.orphans).is_empty()
+    }
+
+    fn disarm_wakeup(&self) {
+        self.inner.ready.disarm();
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {
