@@ -116,7 +116,7 @@ impl Default for Workers {
         Workers {
             cores: vec![0],
             idle: IdleStrategy::Adaptive,
-            park_max_us: 1000,
+            park_max_us: 100_000,
             max_connections: 1024,
             max_connections_per_peer: 128,
             bulk_buffers: 64,
