@@ -3,16 +3,22 @@
 //!
 //! A worker or a client that finds nothing to do spins, yields, then
 //! parks (`worker::IdleStrategy::Adaptive`). Parked, it would otherwise
-//! see a new message only at its park's timeout. A [`Doorbell`] is an
-//! eventfd: the sleeper asks its peers to ring it (through memory they
-//! can read, e.g. the `shm` outbox's sleeping flag) and sleeps in
-//! [`sleep_on`] with the doorbells among the descriptors it waits for; a
-//! peer that publishes a message to a sleeper rings its doorbell, which
-//! costs a `write(2)` only while the sleeper sleeps.
+//! see a new message only at its park's timeout. Instead it sleeps in
+//! [`sleep_on`] on descriptors that news makes readable:
 //!
-//! Why an eventfd, not a futex: a worker waits for many sources at once
-//! (its control ring, every connection's peer, a socket), and a futex
-//! waits on one word; an eventfd is one more descriptor in one `ppoll`.
+//! * a [`Doorbell`] (an eventfd) that threads of this process ring: the
+//!   control plane, the `roce` device's thread;
+//! * a [`ReadySet`] (an epoll set) of sockets shared with peer processes:
+//!   an `shm` peer that publishes a message while the sleeper says so
+//!   (its outbox's sleeping flag) sends a small message on the
+//!   connection's own socket, which costs a system call only then. An
+//!   eventfd is never handed to another process: that process could make
+//!   it blocking and fill its counter, and a ring would block us.
+//!
+//! Why descriptors, not a futex: a worker waits for many sources at once
+//! (its control ring, every connection's peer, TCP sockets), and a futex
+//! waits on one word; each source here is one more descriptor in one
+//! `ppoll`.
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -52,23 +58,14 @@ impl Doorbell {
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
-
-    /// A duplicate of the descriptor, to hand to a peer process.
-    ///
-    /// # Errors
-    /// The `dup(2)` error.
-    pub fn try_clone_fd(&self) -> nix::Result<OwnedFd> {
-        self.fd
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
-    }
 }
 
-/// Rings an eventfd (ours, or one a peer gave us and [`is_eventfd`]
-/// accepted). Errors are ignored: a counter already at its maximum is
-/// readable anyway, and a broken peer descriptor only loses the peer its
-/// early wake-up.
+/// Rings an eventfd of this process. Errors are ignored: a counter
+/// already at its maximum is readable anyway. Never hand a doorbell to
+/// another process: it could make the descriptor blocking and fill the
+/// counter, and a ring would then block the ringing thread (a peer
+/// process is woken through a socket it shares with us instead, as `shm`
+/// does with [`ReadySet`]).
 pub fn ring_fd(fd: BorrowedFd<'_>) {
     let one = 1u64.to_ne_bytes();
     // SAFETY: writes 8 bytes from a live local buffer to a descriptor we
@@ -76,12 +73,83 @@ pub fn ring_fd(fd: BorrowedFd<'_>) {
     let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
 }
 
-/// Whether `fd` is an eventfd: a peer's doorbell is written to by the
-/// polling thread, so it must be one (a pipe or socket could block it
-/// or carry our writes somewhere else).
-pub fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+/// A set of descriptors (sockets) that wakes a sleeper when any of them
+/// is readable or hung up: an epoll instance, whose own descriptor goes
+/// into [`sleep_on`]. Each member carries a token, to find which ones
+/// are ready afterwards ([`ReadySet::ready`]).
+#[derive(Debug)]
+pub struct ReadySet {
+    epoll: OwnedFd,
+}
+
+impl ReadySet {
+    /// An empty set.
+    ///
+    /// # Errors
+    /// The `epoll_create1(2)` error.
+    pub fn new() -> nix::Result<ReadySet> {
+        // SAFETY: no pointer arguments; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(nix::errno::Errno::last());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        Ok(ReadySet {
+            epoll: unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) },
+        })
+    }
+
+    /// The set's descriptor, for [`sleep_on`].
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.epoll.as_fd()
+    }
+
+    /// Adds `fd` (level-triggered: readable or hung up) under `token`.
+    ///
+    /// # Errors
+    /// The `epoll_ctl(2)` error.
+    pub fn add(&self, fd: RawFd, token: u64) -> nix::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: token,
+        };
+        // SAFETY: `ev` is a valid event for the call's duration.
+        let rc =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if rc < 0 {
+            return Err(nix::errno::Errno::last());
+        }
+        Ok(())
+    }
+
+    /// Removes `fd` (call before closing it: epoll forgets a descriptor
+    /// only when every copy of its file is closed).
+    pub fn remove(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: as in `add`; an error (not a member) changes nothing.
+        let _ =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
+    /// The tokens of up to `out.len()` ready members, without waiting.
+    pub fn ready(&self, out: &mut [u64]) -> usize {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 32];
+        let max = out.len().min(events.len());
+        // SAFETY: `events` holds `max` entries for the call's duration.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                max as libc::c_int,
+                0,
+            )
+        };
+        let n = n.max(0) as usize;
+        for (o, e) in out.iter_mut().zip(&events[..n]) {
+            *o = e.u64;
+        }
+        n
+    }
 }
 
 /// Sleeps until one of `fds` is readable or `timeout` passed (or a
@@ -160,12 +228,34 @@ mod tests {
     }
 
     #[test]
-    fn only_an_eventfd_passes_as_a_doorbell() {
-        let d = Doorbell::new().unwrap();
-        assert!(is_eventfd(d.as_fd()));
-        let dup = d.try_clone_fd().unwrap();
-        assert!(is_eventfd(dup.as_fd()));
-        let (r, _w) = nix::unistd::pipe().unwrap();
-        assert!(!is_eventfd(r.as_fd()));
+    fn a_ready_set_wakes_on_input_and_hang_up_and_names_the_member() {
+        let set = ReadySet::new().unwrap();
+        let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (c, d) = std::os::unix::net::UnixStream::pair().unwrap();
+        set.add(a.as_raw_fd(), 7).unwrap();
+        set.add(c.as_raw_fd(), 9).unwrap();
+        let mut tokens = [0u64; 4];
+        assert_eq!(set.ready(&mut tokens), 0, "quiet");
+        b.send(&[1]).unwrap();
+        let mut fds = [pollfd(set.as_fd().as_raw_fd())];
+        assert!(sleep_on(&mut fds, Duration::from_secs(60)), "input wakes");
+        assert_eq!(set.ready(&mut tokens), 1);
+        assert_eq!(tokens[0], 7);
+        let mut byte = [0u8; 1];
+        a.recv(&mut byte).unwrap();
+        assert_eq!(
+            set.ready(&mut tokens),
+            0,
+            "level-triggered: quiet once read"
+        );
+        drop(d);
+        assert!(
+            sleep_on(&mut fds, Duration::from_secs(60)),
+            "a hang-up wakes"
+        );
+        assert_eq!(set.ready(&mut tokens), 1);
+        assert_eq!(tokens[0], 9);
+        set.remove(c.as_raw_fd());
+        assert_eq!(set.ready(&mut tokens), 0, "removed");
     }
 }

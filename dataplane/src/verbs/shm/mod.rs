@@ -55,7 +55,7 @@ use super::soft_srq::SoftSrq;
 use super::*;
 use crate::mem::guard::{self, GuardProbe};
 use crate::mem::{Arena, Backing, PeerAccess};
-use crate::wake::{self, Doorbell};
+use crate::wake::ReadySet;
 
 pub(crate) mod shared;
 #[cfg(test)]
@@ -63,6 +63,9 @@ mod tests;
 
 /// Progress calls between non-blocking hang-up checks of the socket.
 pub const SOCKET_CHECK_EVERY: u32 = 64;
+
+/// Most setup-socket messages one look at the socket reads.
+const SOCKET_READS_MAX: usize = 256;
 
 /// The shm provider (marker type).
 #[derive(Debug, Clone, Copy)]
@@ -204,7 +207,7 @@ impl Context<Shm> for ShmContext {
                 id: CQ_IDS.fetch_add(1, Ordering::Relaxed),
                 depth,
                 qps: Mutex::new(CqQps::default()),
-                doorbell: Arc::new(Doorbell::new().map_err(os("eventfd"))?),
+                bells: Arc::new(ReadySet::new().map_err(os("epoll_create1"))?),
             }),
         })
     }
@@ -347,7 +350,7 @@ impl ShmPd {
             qpn,
             send_cq: send_cq.inner.id,
             recv_cq: recv_cq.inner.id,
-            recv_doorbell: recv_cq.inner.doorbell.clone(),
+            recv_bells: recv_cq.inner.bells.clone(),
             dropped: AtomicBool::new(false),
             hot: [AtomicBool::new(false), AtomicBool::new(false)],
             inner: Mutex::new(QpInner {
@@ -364,6 +367,7 @@ impl ShmPd {
                 conn: None,
                 waits: SendWaits::default(),
                 polls: 0,
+                socket_ready: false,
                 staging: None,
             }),
         });
@@ -395,10 +399,11 @@ struct CqInner {
     id: usize,
     depth: usize,
     qps: Mutex<CqQps>,
-    /// Rung by the peers of its queue pairs while its poller sleeps
-    /// (`CompletionQueue::arm_wakeup`); each queue pair it receives for
-    /// hands the peer this descriptor at setup.
-    doorbell: Arc<Doorbell>,
+    /// The setup sockets of the connections it receives for: a peer
+    /// sends `M_RING` on one while the poller sleeps
+    /// (`CompletionQueue::arm_wakeup`), and a hang-up shows there too.
+    /// Tokens are queue-pair numbers.
+    bells: Arc<ReadySet>,
 }
 
 impl CqInner {
@@ -526,7 +531,7 @@ impl CompletionQueue for ShmCq {
     }
 
     fn wakeup_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.inner.doorbell.as_fd())
+        Some(self.inner.bells.as_fd())
     }
 
     /// Raises the sleeping flag in the outbox of every connection this
@@ -552,6 +557,9 @@ impl CompletionQueue for ShmCq {
         })
     }
 
+    /// Lowers the flags; the connections whose socket woke us read it at
+    /// their next progress (a ring, a region, or a hang-up), so the next
+    /// sleep does not wake at once on a message nobody read.
     fn disarm_wakeup(&self) {
         let st = lock(&self.inner.qps);
         let id = self.inner.id;
@@ -560,7 +568,13 @@ impl CompletionQueue for ShmCq {
                 conn.set_sleeping(false);
             }
         }
-        self.inner.doorbell.clear();
+        let mut ready = [0u64; 32];
+        let n = self.inner.bells.ready(&mut ready);
+        for &qpn in &ready[..n] {
+            if let Some(qp) = st.all.iter().find(|qp| u64::from(qp.qpn) == qpn) {
+                lock(&qp.inner).socket_ready = true;
+            }
+        }
     }
 }
 
@@ -602,8 +616,9 @@ struct QpShared {
     qpn: u32,
     send_cq: usize,
     recv_cq: usize,
-    /// Its receive CQ's doorbell, handed to the peer at setup.
-    recv_doorbell: Arc<Doorbell>,
+    /// Its receive CQ's set of sockets to wake on (the connection's socket
+    /// joins it at setup).
+    recv_bells: Arc<ReadySet>,
     dropped: AtomicBool,
     /// In its send CQ's and its receive CQ's hot list ([`CqQps`]).
     hot: [AtomicBool; 2],
@@ -659,6 +674,8 @@ struct OutRegion {
 
 #[derive(Debug)]
 struct Conn {
+    /// In the receive CQ's set of sockets (dropped before `sock`).
+    _bell: Option<BellMember>,
     sock: OwnedFd,
     mine: Arena,
     /// Sizes of our outbox, as validated at creation. Never read back from
@@ -700,12 +717,27 @@ struct Conn {
     /// connection.
     _uid_slot: Option<UidSlot>,
     /// The peer's outbox has [`FEATURE_DOORBELL`]: it raises its sleeping
-    /// flag and sends its doorbell. Read once at setup.
+    /// flag and understands `M_RING`. Read once at setup.
     peer_rings: bool,
-    /// The peer's doorbell (an eventfd, from its `M_DOORBELL`).
-    peer_doorbell: Option<OwnedFd>,
     /// Our sleeping flag as we last wrote it.
     sleeping: bool,
+    /// Control-message buffer for reading the socket (made once).
+    cmsg: Vec<u8>,
+}
+
+/// A connection's socket in its receive CQ's [`ReadySet`], taken out
+/// when the connection goes (before its socket closes: the first field
+/// of [`Conn`], dropped first).
+#[derive(Debug)]
+struct BellMember {
+    set: Arc<ReadySet>,
+    fd: std::os::fd::RawFd,
+}
+
+impl Drop for BellMember {
+    fn drop(&mut self) {
+        self.set.remove(self.fd);
+    }
 }
 
 impl Conn {
@@ -745,11 +777,13 @@ impl Conn {
         self.peer.words()[i].load(Ordering::Acquire)
     }
 
-    /// Reads setup-socket messages until none is queued. `Err` on hang-up
-    /// or a protocol violation.
+    /// Reads setup-socket messages until none is queued, or
+    /// [`SOCKET_READS_MAX`] of them (a peer that floods its socket leaves
+    /// the rest for the next look, which its own flood brings on). `Err`
+    /// on hang-up or a protocol violation.
     fn drain_socket(&mut self) -> Result<(), WcStatus> {
-        loop {
-            match Msg::recv(self.sock.as_fd()) {
+        for _ in 0..SOCKET_READS_MAX {
+            match Msg::recv_reusing(self.sock.as_fd(), &mut self.cmsg) {
                 Ok(None) => return Ok(()),
                 Ok(Some(m)) if m.kind == M_REGION => {
                     let id = m.args[0] as usize;
@@ -775,20 +809,15 @@ impl Conn {
                     self.in_mapped = mapped;
                     self.in_regions[id] = Some(map);
                 }
-                Ok(Some(m)) if m.kind == M_DOORBELL => {
-                    // Once, and an eventfd: we write to it from the
-                    // polling thread, so a pipe or a socket (which could
-                    // block us or carry our writes elsewhere) is refused.
-                    let fd = m.fd.ok_or(WcStatus::RemInvReqErr)?;
-                    if self.peer_doorbell.is_some() || !wake::is_eventfd(fd.as_fd()) {
-                        return Err(WcStatus::RemInvReqErr);
-                    }
-                    self.peer_doorbell = Some(fd);
-                }
+                // A wake-up, nothing to do: it ended our sleep. A ring
+                // with a descriptor attached is not one (the descriptor
+                // is closed with the message).
+                Ok(Some(m)) if m.kind == M_RING && m.fd.is_none() => {}
                 Ok(Some(_)) => return Err(WcStatus::RemInvReqErr),
                 Err(_) => return Err(WcStatus::RetryExcErr),
             }
         }
+        Ok(())
     }
 
     /// Region id under which `arena` is exposed (with `writable`) to the
@@ -894,12 +923,7 @@ impl Conn {
     fn set_flag(&self, flag: u64) {
         self.my_words()[W_FLAGS].fetch_or(flag, Ordering::Release);
         // A sleeping peer learns of the end at once, not at its timeout.
-        if let Some(fd) = &self.peer_doorbell {
-            fence(Ordering::SeqCst);
-            if self.peer_word(W_SLEEPING) != 0 {
-                wake::ring_fd(fd.as_fd());
-            }
-        }
+        self.ring_if_sleeping();
     }
 
     /// After publishing descriptors: rings the peer's doorbell if its
@@ -908,7 +932,12 @@ impl Conn {
     /// look at its flag: one of the two sees the other (both fences are
     /// sequentially consistent), so a message never waits for the peer's
     /// timeout. A peer awake costs one load of a line it rarely writes.
-    fn ring_if_sleeping(&mut self) {
+    ///
+    /// The ring is an `M_RING` on the connection's own socket, sent
+    /// without waiting: a peer that never reads its socket gets no more
+    /// rings (the send fails), and one that keeps its flag raised costs us
+    /// one `sendmsg` per run of Sends to it, which its own calls pay for.
+    fn ring_if_sleeping(&self) {
         if !self.peer_rings {
             return;
         }
@@ -916,13 +945,9 @@ impl Conn {
         if self.peer_word(W_SLEEPING) == 0 {
             return;
         }
-        if self.peer_doorbell.is_none() {
-            // Its M_DOORBELL followed the setup; not read yet. A failure
-            // here is seen by the next regular look at the socket.
-            let _ = self.drain_socket();
-        }
-        if let Some(fd) = &self.peer_doorbell {
-            wake::ring_fd(fd.as_fd());
+        if let Ok(msg) = Msg::new(M_RING, [0; 4], &[]) {
+            // A full or broken socket: the hang-up check finds the latter.
+            let _ = msg.send(self.sock.as_fd(), None);
         }
     }
 
@@ -1010,6 +1035,8 @@ struct QpInner {
     conn: Option<Conn>,
     waits: SendWaits,
     polls: u32,
+    /// Its socket woke the sleeping poller: read it at the next progress.
+    socket_ready: bool,
     /// On a shared receive queue: `rq` holds this connection's staging
     /// slots instead of the application's receives.
     staging: Option<Staging>,
@@ -1332,7 +1359,7 @@ impl QpInner {
             Some(None)
         } else {
             self.polls = self.polls.wrapping_add(1);
-            if self.polls % SOCKET_CHECK_EVERY == 0 {
+            if self.polls % SOCKET_CHECK_EVERY == 0 || std::mem::take(&mut self.socket_ready) {
                 conn.drain_socket().err().map(|st| {
                     // Hang-up without a close or error flag: like an RC
                     // transport timing out, the oldest send fails with
@@ -1722,6 +1749,7 @@ impl ShmPreparedQp {
         {
             let mut inner = lock(&shared.inner);
             let mut conn = Conn {
+                _bell: None,
                 sock,
                 mine,
                 layout: inner.layout,
@@ -1742,20 +1770,24 @@ impl ShmPreparedQp {
                 fault_count,
                 _uid_slot: uid_slot,
                 peer_rings: false,
-                peer_doorbell: None,
                 sleeping: false,
+                cmsg: Msg::cmsg_buffer(),
             };
-            // A peer that rings doorbells gets ours (after its HELLO or
-            // our ACCEPT, so before anything else on the socket). One
-            // that predates them has 0 in the features word and is left
-            // alone: it never rings, and our sleep keeps its timeout.
-            if conn.peer.words()[W_FEATURES].load(Ordering::Relaxed) & FEATURE_DOORBELL != 0 {
-                conn.peer_rings = true;
-                if let Ok(msg) = Msg::new(M_DOORBELL, [0; 4], &[]) {
-                    // A failed send leaves the peer on its timeout; a
-                    // broken socket is found by the hang-up check.
-                    let _ = msg.send(conn.sock.as_fd(), Some(shared.recv_doorbell.as_fd()));
-                }
+            // A peer whose outbox has the features word set sends
+            // `M_RING` while we sleep and understands ours; one that
+            // predates it has 0 there and is left alone (it never rings:
+            // our sleep ends at its timeout for it, or on a hang-up).
+            conn.peer_rings =
+                conn.peer.words()[W_FEATURES].load(Ordering::Relaxed) & FEATURE_DOORBELL != 0;
+            // The socket wakes a sleeping poller of the receive CQ: a
+            // ring, a region, a hang-up. Without it (no room for another
+            // epoll member) the connection still works, on the timeout.
+            let fd = conn.sock.as_raw_fd();
+            if shared.recv_bells.add(fd, u64::from(shared.qpn)).is_ok() {
+                conn._bell = Some(BellMember {
+                    set: shared.recv_bells.clone(),
+                    fd,
+                });
             }
             let ok = inner.rq.iter().all(|wr| conn.publish_recv(wr).is_ok());
             inner.conn = Some(conn);

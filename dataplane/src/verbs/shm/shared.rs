@@ -10,7 +10,7 @@
 //! ```text
 //! word 0        MAGIC
 //! word 1..3     desc_cap, rq_cap, key_cap (powers of two)
-//! word 4        features         bit 0: rings a sleeping peer's doorbell
+//! word 4        features         bit 0: wakes a sleeping peer (M_RING)
 //! line 1 (w8)   desc_head        descriptors produced by the owner
 //! line 2 (w16)  recv_head        receives posted by the owner
 //! line 3 (w24)  peer_desc_tail   peer descriptors consumed by the owner
@@ -43,11 +43,12 @@ pub(crate) const W_FLAGS: usize = 32;
 /// What the owner's side does beyond version 1 ([`FEATURE_DOORBELL`]);
 /// zero in an outbox of a side that predates the word.
 pub(crate) const W_FEATURES: usize = 4;
-/// The owner understands `M_DOORBELL`, rings ours when we sleep, and
-/// raises [`W_SLEEPING`] when it sleeps.
+/// The owner understands `M_RING`, sends it when we sleep, and raises
+/// [`W_SLEEPING`] when it sleeps.
 pub(crate) const FEATURE_DOORBELL: u64 = 1;
-/// Non-zero while the owner's poller sleeps on its doorbell: a side that
-/// publishes something for it then rings that doorbell.
+/// Non-zero while the owner's poller sleeps (its completion queue
+/// watches the connection's socket): a side that publishes something
+/// for it then sends `M_RING` on the socket.
 pub(crate) const W_SLEEPING: usize = 40;
 pub(crate) const HEADER_WORDS: usize = 64;
 pub(crate) const DESC_WORDS: usize = 4;
@@ -278,10 +279,11 @@ pub(crate) const M_HELLO: u32 = 1;
 pub(crate) const M_ACCEPT: u32 = 2;
 pub(crate) const M_REJECT: u32 = 3;
 pub(crate) const M_REGION: u32 = 4;
-/// The sender's doorbell (an eventfd, the message's descriptor): ring it
-/// after publishing while its [`W_SLEEPING`] is raised. Sent once, right
-/// after setup, and only to a peer whose outbox has [`FEATURE_DOORBELL`].
-pub(crate) const M_DOORBELL: u32 = 5;
+/// A wake-up: the sender published something while our [`W_SLEEPING`]
+/// was raised. Carries nothing; sent only to a peer whose outbox has
+/// [`FEATURE_DOORBELL`] (an older one would take it for a protocol
+/// violation).
+pub(crate) const M_RING: u32 = 5;
 
 const MSG_HEADER: usize = 24;
 pub(crate) const MSG_MAX: usize = MSG_HEADER + MAX_PRIVATE_DATA;
@@ -344,8 +346,28 @@ impl Msg {
     /// Receives one message without blocking. `Ok(None)`: nothing queued.
     /// `Err(Protocol("hang-up"))`: the peer closed its end.
     pub fn recv(sock: BorrowedFd<'_>) -> Result<Option<Msg>, VerbsError> {
+        Msg::recv_reusing(sock, &mut Msg::cmsg_buffer())
+    }
+
+    /// The control-message buffer [`Msg::recv_reusing`] needs (room for
+    /// the descriptors a message may carry, and one more to notice extras).
+    pub fn cmsg_buffer() -> Vec<u8> {
+        nix::cmsg_space!([RawFd; 2])
+    }
+
+    /// [`Msg::recv`] with a control-message buffer of the caller's
+    /// ([`Msg::cmsg_buffer`]), so that reading a message allocates
+    /// nothing: a connection reads its socket on the data path (wake-ups,
+    /// regions).
+    // A `Vec`, not a slice: nix's `recvmsg` takes the buffer as a `Vec`
+    // and uses its capacity.
+    #[allow(clippy::ptr_arg)]
+    pub fn recv_reusing(
+        sock: BorrowedFd<'_>,
+        cmsg_space: &mut Vec<u8>,
+    ) -> Result<Option<Msg>, VerbsError> {
         // Peek first: the common "nothing queued" answer then costs one
-        // syscall and no allocation (the cmsg buffer below is a Vec).
+        // syscall.
         let mut peek = [0u8; 1];
         match nix::sys::socket::recv(
             sock.as_raw_fd(),
@@ -362,13 +384,12 @@ impl Msg {
             Ok(_) => {}
         }
         let mut buf = [0u8; MSG_MAX + 1];
-        let mut cmsg_space = nix::cmsg_space!([RawFd; 2]);
         let (bytes, fd, truncated) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let r = recvmsg::<()>(
                 sock.as_raw_fd(),
                 &mut iov,
-                Some(&mut cmsg_space),
+                Some(cmsg_space),
                 MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
             );
             let msg = match r {

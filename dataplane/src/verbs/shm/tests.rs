@@ -3,6 +3,7 @@
 //! that connection: an error state, never a panic or a stray access.
 use super::*;
 use crate::mem::{Slab, WrKind};
+use crate::wake;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use std::os::fd::BorrowedFd;
 
@@ -1148,71 +1149,95 @@ fn a_uid_gets_its_share_of_connections_and_a_close_makes_room() {
 }
 
 /// A receiver whose poller sleeps (its CQ armed) is woken by its peer's
-/// Send through its doorbell; awake, or disarmed, nobody rings it; armed
-/// with a message already waiting, the arm says so instead. Events only:
-/// a zero-timeout look at the doorbell, and a wait whose deadline means
-/// broken.
+/// Send (an `M_RING` on the connection's socket, which its CQ's wake-up
+/// set watches); awake, or disarmed, nobody rings it; armed with a
+/// message already waiting, the arm says so instead. Events only: a
+/// zero-timeout look at the wake-up descriptor, and a wait whose deadline
+/// means broken.
 #[test]
 fn a_send_rings_the_doorbell_of_a_sleeping_receiver_and_only_then() {
     use std::os::fd::AsRawFd;
     let (mut a, mut b) = pair();
     let mut fds = [wake::pollfd(b.cq.wakeup_fd().unwrap().as_raw_fd())];
     let rung = |fds: &mut [libc::pollfd], t| wake::sleep_on(fds, t);
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
     send_and_receive(&mut a, &mut b);
     assert!(!rung(&mut fds, Duration::ZERO), "rung while awake");
     assert!(b.cq.arm_wakeup(), "nothing waits: may sleep");
     send(&mut a, SendOp::Send);
     assert!(rung(&mut fds, T), "broken: the Send never rang");
     b.cq.disarm_wakeup();
-    assert!(!rung(&mut fds, Duration::ZERO), "disarm leaves it quiet");
+    // The next poll reads the ring off the socket (and takes the Send).
+    let deadline = Instant::now() + T;
+    let mut got = 0;
+    while got == 0 {
+        assert!(Instant::now() < deadline, "broken: the Send never arrived");
+        got = b.cq.poll(&mut out);
+    }
+    assert!(!rung(&mut fds, Duration::ZERO), "read once polled");
+    // Armed with a message already there: do not sleep.
+    send(&mut a, SendOp::Send);
     assert!(!b.cq.arm_wakeup(), "a message waits: do not sleep");
     b.cq.disarm_wakeup();
-    // Awake again: the next Send does not ring.
-    send(&mut a, SendOp::Send);
-    assert!(!rung(&mut fds, Duration::ZERO), "rung after disarm");
-    // A peer's end rings a sleeper too.
-    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    assert!(
+        !rung(&mut fds, Duration::ZERO),
+        "not armed when it was sent"
+    );
     while b.cq.poll(&mut out) > 0 {}
+    // A peer's end wakes a sleeper too.
     assert!(b.cq.arm_wakeup());
     a.qp.disconnect();
-    assert!(rung(&mut fds, T), "broken: the disconnect never rang");
+    assert!(rung(&mut fds, T), "broken: the disconnect never woke it");
     b.cq.disarm_wakeup();
 }
 
-/// A peer's doorbell must be an eventfd, and comes once: anything else
-/// on the setup socket ends that connection (the polling thread writes to
-/// it, so a pipe could block it).
+/// Rings are cheap to send and bounded to read: a peer that floods its
+/// socket with them costs the reader a bounded read per look and only
+/// its own connection's time; the connection goes on working. One that
+/// attaches a descriptor to a ring ends its connection.
 #[test]
-fn a_doorbell_that_is_not_an_eventfd_ends_the_connection() {
-    let (mut a, b) = pair();
-    // Let a read b's real doorbell, then forget it, as if b had not sent
-    // one yet.
+fn a_flood_of_rings_is_read_in_bounded_looks_and_a_ring_with_a_descriptor_is_refused() {
+    let (mut a, mut b) = pair();
+    {
+        let inner = lock(&b.qp.shared.inner);
+        let sock = &inner.conn.as_ref().unwrap().sock;
+        let mut sent = 0;
+        while sent < 1000
+            && Msg::new(M_RING, [0; 4], b"")
+                .unwrap()
+                .send(sock.as_fd(), None)
+                .is_ok()
+        {
+            sent += 1;
+        }
+        assert!(sent > SOCKET_READS_MAX, "only {sent} rings fit the socket");
+    }
     {
         let mut inner = lock(&a.qp.shared.inner);
         let conn = inner.conn.as_mut().unwrap();
         conn.drain_socket().unwrap();
-        assert!(
-            conn.peer_doorbell.take().is_some(),
-            "b sent its doorbell at setup"
-        );
+        // Bounded: what is left is still queued.
+        assert!(Msg::recv(conn.sock.as_fd()).unwrap().is_some());
     }
+    send_and_receive(&mut a, &mut b);
     let (r, _w) = nix::unistd::pipe().unwrap();
     {
         let inner = lock(&b.qp.shared.inner);
         let sock = &inner.conn.as_ref().unwrap().sock;
-        Msg::new(M_DOORBELL, [0; 4], b"")
+        Msg::new(M_RING, [0; 4], b"")
             .unwrap()
             .send(sock.as_fd(), Some(r.as_fd()))
             .unwrap();
     }
-    let err = lock(&a.qp.shared.inner)
-        .conn
-        .as_mut()
-        .unwrap()
-        .drain_socket();
-    assert_eq!(err, Err(WcStatus::RemInvReqErr));
-    // And through the data path: the connection errors at its next look.
-    drop(b);
-    let seen = until_error(&mut a);
-    assert!(seen.iter().all(|c| c.status != WcStatus::Success));
+    let result = loop {
+        let r = lock(&a.qp.shared.inner)
+            .conn
+            .as_mut()
+            .unwrap()
+            .drain_socket();
+        if r.is_err() {
+            break r;
+        }
+    };
+    assert_eq!(result, Err(WcStatus::RemInvReqErr));
 }
