@@ -3,6 +3,8 @@
 //! stop (a call whose record has begun is finished and answered, then the
 //! worker shuts its side of the stream). Adaptive idle; no timing
 //! assertion (PATIENCE only catches hangs).
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use dataplane::service::bench::{self, Args};
 use dataplane::service::ServiceTable;
 use dataplane::wire::rpc::write_record_header;
 use dataplane::worker::{IdleStrategy, Transport, WorkerConfig, WorkerSet, WorkerSnapshot};
+use support::worker_harness::stop_sleeping_workers;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -175,17 +178,5 @@ fn a_sleeping_worker_wakes_for_a_tcp_call() {
     wait_for(&set, |s| s.rpcs == 3);
     drop(client);
     wait_for(&set, |s| s.sleeps > s.doorbell_wakeups);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(set.stop(Duration::from_secs(1)));
-    });
-    let report = rx
-        .recv_timeout(PATIENCE)
-        .expect("broken: a sleeping worker did not see its stop");
-    let c = report.workers[0].counters;
-    assert!(c.sleeps >= 4, "{c:?}");
-    assert_eq!(
-        c.sleeps, c.doorbell_wakeups,
-        "a sleep ended by its timeout: {c:?}"
-    );
+    stop_sleeping_workers(move || set.stop(Duration::from_secs(1)));
 }

@@ -368,3 +368,27 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
         .collect()
 }
+
+/// Runs `stop` (a pool's or a set's) on another thread while its workers
+/// sleep, waits for the report (60 s: a deadline that means the stop never
+/// woke them), and checks that every sleep worker 0 took was ended by a
+/// doorbell, none by its timeout (the tests that call this park for an
+/// hour). Returns worker 0's final counters.
+pub fn stop_sleeping_workers(
+    stop: impl FnOnce() -> dataplane::worker::ShutdownReport + Send + 'static,
+) -> dataplane::worker::WorkerSnapshot {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(stop());
+    });
+    let report = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("broken: a sleeping worker did not see its stop");
+    let c = report.workers[0].counters;
+    assert!(c.sleeps >= 4, "{c:?}");
+    assert_eq!(
+        c.sleeps, c.doorbell_wakeups,
+        "a sleep ended by its timeout: {c:?}"
+    );
+    c
+}
