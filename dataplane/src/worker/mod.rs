@@ -157,8 +157,9 @@ impl Idler {
     }
 }
 
-/// Longest sleep while some news would ring no doorbell (an `ibverbs`
-/// queue, a gateway backend's reply; docs/WORKER.md, "Doorbells").
+/// Longest sleep while some news would ring no doorbell (a queue without
+/// a wake-up descriptor, a gateway backend's reply; docs/WORKER.md,
+/// "Doorbells").
 pub const UNRUNG_SLEEP_MAX: Duration = Duration::from_millis(1);
 
 /// How an [`Idler`] step ended.

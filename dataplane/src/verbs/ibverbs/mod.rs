@@ -232,21 +232,32 @@ impl Context<Ibverbs> for IbvContext {
     /// fatal, and window binds and drain markers take entries too.
     fn create_cq(&self, depth: usize) -> Result<IbvCq, VerbsError> {
         let want = (depth.max(1) as u64 * 2).min(u64::from(self.dev.max_cqe.max(1)));
-        // SAFETY: valid context; no completion channel.
-        let cq = unsafe {
-            ibv_create_cq(
-                self.dev.ctx,
-                want as i32,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
+        // A completion channel: its descriptor wakes a sleeping poller
+        // (`CompletionQueue::arm_wakeup`). Non-blocking, so the events are
+        // read without waiting.
+        // SAFETY: valid context.
+        let channel = unsafe { ibv_create_comp_channel(self.dev.ctx) };
+        if channel.is_null() {
+            return Err(os_error("ibv_create_comp_channel"));
+        }
+        // SAFETY: `channel` is valid; its fd is owned by the channel.
+        let channel_fd = unsafe { (*channel).fd };
+        // SAFETY: plain fcntl on a valid descriptor.
+        unsafe {
+            let fl = libc::fcntl(channel_fd, libc::F_GETFL);
+            libc::fcntl(channel_fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        // SAFETY: valid context and channel.
+        let cq =
+            unsafe { ibv_create_cq(self.dev.ctx, want as i32, std::ptr::null_mut(), channel, 0) };
         if cq.is_null() {
+            // SAFETY: no CQ uses the channel.
+            unsafe { ibv_destroy_comp_channel(channel) };
             return Err(os_error("ibv_create_cq"));
         }
         let hw = Arc::new(CqHw {
             cq,
+            channel,
             _dev: Arc::clone(&self.dev),
         });
         // SAFETY: plain syscall.
@@ -256,6 +267,17 @@ impl Context<Ibverbs> for IbvContext {
         }
         // SAFETY: `ep` is a fresh descriptor we own.
         let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        // The channel joins the connections' rdma_cm channels in the
+        // epoll set, whose descriptor is the queue's wake-up descriptor:
+        // a completion event or a connection event wakes a sleeper.
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: COMP_CHANNEL_TOKEN,
+        };
+        // SAFETY: valid epoll fd and descriptor; `ev` lives for the call.
+        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, channel_fd, &mut ev) } < 0 {
+            return Err(os_error("epoll_ctl"));
+        }
         Ok(IbvCq {
             inner: Arc::new(CqInner {
                 hw,
@@ -568,12 +590,18 @@ impl MemoryRegion for IbvMr {
     }
 }
 
-/// The hardware CQ (destroyed after every QP using it).
+/// The hardware CQ and its completion channel (destroyed after every QP
+/// using it).
 #[derive(Debug)]
 struct CqHw {
     cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
     _dev: Arc<Device>,
 }
+
+/// The completion channel's token in a CQ's epoll set (rdma_cm channels
+/// use queue-pair numbers, which fit in 24 bits).
+const COMP_CHANNEL_TOKEN: u64 = u64::MAX;
 
 // SAFETY: CQ polling is thread-safe in libibverbs providers; destroyed once.
 unsafe impl Send for CqHw {}
@@ -582,9 +610,12 @@ unsafe impl Sync for CqHw {}
 
 impl Drop for CqHw {
     fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc to it.
+        // SAFETY: every QP using this CQ holds an Arc to it; every event
+        // read from the channel was acknowledged (`take_cq_events`), which
+        // `ibv_destroy_cq` waits for; the channel outlives its CQ.
         unsafe {
             ibv_destroy_cq(self.cq);
+            ibv_destroy_comp_channel(self.channel);
         }
     }
 }
@@ -672,6 +703,22 @@ impl CqInner {
         self.check_cm_events();
     }
 
+    /// Reads and acknowledges the completion channel's events (each one
+    /// a notification that `arm` asked for); the channel is non-blocking.
+    fn take_cq_events(&self) {
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: valid channel; out-pointers live for the call.
+            let rc = unsafe { ibv_get_cq_event(self.hw.channel, &mut cq, &mut ctx) };
+            if rc != 0 {
+                return;
+            }
+            // SAFETY: the event was for our CQ, read above.
+            unsafe { ibv_ack_cq_events(self.hw.cq, 1) };
+        }
+    }
+
     /// Reads the rdma_cm events of connections whose channel is readable
     /// (peer disconnects, device removal): one `epoll_wait(0)`.
     fn check_cm_events(&self) {
@@ -680,6 +727,9 @@ impl CqInner {
         // SAFETY: valid epoll fd and buffer of 8 events; timeout 0.
         let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
         for ev in evs.iter().take(n.max(0) as usize) {
+            if ev.u64 == COMP_CHANNEL_TOKEN {
+                continue; // read by `disarm_wakeup`
+            }
             let qpn = ev.u64 as u32;
             let qp = lock(&self.qps).get(&qpn).cloned();
             if let Some(qp) = qp {
@@ -712,6 +762,29 @@ impl CompletionQueue for IbvCq {
     /// `epoll_wait(0)`) so a peer's disconnect moves its QP to error.
     fn poll(&self, out: &mut [Completion]) -> usize {
         self.inner.poll(out)
+    }
+
+    /// The epoll set of the completion channel and the connections'
+    /// rdma_cm channels.
+    fn wakeup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.inner.epoll.as_fd())
+    }
+
+    /// Asks for an event at the next completion, then takes what came
+    /// before the request into the stash (the next `poll` hands it out):
+    /// a completion between the last poll and the request makes no event.
+    fn arm_wakeup(&self) -> bool {
+        // SAFETY: valid CQ.
+        if unsafe { ibv_req_notify_cq(self.inner.hw.cq, 0) } != 0 {
+            return false;
+        }
+        self.inner.pump();
+        !self.inner.stashed.load(Ordering::Acquire)
+    }
+
+    fn disarm_wakeup(&self) {
+        self.inner.take_cq_events();
     }
 }
 
