@@ -51,6 +51,7 @@ macro_rules! provider_suite {
             window_bind_while_bound,
             window_bind_wrong_fixed_bits,
             window_bind_outside_mr,
+            a_send_wakes_a_sleeping_receiver,
         );
     };
     (@cases $provider:ident, $guard:ident; $($name:ident),* $(,)?) => {
@@ -778,6 +779,40 @@ fn send_recv_passive<P: Provider>(mut p: Peer<P>) {
         got.extend_from_slice(&s.buf.to_vec());
     }
     assert_eq!(got, pattern(99, 200_000));
+    drop(c);
+    p.passed();
+}
+
+/// The passive side goes to sleep on its CQ's wake-up descriptor the
+/// way a worker does (`before_sleep`, `arm_wakeup`, then `ppoll`), and
+/// only then is the Send made: it must end the sleep (the deadline means
+/// broken). Every provider has a wake-up descriptor.
+fn wake_active<P: Provider>(mut p: Peer<P>) {
+    assert_eq!(p.oob.recv(), "asleep");
+    p.send_bytes(SendOp::Send, b"wake up", true);
+    assert!(p.next_send().is_ok());
+    join_peer(&mut p);
+    p.finish();
+}
+
+fn wake_passive<P: Provider>(mut p: Peer<P>) {
+    use std::os::fd::AsRawFd;
+    let fd =
+        p.cq.wakeup_fd()
+            .expect("every provider has a wake-up descriptor")
+            .as_raw_fd();
+    p.cq.before_sleep();
+    assert!(p.cq.arm_wakeup(), "nothing was sent yet");
+    p.oob.send("asleep");
+    let mut fds = [dataplane::wake::pollfd(fd)];
+    assert!(
+        dataplane::wake::sleep_on(&mut fds, Duration::from_secs(30)),
+        "broken: the Send did not wake the sleeping receiver"
+    );
+    p.cq.disarm_wakeup();
+    let c = p.next_recv();
+    assert!(c.is_ok(), "{:?}", c.status);
+    assert_eq!(c.byte_len, 7);
     drop(c);
     p.passed();
 }
@@ -1652,6 +1687,13 @@ fn many_cfg() -> EpConfig {
 pub fn cases<P: Provider>() -> Vec<Case<P>> {
     let d = EpConfig::default;
     vec![
+        Case {
+            name: "a_send_wakes_a_sleeping_receiver",
+            active_cfg: d(),
+            passive_cfg: d(),
+            active: wake_active::<P>,
+            passive: wake_passive::<P>,
+        },
         Case {
             name: "send_recv_sizes_and_order",
             active_cfg: big_cfg(),
