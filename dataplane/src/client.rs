@@ -31,9 +31,7 @@ use crate::verbs::{Completion, Context, Provider, VerbsError};
 use crate::wire::conf::ConfigRdmaReply;
 use crate::wire::conf2::is_plain_version_one;
 use crate::wire::rpcrdma::MIN_CHUNKED_HEADER_LEN;
-use crate::worker::{
-    Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST, UNRUNG_SLEEP_MAX,
-};
+use crate::worker::{Endpoint, EndpointConfig, EndpointError, IdleStrategy, Idler, POLL_BURST};
 
 /// Client configuration.
 #[derive(Debug, Clone, Copy)]
@@ -371,7 +369,7 @@ impl<P: Provider> Client<P> {
                 1
             }
             None => {
-                until = Some(until.map_or(UNRUNG_SLEEP_MAX, |u| u.min(UNRUNG_SLEEP_MAX)));
+                until = crate::worker::unrung(until);
                 0
             }
         };

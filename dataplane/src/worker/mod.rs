@@ -162,6 +162,12 @@ impl Idler {
 /// "Doorbells").
 pub const UNRUNG_SLEEP_MAX: Duration = Duration::from_millis(1);
 
+/// A sleep's bound `until` (none: `park_max`) shortened to
+/// [`UNRUNG_SLEEP_MAX`], for a sleeper some of whose news rings nothing.
+pub(crate) fn unrung(until: Option<Duration>) -> Option<Duration> {
+    Some(until.map_or(UNRUNG_SLEEP_MAX, |u| u.min(UNRUNG_SLEEP_MAX)))
+}
+
 /// How an [`Idler`] step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sleep {

@@ -17,7 +17,7 @@ use super::pool::PoolProvider;
 use super::{
     engine, system_err_reply, Command, Completion, Dispatched, Dispatcher, Event, Idler,
     IncomingCall, Leak, OutgoingReply, Sleep, Transport, WorkerConfig, WorkerCounters,
-    WorkerReport, UNRUNG_SLEEP_MAX,
+    WorkerReport,
 };
 use crate::gateway::{Answer, Forwarded, Forwarder, Token};
 use crate::service::KnownCall;
@@ -385,15 +385,14 @@ impl<P: PoolProvider> ProviderConns<P> {
     /// what a sleep that doorbells end may last. O(connections), once per
     /// sleep.
     fn sleep_deadline(&self) -> Option<engine::Instant> {
-        let endpoints = self.all().filter_map(|ep| ep.poll_timeout()).min();
         let strays = self
             .strays
             .front()
             .map(|(at, _)| instant_after(*at, STRAY_TTL));
-        match (endpoints, strays) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.all()
+            .filter_map(|ep| ep.poll_timeout())
+            .chain(strays)
+            .min()
     }
 
     /// Whether every completion queue of this provider rings a doorbell
@@ -738,7 +737,7 @@ impl Worker {
                         || scratch.forwarder.is_some()
                         || !scratch.retiring.is_empty();
                     if unrung {
-                        until = Some(until.map_or(UNRUNG_SLEEP_MAX, |u| u.min(UNRUNG_SLEEP_MAX)));
+                        until = super::unrung(until);
                     }
                     if conns.arm_wakeup(&mut sleep_fds) {
                         c.sleeps.add(1);

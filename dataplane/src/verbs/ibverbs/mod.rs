@@ -23,7 +23,6 @@ pub mod translate;
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,6 +39,7 @@ use crate::verbs::{
     RecvWr, RemoteKey, SendOp, SendWr, SgeList, SharedReceiveQueue, SrqCaps, VerbsError, WcOpcode,
     WcStatus, Window, MAX_SGE,
 };
+use crate::wake::ReadySet;
 
 /// Send-queue slots beyond the user's depth: one window bind, one drain
 /// marker, and slack.
@@ -260,24 +260,14 @@ impl Context<Ibverbs> for IbvContext {
             channel,
             _dev: Arc::clone(&self.dev),
         });
-        // SAFETY: plain syscall.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(os_error("epoll_create1"));
-        }
-        // SAFETY: `ep` is a fresh descriptor we own.
-        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let os = |what| move |source| VerbsError::Os { what, source };
+        let epoll = ReadySet::new().map_err(os("epoll_create1"))?;
         // The channel joins the connections' rdma_cm channels in the
-        // epoll set, whose descriptor is the queue's wake-up descriptor:
-        // a completion event or a connection event wakes a sleeper.
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: COMP_CHANNEL_TOKEN,
-        };
-        // SAFETY: valid epoll fd and descriptor; `ev` lives for the call.
-        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, channel_fd, &mut ev) } < 0 {
-            return Err(os_error("epoll_ctl"));
-        }
+        // set, whose descriptor is the queue's wake-up descriptor: a
+        // completion event or a connection event wakes a sleeper.
+        epoll
+            .add(channel_fd, COMP_CHANNEL_TOKEN)
+            .map_err(os("epoll_ctl"))?;
         Ok(IbvCq {
             inner: Arc::new(CqInner {
                 hw,
@@ -630,8 +620,9 @@ struct CqInner {
     /// handed out first by the next `poll`.
     stash: Mutex<VecDeque<Completion>>,
     stashed: AtomicBool,
-    /// The connections' rdma_cm channels.
-    epoll: OwnedFd,
+    /// The connections' rdma_cm channels (token: QP number) and the
+    /// completion channel ([`COMP_CHANNEL_TOKEN`]).
+    epoll: ReadySet,
     polls: AtomicU32,
 }
 
@@ -722,30 +713,17 @@ impl CqInner {
     /// Reads the rdma_cm events of connections whose channel is readable
     /// (peer disconnects, device removal): one `epoll_wait(0)`.
     fn check_cm_events(&self) {
-        // SAFETY: all-zero epoll_event is valid.
-        let mut evs: [libc::epoll_event; 8] = unsafe { std::mem::zeroed() };
-        // SAFETY: valid epoll fd and buffer of 8 events; timeout 0.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
-        for ev in evs.iter().take(n.max(0) as usize) {
-            if ev.u64 == COMP_CHANNEL_TOKEN {
+        let mut ready = [0u64; 8];
+        let n = self.epoll.ready(&mut ready);
+        for &token in &ready[..n] {
+            if token == COMP_CHANNEL_TOKEN {
                 continue; // read by `disarm_wakeup`
             }
-            let qpn = ev.u64 as u32;
+            let qpn = token as u32;
             let qp = lock(&self.qps).get(&qpn).cloned();
             if let Some(qp) = qp {
                 qp.process_cm_events();
             }
-        }
-    }
-
-    fn epoll_ctl(&self, op: i32, fd: i32, qpn: u32) {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: u64::from(qpn),
-        };
-        // SAFETY: valid epoll fd and descriptor; `ev` lives for the call.
-        unsafe {
-            libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev);
         }
     }
 }
@@ -767,7 +745,6 @@ impl CompletionQueue for IbvCq {
     /// The epoll set of the completion channel and the connections'
     /// rdma_cm channels.
     fn wakeup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
         Some(self.inner.epoll.as_fd())
     }
 
@@ -1442,7 +1419,9 @@ impl QpHandle {
         *lock(&self.shared.cm) = Some(cm);
         self.shared.state.store(STATE_RTS, Ordering::Release);
         for cq in self.cqs() {
-            cq.epoll_ctl(libc::EPOLL_CTL_ADD, fd, self.shared.qp_num);
+            // A failure leaves the QP to learn of a disconnect from its
+            // completions (flushes) instead.
+            let _ = cq.epoll.add(fd, u64::from(self.shared.qp_num));
         }
         self.epoll_fd = Some(fd);
     }
@@ -1513,7 +1492,7 @@ impl Drop for QpHandle {
         }
         if let Some(fd) = self.epoll_fd {
             for cq in self.cqs() {
-                cq.epoll_ctl(libc::EPOLL_CTL_DEL, fd, sh.qp_num);
+                cq.epoll.remove(fd);
             }
         }
         for cq in self.cqs() {
