@@ -147,3 +147,112 @@ fn shm_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
 fn roce_a_sleeping_worker_and_client_are_woken_by_their_doorbells() {
     sleeping_worker_and_client_are_woken::<Roce>(loopback_url(""));
 }
+
+/// A backend for the bench program that answers each call (SUCCESS, no
+/// results) only when the test says so: it reports each call it read on
+/// `got`, then waits for a word on the returned sender before replying.
+fn held_backend(
+    got: std::sync::mpsc::Sender<u32>,
+) -> (std::net::SocketAddr, std::sync::mpsc::Sender<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else {
+            return;
+        };
+        loop {
+            let mut mark = [0u8; 4];
+            if s.read_exact(&mut mark).is_err() {
+                return;
+            }
+            let len = (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize;
+            assert!(len <= 4096, "a call record of {len} bytes");
+            let mut msg = vec![0u8; len];
+            if s.read_exact(&mut msg).is_err() {
+                return;
+            }
+            let xid = u32::from_be_bytes(msg[..4].try_into().unwrap());
+            if got.send(xid).is_err() || released.recv().is_err() {
+                return;
+            }
+            // Record mark, XID, REPLY, MSG_ACCEPTED, AUTH_NONE verifier,
+            // SUCCESS (RFC 5531 s9).
+            let mut rec = Vec::new();
+            for w in [0x8000_0000u32 | 24, xid, 1, 0, 0, 0, 0] {
+                rec.extend_from_slice(&w.to_be_bytes());
+            }
+            if s.write_all(&rec).is_err() {
+                return;
+            }
+        }
+    });
+    (addr, release)
+}
+
+/// A worker whose relay waits for a gateway backend sleeps on the
+/// backend's socket: the reply ends the sleep (docs/WORKER.md,
+/// "Doorbells"). The bench program is routed to a backend that holds each
+/// reply until the worker is asleep; the worker parks for an hour and the
+/// relay's call timeout is an hour too, so only the socket can wake it in
+/// time: every call is answered within the client's wait, and at the end
+/// every sleep the worker took was ended by a doorbell, none by a timeout
+/// (the relay once capped such a sleep at a millisecond, which ended by
+/// its timeout).
+#[test]
+fn shm_a_sleeping_gateway_worker_is_woken_by_its_backends_reply() {
+    use dataplane::gateway::{GatewayConfig, Route};
+    use dataplane::worker::{GatewaySetup, IdleStrategy};
+    let (got, calls_seen) = std::sync::mpsc::channel();
+    let (backend, release) = held_backend(got);
+    let gateway = GatewayConfig {
+        routes: vec![Route {
+            program: BENCH_PROGRAM,
+            versions: 1..=1,
+            backend,
+            connections: 1,
+        }],
+        call_timeout: HOUR,
+        ..GatewayConfig::default()
+    };
+    let engine = engine_config(4096, 4);
+    let url = sock_url();
+    let server = Server::<Shm>::at(url.clone(), 1, engine, bench_service(), |c| {
+        c.idle = IdleStrategy::Adaptive { park_max: HOUR };
+        c.gateway = Some(GatewaySetup {
+            config: std::sync::Arc::new(gateway),
+        });
+    });
+    let mut config = client_config(engine);
+    config.idle = IdleStrategy::Adaptive { park_max: HOUR };
+    let mut client = Client::<Shm>::connect(&url, config).expect("connect");
+    for round in 0..3 {
+        let call = client
+            .call(ReplyTarget::Inline, |xid, buf| {
+                bench::encode_call(buf, xid, Args::Null)
+                    .ok()
+                    .map(|e| (e.len, e.ddp))
+            })
+            .expect("call");
+        calls_seen
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("round {round}: the call never reached the backend: {e}"));
+        // The worker forwarded the call awake; a sleep seen now began
+        // after that, with the reply due.
+        until(&server, &format!("round {round}: never slept"), |s| {
+            s.sleeps > s.doorbell_wakeups
+        });
+        release.send(()).unwrap();
+        let outcome = client.wait(call).expect("reply");
+        assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
+        bench::decode_void_reply(&client.reply(call).map(|b| b.to_vec()).unwrap())
+            .expect("void reply");
+        assert!(client.release(call));
+    }
+    drop(client);
+    until(&server, "never slept before the stop", |s| {
+        s.sleeps > s.doorbell_wakeups
+    });
+    stop_sleeping_workers(move || server.stop(std::time::Duration::from_secs(1)));
+}

@@ -90,6 +90,36 @@ impl BackendConn {
         !matches!(self.link, Link::Down { .. })
     }
 
+    /// What a sleeping worker waits for on this connection
+    /// (docs/WORKER.md, "Doorbells"): its socket, readable while replies
+    /// are due, writable while a connect is under way or calls wait in the
+    /// output. `None` when nothing here can be news (down, or up and
+    /// quiet); an error or hang-up ends the sleep whatever was asked.
+    pub(super) fn watch(&self) -> Option<libc::pollfd> {
+        let (fd, events) = match &self.link {
+            Link::Down { .. } => return None,
+            Link::Connecting(stream) => (stream.as_raw_fd(), libc::POLLOUT),
+            Link::Up(stream) => {
+                let mut events = 0;
+                if self.in_flight > 0 {
+                    events |= libc::POLLIN;
+                }
+                if !self.out.is_empty() {
+                    events |= libc::POLLOUT;
+                }
+                if events == 0 {
+                    return None;
+                }
+                (stream.as_raw_fd(), events)
+            }
+        };
+        Some(libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        })
+    }
+
     /// Starts a connection attempt if down and `now` allows one. Returns
     /// [`LinkEvent::Lost`] when the attempt failed at once (the next one
     /// waits `retry_after`).

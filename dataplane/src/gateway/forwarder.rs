@@ -153,6 +153,16 @@ pub struct Forwarder<O: Copy> {
     drc: Drc,
 }
 
+/// What a relay needs from its worker's sleep ([`Forwarder::watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayWatch {
+    /// When the relay next needs the loop (the earliest call timeout).
+    pub deadline: Option<Instant>,
+    /// False when some of its news rings no descriptor (calls queued for
+    /// room or a connection): the sleep must stay short.
+    pub rings: bool,
+}
+
 /// The largest call [`Forwarder::forward_copy`] keeps a copy of.
 pub const KEEP_MAX: usize = 64 * 1024;
 
@@ -209,6 +219,43 @@ impl<O: Copy> Forwarder<O> {
             next_sweep: Instant::ZERO,
             drc,
         })
+    }
+
+    /// Backend connections, every route's: how many descriptors
+    /// [`watch`](Self::watch) may add.
+    pub fn connections(&self) -> usize {
+        self.backends.iter().map(|b| b.conns.len()).sum()
+    }
+
+    /// Readies the relay for its worker's sleep (docs/WORKER.md,
+    /// "Doorbells"): adds to `fds` the backend sockets whose readiness is
+    /// news (a reply due, output or a connect waiting) and says until
+    /// when the sleep may last. Nothing to watch, and no deadline, while
+    /// no call is out. O(calls out), once per sleep.
+    pub fn watch(&self, fds: &mut Vec<libc::pollfd>) -> RelayWatch {
+        if self.in_flight == 0 {
+            return RelayWatch {
+                deadline: None,
+                rings: true,
+            };
+        }
+        for b in &self.backends {
+            fds.extend(b.conns.iter().filter_map(BackendConn::watch));
+        }
+        // The sweep that fails a call runs once its timeout has passed.
+        let timeout = self.config.call_timeout;
+        let deadline = self.pending[..self.high_water]
+            .iter()
+            .filter(|p| p.state != State::Free)
+            .map(|p| p.since.saturating_add(timeout))
+            .min();
+        RelayWatch {
+            deadline,
+            // A call queued for room or for a connection is tried again
+            // by the loop (and a down link waits for its retry time):
+            // no descriptor tells when.
+            rings: self.resend.is_empty() && self.resend_copied.is_empty(),
+        }
     }
 
     /// Calls waiting for their backend.

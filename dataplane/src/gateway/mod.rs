@@ -54,7 +54,7 @@ use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use forwarder::{Answer, ForwardError, Forwarded, Forwarder, Token, KEEP_MAX};
+pub use forwarder::{Answer, ForwardError, Forwarded, Forwarder, RelayWatch, Token, KEEP_MAX};
 
 use crate::engine::DdpItems;
 use crate::nfs;

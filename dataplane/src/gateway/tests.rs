@@ -288,6 +288,78 @@ fn calls_kept_as_copies_are_resent_by_the_relay_itself() {
     assert_eq!(seen.iter().filter(|m| m[4..] == calls[0][4..]).count(), 2);
 }
 
+/// What a sleeping worker waits on for its relay: nothing while no call
+/// is out; with calls out, each connection with a reply due (readable)
+/// and the earliest call timeout; a call queued for a connection makes
+/// the sleep short (no descriptor tells when it can go).
+#[test]
+fn a_relay_asks_its_sleeper_to_watch_the_sockets_with_replies_due() {
+    // A backend that takes connections and calls and never answers, so
+    // that what is due stays due.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = listener.incoming().map_while(Result::ok).collect();
+        drop(held);
+    });
+    let (mut fw, _) = forwarder(addr, 2);
+    assert_eq!(fw.connections(), 2);
+    let mut fds = Vec::new();
+    let idle = fw.watch(&mut fds);
+    assert_eq!((idle.deadline, idle.rings, fds.len()), (None, true, 0));
+
+    let t0 = Instant::ZERO.saturating_add(Duration::from_secs(1));
+    let t1 = t0.saturating_add(Duration::from_millis(3));
+    let calls: Vec<Vec<u8>> = (0..3u32).map(|i| call(0x1000 + i, PROG, 1, &[])).collect();
+    fw.forward(t0, 0, 1, &calls[0]).unwrap();
+    fw.forward(t1, 1, 1, &calls[1]).unwrap();
+    // Once connected and written out, both connections wait for a reply
+    // and have nothing to write.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let w = loop {
+        fw.poll(t1, |_, _| panic!("an answer from a silent backend"));
+        fds.clear();
+        let w = fw.watch(&mut fds);
+        if fds.len() == 2 && fds.iter().all(|p| p.events == libc::POLLIN) {
+            break w;
+        }
+        assert!(std::time::Instant::now() < deadline, "broken: {fds:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(w.deadline, Some(t0.saturating_add(Duration::from_secs(5))));
+    assert!(w.rings);
+
+    // Timed out (virtual time): nothing left to watch.
+    let mut failed = 0;
+    fw.poll(t1.saturating_add(Duration::from_secs(6)), |_, a| {
+        assert!(matches!(a, Answer::Failed { .. }));
+        failed += 1;
+    });
+    assert_eq!(failed, 2);
+    fds.clear();
+    let w = fw.watch(&mut fds);
+    assert_eq!((w.deadline, w.rings, fds.len()), (None, true, 0));
+
+    // A backend that is not there: the call waits in the resend queue.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (mut fw, _) = forwarder(port, 1);
+    fw.forward(t0, 2, 1, &calls[2]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let w = loop {
+        fw.poll(t0, |_, _| {});
+        let w = fw.watch(&mut fds);
+        if !w.rings {
+            break w;
+        }
+        assert!(std::time::Instant::now() < deadline, "broken: never queued");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(w.deadline, Some(t0.saturating_add(Duration::from_secs(5))));
+}
+
 #[test]
 fn a_backend_that_is_not_there_times_calls_out() {
     // A port nobody listens on: connections are refused, calls wait in

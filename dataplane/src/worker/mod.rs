@@ -158,8 +158,8 @@ impl Idler {
 }
 
 /// Longest sleep while some news would ring no doorbell (a queue without
-/// a wake-up descriptor, a gateway backend's reply; docs/WORKER.md,
-/// "Doorbells").
+/// a wake-up descriptor, a relay call queued for a backend connection;
+/// docs/WORKER.md, "Doorbells").
 pub const UNRUNG_SLEEP_MAX: Duration = Duration::from_millis(1);
 
 /// A sleep's bound `until` (none: `park_max`) shortened to

@@ -177,6 +177,17 @@ fn is_clean(reason: engine::CloseReason) -> bool {
 /// connections read without epoll, and grow the list once each).
 const SLEEP_FDS: usize = 16;
 
+/// Backend sockets a sleep may wait on for the worker's relays
+/// ([`Forwarder::watch`]).
+fn relay_fds(scratch: &Scratch) -> usize {
+    scratch
+        .forwarder
+        .iter()
+        .chain(&scratch.retiring)
+        .map(Forwarder::connections)
+        .sum()
+}
+
 /// How often the timers of connections on a shared completion queue are
 /// looked at. Engine deadlines are milliseconds to seconds (call and idle
 /// timeouts), so a millisecond late is nothing, and an iteration costs the
@@ -562,7 +573,7 @@ impl Worker {
         // completion queue, the TCP epoll set (or each socket without
         // one). Sized here, so the first sleep, which may come after the
         // traffic started, allocates nothing.
-        let mut sleep_fds: Vec<libc::pollfd> = Vec::with_capacity(SLEEP_FDS);
+        let mut sleep_fds: Vec<libc::pollfd> = Vec::with_capacity(SLEEP_FDS + relay_fds(&scratch));
         let mut phase = Phase::Running;
         let mut report = WorkerReport {
             worker: self.index,
@@ -623,6 +634,9 @@ impl Worker {
                         if let Some(old) = old.filter(|f| f.in_flight() > 0) {
                             scratch.retiring.push(old);
                         }
+                        // Room for the new relay's sockets in a sleep.
+                        let room = SLEEP_FDS + relay_fds(&scratch);
+                        sleep_fds.reserve(room.saturating_sub(sleep_fds.len()));
                     }
                     Command::Status(reply) => {
                         // The asker waits with a deadline; an answer it no
@@ -720,22 +734,29 @@ impl Worker {
                     conns.before_sleep();
                     sleep_fds.clear();
                     sleep_fds.push(crate::wake::pollfd(self.doorbell.as_fd().as_raw_fd()));
+                    // The gateway's backend sockets with a reply or
+                    // output due.
+                    let mut relays_ring = true;
+                    let mut relay_deadline = None;
+                    for fw in scratch.forwarder.iter().chain(&scratch.retiring) {
+                        let w = fw.watch(&mut sleep_fds);
+                        relays_ring &= w.rings;
+                        relay_deadline = [relay_deadline, w.deadline].into_iter().flatten().min();
+                    }
                     // Until a doorbell, the next deadline or `park_max`;
                     // no longer than a short nap while some news would
-                    // ring nothing (a provider without doorbells, replies
-                    // from gateway backends).
+                    // ring nothing (a provider without doorbells, calls
+                    // queued in a relay).
                     let phase_deadline = match phase {
                         Phase::Running => None,
                         Phase::Grace { deadline } | Phase::Draining { deadline } => Some(deadline),
                     };
-                    let mut until = [conns.sleep_deadline(), phase_deadline]
+                    let mut until = [conns.sleep_deadline(), phase_deadline, relay_deadline]
                         .into_iter()
                         .flatten()
                         .min()
                         .map(|t| t.saturating_duration_since(now));
-                    let unrung = !conns.all_ring()
-                        || scratch.forwarder.is_some()
-                        || !scratch.retiring.is_empty();
+                    let unrung = !conns.all_ring() || !relays_ring;
                     if unrung {
                         until = super::unrung(until);
                     }
