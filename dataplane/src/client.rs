@@ -166,6 +166,11 @@ pub enum ClientError {
 /// Regions a client registers at most at once.
 pub const MAX_REGIONS: usize = 64;
 
+/// Further descriptors a sleeping client waits on besides its queue's
+/// doorbell (`CompletionQueue::watch_also`: a `roce` connection's device
+/// socket); more are left out, and their news comes through the doorbell.
+const CLIENT_WATCH_ALSO: usize = 3;
+
 /// A key for a registered range of the connection's application memory
 /// (the RDS proposal's "key": obtained once, used by many directed
 /// operations). Valid on this client's connection only, until
@@ -356,7 +361,7 @@ impl<P: Provider> Client<P> {
             return;
         }
         self.ep.before_sleep();
-        let mut fds: [libc::pollfd; 1] = [crate::wake::pollfd(-1)];
+        let mut fds = [crate::wake::pollfd(-1); 1 + CLIENT_WATCH_ALSO];
         // Until the doorbell or the engine's next deadline; a short nap
         // where the provider rings nothing.
         let mut until = self
@@ -374,6 +379,15 @@ impl<P: Provider> Client<P> {
             }
         };
         if self.ep.arm_wakeup() {
+            let mut n = n;
+            if n == 1 {
+                self.ep.watch_also(&mut |fd| {
+                    if let Some(slot) = fds.get_mut(n) {
+                        *slot = crate::wake::pollfd(fd);
+                        n += 1;
+                    }
+                });
+            }
             idler.idle_on(until, &mut fds[..n]);
         }
         self.ep.disarm_wakeup();

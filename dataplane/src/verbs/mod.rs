@@ -964,6 +964,19 @@ pub trait CompletionQueue: Send + Sync {
     /// The polling thread is back (or did not sleep): peers stop ringing
     /// and the descriptor is quiet again. Default: nothing.
     fn disarm_wakeup(&self) {}
+
+    /// Descriptors besides [`wakeup_fd`] whose readiness is news for a
+    /// sleeper right now, handed to `add` after [`arm_wakeup`] returned
+    /// true (`roce`: the device's socket while no thread reads it, so a
+    /// packet wakes the sleeper itself rather than through the device's
+    /// thread). Readiness that turns out not to be ours only costs the
+    /// sleeper a look. Default: none.
+    ///
+    /// [`wakeup_fd`]: CompletionQueue::wakeup_fd
+    /// [`arm_wakeup`]: CompletionQueue::arm_wakeup
+    fn watch_also(&self, add: &mut dyn FnMut(std::os::fd::RawFd)) {
+        let _ = add;
+    }
 }
 
 /// A created queue pair, before connection (typestate).

@@ -1194,6 +1194,14 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Its own queue's further descriptors for an armed sleep
+    /// (`CompletionQueue::watch_also`).
+    pub fn watch_also(&self, add: &mut dyn FnMut(RawFd)) {
+        if let CqHandle::Own(cq) = &self.cq {
+            cq.watch_also(add);
+        }
+    }
+
     /// The engine's next deadline.
     pub fn poll_timeout(&self) -> Option<engine::Instant> {
         self.conn.poll_timeout()

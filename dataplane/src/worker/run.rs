@@ -371,12 +371,14 @@ impl<P: PoolProvider> ProviderConns<P> {
                 fds.push(crate::wake::pollfd(fd));
             }
             quiet &= ep.arm_wakeup();
+            ep.watch_also(&mut |fd| fds.push(crate::wake::pollfd(fd)));
         }
         for cq in &self.cqs {
             if let Some(fd) = cq.wakeup_fd() {
                 fds.push(crate::wake::pollfd(fd.as_raw_fd()));
             }
             quiet &= cq.arm_wakeup();
+            cq.watch_also(&mut |fd| fds.push(crate::wake::pollfd(fd)));
         }
         quiet
     }

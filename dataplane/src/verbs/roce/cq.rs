@@ -1,7 +1,7 @@
 //! Completion queues: a poll drives the shards of the queue's queue
 //! pairs and takes completions from those its ready list names.
 use std::collections::VecDeque;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -140,6 +140,20 @@ impl CompletionQueue for RoceCq {
 
     fn disarm_wakeup(&self) {
         self.inner.ready.disarm();
+    }
+
+    /// The socket of each device none of whose shards a thread drives:
+    /// a packet then wakes the sleeper at once, instead of waking the
+    /// device's thread, which rings the doorbell when it has driven the
+    /// packet's queue pair (two wake-ups in series). The device's thread
+    /// still wakes too, and whichever reads the packet first hands it on.
+    fn watch_also(&self, add: &mut dyn FnMut(RawFd)) {
+        let now = Instant::now();
+        for s in lock(&self.inner.shards).iter() {
+            if let Some(fd) = s.dev.socket_if_nobody_drives(now) {
+                add(fd);
+            }
+        }
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {

@@ -29,7 +29,7 @@
 use rustc_hash::FxHashMap;
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -199,6 +199,11 @@ pub(super) struct Shard {
     pub(super) counters: ShardCounters,
 }
 
+/// [`Shard::last_progress`] of a shard its thread handed to the device's
+/// thread ([`Shard::hand_to_device`]): idle at once, even on a device
+/// younger than its idle threshold.
+const HANDED_OVER: u64 = 0;
+
 /// Source of [`Shard::id`].
 static SHARD_IDS: AtomicUsize = AtomicUsize::new(1);
 
@@ -252,15 +257,16 @@ impl Shard {
     /// The thread driving this shard goes to sleep: the shard counts as
     /// idle at once and the device's thread is woken to drive it.
     pub(super) fn hand_to_device(&self, dev: &Device) {
-        self.last_progress.store(0, Ordering::Relaxed);
+        self.last_progress.store(HANDED_OVER, Ordering::Relaxed);
         dev.wake_thread();
     }
 
     /// Whether no thread has driven this shard for the device's idle
-    /// threshold at `now`: the device's thread may then drive it.
+    /// threshold at `now`, or its thread handed it over: the device's
+    /// thread may then drive it.
     pub(super) fn is_idle(&self, dev: &Device, now: Instant) -> bool {
         let last = self.last_progress.load(Ordering::Relaxed);
-        dev.ns(now).saturating_sub(last) >= dev.idle_after.as_nanos() as u64
+        last == HANDED_OVER || dev.ns(now).saturating_sub(last) >= dev.idle_after.as_nanos() as u64
     }
 
     /// Its counters, for `RoceShardStats`.
@@ -522,8 +528,10 @@ impl Device {
         Err(VerbsError::Limit("no free loopback alias for RoCE"))
     }
 
+    /// Nanoseconds since the device's epoch, at least 1 (0 is
+    /// [`HANDED_OVER`]).
     fn ns(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_nanos() as u64
+        (t.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
     }
 
     fn tx(&self) -> Tx {
@@ -582,6 +590,20 @@ impl Device {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
+    }
+
+    /// The device's socket, when no thread drives any of its shards at
+    /// `now` (each handed to the device's thread or idle): only that
+    /// thread reads the socket then, and a sleeper may wait on it too
+    /// (`CompletionQueue::watch_also`). While a thread drives a shard it
+    /// reads the socket itself, and a sleeper waiting there would be
+    /// woken by every datagram that thread reads.
+    pub(super) fn socket_if_nobody_drives(&self, now: Instant) -> Option<RawFd> {
+        let shards = lock(&self.shards);
+        shards
+            .iter()
+            .all(|s| s.is_idle(self, now))
+            .then(|| self.socket.as_raw_fd())
     }
 
     /// Packets the kernel refused as larger than the route's MTU.

@@ -478,6 +478,58 @@ fn before_sleep_sends_the_held_ack() {
     assert_eq!((apsn.value(), syn, msn), (req_psn, Syndrome::ACK, 1));
 }
 
+/// A sleeper waits on the device's socket only while no thread drives
+/// any of the device's shards (`CompletionQueue::watch_also`): after
+/// `before_sleep` handed the only shard to the device's thread, the
+/// socket is offered, and a packet on it makes it readable; while a
+/// thread polls the shard, it is not (that thread reads the socket, and
+/// a sleeper there would wake for each of its datagrams).
+#[test]
+fn a_sleeper_watches_the_device_socket_only_while_nobody_drives_it() {
+    use std::os::fd::RawFd;
+    // A device of its own, whose thread stays away from the shard while
+    // it is driven (`idle_ms`).
+    let ((_, pip), (_, fip)) = (addrs(), addrs());
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    let s = t.join().unwrap();
+    let watched = |cq: &RoceCq| {
+        let mut fds: Vec<RawFd> = Vec::new();
+        cq.watch_also(&mut |fd| fds.push(fd));
+        fds
+    };
+    // Driven: the poll of `accept` just ran.
+    assert!(s.cq.poll(&mut []) == 0);
+    assert!(
+        watched(&s.cq).is_empty(),
+        "offered while a thread drives it"
+    );
+    s.cq.before_sleep();
+    let fds = watched(&s.cq);
+    assert_eq!(fds.len(), 1, "the socket of the sleeper's device");
+    let mut pfd = [crate::wake::pollfd(fds[0])];
+    // The device's thread, now the shard's driver, would read the packet
+    // as soon as it arrives; holding the shard keeps it off (it only
+    // `try_lock`s a shard, and reads the socket for no one else), so the
+    // packet stays in the socket for the look below.
+    let held = lock(&s.qp.shard.state);
+    let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
+    bth.ack_req = true;
+    fake.send(&RocePacket::new(bth, b"call"));
+    assert!(
+        crate::wake::sleep_on(&mut pfd, Duration::from_secs(30)),
+        "broken: a packet did not make the watched socket readable"
+    );
+    drop(held);
+    // The poll after the sleep (or the device's thread) reads it, and the
+    // Send completes.
+    let c = next_completion(&s.cq);
+    assert_eq!(c.sgl.iter().next().unwrap().buf.to_vec(), b"call");
+    drop(c);
+    assert!(watched(&s.cq).is_empty(), "driven again");
+}
+
 /// A Send from memory no peer may write leaves without a copy into the
 /// transmit slot (headers and ICRC in the slot, the payload gathered by
 /// the kernel from where it lies), and the peer gets the same packets
