@@ -235,9 +235,18 @@ fn shm_a_sleeping_gateway_worker_is_woken_by_its_backends_reply() {
                     .map(|e| (e.len, e.ddp))
             })
             .expect("call");
-        calls_seen
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("round {round}: the call never reached the backend: {e}"));
+        // `call` queues; the client's progress sends (a Send can wait in
+        // the provider for the server's first receives).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while calls_seen.try_recv().is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the call never reached the backend: {:?}",
+                server.pool().snapshot()[0]
+            );
+            client.progress();
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         // The worker forwarded the call awake; a sleep seen now began
         // after that, with the reply due.
         until(&server, &format!("round {round}: never slept"), |s| {

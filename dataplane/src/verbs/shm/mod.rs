@@ -537,8 +537,10 @@ impl CompletionQueue for ShmCq {
     /// Raises the sleeping flag in the outbox of every connection this
     /// queue receives for, then (after a full fence, the other half of
     /// `Conn::ring_if_sleeping`) looks once at each for anything already
-    /// published or completed. Costs a lock and a few loads per queue
-    /// pair, once per sleep, not per poll.
+    /// published or completed, or for room the peer gave a Send of ours
+    /// that waits for it (a receive, descriptor slots). Rings a sleeping
+    /// peer we gave room since we last looked. Costs a lock and a few
+    /// loads per queue pair, once per sleep, not per poll.
     fn arm_wakeup(&self) -> bool {
         let st = lock(&self.inner.qps);
         let id = self.inner.id;
@@ -549,10 +551,17 @@ impl CompletionQueue for ShmCq {
         }
         fence(Ordering::SeqCst);
         st.all.iter().all(|qp| {
-            let inner = lock(&qp.inner);
-            let news = inner.conn.as_ref().is_some_and(Conn::peer_has_news)
+            let mut inner = lock(&qp.inner);
+            let waiting = !inner.sq.is_empty();
+            let news = inner
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.peer_has_news() || (waiting && c.peer_has_room()))
                 || !inner.send_done.is_empty()
                 || !inner.recv_done.is_empty();
+            if let Some(conn) = inner.conn.as_mut() {
+                conn.ring_after(false);
+            }
             !news
         })
     }
@@ -721,6 +730,11 @@ struct Conn {
     peer_rings: bool,
     /// Our sleeping flag as we last wrote it.
     sleeping: bool,
+    /// We gave the peer room since we last looked at its sleeping flag:
+    /// a receive published or descriptors consumed. A peer asleep with a
+    /// Send waiting for exactly that (no receive posted, its descriptor
+    /// ring full) must be rung, or it sleeps with the Send unsent.
+    gave_room: bool,
     /// Control-message buffer for reading the socket (made once).
     cmsg: Vec<u8>,
 }
@@ -964,6 +978,27 @@ impl Conn {
     /// descriptor, or its close or error flag.
     fn peer_has_news(&self) -> bool {
         self.peer_word(W_DESC_HEAD) != self.peer_desc_tail || self.peer_word(W_FLAGS) != 0
+    }
+
+    /// Whether a Send of ours would find room at the peer now: a receive
+    /// posted and a free descriptor slot (a Send that waited for either
+    /// may go). A garbage counter reads as room: the Send then fails.
+    fn peer_has_room(&self) -> bool {
+        let recvs = self
+            .peer_word(W_RECV_HEAD)
+            .wrapping_sub(self.peer_recv_tail);
+        let descs = self
+            .desc_head
+            .wrapping_sub(self.peer_word(W_PEER_DESC_TAIL));
+        recvs > 0 && descs < self.layout.desc_cap as u64
+    }
+
+    /// Rings a sleeping peer if we published a descriptor (`published`)
+    /// or gave it room since the last look (see [`Conn::gave_room`]).
+    fn ring_after(&mut self, published: bool) {
+        if std::mem::take(&mut self.gave_room) || published {
+            self.ring_if_sleeping();
+        }
     }
 }
 
@@ -1264,6 +1299,7 @@ impl Conn {
         let head = self.recv_head + 1;
         w[W_RECV_HEAD].store(head, Ordering::Release);
         self.recv_head = head;
+        self.gave_room = true;
         Ok(())
     }
 
@@ -1429,6 +1465,7 @@ impl QpInner {
             }
             conn.peer_desc_tail = tail + 1;
             conn.my_words()[W_PEER_DESC_TAIL].store(tail + 1, Ordering::Release);
+            conn.gave_room = true;
             let slot = if seq == conn.rq_front_seq {
                 self.rq.pop_front()
             } else {
@@ -1514,9 +1551,7 @@ impl QpInner {
         let head = self.conn.as_ref().map(|c| c.desc_head);
         self.exec_sq_run();
         if let Some(conn) = self.conn.as_mut() {
-            if Some(conn.desc_head) != head {
-                conn.ring_if_sleeping();
-            }
+            conn.ring_after(Some(conn.desc_head) != head);
         }
     }
 
@@ -1771,6 +1806,7 @@ impl ShmPreparedQp {
                 _uid_slot: uid_slot,
                 peer_rings: false,
                 sleeping: false,
+                gave_room: false,
                 cmsg: Msg::cmsg_buffer(),
             };
             // A peer whose outbox has the features word set sends

@@ -1191,6 +1191,67 @@ fn a_send_rings_the_doorbell_of_a_sleeping_receiver_and_only_then() {
     b.cq.disarm_wakeup();
 }
 
+/// A Send that waits for a receive the peer has not posted does not
+/// sleep through the post: the peer's next look at its queue pair after
+/// posting rings the sleeping sender (`Conn::gave_room`), and a receive
+/// posted before the sender arms keeps it from sleeping at all. (Without
+/// this a client whose first call found the server's receives not yet
+/// posted slept for its whole park with the call unsent.)
+#[test]
+fn a_sender_asleep_on_a_waiting_send_is_rung_when_the_peer_posts_a_receive() {
+    use std::os::fd::AsRawFd;
+    let (mut a, mut b) = pair();
+    let post_recv = |s: &mut Side| {
+        let buf = s.recv.alloc().unwrap();
+        s.qp.post_recv(RecvWr {
+            wr_id: buf.wr_id(),
+            sgl: SgeList::one(Sge::whole(buf)),
+        })
+        .unwrap();
+    };
+    let mut fds = [wake::pollfd(b.cq.wakeup_fd().unwrap().as_raw_fd())];
+    let mut out: Vec<Completion> = (0..8).map(|_| Completion::default()).collect();
+    let send_completes = |b: &mut Side, a: &mut Side, out: &mut [Completion]| {
+        let deadline = Instant::now() + T;
+        let (mut sent, mut received) = (false, false);
+        while !(sent && received) {
+            assert!(Instant::now() < deadline, "broken: the Send never went");
+            let n = b.cq.poll(out);
+            sent |= out[..n]
+                .iter()
+                .any(|c| c.opcode == WcOpcode::Send && c.is_ok());
+            let n = a.cq.poll(out);
+            received |= out[..n]
+                .iter()
+                .any(|c| c.opcode == WcOpcode::Recv && c.is_ok());
+        }
+    };
+    // One exchange first, so that a's receive region is mapped at b (a
+    // new region's descriptor on the socket would wake b by itself).
+    post_recv(&mut a);
+    send(&mut b, SendOp::Send);
+    send_completes(&mut b, &mut a, &mut out);
+    // `a` has no receive posted now: b's Send waits.
+    send(&mut b, SendOp::Send);
+    assert_eq!(b.cq.poll(&mut out), 0, "sent without a receive");
+    assert!(b.cq.arm_wakeup(), "no room yet: may sleep");
+    post_recv(&mut a);
+    assert_eq!(a.cq.poll(&mut out), 0);
+    assert!(
+        wake::sleep_on(&mut fds, T),
+        "broken: the receive posted never rang the sleeping sender"
+    );
+    b.cq.disarm_wakeup();
+    send_completes(&mut b, &mut a, &mut out);
+    // Room given before the sender arms: it does not sleep.
+    send(&mut b, SendOp::Send);
+    assert_eq!(b.cq.poll(&mut out), 0, "sent without a receive");
+    post_recv(&mut a);
+    assert!(!b.cq.arm_wakeup(), "room was given: do not sleep");
+    b.cq.disarm_wakeup();
+    send_completes(&mut b, &mut a, &mut out);
+}
+
 /// Rings are cheap to send and bounded to read: a peer that floods its
 /// socket with them costs the reader a bounded read per look and only
 /// its own connection's time; the connection goes on working. One that
