@@ -152,12 +152,13 @@ impl ReadySet {
     }
 }
 
-/// Sleeps until one of `fds` is readable or `timeout` passed (or a
-/// signal came); returns whether one is readable. `fds` is the caller's
-/// list, reused between sleeps so a sleep allocates nothing.
+/// Sleeps until one of `fds` is ready for what its entry asks
+/// (`events`: [`pollfd`] asks for input; a gateway backend waiting to
+/// send asks for room), hung up or in error, or `timeout` passed (or a
+/// signal came); returns whether one is. `fds` is the caller's list,
+/// reused between sleeps so a sleep allocates nothing.
 pub fn sleep_on(fds: &mut [libc::pollfd], timeout: Duration) -> bool {
     for p in fds.iter_mut() {
-        p.events = libc::POLLIN;
         p.revents = 0;
     }
     let ts = libc::timespec {
@@ -225,6 +226,25 @@ mod tests {
         );
         assert_eq!(fds[0].revents & libc::POLLIN, libc::POLLIN);
         ringer.join().unwrap();
+    }
+
+    /// Each entry is woken by what it asks for: an entry asking for room
+    /// wakes on a socket with room and no input, one asking for input
+    /// does not (a gateway backend whose call waits to leave sleeps on
+    /// room).
+    #[test]
+    fn a_sleep_waits_for_what_each_entry_asks() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut input = [pollfd(a.as_raw_fd())];
+        assert!(!sleep_on(&mut input, Duration::ZERO), "no input: not ready");
+        let mut room = [libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        }];
+        assert!(sleep_on(&mut room, Duration::from_secs(60)), "room: ready");
+        assert_eq!(room[0].events, libc::POLLOUT, "the entry is left as asked");
+        assert_eq!(room[0].revents & libc::POLLOUT, libc::POLLOUT);
     }
 
     #[test]

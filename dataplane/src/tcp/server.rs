@@ -772,15 +772,20 @@ impl TcpConnections {
         self.scan(services, relay, now, use_poll)
     }
 
-    /// Adds to `fds` what becomes readable when a connection has input
-    /// for a sleeping worker (docs/WORKER.md, "Doorbells"): the epoll
-    /// set, which holds every socket, or else each socket. Readiness is
-    /// the kernel's and level-triggered: nothing to arm, and input that
+    /// Adds to `fds` what becomes ready when a connection has work for a
+    /// sleeping worker (docs/WORKER.md, "Doorbells"): the epoll set,
+    /// which holds every socket with its interest, or else each socket
+    /// with its own (input, and room while output waits). Readiness is
+    /// the kernel's and level-triggered: nothing to arm, and work that
     /// came before the sleep ends it at once.
     pub fn wakeup_fds(&self, fds: &mut Vec<libc::pollfd>) {
         match &self.epoll {
             Some(e) => fds.push(crate::wake::pollfd(e.raw_fd())),
-            None => fds.extend(self.conns.iter().map(|c| crate::wake::pollfd(c.fd))),
+            None => fds.extend(self.conns.iter().map(|c| libc::pollfd {
+                fd: c.fd,
+                events: c.interest(),
+                revents: 0,
+            })),
         }
     }
 
