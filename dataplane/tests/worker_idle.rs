@@ -10,6 +10,7 @@
 mod support;
 
 use dataplane::client::{CallOutcome, Client, ReplyTarget};
+use dataplane::engine::CallHandle;
 use dataplane::service::bench::{self, Args};
 use dataplane::verbs::roce::Roce;
 use dataplane::verbs::shm::Shm;
@@ -21,13 +22,23 @@ const IDLE: usize = 64;
 const CALLS: u64 = 200;
 
 fn null<P: PoolProvider>(client: &mut Client<P>) {
-    let call = client
+    let call = queue_null(client);
+    expect_void_reply(client, call);
+}
+
+/// Queues a bench NULL call.
+fn queue_null<P: PoolProvider>(client: &mut Client<P>) -> CallHandle {
+    client
         .call(ReplyTarget::Inline, |xid, buf| {
             bench::encode_call(buf, xid, Args::Null)
                 .ok()
                 .map(|e| (e.len, e.ddp))
         })
-        .expect("call");
+        .expect("call")
+}
+
+/// Waits for `call`'s reply, which must be SUCCESS with no results.
+fn expect_void_reply<P: PoolProvider>(client: &mut Client<P>, call: CallHandle) {
     let outcome = client.wait(call).expect("reply");
     assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
     bench::decode_void_reply(&client.reply(call).map(|b| b.to_vec()).unwrap()).expect("void reply");
@@ -228,13 +239,7 @@ fn shm_a_sleeping_gateway_worker_is_woken_by_its_backends_reply() {
     config.idle = IdleStrategy::Adaptive { park_max: HOUR };
     let mut client = Client::<Shm>::connect(&url, config).expect("connect");
     for round in 0..3 {
-        let call = client
-            .call(ReplyTarget::Inline, |xid, buf| {
-                bench::encode_call(buf, xid, Args::Null)
-                    .ok()
-                    .map(|e| (e.len, e.ddp))
-            })
-            .expect("call");
+        let call = queue_null(&mut client);
         // `call` queues; the client's progress sends (a Send can wait in
         // the provider for the server's first receives).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -253,11 +258,7 @@ fn shm_a_sleeping_gateway_worker_is_woken_by_its_backends_reply() {
             s.sleeps > s.doorbell_wakeups
         });
         release.send(()).unwrap();
-        let outcome = client.wait(call).expect("reply");
-        assert!(matches!(outcome, CallOutcome::Reply { .. }), "{outcome:?}");
-        bench::decode_void_reply(&client.reply(call).map(|b| b.to_vec()).unwrap())
-            .expect("void reply");
-        assert!(client.release(call));
+        expect_void_reply(&mut client, call);
     }
     drop(client);
     until(&server, "never slept before the stop", |s| {
