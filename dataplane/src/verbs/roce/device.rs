@@ -30,13 +30,13 @@ use rustc_hash::FxHashMap;
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::cm::{Cm, QueuePairs};
+use super::cm::{Cm, ConnState, QueuePairs};
 use super::config::RoceConfig;
 use super::io::{bind_udp, Rx, SocketBuffers, Tx, RX_BATCH, SLOT};
 use super::random::random_u32;
@@ -91,6 +91,19 @@ const IDLE_AFTER: Duration = Duration::from_millis(1);
 /// so is noticed this late, and its peer's tail probe covers the ACKs it
 /// owes meanwhile. MADs and DREQs wake the thread at once.
 const MAX_LOOK_EVERY: Duration = Duration::from_millis(8);
+
+/// How long the device's thread, reading the socket for idle shards,
+/// waits for a packet or a ring while something runs on a timer (a
+/// queue pair ticking, the connection manager's retries), or some shard
+/// is merely undriven rather than handed over by its thread.
+const READER_WAIT: Duration = Duration::from_millis(2);
+
+/// The same while every shard's thread sleeps and nothing runs on a
+/// timer: a packet, a ring (`Device::wake_thread`: a MAD queued, a DREQ
+/// owed, a shard handed over, a connection accepted) or a packet handed
+/// to an inbox (`Device::handed_off`) ends it sooner. Bounded only as a
+/// safety net.
+const QUIET_WAIT: Duration = Duration::from_millis(100);
 
 /// How soon the device's thread looks again while some shards are driven
 /// by threads and others are idle: packets for the idle ones arrive
@@ -346,6 +359,12 @@ pub(super) struct Device {
     /// The device's thread, woken when the control part has work (a MAD,
     /// a DREQ owed) while it waits.
     thread: OnceLock<std::thread::Thread>,
+    /// Rung with the unpark of [`Device::wake_thread`], and for a packet
+    /// handed to an inbox while the thread is in its quiet wait: ends
+    /// the thread's wait on the socket, which an unpark does not.
+    bell: crate::wake::Doorbell,
+    /// The device's thread is in its quiet wait ([`QUIET_WAIT`]).
+    quiet_wait: AtomicBool,
     /// Notified, with the control lock, whenever the connection manager
     /// took a MAD: `Listener::accept` waits on it for requests.
     mads_taken: Condvar,
@@ -450,6 +469,11 @@ impl Device {
             mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
             dreq_wake: AtomicBool::new(false),
             thread: OnceLock::new(),
+            bell: crate::wake::Doorbell::new().map_err(|source| VerbsError::Os {
+                what: "eventfd for the device's thread",
+                source,
+            })?,
+            quiet_wait: AtomicBool::new(false),
             mads_taken: Condvar::new(),
             rx: Mutex::new(Rx::new(offload)),
             spare: {
@@ -590,6 +614,52 @@ impl Device {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
+        self.bell.ring();
+    }
+
+    /// A shard handed packets to another shard's inbox, which rings
+    /// nobody: the device's thread, if in its quiet wait, must look (the
+    /// owner may be asleep). The fence pairs with the one in
+    /// [`Device::enter_quiet_wait`]: either this sees the flag or that
+    /// sees the packet.
+    fn handed_off(&self) {
+        fence(Ordering::SeqCst);
+        if self.quiet_wait.load(Ordering::Relaxed) {
+            self.bell.ring();
+        }
+    }
+
+    /// Whether the control part has nothing to do on a timer: no MAD
+    /// queued, no DREQ owed, no REP or DREQ being retried, no request
+    /// waiting in a listener's queue.
+    fn control_is_quiet(&self) -> bool {
+        if !self.mads.is_empty() || self.dreq_wake.load(Ordering::Relaxed) {
+            return false;
+        }
+        let ctl = self.control();
+        ctl.cm.listeners.values().all(|q| q.is_empty())
+            && ctl.cm.conns.values().all(|r| {
+                !matches!(
+                    r.state,
+                    ConnState::RepSent { .. } | ConnState::DreqSent { .. }
+                )
+            })
+    }
+
+    /// Raises [`Device::quiet_wait`] and looks once more: true when the
+    /// thread may wait long (every shard still handed over by its thread,
+    /// no packet in an inbox, no MAD queued); else the flag is lowered.
+    fn enter_quiet_wait(&self) -> bool {
+        self.quiet_wait.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let still = self.mads.is_empty()
+            && lock(&self.shards).iter().all(|s| {
+                s.last_progress.load(Ordering::Relaxed) == HANDED_OVER && s.inbox.queue.is_empty()
+            });
+        if !still {
+            self.quiet_wait.store(false, Ordering::Relaxed);
+        }
+        still
     }
 
     /// The device's socket, when no thread drives any of its shards at
@@ -648,23 +718,32 @@ impl Device {
                 // sleeps again inside the call), which took the cores of
                 // the threads it shares them with 7,000 times a second.
                 let mut reader = true;
+                // Every shard's thread sleeps and nothing runs on a timer.
+                let mut quiet = false;
                 let mut look_every = IDLE_AFTER;
                 loop {
                     // Holding the device keeps its socket open during poll(2).
                     let Some(dev) = weak.upgrade() else { break };
                     if reader {
-                        let mut pfd = libc::pollfd {
-                            fd: dev.socket.as_raw_fd(),
-                            events: libc::POLLIN,
-                            revents: 0,
+                        // A packet or a ring ends the wait; it is long
+                        // only while nothing runs on a timer.
+                        let mut fds = [
+                            crate::wake::pollfd(dev.socket.as_raw_fd()),
+                            crate::wake::pollfd(dev.bell.as_fd().as_raw_fd()),
+                        ];
+                        let wait = if quiet && dev.enter_quiet_wait() {
+                            QUIET_WAIT
+                        } else {
+                            READER_WAIT
                         };
-                        // SAFETY: one valid pollfd; the fd stays open (see
-                        // above).
-                        unsafe { libc::poll(&mut pfd, 1, 2) };
+                        crate::wake::sleep_on(&mut fds, wait);
+                        dev.quiet_wait.store(false, Ordering::Relaxed);
+                        dev.bell.clear();
                     }
                     let now = Instant::now();
                     let pass = dev.idle_pass(now);
                     dev.control_step(now, pass.nobody_reads);
+                    quiet = pass.all_asleep_untimed && dev.control_is_quiet();
                     drop(dev);
                     reader = pass.polled == 0;
                     if pass.polled > 0 && pass.drove > 0 {
@@ -698,13 +777,16 @@ impl Device {
             polled: 0,
             drove: 0,
             nobody_reads: true,
+            all_asleep_untimed: true,
         };
         for s in shards.iter() {
             if !s.is_idle(self, now) {
                 pass.polled += 1;
                 pass.nobody_reads = false;
+                pass.all_asleep_untimed = false;
                 continue;
             }
+            pass.all_asleep_untimed &= s.last_progress.load(Ordering::Relaxed) == HANDED_OVER;
             // Not marked as progress: that records threads driving it, and
             // the shard stays idle until one does.
             match s.state.try_lock() {
@@ -712,6 +794,7 @@ impl Device {
                     st.progress(self, s, now, false);
                     s.counters.idle_runs.fetch_add(1, Ordering::Relaxed);
                     pass.drove += 1;
+                    pass.all_asleep_untimed &= st.active.is_empty();
                 }
                 // A thread is in a poll or a post of the shard right now:
                 // it drives it. Counted as driven, so this thread waits
@@ -719,7 +802,10 @@ impl Device {
                 // the core from that very thread, which then held the lock
                 // longer (a spinning client went from 99 % to 87 % of its
                 // core).
-                Err(_) => pass.polled += 1,
+                Err(_) => {
+                    pass.polled += 1;
+                    pass.all_asleep_untimed = false;
+                }
             }
             pass.nobody_reads = false;
         }
@@ -736,6 +822,7 @@ impl Device {
             return;
         }
         let ctl = &mut *ctl;
+        let mut handed = false;
         let mut right = if receive { self.try_read() } else { None };
         if let Some(rx) = right.as_deref_mut() {
             let fd = self.socket.as_raw_fd();
@@ -751,6 +838,7 @@ impl Device {
                                     self.counters
                                         .control_handed_out
                                         .fetch_add(1, Ordering::Relaxed);
+                                    handed = true;
                                 }
                             }
                         }
@@ -763,6 +851,9 @@ impl Device {
             }
         }
         drop(right);
+        if handed {
+            self.handed_off();
+        }
         while let Some(m) = self.mads.pop() {
             ctl.on_mad(self, &m.mad, m.src, now);
         }
@@ -866,6 +957,10 @@ pub(super) struct IdlePass {
     pub drove: usize,
     /// Nobody read the socket in this pass or recently.
     pub nobody_reads: bool,
+    /// Every shard was handed over by its thread (not merely undriven for
+    /// a while) and none of those this pass drove has timers running
+    /// (queue pairs ticking: unacknowledged sends, held ACKs).
+    pub all_asleep_untimed: bool,
 }
 
 enum Inbound<'a> {
@@ -1018,6 +1113,7 @@ impl ShardState {
     pub(super) fn progress(&mut self, dev: &Device, shard: &Shard, now: Instant, hold_ack: bool) {
         let mut right = dev.try_read();
         let mut dreq = self.take_inbox(dev, shard, now);
+        let mut handed = false;
         let fd = dev.socket.as_raw_fd();
         let rounds = if right.is_some() { RX_ROUNDS } else { 0 };
         for _ in 0..rounds {
@@ -1043,6 +1139,7 @@ impl ShardState {
                         } else if let Some(inbox) = routes.get(&qpn) {
                             if inbox.hand(&dev.spare, data, src) {
                                 shard.counters.handed_out.fetch_add(1, Ordering::Relaxed);
+                                handed = true;
                             }
                         }
                     }
@@ -1054,6 +1151,9 @@ impl ShardState {
             }
         }
         drop(right);
+        if handed {
+            dev.handed_off();
+        }
         let ShardState {
             tx,
             qps,

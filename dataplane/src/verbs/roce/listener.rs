@@ -236,6 +236,9 @@ impl Incoming<Roce> for RoceIncoming {
         send_mad(tx, gsi_psn, req.peer_ip, port, &mad);
         tx.flush();
         drop(ctl);
+        // The REP is resent on the device thread's timer: out of its
+        // quiet wait.
+        dev.wake_thread();
         Ok(RoceQp {
             dev,
             shard,
