@@ -30,7 +30,7 @@ use rustc_hash::FxHashMap;
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -360,11 +360,10 @@ pub(super) struct Device {
     /// a DREQ owed) while it waits.
     thread: OnceLock<std::thread::Thread>,
     /// Rung with the unpark of [`Device::wake_thread`], and for a packet
-    /// handed to an inbox while the thread is in its quiet wait: ends
-    /// the thread's wait on the socket, which an unpark does not.
-    bell: crate::wake::Doorbell,
-    /// The device's thread is in its quiet wait ([`QUIET_WAIT`]).
-    quiet_wait: AtomicBool,
+    /// handed to an inbox while the thread is armed for its quiet wait
+    /// ([`QUIET_WAIT`]): ends the thread's wait on the socket, which an
+    /// unpark does not.
+    bell: crate::wake::SleeperBell,
     /// Notified, with the control lock, whenever the connection manager
     /// took a MAD: `Listener::accept` waits on it for requests.
     mads_taken: Condvar,
@@ -469,11 +468,10 @@ impl Device {
             mads: ArrayQueue::new(MAD_QUEUE_DEPTH),
             dreq_wake: AtomicBool::new(false),
             thread: OnceLock::new(),
-            bell: crate::wake::Doorbell::new().map_err(|source| VerbsError::Os {
+            bell: crate::wake::SleeperBell::new().map_err(|source| VerbsError::Os {
                 what: "eventfd for the device's thread",
                 source,
             })?,
-            quiet_wait: AtomicBool::new(false),
             mads_taken: Condvar::new(),
             rx: Mutex::new(Rx::new(offload)),
             spare: {
@@ -618,15 +616,11 @@ impl Device {
     }
 
     /// A shard handed packets to another shard's inbox, which rings
-    /// nobody: the device's thread, if in its quiet wait, must look (the
-    /// owner may be asleep). The fence pairs with the one in
-    /// [`Device::enter_quiet_wait`]: either this sees the flag or that
-    /// sees the packet.
+    /// nobody: the device's thread, if armed for its quiet wait, must
+    /// look (the owner may be asleep; [`Device::enter_quiet_wait`] is the
+    /// other half).
     fn handed_off(&self) {
-        fence(Ordering::SeqCst);
-        if self.quiet_wait.load(Ordering::Relaxed) {
-            self.bell.ring();
-        }
+        self.bell.notify();
     }
 
     /// Whether the control part has nothing to do on a timer: no MAD
@@ -646,20 +640,17 @@ impl Device {
             })
     }
 
-    /// Raises [`Device::quiet_wait`] and looks once more: true when the
-    /// thread may wait long (every shard still handed over by its thread,
-    /// no packet in an inbox, no MAD queued); else the flag is lowered.
+    /// Arms the thread's bell and looks once more: true when the thread
+    /// may wait long (every shard still handed over by its thread, no
+    /// packet in an inbox, no MAD queued). Disarmed after the wait.
     fn enter_quiet_wait(&self) -> bool {
-        self.quiet_wait.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let still = self.mads.is_empty()
-            && lock(&self.shards).iter().all(|s| {
-                s.last_progress.load(Ordering::Relaxed) == HANDED_OVER && s.inbox.queue.is_empty()
-            });
-        if !still {
-            self.quiet_wait.store(false, Ordering::Relaxed);
-        }
-        still
+        self.bell.arm(|| {
+            self.mads.is_empty()
+                && lock(&self.shards).iter().all(|s| {
+                    s.last_progress.load(Ordering::Relaxed) == HANDED_OVER
+                        && s.inbox.queue.is_empty()
+                })
+        })
     }
 
     /// The device's socket, when no thread drives any of its shards at
@@ -737,8 +728,7 @@ impl Device {
                             READER_WAIT
                         };
                         crate::wake::sleep_on(&mut fds, wait);
-                        dev.quiet_wait.store(false, Ordering::Relaxed);
-                        dev.bell.clear();
+                        dev.bell.disarm();
                     }
                     let now = Instant::now();
                     let pass = dev.idle_pass(now);

@@ -7,11 +7,10 @@
 //! connection (docs/WORKER.md, "One completion queue per worker").
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::verbs::lock;
-use crate::wake::Doorbell;
+use crate::wake::SleeperBell;
 
 /// A queue pair with completions waiting: the shard it lives in (by
 /// `Shard::id`) and its number there.
@@ -30,47 +29,36 @@ pub(super) struct Ready {
 #[derive(Debug)]
 pub(super) struct ReadyList {
     q: Mutex<VecDeque<Ready>>,
-    /// The poller sleeps on `doorbell`.
-    sleeping: AtomicBool,
-    doorbell: Doorbell,
+    /// Rung by a push while the poller sleeps.
+    bell: SleeperBell,
 }
 
 impl ReadyList {
     pub fn new() -> nix::Result<ReadyList> {
         Ok(ReadyList {
             q: Mutex::new(VecDeque::new()),
-            sleeping: AtomicBool::new(false),
-            doorbell: Doorbell::new()?,
+            bell: SleeperBell::new()?,
         })
     }
 
     pub fn push(&self, r: Ready) {
         lock(&self.q).push_back(r);
-        // The pusher publishes, fences, then reads the flag; the sleeper
-        // raises the flag, fences, then looks at the list (`arm`): one of
-        // the two sees the other.
-        fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
-            self.doorbell.ring();
-        }
+        self.bell.notify();
     }
 
     /// The poller is about to sleep: pushes from now on ring the
     /// doorbell. False when something is announced already.
     pub fn arm(&self) -> bool {
-        self.sleeping.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        lock(&self.q).is_empty()
+        self.bell.arm(|| lock(&self.q).is_empty())
     }
 
     /// The poller is back: pushes stop ringing; the doorbell is quiet.
     pub fn disarm(&self) {
-        self.sleeping.store(false, Ordering::Relaxed);
-        self.doorbell.clear();
+        self.bell.disarm();
     }
 
-    pub fn doorbell(&self) -> &Doorbell {
-        &self.doorbell
+    pub fn doorbell(&self) -> &SleeperBell {
+        &self.bell
     }
 
     /// Puts back a queue pair whose completions did not all fit the
