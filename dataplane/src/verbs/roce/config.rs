@@ -52,9 +52,9 @@ pub struct RoceConfig {
     /// datagram everywhere, which a capture on loopback or a veth needs
     /// to show one RoCE packet per frame.
     pub gso: bool,
-    /// GSO on send on every device, not only loopback ones (`gso=all`;
-    /// GRO stays on loopback only). Off by default: it is measured on a
-    /// veth (docs/ROCE.md) but not against Linux rxe peers or NICs that
+    /// GSO on send and GRO on receive on every device, not only loopback
+    /// ones (`gso=all`). Off by default: it is measured on a veth
+    /// (docs/ROCE.md) but not against Linux rxe peers or NICs that
     /// segment UDP themselves, which must give segment k the IP ID k the
     /// ICRC was sealed for.
     pub gso_everywhere: bool,

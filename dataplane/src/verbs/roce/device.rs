@@ -342,8 +342,8 @@ pub(super) struct Device {
     /// What the kernel granted the socket (queue pairs fit their window
     /// to it).
     pub(super) buffers: SocketBuffers,
-    /// UDP GSO on send (`RoceConfig::gso`, `gso_everywhere`); GRO on
-    /// receive is on for loopback devices only (see `Device::at`).
+    /// UDP GSO on send (`RoceConfig::gso`, `gso_everywhere`), and GRO on
+    /// receive with it (see `Device::at`).
     gso: bool,
     verify_icrc: bool,
     /// See `RoceConfig::idle_after`.
@@ -411,15 +411,16 @@ impl Device {
         // (its last reference just went): wait for its socket to close.
         let ours_before = devs.iter().any(|(a, _)| *a == local);
         let deadline = Instant::now() + Duration::from_millis(500);
-        // GSO and GRO on loopback devices only: there the kernel never
-        // puts a GSO send on a wire. Toward Linux rxe peers behind a tap,
-        // GRO on our socket broke the Linux NFS client's connections to
-        // our gateway (control/tests/linux_gateway.rs; cause not found),
-        // so a device on any other address keeps one datagram per packet.
-        let offload = cfg.gso && local.ip().is_loopback();
-        // GSO alone may go further when asked (`gso=all`): the receiving
-        // side then gets every segment as a datagram of its own.
-        let gso = offload || cfg.gso && cfg.gso_everywhere;
+        // GSO and GRO on loopback devices by default: there the kernel
+        // never puts a GSO send on a wire. Toward Linux rxe peers behind a
+        // tap, GRO on our socket broke the Linux NFS client's connections
+        // to our gateway (control/tests/linux_gateway.rs; cause not
+        // found), so a device on any other address keeps one datagram per
+        // packet unless asked (`gso=all`). Both go together: a GSO send
+        // across a veth reaches a GRO socket whole, where a socket without
+        // GRO makes the kernel split it into datagrams on the sender's
+        // core (docs/ROCE.md).
+        let offload = offloads(cfg, local);
         let fd = loop {
             match bind_udp(local, offload) {
                 Ok(fd) => break fd,
@@ -453,7 +454,7 @@ impl Device {
         let dev = Arc::new(Device {
             local,
             control: Mutex::new(Control {
-                tx: Tx::new(socket.clone(), local, oversized.clone(), gso),
+                tx: Tx::new(socket.clone(), local, oversized.clone(), offload),
                 cm: Cm::default(),
                 gsi_psn,
                 routes: FxHashMap::default(),
@@ -461,7 +462,7 @@ impl Device {
             }),
             socket,
             buffers,
-            gso,
+            gso: offload,
             verify_icrc: cfg.verify_icrc,
             idle_after: cfg.idle_after,
             shards: Mutex::new(Vec::new()),
@@ -1257,4 +1258,11 @@ fn on_packet(
     qp.awaiting_rtu = false;
     qp.on_packet(p, now, tx);
     qp.dreq_due
+}
+
+/// Whether a device bound at `local` sends UDP GSO and receives with
+/// `UDP_GRO` (the two go together, see `Device::at`): on loopback
+/// addresses with `gso` on, on every address with `gso=all`.
+pub(super) fn offloads(cfg: &RoceConfig, local: SocketAddrV4) -> bool {
+    cfg.gso && (local.ip().is_loopback() || cfg.gso_everywhere)
 }

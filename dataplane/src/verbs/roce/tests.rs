@@ -833,6 +833,25 @@ fn url_options_parse_and_bad_ones_are_refused() {
         (gso("0"), gso("1"), gso("all")),
         ((false, false), (true, false), (true, true))
     );
+    // GSO on send and GRO on receive go together: on loopback devices
+    // unless off, on every other device only with `all`.
+    let offloads = |v: &str, ip: Ipv4Addr| {
+        let (_, c) =
+            parse_url(&format!("roce://10.0.0.1:1?gso={v}"), RoceConfig::default()).unwrap();
+        super::device::offloads(&c, SocketAddrV4::new(ip, 4791))
+    };
+    let (lo, veth) = (Ipv4Addr::LOCALHOST, Ipv4Addr::new(10, 0, 0, 1));
+    assert_eq!(
+        [
+            offloads("0", lo),
+            offloads("1", lo),
+            offloads("all", lo),
+            offloads("0", veth),
+            offloads("1", veth),
+            offloads("all", veth)
+        ],
+        [false, true, true, false, false, true]
+    );
     for bad in [
         "shm:///x",
         "roce://host:1",
