@@ -412,14 +412,14 @@ impl Device {
         let ours_before = devs.iter().any(|(a, _)| *a == local);
         let deadline = Instant::now() + Duration::from_millis(500);
         // GSO and GRO on loopback devices by default: there the kernel
-        // never puts a GSO send on a wire. Toward Linux rxe peers behind a
-        // tap, GRO on our socket broke the Linux NFS client's connections
-        // to our gateway (control/tests/linux_gateway.rs; cause not
-        // found), so a device on any other address keeps one datagram per
-        // packet unless asked (`gso=all`). Both go together: a GSO send
-        // across a veth reaches a GRO socket whole, where a socket without
-        // GRO makes the kernel split it into datagrams on the sender's
-        // core (docs/ROCE.md).
+        // never puts a GSO send on a wire. A device on any other address
+        // keeps one datagram per packet unless asked (`gso=all`): GSO is
+        // not tried against NICs that segment UDP themselves, and GRO
+        // toward Linux rxe peers once broke the Linux NFS client's
+        // connections to our gateway (no longer seen, docs/ROCE.md). Both
+        // go together: a GSO send across a veth reaches a GRO socket
+        // whole, where a socket without GRO makes the kernel split it into
+        // datagrams on the sender's core.
         let offload = offloads(cfg, local);
         let fd = loop {
             match bind_udp(local, offload) {
