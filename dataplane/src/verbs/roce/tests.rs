@@ -418,6 +418,19 @@ fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
     format!("roce://{fake_ip}:7000?udp_port={UDP}&local={provider_ip}&verify_icrc=1{extra}")
 }
 
+/// A provider side connected to a fake peer on a device of its own
+/// (`idle_ms` is the first opener's, and the other tests of this process
+/// share the common device's address), whose thread stays away from the
+/// shard for ten minutes (`idle_ms`): only the test's own polls drive it.
+/// Returns the fake, the side, and the PSN and QPN the fake sends to.
+fn alone_with_fake() -> (Fake, Side, u32, u32) {
+    let ((_, pip), (_, fip)) = (addrs(), addrs());
+    let mut fake = Fake::new(fip, pip);
+    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
+    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
+    (fake, t.join().unwrap(), req_psn, qpn)
+}
+
 /// The ACK of a Send the application polled is held to its next step and
 /// leaves right behind the answer that step posts: the answer first (what
 /// the peer waits for), then the ACK, which toward loopback rides in the
@@ -425,13 +438,7 @@ fn url(fake_ip: Ipv4Addr, provider_ip: Ipv4Addr, extra: &str) -> String {
 /// is kept away (`idle_ms`), so only the polling thread sends.
 #[test]
 fn a_held_ack_leaves_right_behind_the_answer() {
-    // A device of its own: `idle_ms` is the first opener's, and the
-    // other tests of this process share the common device's address.
-    let ((_, pip), (_, fip)) = (addrs(), addrs());
-    let mut fake = Fake::new(fip, pip);
-    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
-    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
-    let mut s = t.join().unwrap();
+    let (fake, mut s, req_psn, qpn) = alone_with_fake();
     let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
     bth.ack_req = true;
     fake.send(&RocePacket::new(bth, b"call"));
@@ -457,13 +464,7 @@ fn a_held_ack_leaves_right_behind_the_answer() {
 /// `idle_ms`), nor the peer for its tail probe.
 #[test]
 fn before_sleep_sends_the_held_ack() {
-    // A device of its own: `idle_ms` is the first opener's, and the
-    // other tests of this process share the common device's address.
-    let ((_, pip), (_, fip)) = (addrs(), addrs());
-    let mut fake = Fake::new(fip, pip);
-    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
-    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
-    let s = t.join().unwrap();
+    let (fake, s, req_psn, qpn) = alone_with_fake();
     let mut bth = Bth::new(Opcode::RcSendOnly, qpn, Psn::new(req_psn).unwrap());
     bth.ack_req = true;
     fake.send(&RocePacket::new(bth, b"call"));
@@ -487,13 +488,7 @@ fn before_sleep_sends_the_held_ack() {
 #[test]
 fn a_sleeper_watches_the_device_socket_only_while_nobody_drives_it() {
     use std::os::fd::RawFd;
-    // A device of its own, whose thread stays away from the shard while
-    // it is driven (`idle_ms`).
-    let ((_, pip), (_, fip)) = (addrs(), addrs());
-    let mut fake = Fake::new(fip, pip);
-    let t = side(&url(fip, pip, "&idle_ms=600000"), b"world");
-    let (req_psn, qpn) = accept_as_fake(&mut fake, pip, fip);
-    let s = t.join().unwrap();
+    let (fake, s, req_psn, qpn) = alone_with_fake();
     let watched = |cq: &RoceCq| {
         let mut fds: Vec<RawFd> = Vec::new();
         cq.watch_also(&mut |fd| fds.push(fd));
