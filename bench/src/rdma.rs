@@ -281,6 +281,9 @@ pub struct RdmaDriver<P: PoolProvider> {
     client: Option<Client<P>>,
     /// The call in flight in each slot.
     slots: Vec<Option<CallHandle>>,
+    /// The bench slot of each requester slot's call (indexed by
+    /// `CallHandle::slot`), so a reply finds its slot in one probe.
+    slot_of_call: Vec<u32>,
     in_flight: u32,
     target: ReplyTarget,
     /// READ and WRITE runs: application memory registered once, one range
@@ -397,6 +400,7 @@ impl<P: PoolProvider> RdmaDriver<P> {
                 .collect(),
             client: None,
             slots: Vec::new(),
+            slot_of_call: Vec::new(),
             in_flight: 0,
             target: ReplyTarget::Inline,
             app: None,
@@ -684,6 +688,11 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 .map_err(refused)?,
         };
         *entry = Some(handle);
+        let i = handle.slot();
+        if i >= self.slot_of_call.len() {
+            self.slot_of_call.resize(i + 1, 0);
+        }
+        self.slot_of_call[i] = slot;
         self.in_flight += 1;
         Ok(())
     }
@@ -698,7 +707,8 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             let Some((handle, outcome)) = client.poll() else {
                 break;
             };
-            let Some(slot) = self.slots.iter().position(|s| *s == Some(handle)) else {
+            let slot = self.slot_of_call.get(handle.slot()).map(|&s| s as usize);
+            let Some(slot) = slot.filter(|&s| self.slots.get(s) == Some(&Some(handle))) else {
                 // A reply for no slot of ours (e.g. a call of a failed
                 // run): give it back.
                 client.release(handle);
