@@ -154,7 +154,7 @@ fn send_wr_translation_is_one_to_one() {
         let lens: &[u32] = if matches!(op, SendOp::LocalInv(_)) {
             &[]
         } else {
-            &[100, 200, 300]
+            &[100, 200]
         };
         let mut wr = send_wr(&slab, op, lens);
         for (signaled, inline) in [(true, false), (false, false), (true, true)] {
