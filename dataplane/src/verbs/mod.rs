@@ -67,7 +67,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// message path uses at most (a header and the payload it sends from
 /// where it lies). Every work request and completion carries its list by
 /// value, so this bound is what each post and each poll moves: four made
-/// a completion 176 bytes and a Send 192, two make them 112 and 128, and
+/// a completion 176 bytes and a Send 192, two make them 104 and 120, and
 /// the shm message rate rose by about a tenth (docs/VERBS.md).
 pub const MAX_SGE: usize = 2;
 /// Most bytes of connection private data (the IB CM REQ limit for rdma_cm
@@ -203,11 +203,13 @@ impl Sge {
     }
 }
 
-/// A fixed-capacity scatter/gather list (no heap).
+/// A fixed-capacity scatter/gather list (no heap). Its elements are the
+/// leading `Some`s of the array (no count beside them: the list is moved
+/// with every work request and completion, and a count would cost it
+/// another eight bytes of padding).
 #[derive(Debug, Default)]
 pub struct SgeList {
     sges: [Option<Sge>; MAX_SGE],
-    n: u8,
 }
 
 impl SgeList {
@@ -215,32 +217,31 @@ impl SgeList {
     pub const fn new() -> SgeList {
         SgeList {
             sges: [const { None }; MAX_SGE],
-            n: 0,
         }
     }
     /// A list of one element.
     pub fn one(sge: Sge) -> SgeList {
         let mut l = SgeList::new();
         l.sges[0] = Some(sge);
-        l.n = 1;
         l
     }
     /// Appends; gives the element back if the list is full.
     pub fn push(&mut self, sge: Sge) -> Result<(), Sge> {
-        if self.n as usize == MAX_SGE {
-            return Err(sge);
+        match self.sges.iter_mut().find(|s| s.is_none()) {
+            Some(free) => {
+                *free = Some(sge);
+                Ok(())
+            }
+            None => Err(sge),
         }
-        self.sges[self.n as usize] = Some(sge);
-        self.n += 1;
-        Ok(())
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.n as usize
+        self.iter().count()
     }
     /// Whether the list is empty.
     pub fn is_empty(&self) -> bool {
-        self.n == 0
+        self.sges[0].is_none()
     }
     /// Sum of element lengths.
     pub fn total_len(&self) -> u64 {
@@ -248,20 +249,23 @@ impl SgeList {
     }
     /// The elements in order.
     pub fn iter(&self) -> impl Iterator<Item = &Sge> {
-        self.sges[..self.n as usize].iter().flatten()
+        self.sges.iter().map_while(Option::as_ref)
     }
     /// The elements in order, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Sge> {
-        self.sges[..self.n as usize].iter_mut().flatten()
+        self.sges.iter_mut().map_while(Option::as_mut)
     }
-    /// Removes and returns the first buffer (the common single-SGE case).
+    /// Removes and returns the first buffer (the common single-SGE case);
+    /// the others go back to their slabs.
     pub fn take_first(&mut self) -> Option<Buf> {
         self.take_all().next()
     }
-    /// Removes all elements, yielding their buffers in order.
-    pub fn take_all(&mut self) -> impl Iterator<Item = Buf> + '_ {
-        self.n = 0;
-        self.sges.iter_mut().filter_map(|s| s.take().map(|s| s.buf))
+    /// Removes all elements, yielding their buffers in order (those not
+    /// taken from the iterator go back to their slabs when it drops).
+    pub fn take_all(&mut self) -> impl Iterator<Item = Buf> {
+        std::mem::take(&mut self.sges)
+            .into_iter()
+            .map_while(|s| s.map(|s| s.buf))
     }
 }
 
@@ -1094,6 +1098,42 @@ pub trait QueuePair<P: Provider>: Send {
     /// Moves the queue pair to the error state (flushing everything) and
     /// tells the peer. Completions remain pollable from the CQs.
     fn disconnect(&mut self);
+}
+
+#[cfg(test)]
+mod sge_list_tests {
+    use super::{Sge, SgeList, MAX_SGE};
+    use crate::mem::{Arena, Backing, Slab, WrKind};
+
+    #[test]
+    fn a_list_holds_max_sge_and_gives_back_its_buffers() {
+        let arena = Arena::with_backing(8 * 4096, Backing::Small).unwrap();
+        let slab = Slab::new(arena, 0, 4096, 8, 7, WrKind::Send).unwrap();
+        let mut l = SgeList::new();
+        assert!(l.is_empty());
+        assert_eq!(l.len(), 0);
+        for i in 0..MAX_SGE {
+            let sge = Sge::whole(slab.alloc().unwrap());
+            assert!(l.push(sge).is_ok(), "element {i}");
+            assert_eq!(l.len(), i + 1);
+        }
+        // Full: the element comes back, nothing is lost.
+        let extra = l.push(Sge::whole(slab.alloc().unwrap())).unwrap_err();
+        drop(extra);
+        assert_eq!(slab.available(), 8 - MAX_SGE);
+        assert_eq!(l.total_len(), 4096 * MAX_SGE as u64);
+        // The first buffer out, the rest back to the slab; the list is
+        // empty after, and takes new elements from its start.
+        let first = l.take_first().unwrap();
+        assert!(l.is_empty());
+        assert_eq!(l.iter().count(), 0);
+        assert_eq!(slab.available(), 8 - 1);
+        drop(first);
+        l.push(Sge::whole(slab.alloc().unwrap())).unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.take_all().count(), 1);
+        assert_eq!(slab.available(), 8);
+    }
 }
 
 #[cfg(test)]
