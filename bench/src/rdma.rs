@@ -609,8 +609,11 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
             None
         };
         self.loaded = vec![None; depth as usize];
-        let max_reply = client.endpoint().connection().config().max_reply_size;
-        self.reply_copy = Vec::with_capacity(max_reply as usize);
+        let config = client.endpoint().connection().config();
+        self.reply_copy = Vec::with_capacity(config.max_reply_size as usize);
+        // `CallHandle::slot` is below `max_outstanding_calls`: sized here,
+        // the table never grows while calls run.
+        self.slot_of_call = vec![0; config.max_outstanding_calls as usize];
         self.client = Some(client);
         self.slots = vec![None; depth as usize];
         self.in_flight = 0;
@@ -688,11 +691,9 @@ impl<P: PoolProvider> RpcDriver for RdmaDriver<P> {
                 .map_err(refused)?,
         };
         *entry = Some(handle);
-        let i = handle.slot();
-        if i >= self.slot_of_call.len() {
-            self.slot_of_call.resize(i + 1, 0);
+        if let Some(s) = self.slot_of_call.get_mut(handle.slot()) {
+            *s = slot;
         }
-        self.slot_of_call[i] = slot;
         self.in_flight += 1;
         Ok(())
     }
